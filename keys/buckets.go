@@ -1,0 +1,27 @@
+package keys
+
+// The provisioning buckets. Only the mesh-provisioner server writes the
+// registry; each node's provisioner client writes its own node's keys of the
+// other three.
+const (
+	// RegistryBucket holds one registry entry per kind, keyed <kind>.
+	RegistryBucket = "mesh-provisioner_registry"
+	// NeedsBucket holds what modules need, keyed <node>.<module>.<kind>.<name>.
+	NeedsBucket = "mesh-provisioner_needs"
+	// AppliedBucket holds what is applied, keyed <node>.<module>.
+	AppliedBucket = "mesh-provisioner_applied"
+	// CollectBucket holds collection items, keyed
+	// <node>.<collection>.<contributor> with the collection escaped.
+	CollectBucket = "mesh-provisioner_collect"
+)
+
+// Buckets lists every provisioning bucket, the registry first.
+func Buckets() []string {
+	return []string{RegistryBucket, NeedsBucket, AppliedBucket, CollectBucket}
+}
+
+// StateBuckets lists the buckets that node clients write, each node its own
+// keys.
+func StateBuckets() []string {
+	return []string{NeedsBucket, AppliedBucket, CollectBucket}
+}

@@ -1,0 +1,132 @@
+package keys
+
+import (
+	"fmt"
+	"strings"
+)
+
+// NeedKey is a key of NeedsBucket: <node>.<module>.<kind>.<name>.
+type NeedKey struct {
+	Node, Module, Kind, Name string
+}
+
+// AppliedKey is a key of AppliedBucket: <node>.<module>.
+type AppliedKey struct {
+	Node, Module string
+}
+
+// CollectKey is a key of CollectBucket: <node>.<collection>.<contributor>.
+// Collection is the readable name; the key holds it escaped.
+type CollectKey struct {
+	Node, Collection, Contributor string
+}
+
+// part is one named part of a key, in key order.
+type part struct{ name, value string }
+
+// format joins parts into a key after checking each is a token.
+func format(parts ...part) (string, error) {
+	for _, p := range parts {
+		if err := CheckToken(p.value); err != nil {
+			return "", fmt.Errorf("%w: %s %q %v", ErrInvalidPart, p.name, p.value, err)
+		}
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(p.value)
+	}
+	return b.String(), nil
+}
+
+// split cuts key into exactly len(names) tokens, each a valid token.
+func split(key string, names ...string) ([]string, error) {
+	tokens := strings.Split(key, ".")
+	if len(tokens) != len(names) {
+		return nil, fmt.Errorf("%w: %q has %d tokens, want %d (<%s>)", ErrMalformedKey, key, len(tokens), len(names), strings.Join(names, ">.<"))
+	}
+	for i, tok := range tokens {
+		if err := CheckToken(tok); err != nil {
+			return nil, fmt.Errorf("%w: %q: token %d (<%s>) %v", ErrMalformedKey, key, i+1, names[i], err)
+		}
+	}
+	return tokens, nil
+}
+
+// Key returns the key of the need, or an error wrapping ErrInvalidPart.
+func (k NeedKey) Key() (string, error) {
+	return format(part{"node", k.Node}, part{"module", k.Module}, part{"kind", k.Kind}, part{"name", k.Name})
+}
+
+// ParseNeedKey returns the parts of a key of NeedsBucket.
+func ParseNeedKey(key string) (NeedKey, error) {
+	t, err := split(key, "node", "module", "kind", "name")
+	if err != nil {
+		return NeedKey{}, err
+	}
+	return NeedKey{Node: t[0], Module: t[1], Kind: t[2], Name: t[3]}, nil
+}
+
+// Key returns the key of the applied record, or an error wrapping
+// ErrInvalidPart.
+func (k AppliedKey) Key() (string, error) {
+	return format(part{"node", k.Node}, part{"module", k.Module})
+}
+
+// ParseAppliedKey returns the parts of a key of AppliedBucket.
+func ParseAppliedKey(key string) (AppliedKey, error) {
+	t, err := split(key, "node", "module")
+	if err != nil {
+		return AppliedKey{}, err
+	}
+	return AppliedKey{Node: t[0], Module: t[1]}, nil
+}
+
+// Key returns the key of the collection item, with the collection escaped, or
+// an error wrapping ErrInvalidPart.
+func (k CollectKey) Key() (string, error) {
+	if k.Collection == "" {
+		return "", fmt.Errorf("%w: collection is empty", ErrInvalidPart)
+	}
+	return format(part{"node", k.Node}, part{"collection", EscapeCollection(k.Collection)}, part{"contributor", k.Contributor})
+}
+
+// ParseCollectKey returns the parts of a key of CollectBucket, the collection
+// unescaped.
+func ParseCollectKey(key string) (CollectKey, error) {
+	t, err := split(key, "node", "collection", "contributor")
+	if err != nil {
+		return CollectKey{}, err
+	}
+	collection, err := UnescapeCollection(t[1])
+	if err != nil {
+		return CollectKey{}, fmt.Errorf("%w: %q: token 2 (<collection>) %v", ErrMalformedKey, key, err)
+	}
+	return CollectKey{Node: t[0], Collection: collection, Contributor: t[2]}, nil
+}
+
+// RegistryKey returns the key of a kind in RegistryBucket, or an error wrapping
+// ErrInvalidPart.
+func RegistryKey(kind string) (string, error) {
+	return format(part{"kind", kind})
+}
+
+// ParseRegistryKey returns the kind a key of RegistryBucket names.
+func ParseRegistryKey(key string) (string, error) {
+	t, err := split(key, "kind")
+	if err != nil {
+		return "", err
+	}
+	return t[0], nil
+}
+
+// NodeFilter returns the key filter that matches every key of node in a state
+// bucket: "<node>.>".
+func NodeFilter(node string) (string, error) {
+	if err := CheckToken(node); err != nil {
+		return "", fmt.Errorf("%w: node %q %v", ErrInvalidPart, node, err)
+	}
+	return node + ".>", nil
+}

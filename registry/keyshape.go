@@ -1,0 +1,160 @@
+package registry
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// Placeholders lists the names a key shape or a bucket template may use.
+var Placeholders = []string{"node", "module", "kind", "name", "provision", "local", "collection", "contributor", "provider"}
+
+// KeyShape is a parsed key shape such as "<node>.<module>.<provision>[.<local>]":
+// required tokens, then an optional tail.
+type KeyShape struct {
+	required []shapeToken
+	optional []shapeToken
+}
+
+// shapeToken is a literal token or, when placeholder is set, a placeholder.
+type shapeToken struct {
+	literal     string
+	placeholder string
+}
+
+// ParseKeyShape parses a key shape: dot-separated tokens, each a literal key
+// token or a placeholder <name> of Placeholders, with at most one optional
+// tail "[.tokens]" at the end.
+func ParseKeyShape(shape string) (KeyShape, error) {
+	required, optional := shape, ""
+	if i := strings.IndexByte(shape, '['); i >= 0 {
+		if !strings.HasSuffix(shape, "]") || !strings.HasPrefix(shape[i:], "[.") {
+			return KeyShape{}, fmt.Errorf("%w: %q: an optional tail is written [.<token>...] at the end", ErrInvalidKeyShape, shape)
+		}
+		required, optional = shape[:i], shape[i+2:len(shape)-1]
+		if strings.ContainsAny(optional, "[]") {
+			return KeyShape{}, fmt.Errorf("%w: %q: only one optional tail, not nested", ErrInvalidKeyShape, shape)
+		}
+	}
+	var ks KeyShape
+	var err error
+	if ks.required, err = parseShapeTokens(shape, required); err != nil {
+		return KeyShape{}, err
+	}
+	if optional != "" {
+		if ks.optional, err = parseShapeTokens(shape, optional); err != nil {
+			return KeyShape{}, err
+		}
+		if countPlaceholders(ks.optional) == 0 {
+			return KeyShape{}, fmt.Errorf("%w: %q: an optional tail needs a placeholder that supplies it", ErrInvalidKeyShape, shape)
+		}
+	}
+	seen := map[string]bool{}
+	for _, tok := range ks.tokens() {
+		if tok.placeholder == "" {
+			continue
+		}
+		if seen[tok.placeholder] {
+			return KeyShape{}, fmt.Errorf("%w: %q: <%s> stands twice", ErrInvalidKeyShape, shape, tok.placeholder)
+		}
+		seen[tok.placeholder] = true
+	}
+	return ks, nil
+}
+
+func parseShapeTokens(shape, part string) ([]shapeToken, error) {
+	var tokens []shapeToken
+	for _, raw := range strings.Split(part, ".") {
+		if name, ok := strings.CutPrefix(raw, "<"); ok {
+			name, ok = strings.CutSuffix(name, ">")
+			if !ok || !slices.Contains(Placeholders, name) {
+				return nil, fmt.Errorf("%w: %q: %q is not a placeholder; use one of <%s>", ErrInvalidKeyShape, shape, raw, strings.Join(Placeholders, ">, <"))
+			}
+			tokens = append(tokens, shapeToken{placeholder: name})
+			continue
+		}
+		if err := keys.CheckToken(raw); err != nil {
+			return nil, fmt.Errorf("%w: %q: literal token %q %v", ErrInvalidKeyShape, shape, raw, err)
+		}
+		tokens = append(tokens, shapeToken{literal: raw})
+	}
+	return tokens, nil
+}
+
+func (k KeyShape) tokens() []shapeToken {
+	return append(slices.Clip(k.required), k.optional...)
+}
+
+// String returns the shape as ParseKeyShape reads it.
+func (k KeyShape) String() string {
+	s := joinShape(k.required)
+	if len(k.optional) > 0 {
+		s += "[." + joinShape(k.optional) + "]"
+	}
+	return s
+}
+
+func joinShape(tokens []shapeToken) string {
+	parts := make([]string, len(tokens))
+	for i, tok := range tokens {
+		parts[i] = tok.literal
+		if tok.placeholder != "" {
+			parts[i] = "<" + tok.placeholder + ">"
+		}
+	}
+	return strings.Join(parts, ".")
+}
+
+// Render returns the concrete key for the values given by placeholder name.
+// Every required placeholder needs a value; the optional tail is included only
+// when all of its placeholders have one. A <collection> value is the readable
+// name and is escaped; every other value must be a key token.
+func (k KeyShape) Render(values map[string]string) (string, error) {
+	tail := 0
+	for _, tok := range k.optional {
+		if tok.placeholder != "" && values[tok.placeholder] != "" {
+			tail++
+		}
+	}
+	tokens := k.required
+	switch placeholders := countPlaceholders(k.optional); {
+	case tail == 0:
+	case tail == placeholders:
+		tokens = k.tokens()
+	default:
+		return "", fmt.Errorf("%w: %s: the optional tail needs all of its values or none", ErrCannotRender, k)
+	}
+	var b strings.Builder
+	for i, tok := range tokens {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		if tok.placeholder == "" {
+			b.WriteString(tok.literal)
+			continue
+		}
+		v := values[tok.placeholder]
+		if v == "" {
+			return "", fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
+		}
+		if tok.placeholder == "collection" {
+			v = keys.EscapeCollection(v)
+		} else if err := keys.CheckToken(v); err != nil {
+			return "", fmt.Errorf("%w: %s: <%s> %q %v", ErrCannotRender, k, tok.placeholder, v, err)
+		}
+		b.WriteString(v)
+	}
+	return b.String(), nil
+}
+
+func countPlaceholders(tokens []shapeToken) int {
+	n := 0
+	for _, tok := range tokens {
+		if tok.placeholder != "" {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,266 @@
+package registry_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
+)
+
+func TestTableAnswersEveryKind(t *testing.T) {
+	t.Parallel()
+	if err := registry.Validate(registry.Table()); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		got[e.GetKind()] = e
+	}
+	for _, kind := range []string{"config", "secret", "bound", "consumers", "collected", "shell", "environment", "contribution", "dir", "access", "port", "seat", "machine"} {
+		if got[kind] == nil {
+			t.Errorf("no entry answers kind %q", kind)
+		}
+	}
+	for _, kind := range registry.SecretKinds {
+		if got[kind].GetVerb() == nil {
+			t.Errorf("secret kind %q is not answered by a verb", kind)
+		}
+	}
+	if b := got["bound"].GetBucket(); b.GetBucket() != "<provider>_bound" || b.GetKeyShape() != "<node>.<module>.<provision>[.<local>]" {
+		t.Errorf("bound is answered from %v", b)
+	}
+	if b := got["shell"].GetBucket(); b.GetBucket() != keys.CollectBucket {
+		t.Errorf("shell is answered from %v, want the collect bucket", b)
+	}
+}
+
+func TestValidateRejectsBadTables(t *testing.T) {
+	t.Parallel()
+	bucket := func(kind, name, shape string) *provisionerv1.RegistryEntry {
+		return &provisionerv1.RegistryEntry{Kind: kind, Owner: "o", Description: "d",
+			Source: &provisionerv1.RegistryEntry_Bucket{Bucket: &provisionerv1.BucketSource{Bucket: name, KeyShape: shape}}}
+	}
+	verb := func(kind, seat, subject string) *provisionerv1.RegistryEntry {
+		return &provisionerv1.RegistryEntry{Kind: kind, Owner: "o", Description: "d",
+			Source: &provisionerv1.RegistryEntry_Verb{Verb: &provisionerv1.VerbSource{Seat: seat, Subject: subject}}}
+	}
+	tests := []struct {
+		name   string
+		table  []*provisionerv1.RegistryEntry
+		reason string
+	}{
+		{"no source", []*provisionerv1.RegistryEntry{{Kind: "port", Owner: "o", Description: "d"}}, "has no source"},
+		{"empty bucket source", []*provisionerv1.RegistryEntry{{Kind: "port", Owner: "o", Description: "d", Source: &provisionerv1.RegistryEntry_Bucket{}}}, "empty bucket source"},
+		{"duplicate kind", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>"), bucket("port", "b", "<node>")}, "answered already by entry 0"},
+		{"secret in a bucket", []*provisionerv1.RegistryEntry{bucket("secret", "vault", "<node>.<name>")}, "secret kind with a bucket source"},
+		{"consumers in a bucket", []*provisionerv1.RegistryEntry{bucket("consumers", "vault", "<node>")}, "secret kind with a bucket source"},
+		{"unknown placeholder", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>.<nope>")}, `"<nope>" is not a placeholder`},
+		{"unclosed placeholder", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>.<module")}, "is not a placeholder"},
+		{"tail not at end", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>[.<local>].<module>")}, "optional tail"},
+		{"tail without placeholder", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>[.x]")}, "needs a placeholder"},
+		{"placeholder twice", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>.<node>")}, "stands twice"},
+		{"bad literal", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>.a:b")}, `literal token "a:b"`},
+		{"bad bucket", []*provisionerv1.RegistryEntry{bucket("port", "my.bucket", "<node>")}, "is not a bucket name"},
+		{"wildcard subject", []*provisionerv1.RegistryEntry{verb("secret", "vault", "vault.*")}, "not a literal NATS subject"},
+		{"no seat", []*provisionerv1.RegistryEntry{verb("secret", "", "vault.secret")}, "has no seat"},
+		{"bad kind", []*provisionerv1.RegistryEntry{bucket("po.rt", "b", "<node>")}, "kind holds '.'"},
+		{"no owner", []*provisionerv1.RegistryEntry{{Kind: "port", Description: "d", Source: &provisionerv1.RegistryEntry_Verb{Verb: &provisionerv1.VerbSource{Seat: "s", Subject: "s.x"}}}}, "has no owner"},
+		{"nil entry", []*provisionerv1.RegistryEntry{nil}, "is nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := registry.Validate(tt.table)
+			if !errors.Is(err, registry.ErrInvalidTable) || !strings.Contains(err.Error(), tt.reason) {
+				t.Errorf("Validate() = %v, want ErrInvalidTable saying %q", err, tt.reason)
+			}
+		})
+	}
+}
+
+func TestKeyShapeRender(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		shape  string
+		values map[string]string
+		want   string
+		reason string
+	}{
+		{"<node>.<module>.<provision>[.<local>]", map[string]string{"node": "ace", "module": "web", "provision": "db"}, "ace.web.db", ""},
+		{"<node>.<module>.<provision>[.<local>]", map[string]string{"node": "ace", "module": "web", "provision": "db", "local": "ro"}, "ace.web.db.ro", ""},
+		{"<node>.<collection>.<contributor>", map[string]string{"node": "ace", "collection": "shell:zsh:normal", "contributor": "web"}, "ace.shell=3Azsh=3Anormal.web", ""},
+		{"plans.<node>", map[string]string{"node": "ace"}, "plans.ace", ""},
+		{"<node>.<module>", map[string]string{"node": "ace"}, "", "no value for <module>"},
+		{"<node>.<module>", map[string]string{"node": "ace", "module": "a.b"}, "", `<module> "a.b" holds '.'`},
+		{"<node>[.<module>.<local>]", map[string]string{"node": "ace", "local": "x"}, "", "all of its values or none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want+tt.reason, func(t *testing.T) {
+			t.Parallel()
+			ks, err := registry.ParseKeyShape(tt.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ks.String() != tt.shape {
+				t.Errorf("String() = %q, want %q", ks.String(), tt.shape)
+			}
+			got, err := ks.Render(tt.values)
+			if tt.reason != "" {
+				if !errors.Is(err, registry.ErrCannotRender) || !strings.Contains(err.Error(), tt.reason) {
+					t.Errorf("Render() = %q, %v; want ErrCannotRender saying %q", got, err, tt.reason)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Errorf("Render() = %q, %v; want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func registryBucket(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: keys.RegistryBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+func lastRevision(t *testing.T, kv jetstream.KeyValue) uint64 {
+	t.Helper()
+	st, err := kv.Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+}
+
+func kindsOf(table []*provisionerv1.RegistryEntry) []string {
+	var kinds []string
+	for _, e := range table {
+		kinds = append(kinds, e.GetKind())
+	}
+	return kinds
+}
+
+func TestReconcile(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	kv := registryBucket(t)
+	table := registry.Table()
+
+	first, err := registry.Reconcile(ctx, kv, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Written) != len(table) || len(first.Deleted)+len(first.Unchanged) != 0 {
+		t.Fatalf("first run: %+v, want every kind written", first)
+	}
+	assertBucketHolds(t, kv, table)
+
+	t.Run("a second run writes nothing", func(t *testing.T) {
+		before := lastRevision(t, kv)
+		report, err := registry.Reconcile(ctx, kv, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(report.Written)+len(report.Deleted) != 0 || len(report.Unchanged) != len(table) {
+			t.Errorf("second run: %+v, want all unchanged", report)
+		}
+		if after := lastRevision(t, kv); after != before {
+			t.Errorf("bucket revision moved from %d to %d on a run that changed nothing", before, after)
+		}
+	})
+
+	t.Run("a tampered entry is restored", func(t *testing.T) {
+		tampered, _ := proto.Marshal(&provisionerv1.RegistryEntry{Kind: "port", Owner: "intruder"})
+		if _, err := kv.Put(ctx, "port", tampered); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "dir", []byte("not a protobuf \xff\xff")); err != nil {
+			t.Fatal(err)
+		}
+		report, err := registry.Reconcile(ctx, kv, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]string{"dir", "port"}, report.Written); diff != "" {
+			t.Errorf("written (-want +got):\n%s", diff)
+		}
+		assertBucketHolds(t, kv, table)
+	})
+
+	t.Run("a stale kind is deleted", func(t *testing.T) {
+		if _, err := kv.Put(ctx, "gone", []byte{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "bad.key", []byte{}); err != nil {
+			t.Fatal(err)
+		}
+		smaller := table[1:]
+		report, err := registry.Reconcile(ctx, kv, smaller)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]string{"bad.key", "config", "gone"}, report.Deleted); diff != "" {
+			t.Errorf("deleted (-want +got):\n%s", diff)
+		}
+		assertBucketHolds(t, kv, smaller)
+	})
+
+	t.Run("an invalid table writes nothing", func(t *testing.T) {
+		before := lastRevision(t, kv)
+		_, err := registry.Reconcile(ctx, kv, []*provisionerv1.RegistryEntry{{Kind: "port"}})
+		if !errors.Is(err, registry.ErrInvalidTable) {
+			t.Fatalf("Reconcile(invalid) = %v, want ErrInvalidTable", err)
+		}
+		if after := lastRevision(t, kv); after != before {
+			t.Errorf("revision moved from %d to %d", before, after)
+		}
+	})
+}
+
+func assertBucketHolds(t *testing.T, kv jetstream.KeyValue, table []*provisionerv1.RegistryEntry) {
+	t.Helper()
+	lister, err := kv.ListKeys(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored []string
+	for k := range lister.Keys() {
+		stored = append(stored, k)
+	}
+	if diff := cmp.Diff(kindsOf(table), stored, cmpopts.SortSlices(func(a, b string) bool { return a < b })); diff != "" {
+		t.Errorf("bucket keys (-want +got):\n%s", diff)
+	}
+	for _, want := range table {
+		e, err := kv.Get(t.Context(), want.GetKind())
+		if err != nil {
+			t.Fatalf("get %s: %v", want.GetKind(), err)
+		}
+		got := &provisionerv1.RegistryEntry{}
+		if err := proto.Unmarshal(e.Value(), got); err != nil {
+			t.Fatalf("decode %s: %v", want.GetKind(), err)
+		}
+		if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+			t.Errorf("entry %s (-want +got):\n%s", want.GetKind(), diff)
+		}
+	}
+}
+
