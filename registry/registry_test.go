@@ -263,4 +263,3 @@ func assertBucketHolds(t *testing.T, kv jetstream.KeyValue, table []*provisioner
 		}
 	}
 }
-

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service"
+)
+
+const serveSynopsis = `Usage: mesh-provisioner [serve] [flags]
+
+Serves the mesh's provisioning registry and the read-only verb
+mesh-provisioner.provisioning as a NATS micro service. With no --nats-url it
+embeds a nats-server with JetStream, listening on --listen, its store in
+--state-dir; with --nats-url it connects to that NATS and embeds nothing.
+It creates the four provisioning buckets if they are missing, writes the
+registry at start and every --registry-interval, and stops cleanly on
+SIGINT or SIGTERM.
+
+Other commands: mesh-provisioner version`
+
+type serveFlags struct {
+	connect          connectFlags
+	log              logFlags
+	listen           string
+	stateDir         string
+	replicas         int
+	registryInterval time.Duration
+	readyTimeout     time.Duration
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mesh-provisioner serve", flag.ContinueOnError)
+	var f serveFlags
+	f.connect.register(fs, "URL of an existing NATS to join; empty embeds a nats-server")
+	f.log.register(fs)
+	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "host:port the embedded nats-server listens on (port 0 picks a free one)")
+	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store")
+	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
+	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
+	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
+	if err := parseFlags(fs, args, stderr, serveSynopsis); err != nil {
+		return err
+	}
+	if f.replicas < 1 || f.replicas > 5 {
+		return fmt.Errorf("--replicas %d: use 1 to 5 (3 on a cluster)", f.replicas)
+	}
+	if f.registryInterval < time.Second {
+		return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
+	}
+	logger, err := f.log.logger(stderr)
+	if err != nil {
+		return err
+	}
+	return f.run(ctx, logger)
+}
+
+func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
+	url := f.connect.url
+	var opts []nats.Option
+	var embedded *server.Server
+	if url == "" {
+		var err error
+		if embedded, err = startEmbedded(f.listen, f.stateDir, logger); err != nil {
+			return err
+		}
+		defer func() {
+			embedded.Shutdown()
+			embedded.WaitForShutdown()
+		}()
+		url = embedded.ClientURL()
+		opts = append(opts, nats.InProcessServer(embedded))
+		logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
+	}
+	closed := make(chan struct{})
+	nc, err := f.connect.connect(url, "mesh-provisioner", logger, append(opts, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))...)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Drain: finish what is in flight, then close, before the embedded
+		// server (if any) goes down.
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		<-closed
+	}()
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := service.EnsureBuckets(ctx, js, f.replicas); err != nil {
+		return err
+	}
+	registryKV, err := js.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		return fmt.Errorf("open registry bucket: %w", err)
+	}
+	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, Logger: logger}
+	if err := reconciler.Run(ctx); err != nil {
+		return fmt.Errorf("reconcile registry: %w", err)
+	}
+
+	svc, err := service.Start(ctx, service.Config{Conn: nc, Version: buildVersion(), Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer svc.Stop()
+	readyCtx, cancel := context.WithTimeout(ctx, f.readyTimeout)
+	defer cancel()
+	if err := svc.WaitReady(readyCtx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	info := svc.Info()
+	logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
+		"subject", service.ProvisioningSubject, "nats_url", url)
+
+	<-ctx.Done()
+	logger.Info("shutting down: draining the service and the connection")
+	return nil
+}

@@ -1,0 +1,62 @@
+// Package servicetest runs the mesh-provisioner service for tests: buckets
+// created, registry reconciled, copy loaded.
+package servicetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service"
+)
+
+// Start creates the buckets on nc's server, reconciles the registry, starts
+// the service and waits until it is ready. It stops the service when the
+// test ends.
+func Start(t testing.TB, nc *nats.Conn) *service.Service {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.Start(ctx, service.Config{Conn: nc, Version: "1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	if err := svc.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// Bucket returns a handle on a provisioning bucket.
+func Bucket(t testing.TB, nc *nats.Conn, bucket string) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}

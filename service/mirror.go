@@ -1,0 +1,282 @@
+package service
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// held is one key of a bucket as the copy holds it: its decoded record, or,
+// for a key out of the bucket's shape, the report of it.
+type held[R proto.Message] struct {
+	key       string
+	tokens    []string
+	record    R // nil when malformed is set
+	malformed *provisionerv1.MalformedKey
+}
+
+// bucketCopy is the watched copy of one bucket, indexed by the key's first
+// token (the node, or the kind in the registry). Records are decoded once, as
+// they arrive; answers share them, so they are never changed after that.
+type bucketCopy[R proto.Message] struct {
+	bucket   string
+	decode   func(key string, value []byte, revision uint64) (R, error)
+	loaded   chan struct{} // closed once the first watcher's initial values are in
+	loadOnce sync.Once
+
+	mu       sync.RWMutex
+	byFirst  map[string]map[string]*held[R]
+	revision uint64
+}
+
+func newBucketCopy[R proto.Message](bucket string, decode func(string, []byte, uint64) (R, error)) *bucketCopy[R] {
+	return &bucketCopy[R]{
+		bucket:  bucket,
+		decode:  decode,
+		loaded:  make(chan struct{}),
+		byFirst: map[string]map[string]*held[R]{},
+	}
+}
+
+// watch keeps the copy up to date until ctx is done or the watcher stops. It
+// may be called again after it returns: the keys a new watcher does not
+// deliver among its initial values are dropped from the copy then.
+func (c *bucketCopy[R]) watch(ctx context.Context, kv jetstream.KeyValue) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch bucket %s: %w", c.bucket, err)
+	}
+	defer w.Stop()
+	initial := map[string]bool{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("watcher of bucket %s stopped", c.bucket)
+			}
+			if e == nil {
+				c.keepOnly(initial)
+				initial = nil
+				c.loadOnce.Do(func() { close(c.loaded) })
+				continue
+			}
+			if initial != nil {
+				initial[e.Key()] = true
+			}
+			c.apply(e.Key(), e.Value(), e.Revision(), e.Operation() != jetstream.KeyValuePut)
+		}
+	}
+}
+
+// keepOnly drops the keys a new watcher did not deliver: they were deleted
+// while no watcher ran.
+func (c *bucketCopy[R]) keepOnly(live map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for first, byKey := range c.byFirst {
+		for key := range byKey {
+			if !live[key] {
+				delete(byKey, key)
+			}
+		}
+		if len(byKey) == 0 {
+			delete(c.byFirst, first)
+		}
+	}
+}
+
+// apply takes one change into the copy: a put, or a delete or purge.
+func (c *bucketCopy[R]) apply(key string, value []byte, revision uint64, deleted bool) {
+	tokens := strings.Split(key, ".")
+	var h *held[R]
+	if !deleted {
+		h = &held[R]{key: key, tokens: tokens}
+		record, err := c.decode(key, value, revision)
+		if err != nil {
+			h.malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
+		} else {
+			h.record = record
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.revision = max(c.revision, revision)
+	first := c.byFirst[tokens[0]]
+	if deleted {
+		delete(first, key)
+		if len(first) == 0 {
+			delete(c.byFirst, tokens[0])
+		}
+		return
+	}
+	if first == nil {
+		first = map[string]*held[R]{}
+		c.byFirst[tokens[0]] = first
+	}
+	first[key] = h
+}
+
+func (c *bucketCopy[R]) name() string { return c.bucket }
+
+func (c *bucketCopy[R]) ready() bool {
+	select {
+	case <-c.loaded:
+		return true
+	default:
+		return false
+	}
+}
+
+// selection narrows a bucket's keys: first, if set, is the key's first token;
+// keep decides for a good record, keepMalformed for a malformed key's tokens.
+type selection[R proto.Message] struct {
+	first         string
+	keep          func(R) bool
+	keepMalformed func(tokens []string) bool
+}
+
+// read returns the records and malformed keys the selection keeps, in key
+// order, and the revision the copy had reached.
+func (c *bucketCopy[R]) read(sel selection[R]) (records []R, malformed []*provisionerv1.MalformedKey, revision uint64) {
+	var kept []*held[R]
+	c.mu.RLock()
+	revision = c.revision
+	collect := func(keys map[string]*held[R]) {
+		for _, h := range keys {
+			if h.malformed != nil {
+				if sel.keepMalformed == nil || sel.keepMalformed(h.tokens) {
+					kept = append(kept, h)
+				}
+			} else if sel.keep == nil || sel.keep(h.record) {
+				kept = append(kept, h)
+			}
+		}
+	}
+	if sel.first != "" {
+		collect(c.byFirst[sel.first])
+	} else {
+		for _, keys := range c.byFirst {
+			collect(keys)
+		}
+	}
+	c.mu.RUnlock()
+
+	slices.SortFunc(kept, func(a, b *held[R]) int { return cmp.Compare(a.key, b.key) })
+	for _, h := range kept {
+		if h.malformed != nil {
+			malformed = append(malformed, h.malformed)
+		} else {
+			records = append(records, h.record)
+		}
+	}
+	return records, malformed, revision
+}
+
+// mirror is the watched copy of the four provisioning buckets.
+type mirror struct {
+	registry *bucketCopy[*provisionerv1.RegistryRecord]
+	needs    *bucketCopy[*provisionerv1.NeedRecord]
+	applied  *bucketCopy[*provisionerv1.AppliedRecord]
+	collect  *bucketCopy[*provisionerv1.CollectRecord]
+}
+
+func newMirror() *mirror {
+	return &mirror{
+		registry: newBucketCopy(keys.RegistryBucket, decodeRegistry),
+		needs:    newBucketCopy(keys.NeedsBucket, decodeNeed),
+		applied:  newBucketCopy(keys.AppliedBucket, decodeApplied),
+		collect:  newBucketCopy(keys.CollectBucket, decodeCollect),
+	}
+}
+
+// watched is what the mirror needs of each bucket copy, whatever its record.
+type watched interface {
+	name() string
+	ready() bool
+	watch(ctx context.Context, kv jetstream.KeyValue) error
+}
+
+func (m *mirror) buckets() []watched {
+	return []watched{m.registry, m.needs, m.applied, m.collect}
+}
+
+// loading returns the buckets whose initial values are not in yet.
+func (m *mirror) loading() []string {
+	var buckets []string
+	for _, c := range m.buckets() {
+		if !c.ready() {
+			buckets = append(buckets, c.name())
+		}
+	}
+	return buckets
+}
+
+// decodeValue unmarshals a bucket value into msg, saying which type failed.
+func decodeValue(value []byte, msg proto.Message) error {
+	if err := proto.Unmarshal(value, msg); err != nil {
+		return fmt.Errorf("value does not decode as %s: %v", msg.ProtoReflect().Descriptor().FullName(), err)
+	}
+	return nil
+}
+
+func decodeRegistry(key string, value []byte, revision uint64) (*provisionerv1.RegistryRecord, error) {
+	kind, err := keys.ParseRegistryKey(key)
+	if err != nil {
+		return nil, err
+	}
+	entry := &provisionerv1.RegistryEntry{}
+	if err := decodeValue(value, entry); err != nil {
+		return nil, err
+	}
+	if entry.GetKind() != kind {
+		return nil, fmt.Errorf("key %q holds the entry of kind %q", key, entry.GetKind())
+	}
+	return &provisionerv1.RegistryRecord{Kind: kind, Entry: entry, Revision: revision}, nil
+}
+
+func decodeNeed(key string, value []byte, revision uint64) (*provisionerv1.NeedRecord, error) {
+	k, err := keys.ParseNeedKey(key)
+	if err != nil {
+		return nil, err
+	}
+	need := &provisionerv1.Need{}
+	if err := decodeValue(value, need); err != nil {
+		return nil, err
+	}
+	return &provisionerv1.NeedRecord{Node: k.Node, Module: k.Module, Kind: k.Kind, Name: k.Name, Need: need, Revision: revision}, nil
+}
+
+func decodeApplied(key string, value []byte, revision uint64) (*provisionerv1.AppliedRecord, error) {
+	k, err := keys.ParseAppliedKey(key)
+	if err != nil {
+		return nil, err
+	}
+	applied := &provisionerv1.Applied{}
+	if err := decodeValue(value, applied); err != nil {
+		return nil, err
+	}
+	return &provisionerv1.AppliedRecord{Node: k.Node, Module: k.Module, Applied: applied, Revision: revision}, nil
+}
+
+func decodeCollect(key string, value []byte, revision uint64) (*provisionerv1.CollectRecord, error) {
+	k, err := keys.ParseCollectKey(key)
+	if err != nil {
+		return nil, err
+	}
+	item := &provisionerv1.CollectItem{}
+	if err := decodeValue(value, item); err != nil {
+		return nil, err
+	}
+	return &provisionerv1.CollectRecord{Node: k.Node, Collection: k.Collection, Contributor: k.Contributor, Item: item, Revision: revision}, nil
+}

@@ -1,0 +1,206 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
+
+// Names under which the service is found on the bus.
+const (
+	// Name is the micro service's name.
+	Name = "mesh-provisioner"
+	// ProvisioningEndpoint is the endpoint's name.
+	ProvisioningEndpoint = "provisioning"
+	// ProvisioningSubject is the subject the endpoint answers.
+	ProvisioningSubject = Name + "." + ProvisioningEndpoint
+)
+
+// Config holds what Start needs.
+type Config struct {
+	// Conn is the connection the service answers on and watches the
+	// buckets through. Required; the caller owns it.
+	Conn *nats.Conn
+	// Version is the service's semantic version, as micro discovery shows it.
+	// Empty means "0.0.0-dev".
+	Version string
+	// Logger receives the service's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Concurrency is how many answers are built at once; zero means twice
+	// GOMAXPROCS. Further requests wait in the subscription's pending queue.
+	Concurrency int
+}
+
+// Service is a running mesh-provisioner micro service.
+type Service struct {
+	micro  micro.Service
+	mirror *mirror
+	logger *slog.Logger
+
+	stopWatching context.CancelFunc
+	watchers     sync.WaitGroup
+	answers      sync.WaitGroup
+	slots        chan struct{}
+
+	answered     atomic.Uint64
+	answerErrors atomic.Uint64
+	stopOnce     sync.Once
+}
+
+// Start opens the provisioning buckets, starts watching them and adds the
+// micro service. It returns at once: until the copy is loaded (see
+// WaitReady), the endpoint answers 503.
+func Start(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("service: Config.Conn is required")
+	}
+	if cfg.Version == "" {
+		cfg.Version = "0.0.0-dev"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 2 * runtime.GOMAXPROCS(0)
+	}
+	js, err := jetstream.New(cfg.Conn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{mirror: newMirror(), logger: cfg.Logger, slots: make(chan struct{}, cfg.Concurrency)}
+
+	kvs := make([]jetstream.KeyValue, 0, 4)
+	for _, c := range s.mirror.buckets() {
+		kv, err := js.KeyValue(ctx, c.name())
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return nil, fmt.Errorf("%w: %s", ErrBucketMissing, c.name())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open bucket %s: %w", c.name(), err)
+		}
+		kvs = append(kvs, kv)
+	}
+	watchCtx, cancel := context.WithCancel(context.Background())
+	s.stopWatching = cancel
+	for i, c := range s.mirror.buckets() {
+		s.watchers.Add(1)
+		go func() {
+			defer s.watchers.Done()
+			s.keepWatching(watchCtx, c, kvs[i])
+		}()
+	}
+
+	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
+		Name:         Name,
+		Version:      cfg.Version,
+		Description:  "Says which module answers each kind of placeholder, and what nodes need, have applied and collect.",
+		StatsHandler: s.stats,
+		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
+			// A slow consumer or permission error on a subscription: the
+			// service keeps serving, and the operator is told.
+			s.logger.Error("service subscription error", "subject", err.Subject, "err", err.Description)
+		},
+	})
+	if err != nil {
+		s.stopWatching()
+		return nil, fmt.Errorf("add micro service: %w", err)
+	}
+	err = s.micro.AddEndpoint(ProvisioningEndpoint, micro.HandlerFunc(s.handleProvisioning),
+		micro.WithEndpointSubject(ProvisioningSubject),
+		micro.WithEndpointMetadata(map[string]string{
+			"request":       string((&provisionerv1.ProvisioningRequest{}).ProtoReflect().Descriptor().FullName()),
+			"response":      string((&provisionerv1.ProvisioningResponse{}).ProtoReflect().Descriptor().FullName()),
+			"content_types": ContentTypeProtobuf + ", " + ContentTypeJSON,
+		}),
+	)
+	if err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("add endpoint %s: %w", ProvisioningEndpoint, err)
+	}
+	return s, nil
+}
+
+// keepWatching runs a bucket's watcher until ctx is done, starting it again,
+// after a pause that grows to watchRetryMax, whenever it fails.
+func (s *Service) keepWatching(ctx context.Context, c watched, kv jetstream.KeyValue) {
+	pause := watchRetryMin
+	for {
+		started := time.Now()
+		err := c.watch(ctx, kv)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > watchRetryMax {
+			pause = watchRetryMin // it had been running well: not a failure streak
+		}
+		s.logger.Error("bucket watcher failed; starting it again", "bucket", c.name(), "err", err, "in", pause)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, watchRetryMax)
+	}
+}
+
+// How long keepWatching pauses before it starts a failed watcher again.
+const (
+	watchRetryMin = 250 * time.Millisecond
+	watchRetryMax = 30 * time.Second
+)
+
+// WaitReady returns once the copy of every bucket holds the bucket's initial
+// values, or ctx's error.
+func (s *Service) WaitReady(ctx context.Context) error {
+	ticker := time.NewTicker(10 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		loading := s.mirror.loading()
+		if len(loading) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("buckets still loading (%s): %w", strings.Join(loading, ", "), ctx.Err())
+		case <-ticker.C:
+		}
+	}
+}
+
+// Info returns the micro service's discovery information.
+func (s *Service) Info() micro.Info { return s.micro.Info() }
+
+// Stop stops answering: the endpoint's subscription is drained, answers in
+// progress are sent, and the watchers stop. The connection stays open.
+func (s *Service) Stop() {
+	s.stopOnce.Do(func() {
+		if err := s.micro.Stop(); err != nil {
+			s.logger.Warn("stopping micro service", "err", err)
+		}
+		s.answers.Wait()
+		s.stopWatching()
+		s.watchers.Wait()
+	})
+}
+
+// stats adds the answers built off the micro callback to the endpoint stats:
+// micro counts requests and the errors sent before an answer is dispatched.
+func (s *Service) stats(*micro.Endpoint) any {
+	return map[string]any{
+		"answered":      s.answered.Load(),
+		"answer_errors": s.answerErrors.Load(),
+		"loading":       s.mirror.loading(),
+	}
+}

@@ -1,0 +1,564 @@
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service"
+)
+
+// mesh is a small mesh of two nodes, with malformed keys in every bucket.
+type mesh struct {
+	nc  *nats.Conn
+	svc *service.Service
+}
+
+func put(t *testing.T, kv jetstream.KeyValue, key string, value []byte) uint64 {
+	t.Helper()
+	rev, err := kv.Put(context.Background(), key, value)
+	if err != nil {
+		t.Fatalf("put %s: %v", key, err)
+	}
+	return rev
+}
+
+// putRaw publishes to a key's subject directly, as a client that does not
+// check keys would: the KV client refuses a key with a colon.
+func putRaw(t *testing.T, nc *nats.Conn, bucket, key string, value []byte) uint64 {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.Publish(context.Background(), "$KV."+bucket+"."+key, value)
+	if err != nil {
+		t.Fatalf("publish %s: %v", key, err)
+	}
+	return ack.Sequence
+}
+
+func encode(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+var garbage = []byte{0xff, 0xff, 0xff}
+
+func newMesh(t *testing.T) *mesh {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.Start(t))
+	m := &mesh{nc: nc, svc: servicetest.Start(t, nc)}
+
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	for _, key := range []string{"ace.web.port.http", "ace.web.secret.token", "ace.db.config.db_url", "novox.web.port.http"} {
+		k, _ := keys.ParseNeedKey(key)
+		put(t, needs, key, encode(t, &provisionerv1.Need{Placeholder: "${" + k.Kind + ":" + k.Name + "}", Required: true}))
+	}
+	put(t, needs, "ace.web.port", encode(t, &provisionerv1.Need{}))
+	putRaw(t, nc, keys.NeedsBucket, "novox.web:api.port.http", encode(t, &provisionerv1.Need{}))
+	put(t, needs, "ace.db.config.bad", garbage)
+
+	applied := servicetest.Bucket(t, nc, keys.AppliedBucket)
+	for _, key := range []string{"ace.web", "ace.db", "novox.web"} {
+		put(t, applied, key, encode(t, &provisionerv1.Applied{PlanDigest: "sha256:" + key}))
+	}
+	put(t, applied, "ace.web.extra", encode(t, &provisionerv1.Applied{}))
+	put(t, applied, "novox.api", garbage)
+
+	collect := servicetest.Bucket(t, nc, keys.CollectBucket)
+	for _, k := range []keys.CollectKey{
+		{Node: "ace", Collection: "shell:zsh:normal", Contributor: "web"},
+		{Node: "ace", Collection: "shell:zsh:normal", Contributor: "db"},
+		{Node: "ace", Collection: "environment", Contributor: "web"},
+		{Node: "novox", Collection: "shell:zsh:normal", Contributor: "web"},
+	} {
+		key, err := k.Key()
+		if err != nil {
+			t.Fatal(err)
+		}
+		put(t, collect, key, encode(t, &provisionerv1.CollectItem{Value: "from " + k.Contributor}))
+	}
+	put(t, collect, "ace.shell=3a.web", encode(t, &provisionerv1.CollectItem{}))
+	put(t, collect, "ace.environment", encode(t, &provisionerv1.CollectItem{}))
+
+	reg := servicetest.Bucket(t, nc, keys.RegistryBucket)
+	put(t, reg, "weird", encode(t, &provisionerv1.RegistryEntry{Kind: "other"}))
+	last := put(t, reg, "too.many", encode(t, &provisionerv1.RegistryEntry{Kind: "too"}))
+
+	// The copy follows the buckets asynchronously: wait until the last
+	// write is in.
+	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return a.GetRevision() >= last }, &provisionerv1.ProvisioningRequest{})
+	return m
+}
+
+func (m *mesh) ask(t *testing.T, req *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	answer, err := client.New(m.nc).Provisioning(ctx, req)
+	if err != nil {
+		t.Fatalf("Provisioning(%v): %v", req, err)
+	}
+	return answer
+}
+
+func (m *mesh) waitFor(t *testing.T, done func(*provisionerv1.ProvisioningResponse) bool, req *provisionerv1.ProvisioningRequest) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !done(m.ask(t, req)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the copy did not catch up in 5s for %v", req)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// keysOf renders every record and malformed key of an answer as its key.
+func keysOf(t *testing.T, a *provisionerv1.ProvisioningResponse) (records, malformed []string) {
+	t.Helper()
+	add := func(key string, err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		records = append(records, key)
+	}
+	for _, r := range a.GetRegistry() {
+		add(keys.RegistryKey(r.GetKind()))
+	}
+	for _, r := range a.GetNeeds() {
+		add(keys.NeedKey{Node: r.GetNode(), Module: r.GetModule(), Kind: r.GetKind(), Name: r.GetName()}.Key())
+	}
+	for _, r := range a.GetApplied() {
+		add(keys.AppliedKey{Node: r.GetNode(), Module: r.GetModule()}.Key())
+	}
+	for _, r := range a.GetCollect() {
+		add(keys.CollectKey{Node: r.GetNode(), Collection: r.GetCollection(), Contributor: r.GetContributor()}.Key())
+	}
+	for _, mk := range a.GetMalformed() {
+		malformed = append(malformed, mk.GetKey())
+	}
+	return records, malformed
+}
+
+func TestProvisioningNarrowing(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	var sortedKinds []string
+	for _, e := range registry.Table() {
+		sortedKinds = append(sortedKinds, e.GetKind())
+	}
+	slices.Sort(sortedKinds)
+
+	tests := []struct {
+		name      string
+		req       *provisionerv1.ProvisioningRequest
+		records   []string
+		malformed []string
+	}{
+		{"empty request is the registry", &provisionerv1.ProvisioningRequest{}, sortedKinds, []string{"too.many", "weird"}},
+		{"registry", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_REGISTRY}, sortedKinds, []string{"too.many", "weird"}},
+		{"needs", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS},
+			[]string{"ace.db.config.db_url", "ace.web.port.http", "ace.web.secret.token", "novox.web.port.http"},
+			[]string{"ace.db.config.bad", "ace.web.port", "novox.web:api.port.http"}},
+		{"needs of a node", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"},
+			[]string{"ace.db.config.db_url", "ace.web.port.http", "ace.web.secret.token"},
+			[]string{"ace.db.config.bad", "ace.web.port"}},
+		{"needs of a module", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Module: "web"},
+			[]string{"ace.web.port.http", "ace.web.secret.token", "novox.web.port.http"},
+			[]string{"ace.web.port"}},
+		{"needs of a node's module", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", Module: "web"},
+			[]string{"ace.web.port.http", "ace.web.secret.token"},
+			[]string{"ace.web.port"}},
+		{"needs of another node", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "novox"},
+			[]string{"novox.web.port.http"}, []string{"novox.web:api.port.http"}},
+		{"needs of an unknown node", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "zed"}, nil, nil},
+		{"applied", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_APPLIED},
+			[]string{"ace.db", "ace.web", "novox.web"}, []string{"ace.web.extra", "novox.api"}},
+		{"applied of a node", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_APPLIED, Node: "ace"},
+			[]string{"ace.db", "ace.web"}, []string{"ace.web.extra"}},
+		{"applied of a module", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_APPLIED, Module: "web"},
+			[]string{"ace.web", "novox.web"}, []string{"ace.web.extra"}},
+		{"applied of a node's module", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_APPLIED, Node: "novox", Module: "api"},
+			nil, []string{"novox.api"}},
+		{"collect", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT},
+			[]string{"ace.environment.web", "ace.shell=3Azsh=3Anormal.db", "ace.shell=3Azsh=3Anormal.web", "novox.shell=3Azsh=3Anormal.web"},
+			[]string{"ace.environment", "ace.shell=3a.web"}},
+		{"collect of a collection", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Collection: "shell:zsh:normal"},
+			[]string{"ace.shell=3Azsh=3Anormal.db", "ace.shell=3Azsh=3Anormal.web", "novox.shell=3Azsh=3Anormal.web"}, nil},
+		{"collect of a contributor", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Contributor: "db"},
+			[]string{"ace.shell=3Azsh=3Anormal.db"}, []string{"ace.environment"}},
+		{"collect of a node's contributor", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Node: "ace", Contributor: "web"},
+			[]string{"ace.environment.web", "ace.shell=3Azsh=3Anormal.web"}, []string{"ace.environment", "ace.shell=3a.web"}},
+		{"collect with every filter", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Node: "ace", Collection: "environment", Contributor: "web"},
+			[]string{"ace.environment.web"}, []string{"ace.environment"}},
+		{"collect of a node's collection", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Node: "novox", Collection: "shell:zsh:normal"},
+			[]string{"novox.shell=3Azsh=3Anormal.web"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			answer := m.ask(t, tt.req)
+			records, malformed := keysOf(t, answer)
+			if diff := cmp.Diff(tt.records, records); diff != "" {
+				t.Errorf("records (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tt.malformed, malformed); diff != "" {
+				t.Errorf("malformed keys (-want +got):\n%s", diff)
+			}
+			if answer.GetRevision() == 0 {
+				t.Error("the answer carries no revision")
+			}
+		})
+	}
+}
+
+func TestProvisioningRecordsFieldByField(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	answer := m.ask(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "novox"})
+	want := &provisionerv1.ProvisioningResponse{
+		What: provisionerv1.What_WHAT_NEEDS,
+		Needs: []*provisionerv1.NeedRecord{{
+			Node: "novox", Module: "web", Kind: "port", Name: "http",
+			Need: &provisionerv1.Need{Placeholder: "${port:http}", Required: true},
+		}},
+		Malformed: []*provisionerv1.MalformedKey{{
+			Bucket: keys.NeedsBucket, Key: "novox.web:api.port.http",
+			Reason: `malformed key: "novox.web:api.port.http": token 2 (<module>) holds ':' at byte 3; a token holds only A-Z a-z 0-9 - _ = /`,
+		}},
+	}
+	ignoreRevisions := protocmp.IgnoreFields(&provisionerv1.NeedRecord{}, "revision")
+	if diff := cmp.Diff(want, answer, protocmp.Transform(), ignoreRevisions,
+		protocmp.IgnoreFields(&provisionerv1.MalformedKey{}, "revision"),
+		protocmp.IgnoreFields(&provisionerv1.ProvisioningResponse{}, "revision")); diff != "" {
+		t.Errorf("answer (-want +got):\n%s", diff)
+	}
+
+	collect := m.ask(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Node: "ace", Contributor: "db"})
+	if len(collect.GetCollect()) != 1 {
+		t.Fatalf("collect answer: %v", collect)
+	}
+	if diff := cmp.Diff(&provisionerv1.CollectRecord{Node: "ace", Collection: "shell:zsh:normal", Contributor: "db", Item: &provisionerv1.CollectItem{Value: "from db"}},
+		collect.GetCollect()[0], protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.CollectRecord{}, "revision")); diff != "" {
+		t.Errorf("collect record (-want +got):\n%s", diff)
+	}
+
+	reasons := map[string]string{}
+	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_REGISTRY, provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
+		for _, mk := range m.ask(t, &provisionerv1.ProvisioningRequest{What: what}).GetMalformed() {
+			if mk.GetRevision() == 0 || mk.GetBucket() == "" {
+				t.Errorf("malformed key %v lacks its bucket or revision", mk)
+			}
+			reasons[mk.GetBucket()+" "+mk.GetKey()] = mk.GetReason()
+		}
+	}
+	for key, want := range map[string]string{
+		keys.RegistryBucket + " weird":           `key "weird" holds the entry of kind "other"`,
+		keys.RegistryBucket + " too.many":        "has 2 tokens, want 1",
+		keys.NeedsBucket + " ace.web.port":       "has 3 tokens, want 4",
+		keys.NeedsBucket + " ace.db.config.bad":  "value does not decode as mesh.provisioner.v1.Need",
+		keys.AppliedBucket + " novox.api":        "value does not decode as mesh.provisioner.v1.Applied",
+		keys.AppliedBucket + " ace.web.extra":    "has 3 tokens, want 2",
+		keys.CollectBucket + " ace.shell=3a.web": "token 2 (<collection>) has a bad escape",
+		keys.CollectBucket + " ace.environment":  "has 2 tokens, want 3",
+	} {
+		if !strings.Contains(reasons[key], want) {
+			t.Errorf("reason for %s = %q, want it to say %q", key, reasons[key], want)
+		}
+	}
+}
+
+func TestProvisioningFollowsTheBuckets(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	needs := servicetest.Bucket(t, m.nc, keys.NeedsBucket)
+	req := &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", Module: "web"}
+
+	rev := put(t, needs, "ace.web.dir.state", encode(t, &provisionerv1.Need{Placeholder: "${dir:state}"}))
+	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return a.GetRevision() >= rev }, req)
+	records, _ := keysOf(t, m.ask(t, req))
+	if !slices.Contains(records, "ace.web.dir.state") {
+		t.Errorf("a need written at revision %d is not answered: %v", rev, records)
+	}
+
+	if err := needs.Delete(context.Background(), "ace.web.dir.state"); err != nil {
+		t.Fatal(err)
+	}
+	if err := needs.Purge(context.Background(), "ace.web.port"); err != nil {
+		t.Fatal(err)
+	}
+	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return len(a.GetMalformed()) == 0 }, req)
+	records, _ = keysOf(t, m.ask(t, req))
+	if diff := cmp.Diff([]string{"ace.web.port.http", "ace.web.secret.token"}, records); diff != "" {
+		t.Errorf("after delete (-want +got):\n%s", diff)
+	}
+}
+
+// raw sends a request as bytes, with an optional Content-Type.
+func raw(t *testing.T, nc *nats.Conn, contentType string, body []byte) *nats.Msg {
+	t.Helper()
+	msg := nats.NewMsg(service.ProvisioningSubject)
+	msg.Data = body
+	if contentType != "" {
+		msg.Header.Set("Content-Type", contentType)
+	}
+	reply, err := nc.RequestMsg(msg, 5*time.Second)
+	if err != nil {
+		t.Fatalf("request %q: %v", body, err)
+	}
+	return reply
+}
+
+func TestProvisioningRefusesBadRequests(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	binary := func(req *provisionerv1.ProvisioningRequest) []byte { return encode(t, req) }
+	tests := []struct {
+		name        string
+		contentType string
+		body        []byte
+		says        string
+	}{
+		{"garbage bytes", "", []byte{0xff, 0xfe, 0xfd, 0x00}, "does not decode as protobuf mesh.provisioner.v1.ProvisioningRequest"},
+		{"text that is not a request", "", []byte("hello, provisioner"), "mesh.provisioner.v1.ProvisioningRequest"},
+		{"unknown binary field", "", protowireField(99), "holds fields mesh.provisioner.v1.ProvisioningRequest does not define"},
+		{"unknown JSON field", "", []byte(`{"what":"WHAT_NEEDS","nod":"ace"}`), `unknown field "nod"`},
+		{"unknown what in JSON", service.ContentTypeJSON, []byte(`{"what":"WHAT_EVERYTHING"}`), "WHAT_EVERYTHING"},
+		{"unknown what by number in JSON", "", []byte(`{"what":9}`), "what 9 is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT"},
+		{"unknown what in binary", "", binary(&provisionerv1.ProvisioningRequest{What: 7}), "what 7 is not one of"},
+		{"broken JSON", service.ContentTypeJSON, []byte(`{"what":`), "the JSON request does not decode"},
+		{"node filter on the registry", "", binary(&provisionerv1.ProvisioningRequest{Node: "ace"}), "filter node does not apply to WHAT_REGISTRY, which is narrowed by nothing"},
+		{"contributor filter on needs", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Contributor: "web"}), "filter contributor does not apply to WHAT_NEEDS, which is narrowed by node, module"},
+		{"collection filter on applied", "", []byte(`{"what":"WHAT_APPLIED","collection":"shell"}`), "filter collection does not apply to WHAT_APPLIED"},
+		{"module filter on collect", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Module: "web"}), "filter module does not apply to WHAT_COLLECT, which is narrowed by node, contributor, collection"},
+		{"node that no key can hold", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace.web"}), `filter node "ace.web" can match no key`},
+		{"wildcard module", "", []byte(`{"what":"WHAT_NEEDS","module":">"}`), `filter module ">" can match no key`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			reply := raw(t, m.nc, tt.contentType, tt.body)
+			err := client.ErrorOf(reply)
+			var serr *client.ServiceError
+			if !errors.As(err, &serr) || serr.Code != service.CodeBadRequest {
+				t.Fatalf("reply error = %v, want a 400", err)
+			}
+			if !strings.Contains(serr.Description, tt.says) {
+				t.Errorf("sentence %q does not say %q", serr.Description, tt.says)
+			}
+		})
+	}
+	t.Run("the service still serves", func(t *testing.T) {
+		// Runs after the parallel subtests above have finished.
+		t.Cleanup(func() {
+			if got := len(m.ask(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS}).GetNeeds()); got != 4 {
+				t.Errorf("after bad requests, needs answered %d records, want 4", got)
+			}
+		})
+	})
+}
+
+// protowireField returns a varint field with the given number: one no
+// request defines.
+func protowireField(number int) []byte {
+	return []byte{byte(number<<3) | 0, 0x01}
+}
+
+func TestProvisioningEncodings(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	req := &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Node: "ace", Collection: "shell:zsh:normal"}
+	want := m.ask(t, req)
+	body, err := protojson.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, contentType string
+		body              []byte
+		json              bool
+	}{
+		{"JSON by header", service.ContentTypeJSON, body, true},
+		{"JSON by header with charset", "application/json; charset=utf-8", body, true},
+		{"JSON by its first byte", "", append([]byte("  "), body...), true},
+		{"binary by header", service.ContentTypeProtobuf, encode(t, req), false},
+		{"binary by default", "", encode(t, req), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			reply := raw(t, m.nc, tt.contentType, tt.body)
+			if err := client.ErrorOf(reply); err != nil {
+				t.Fatal(err)
+			}
+			got := &provisionerv1.ProvisioningResponse{}
+			wantType := service.ContentTypeProtobuf
+			if tt.json {
+				wantType = service.ContentTypeJSON
+				err = protojson.Unmarshal(reply.Data, got)
+			} else {
+				err = proto.Unmarshal(reply.Data, got)
+			}
+			if err != nil {
+				t.Fatalf("decode answer: %v\n%s", err, reply.Data)
+			}
+			if ct := reply.Header.Get("Content-Type"); ct != wantType {
+				t.Errorf("answer Content-Type = %q, want %q", ct, wantType)
+			}
+			if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+				t.Errorf("answer (-binary +this encoding):\n%s", diff)
+			}
+		})
+	}
+	t.Run("empty JSON body is the registry", func(t *testing.T) {
+		t.Parallel()
+		reply := raw(t, m.nc, service.ContentTypeJSON, nil)
+		got := &provisionerv1.ProvisioningResponse{}
+		if err := protojson.Unmarshal(reply.Data, got); err != nil {
+			t.Fatalf("decode: %v (%s)", err, reply.Data)
+		}
+		if got.GetWhat() != provisionerv1.What_WHAT_REGISTRY || len(got.GetRegistry()) != len(registry.Table()) {
+			t.Errorf("empty request answered %v", got)
+		}
+	})
+	t.Run("JSON names", func(t *testing.T) {
+		t.Parallel()
+		reply := raw(t, m.nc, "", []byte(`{"what":"WHAT_APPLIED","node":"ace","module":"web"}`))
+		var doc map[string]any
+		if err := json.Unmarshal(reply.Data, &doc); err != nil {
+			t.Fatal(err)
+		}
+		applied := doc["applied"].([]any)[0].(map[string]any)
+		if applied["node"] != "ace" || applied["module"] != "web" || applied["applied"].(map[string]any)["planDigest"] != "sha256:ace.web" {
+			t.Errorf("JSON answer: %s", reply.Data)
+		}
+	})
+}
+
+func TestDiscovery(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	for range 3 {
+		raw(t, m.nc, "", []byte{0xff})
+	}
+	before := m.svc.Info()
+	var info micro.Info
+	requestJSON(t, m.nc, micro.InfoVerb, &info)
+	if info.Name != service.Name || info.Version != "1.2.3" || info.ID != before.ID {
+		t.Errorf("INFO names %s %s %s", info.Name, info.Version, info.ID)
+	}
+	if len(info.Endpoints) != 1 {
+		t.Fatalf("INFO endpoints: %+v", info.Endpoints)
+	}
+	ep := info.Endpoints[0]
+	if ep.Name != service.ProvisioningEndpoint || ep.Subject != service.ProvisioningSubject {
+		t.Errorf("endpoint %s on %s", ep.Name, ep.Subject)
+	}
+	if diff := cmp.Diff(map[string]string{
+		"request":       "mesh.provisioner.v1.ProvisioningRequest",
+		"response":      "mesh.provisioner.v1.ProvisioningResponse",
+		"content_types": "application/protobuf, application/json",
+	}, ep.Metadata); diff != "" {
+		t.Errorf("endpoint metadata (-want +got):\n%s", diff)
+	}
+
+	var ping micro.Ping
+	requestJSON(t, m.nc, micro.PingVerb, &ping)
+	if ping.ID != before.ID {
+		t.Errorf("PING answered by %s, want %s", ping.ID, before.ID)
+	}
+
+	var stats micro.Stats
+	requestJSON(t, m.nc, micro.StatsVerb, &stats)
+	st := stats.Endpoints[0]
+	// newMesh asked until its copy caught up: at least one good request.
+	if st.NumErrors != 3 || st.NumRequests < 4 {
+		t.Errorf("STATS: %d requests, %d errors; want >= 4 and 3", st.NumRequests, st.NumErrors)
+	}
+	var data struct {
+		Answered uint64 `json:"answered"`
+	}
+	if err := json.Unmarshal(st.Data, &data); err != nil || data.Answered != uint64(st.NumRequests-st.NumErrors) {
+		t.Errorf("STATS data %s (err %v): want answered = %d", st.Data, err, st.NumRequests-st.NumErrors)
+	}
+}
+
+func requestJSON(t *testing.T, nc *nats.Conn, verb micro.Verb, into any) {
+	t.Helper()
+	subject, err := micro.ControlSubject(verb, service.Name, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, err := nc.Request(subject, nil, 5*time.Second)
+	if err != nil {
+		t.Fatalf("%s: %v", subject, err)
+	}
+	if err := json.Unmarshal(reply.Data, into); err != nil {
+		t.Fatalf("%s: %v", subject, err)
+	}
+}
+
+func TestNotReadyUntilLoaded(t *testing.T) {
+	t.Parallel()
+	// The service's user may not create consumers on the needs stream, so
+	// its watcher of that bucket never loads.
+	s := natstest.StartWithConfig(t, `
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: svc, password: svc, permissions: {
+        publish: { allow: [">"], deny: ["$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.>"] }
+        subscribe: { allow: [">"] }
+    } }
+  ]
+}`)
+	admin := natstest.Connect(t, s, nats.UserInfo("admin", "admin"))
+	js, _ := jetstream.New(admin)
+	if err := service.EnsureBuckets(t.Context(), js, 1); err != nil {
+		t.Fatal(err)
+	}
+	nc := natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	svc, err := service.Start(t.Context(), service.Config{Conn: nc, Version: "1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{})
+	var serr *client.ServiceError
+	if !errors.As(err, &serr) || serr.Code != service.CodeNotReady {
+		t.Fatalf("Provisioning before load = %v, want a 503", err)
+	}
+	if !strings.Contains(serr.Description, keys.NeedsBucket) || !strings.Contains(serr.Description, "ask again") {
+		t.Errorf("503 sentence %q should name the bucket and say to ask again", serr.Description)
+	}
+	// A bad request is still a 400, not a 503: the request is checked first.
+	_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{Node: "ace"})
+	if !errors.As(err, &serr) || serr.Code != service.CodeBadRequest {
+		t.Errorf("bad request before load = %v, want a 400", err)
+	}
+}
