@@ -60,8 +60,9 @@ type Service struct {
 }
 
 // Start opens the provisioning buckets, starts watching them and adds the
-// micro service. It returns at once: until the copy is loaded (see
-// WaitReady), the endpoint answers 503.
+// micro service. It returns once the server has the service's subscriptions,
+// without waiting for the copy: until it is loaded (see WaitReady), the
+// endpoint answers 503.
 func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("service: Config.Conn is required")
@@ -128,6 +129,14 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("add endpoint %s: %w", ProvisioningEndpoint, err)
+	}
+	// Once Start returns, the server knows the subscriptions: a request sent
+	// then is answered, if only with a 503.
+	flushCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cfg.Conn.FlushWithContext(flushCtx); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("register the service's subscriptions: %w", err)
 	}
 	return s, nil
 }

@@ -415,6 +415,7 @@ func TestProvisioningEncodings(t *testing.T) {
 			}
 			got := &provisionerv1.ProvisioningResponse{}
 			wantType := service.ContentTypeProtobuf
+			var err error
 			if tt.json {
 				wantType = service.ContentTypeJSON
 				err = protojson.Unmarshal(reply.Data, got)
