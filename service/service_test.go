@@ -307,7 +307,7 @@ func TestProvisioningFollowsTheBuckets(t *testing.T) {
 	if err := needs.Delete(context.Background(), "ace.web.dir.state"); err != nil {
 		t.Fatal(err)
 	}
-	if err := needs.Purge(context.Background(), "ace.web.port"); err != nil {
+	if err := needs.Delete(context.Background(), "ace.web.port"); err != nil {
 		t.Fatal(err)
 	}
 	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return len(a.GetMalformed()) == 0 }, req)
