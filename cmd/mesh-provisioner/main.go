@@ -38,7 +38,8 @@ func main() {
 // commands are the subcommands; the first argument picks one, and anything
 // else (a flag, or nothing) means serve.
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
-	"serve": serve,
+	"serve":       serve,
+	"permissions": permissionsCommand,
 	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) error {
 		_, err := fmt.Fprintln(stdout, buildVersion())
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
 )
@@ -27,7 +28,7 @@ It creates the four provisioning buckets if they are missing, writes the
 registry at start and every --registry-interval, and stops cleanly on
 SIGINT or SIGTERM.
 
-Other commands: mesh-provisioner version`
+Other commands: mesh-provisioner permissions, mesh-provisioner version`
 
 type serveFlags struct {
 	connect          connectFlags
@@ -83,7 +84,12 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
 	}
 	closed := make(chan struct{})
-	nc, err := f.connect.connect(url, "mesh-provisioner", logger, append(opts, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))...)
+	opts = append(opts,
+		// Replies arrive on the server's own inbox, which its permissions
+		// (mesh-provisioner permissions --server) grant.
+		nats.CustomInboxPrefix(permissions.InboxPrefix(permissions.ServerIdentity)),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	nc, err := f.connect.connect(url, permissions.ServerIdentity, logger, opts...)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/novox/mesh-provisioner/permissions"
+)
+
+const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --provider MODULE) [--json]
+
+Prints the NATS permissions of one identity of the mesh, granting the least
+that works, as a block to stand as a user's "permissions" in a nats-server
+configuration (or as JSON with --json, which nats-server reads too):
+
+  --node NAME        a node's provisioner client: writes only keys NAME.> of
+                     the three state buckets, asks the service
+  --server           the mesh-provisioner server: writes the registry,
+                     creates and watches the buckets, answers its verbs
+  --provider MODULE  a provider module: reads the needs, writes its own
+                     bucket MODULE_bound, writes no provisioning bucket
+
+Each identity connects with the inbox prefix _INBOX_<identity>. See
+docs/security.md for a worked example.`
+
+func permissionsCommand(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mesh-provisioner permissions", flag.ContinueOnError)
+	node := fs.String("node", "", "the node whose client the permissions are for")
+	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server")
+	provider := fs.String("provider", "", "the provider module the permissions are for")
+	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
+	if err := parseFlags(fs, args, stderr, permissionsSynopsis); err != nil {
+		return err
+	}
+	var chosen int
+	for _, set := range []bool{*node != "", *server, *provider != ""} {
+		if set {
+			chosen++
+		}
+	}
+	if chosen != 1 {
+		return errors.New("permissions: give exactly one of --node NAME, --server or --provider MODULE")
+	}
+	var p permissions.Permissions
+	var err error
+	switch {
+	case *server:
+		p = permissions.Server()
+	case *node != "":
+		p, err = permissions.Node(*node)
+	default:
+		p, err = permissions.Provider(*provider)
+	}
+	if err != nil {
+		return err
+	}
+	text := p.Config()
+	if *asJSON {
+		text = p.JSON()
+	}
+	_, err = fmt.Fprintln(stdout, text)
+	return err
+}

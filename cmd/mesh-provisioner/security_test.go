@@ -1,0 +1,368 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/permissions"
+	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service"
+)
+
+// printed returns what `mesh-provisioner permissions ARGS...` prints.
+func printed(t *testing.T, args ...string) string {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), append([]string{"permissions"}, args...), &out, &errOut); err != nil {
+		t.Fatalf("permissions %v: %v\n%s", args, err, errOut.String())
+	}
+	return out.String()
+}
+
+// identity is a connection of one user, with the permission violations the
+// server reported to it.
+type identity struct {
+	name string
+	nc   *nats.Conn
+	js   jetstream.JetStream
+
+	mu         sync.Mutex
+	violations []string
+}
+
+func connectAs(t *testing.T, s *server.Server, name string) *identity {
+	t.Helper()
+	id := &identity{name: name}
+	id.nc = natstest.Connect(t, s,
+		nats.UserInfo(name, name+"-secret"),
+		nats.CustomInboxPrefix(permissions.InboxPrefix(name)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				id.mu.Lock()
+				id.violations = append(id.violations, err.Error())
+				id.mu.Unlock()
+			}
+		}))
+	var err error
+	if id.js, err = jetstream.New(id.nc); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// violated waits for the server to report a publish to subject as a
+// permission violation of this identity.
+func (id *identity) violated(subject string) bool {
+	want := fmt.Sprintf("Permissions Violation for Publish to %q", subject)
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		id.mu.Lock()
+		found := slices.ContainsFunc(id.violations, func(v string) bool { return strings.Contains(v, want) })
+		id.mu.Unlock()
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshot is what must not change when an attempt is refused: every
+// stream's configuration and state, and which streams exist.
+func snapshot(t *testing.T, admin jetstream.JetStream) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	names := admin.StreamNames(context.Background())
+	for name := range names.Name() {
+		s, err := admin.Stream(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := s.CachedInfo()
+		out[name] = fmt.Sprintf("first=%d last=%d msgs=%d rollup=%v deny_delete=%v replicas=%d max_bytes=%d",
+			info.State.FirstSeq, info.State.LastSeq, info.State.Msgs, info.Config.AllowRollup, info.Config.DenyDelete, info.Config.Replicas, info.Config.MaxBytes)
+	}
+	if err := names.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestPermissionsOnARealServer(t *testing.T) {
+	t.Parallel()
+	// The server's authorization is exactly what the command prints.
+	s := natstest.StartWithConfig(t, fmt.Sprintf(`
+authorization {
+  users = [
+    { user: "mesh-provisioner", password: "mesh-provisioner-secret", permissions: %s }
+    { user: "ace", password: "ace-secret", permissions: %s }
+    { user: "novox", password: "novox-secret", permissions: %s }
+    { user: "pg", password: "pg-secret", permissions: %s }
+    { user: "admin", password: "admin-secret" }
+  ]
+}`, printed(t, "--server"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json")))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// The server's identity creates the buckets, reconciles the registry
+	// and serves.
+	srv := connectAs(t, s, permissions.ServerIdentity)
+	if err := service.EnsureBuckets(ctx, srv.js, 1); err != nil {
+		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
+	}
+	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if report, err := registry.Reconcile(ctx, registryKV, registry.Table()); err != nil || len(report.Written) != len(registry.Table()) {
+		t.Fatalf("server identity reconciles the registry: %+v, %v", report, err)
+	}
+	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	if err := svc.WaitReady(ctx); err != nil {
+		t.Fatalf("server identity watches the buckets: %v", err)
+	}
+
+	admin := connectAs(t, s, "admin")
+	if _, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Each node writes its own state through the node client.
+	ace, novox := connectAs(t, s, "ace"), connectAs(t, s, "novox")
+	for _, id := range []*identity{ace, novox} {
+		nodeClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name})
+		if err != nil {
+			t.Fatalf("%s binds the state buckets: %v", id.name, err)
+		}
+		for _, write := range []func() (uint64, error){
+			func() (uint64, error) {
+				return nodeClient.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+			},
+			func() (uint64, error) {
+				return nodeClient.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + id.name})
+			},
+			func() (uint64, error) {
+				return nodeClient.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export A=1"})
+			},
+		} {
+			if _, err := write(); err != nil {
+				t.Fatalf("%s writes its own state: %v", id.name, err)
+			}
+		}
+	}
+
+	// ace reads its writes back through the service's verb.
+	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
+		var answer *provisionerv1.ProvisioningResponse
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			answer, err = client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: what, Node: "ace"})
+			if err != nil {
+				t.Fatalf("ace asks the verb: %v", err)
+			}
+			if len(answer.GetNeeds())+len(answer.GetApplied())+len(answer.GetCollect()) == 1 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if len(answer.GetNeeds())+len(answer.GetApplied())+len(answer.GetCollect()) != 1 {
+			t.Errorf("%s of ace: %v, want ace's one record", what, answer)
+		}
+	}
+
+	// The provider reads the needs, by watching and by key.
+	pg := connectAs(t, s, "pg")
+	needs, err := pg.js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatalf("pg binds the needs: %v", err)
+	}
+	watcher, err := needs.WatchAll(ctx)
+	if err != nil {
+		t.Fatalf("pg watches the needs: %v", err)
+	}
+	var seen []string
+	for e := range watcher.Updates() {
+		if e == nil {
+			break
+		}
+		seen = append(seen, e.Key())
+	}
+	// Not stopped: the provider may not delete consumers, so Stop would
+	// wait for a refused deletion. The server drops the consumer when idle.
+	if diff := cmp.Diff([]string{"ace.web.port.http", "novox.web.port.http"}, seen); diff != "" {
+		t.Errorf("pg watched needs (-want +got):\n%s", diff)
+	}
+	if e, err := needs.Get(ctx, "novox.web.port.http"); err != nil || len(e.Value()) == 0 {
+		t.Errorf("pg gets a need by key: %v", err)
+	}
+	bound, err := pg.js.KeyValue(ctx, "pg_bound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bound.Put(ctx, "ace.web.db", []byte("bound")); err != nil {
+		t.Errorf("pg writes its own bucket: %v", err)
+	}
+
+	baseline := snapshot(t, admin.js)
+	registryEntry, _ := proto.Marshal(&provisionerv1.RegistryEntry{Kind: "port", Owner: "ace"})
+	aceNeeds, err := ace.js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aceApplied, _ := ace.js.KeyValue(ctx, keys.AppliedBucket)
+	aceCollect, _ := ace.js.KeyValue(ctx, keys.CollectBucket)
+	srvNeeds, _ := srv.js.KeyValue(ctx, keys.NeedsBucket)
+	novoxItem, _ := keys.CollectKey{Node: "novox", Collection: "shell:zsh:normal", Contributor: "web"}.Key()
+	request := func(id *identity, subject, body string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			_, err := id.nc.RequestWithContext(ctx, subject, []byte(body))
+			return err
+		}
+	}
+	stream := func(bucket string) string { return service.StreamOf(bucket) }
+
+	type outcome int
+	const (
+		permissionViolation outcome = iota // the server refuses the publish
+		refusedByJetStream                 // allowed to publish, refused by the stream
+	)
+	type attempt struct {
+		who     *identity
+		action  string
+		attempt func(context.Context) error
+		want    outcome
+		subject string // of the violation
+	}
+	tests := []attempt{
+		{ace, "put novox's need", func(ctx context.Context) error { _, err := aceNeeds.Put(ctx, "novox.web.port.http", nil); return err },
+			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
+		{ace, "put novox's applied record", func(ctx context.Context) error { _, err := aceApplied.Put(ctx, "novox.web", nil); return err },
+			permissionViolation, "$KV.mesh-provisioner_applied.novox.web"},
+		{ace, "put novox's collection item", func(ctx context.Context) error { _, err := aceCollect.Put(ctx, novoxItem, nil); return err },
+			permissionViolation, "$KV.mesh-provisioner_collect." + novoxItem},
+		{ace, "put a registry entry", func(ctx context.Context) error {
+			_, err := ace.js.Publish(ctx, "$KV.mesh-provisioner_registry.port", registryEntry)
+			return err
+		}, permissionViolation, "$KV.mesh-provisioner_registry.port"},
+		{ace, "delete novox's need", func(ctx context.Context) error { return aceNeeds.Delete(ctx, "novox.web.port.http") },
+			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
+		{ace, "purge novox's need", func(ctx context.Context) error { return aceNeeds.Purge(ctx, "novox.web.port.http") },
+			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
+		{ace, "purge the whole needs bucket with a rollup on its own key", func(ctx context.Context) error {
+			msg := nats.NewMsg("$KV.mesh-provisioner_needs.ace.web.port.http")
+			msg.Header.Set("Nats-Rollup", "all")
+			_, err := ace.js.PublishMsg(ctx, msg)
+			return err
+		}, refusedByJetStream, ""},
+		{ace, "create a new bucket", func(ctx context.Context) error {
+			_, err := ace.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ace_own"})
+			return err
+		}, permissionViolation, "$JS.API.INFO"}, // the KV client asks this first
+		{ace, "create a new bucket's stream", func(ctx context.Context) error {
+			_, err := ace.js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_ace_own", Subjects: []string{"$KV.ace_own.>"}})
+			return err
+		}, permissionViolation, "$JS.API.STREAM.CREATE.KV_ace_own"},
+		{novox, "delete ace's applied record", func(ctx context.Context) error {
+			_, err := novox.js.Publish(ctx, "$KV.mesh-provisioner_applied.ace.web", nil)
+			return err
+		}, permissionViolation, "$KV.mesh-provisioner_applied.ace.web"},
+		{pg, "put a need", func(ctx context.Context) error { _, err := needs.Put(ctx, "ace.web.port.http", nil); return err },
+			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+		{pg, "delete a need", func(ctx context.Context) error { return needs.Delete(ctx, "ace.web.port.http") },
+			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+		{srv, "put a need", func(ctx context.Context) error { _, err := srvNeeds.Put(ctx, "ace.web.port.http", nil); return err },
+			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+	}
+	for _, bucket := range keys.Buckets() {
+		tests = append(tests,
+			attempt{ace, "purge stream " + stream(bucket), request(ace, "$JS.API.STREAM.PURGE."+stream(bucket), "{}"), permissionViolation, "$JS.API.STREAM.PURGE." + stream(bucket)},
+			attempt{ace, "delete stream " + stream(bucket), func(ctx context.Context) error { return ace.js.DeleteStream(ctx, stream(bucket)) }, permissionViolation, "$JS.API.STREAM.DELETE." + stream(bucket)},
+			attempt{ace, "update stream " + stream(bucket), func(ctx context.Context) error {
+				_, err := ace.js.UpdateStream(ctx, jetstream.StreamConfig{Name: stream(bucket), Subjects: []string{"$KV." + bucket + ".>"}, AllowRollup: true})
+				return err
+			}, permissionViolation, "$JS.API.STREAM.UPDATE." + stream(bucket)},
+			attempt{pg, "purge stream " + stream(bucket), request(pg, "$JS.API.STREAM.PURGE."+stream(bucket), "{}"), permissionViolation, "$JS.API.STREAM.PURGE." + stream(bucket)},
+		)
+	}
+	for _, tt := range tests {
+		t.Run(tt.who.name+" may not "+tt.action, func(t *testing.T) {
+			t.Parallel()
+			// A refused publish is never answered: the attempt ends when
+			// ctx does, and the violation is what tells it was refused.
+			ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+			defer cancel()
+			err := tt.attempt(ctx)
+			if err == nil {
+				t.Fatal("the attempt succeeded")
+			}
+			switch tt.want {
+			case permissionViolation:
+				if !tt.who.violated(tt.subject) {
+					t.Errorf("no permission violation for %s (the attempt failed with %v)", tt.subject, err)
+				}
+			case refusedByJetStream:
+				if !strings.Contains(err.Error(), "rollup not permitted") {
+					t.Errorf("error %v, want the stream to refuse the rollup", err)
+				}
+			}
+			if diff := cmp.Diff(baseline, snapshot(t, admin.js)); diff != "" {
+				t.Errorf("the streams changed (-before +after):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSecurityDocMatchesTheCommand(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	squeeze := func(s string) string { return strings.Join(strings.Fields(s), "") }
+	for _, args := range [][]string{{"--server"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}} {
+		if !strings.Contains(squeeze(string(doc)), squeeze(printed(t, args...))) {
+			t.Errorf("docs/security.md does not hold what `permissions %s` prints; regenerate its example", strings.Join(args, " "))
+		}
+	}
+
+	// The example is a configuration nats-server loads.
+	_, config, ok := strings.Cut(string(doc), "```\n# nats-server.conf\n")
+	config, _, _ = strings.Cut(config, "```")
+	if !ok || config == "" {
+		t.Fatal("docs/security.md has no nats-server.conf example")
+	}
+	// nats-server reads $X from the environment; stand in for it here.
+	config = regexp.MustCompile(`\$[A-Z_]+_PASSWORD`).ReplaceAllString(config, `"secret"`)
+	file := filepath.Join(t.TempDir(), "nats-server.conf")
+	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("the example does not load: %v", err)
+	}
+	if len(opts.Users) != 4 {
+		t.Errorf("the example has %d users, want 4", len(opts.Users))
+	}
+}

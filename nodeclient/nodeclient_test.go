@@ -1,0 +1,122 @@
+package nodeclient_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/service"
+)
+
+func TestClientWritesItsNodesKeys(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, _ := jetstream.New(nc)
+
+	if _, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"}); err == nil || !strings.Contains(err.Error(), "bind bucket mesh-provisioner_needs") {
+		t.Fatalf("New before the buckets exist = %v, want a bind error", err)
+	}
+	if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "a.b"}); !errors.Is(err, keys.ErrInvalidPart) {
+		t.Fatalf("New with node a.b = %v, want ErrInvalidPart", err)
+	}
+	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	need := &provisionerv1.Need{Placeholder: "${port:http}", Required: true}
+	if _, err := c.PutNeed(ctx, "web", "port", "http", need); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "v"}); err != nil {
+		t.Fatal(err)
+	}
+	needs, _ := js.KeyValue(ctx, keys.NeedsBucket)
+	e, err := needs.Get(ctx, "ace.web.port.http")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &provisionerv1.Need{}
+	if err := proto.Unmarshal(e.Value(), got); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(need, got, protocmp.Transform()); diff != "" {
+		t.Errorf("stored need (-want +got):\n%s", diff)
+	}
+	collect, _ := js.KeyValue(ctx, keys.CollectBucket)
+	if _, err := collect.Get(ctx, "ace.shell=3Azsh=3Anormal.web"); err != nil {
+		t.Errorf("collection item under its escaped key: %v", err)
+	}
+
+	for _, del := range []func() error{
+		func() error { return c.DeleteNeed(ctx, "web", "port", "http") },
+		func() error { return c.DeleteApplied(ctx, "web") },
+		func() error { return c.DeleteCollectItem(ctx, "shell:zsh:normal", "web") },
+	} {
+		if err := del(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := needs.Get(ctx, "ace.web.port.http"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("after DeleteNeed, Get = %v", err)
+	}
+}
+
+func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, _ := jetstream.New(nc)
+	if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+		t.Fatal(err)
+	}
+	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		write func() error
+		says  string
+	}{
+		{"module with a dot", func() error { _, err := c.PutNeed(ctx, "w.b", "port", "http", nil); return err }, `module "w.b" holds '.'`},
+		{"empty kind", func() error { _, err := c.PutNeed(ctx, "web", "", "http", nil); return err }, `kind "" is empty`},
+		{"wildcard name", func() error { return c.DeleteNeed(ctx, "web", "port", "*") }, `name "*" holds '*'`},
+		{"module with a space", func() error { _, err := c.PutApplied(ctx, "my web", nil); return err }, `module "my web" holds ' '`},
+		{"empty collection", func() error { _, err := c.PutCollectItem(ctx, "", "web", nil); return err }, "collection is empty"},
+		{"contributor with a colon", func() error { return c.DeleteCollectItem(ctx, "env", "a:b") }, `contributor "a:b" holds ':'`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.write()
+			if !errors.Is(err, keys.ErrInvalidPart) || !strings.Contains(err.Error(), tt.says) {
+				t.Errorf("error = %v, want ErrInvalidPart saying %q", err, tt.says)
+			}
+		})
+	}
+	for _, bucket := range keys.StateBuckets() {
+		s, err := js.Stream(ctx, service.StreamOf(bucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := s.CachedInfo().State.LastSeq; n != 0 {
+			t.Errorf("bucket %s got %d messages from refused writes", bucket, n)
+		}
+	}
+}

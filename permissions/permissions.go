@@ -1,0 +1,168 @@
+package permissions
+
+import (
+	"fmt"
+
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// ServerIdentity is the identity (user name and inbox) of the
+// mesh-provisioner server.
+const ServerIdentity = "mesh-provisioner"
+
+// Subjects of the service's verbs, which nodes and providers may ask.
+const provisioningSubject = "mesh-provisioner.provisioning"
+
+// InboxPrefix is the inbox prefix of an identity's connection: its replies
+// arrive on "<prefix>.>", which only its permissions may subscribe to.
+func InboxPrefix(identity string) string { return "_INBOX_" + identity }
+
+// Permissions are the publish and subscribe rules of one identity, in the
+// shape of a nats-server permissions block.
+type Permissions struct {
+	Publish   Rule `json:"publish"`
+	Subscribe Rule `json:"subscribe"`
+	// AllowResponses lets the identity reply to requests it received, on
+	// whatever reply subject they carry: what a service needs.
+	AllowResponses bool `json:"allow_responses,omitempty"`
+}
+
+// Rule lists the subjects allowed and denied. A denial wins over an allow.
+type Rule struct {
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// jsAPI returns a JetStream API subject.
+func jsAPI(verb, stream string) string { return "$JS.API." + verb + "." + stream }
+
+// kvSubjects returns the subjects of a bucket's keys under prefix: "" for all.
+func kvSubjects(bucket, prefix string) string {
+	if prefix == "" {
+		return "$KV." + bucket + ".>"
+	}
+	return "$KV." + bucket + "." + prefix + ".>"
+}
+
+func streamOf(bucket string) string { return "KV_" + bucket }
+
+// adminDenied are the JetStream API subjects that change or remove streams
+// and consumers, or read every message of a stream by sequence. Nodes and
+// providers are denied them outright, so that no later allow can grant them.
+var adminDenied = []string{
+	"$JS.API.STREAM.CREATE.>",
+	"$JS.API.STREAM.UPDATE.>",
+	"$JS.API.STREAM.DELETE.>",
+	"$JS.API.STREAM.PURGE.>",
+	"$JS.API.STREAM.MSG.DELETE.>",
+	"$JS.API.STREAM.RESTORE.>",
+	"$JS.API.CONSUMER.DELETE.>",
+	"$JS.API.CONSUMER.DURABLE.CREATE.>",
+}
+
+// Node returns the permissions of node's provisioner client:
+//
+//   - publish $KV.<state bucket>.<node>.> on each of the three state buckets:
+//     put and delete its own keys;
+//   - publish $JS.API.STREAM.INFO.KV_<state bucket>: binding a bucket (the KV
+//     client reads its stream's configuration);
+//   - publish mesh-provisioner.provisioning: ask the verb;
+//   - subscribe _INBOX_<node>.>: the acknowledgements of its writes and the
+//     answers to its requests.
+//
+// It is denied the registry's subjects, every other node's keys (by not being
+// allowed them), and every stream and consumer administration subject.
+func Node(node string) (Permissions, error) {
+	if _, err := keys.NodeFilter(node); err != nil {
+		return Permissions{}, fmt.Errorf("permissions for node: %w", err)
+	}
+	var p Permissions
+	for _, bucket := range keys.StateBuckets() {
+		p.Publish.Allow = append(p.Publish.Allow, kvSubjects(bucket, node))
+	}
+	for _, bucket := range keys.StateBuckets() {
+		p.Publish.Allow = append(p.Publish.Allow, jsAPI("STREAM.INFO", streamOf(bucket)))
+	}
+	p.Publish.Allow = append(p.Publish.Allow, provisioningSubject)
+	p.Publish.Deny = append([]string{kvSubjects(keys.RegistryBucket, "")}, adminDenied...)
+	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
+	p.Subscribe.Allow = []string{InboxPrefix(node) + ".>"}
+	return p, nil
+}
+
+// Provider returns the permissions of a provider module that reads the needs
+// of the mesh and keeps its own bucket <module>_bound:
+//
+//   - publish $JS.API.STREAM.INFO.KV_mesh-provisioner_needs, and
+//     $JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.> with
+//     $JS.FC.KV_mesh-provisioner_needs.>: watch the needs (an ordered
+//     consumer, with its flow control replies);
+//   - publish $JS.API.DIRECT.GET.KV_mesh-provisioner_needs.>: get a need by key;
+//   - publish $KV.<module>_bound.> and $JS.API.STREAM.INFO.KV_<module>_bound:
+//     write its own bucket;
+//   - publish mesh-provisioner.provisioning: ask the verb;
+//   - subscribe _INBOX_<module>.>: its replies and the watcher's messages.
+//
+// It is denied every provisioning bucket's keys and every stream and consumer
+// administration subject, consumer deletion included: stopping a watcher
+// cannot delete its consumer, which the server removes once it is inactive.
+func Provider(module string) (Permissions, error) {
+	if err := keys.CheckToken(module); err != nil {
+		return Permissions{}, fmt.Errorf("permissions for provider: module %q %v", module, err)
+	}
+	needs := streamOf(keys.NeedsBucket)
+	bound := module + "_bound"
+	var p Permissions
+	p.Publish.Allow = []string{
+		jsAPI("STREAM.INFO", needs),
+		jsAPI("CONSUMER.CREATE", needs) + ".>",
+		"$JS.FC." + needs + ".>",
+		jsAPI("DIRECT.GET", needs) + ".>",
+		kvSubjects(bound, ""),
+		jsAPI("STREAM.INFO", streamOf(bound)),
+		provisioningSubject,
+	}
+	for _, bucket := range keys.Buckets() {
+		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
+	}
+	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
+	p.Subscribe.Allow = []string{InboxPrefix(module) + ".>"}
+	return p, nil
+}
+
+// Server returns the permissions of the mesh-provisioner server:
+//
+//   - publish $KV.mesh-provisioner_registry.>: write the registry;
+//   - publish $JS.API.INFO: the KV client reads the account's JetStream
+//     information before it creates a bucket;
+//   - for each of the four buckets, publish $JS.API.STREAM.INFO, .CREATE and
+//     .UPDATE of its stream (create a missing bucket, refuse rollups on the
+//     state buckets), and $JS.API.CONSUMER.CREATE.<stream>.> with
+//     $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch it,
+//     and remove its watcher's consumer when it stops);
+//   - subscribe mesh-provisioner.> (its verbs), $SRV.> (micro discovery) and
+//     _INBOX_mesh-provisioner.>, and reply to the requests it receives.
+//
+// It is denied the state buckets' keys: it reads them and never writes them.
+func Server() Permissions {
+	var p Permissions
+	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), "$JS.API.INFO"}
+	for _, bucket := range keys.Buckets() {
+		stream := streamOf(bucket)
+		p.Publish.Allow = append(p.Publish.Allow,
+			jsAPI("STREAM.INFO", stream),
+			jsAPI("STREAM.CREATE", stream),
+			jsAPI("STREAM.UPDATE", stream),
+			jsAPI("CONSUMER.CREATE", stream)+".>",
+			jsAPI("CONSUMER.DELETE", stream)+".>",
+			"$JS.FC."+stream+".>",
+		)
+	}
+	for _, bucket := range keys.StateBuckets() {
+		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
+	}
+	p.Publish.Deny = append(p.Publish.Deny, jsAPI("STREAM.DELETE", ">"), jsAPI("STREAM.PURGE", ">"))
+	p.Subscribe.Allow = []string{"mesh-provisioner.>", "$SRV.>", InboxPrefix(ServerIdentity) + ".>"}
+	p.AllowResponses = true
+	return p
+}
