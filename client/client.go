@@ -50,6 +50,9 @@ func New(nc *nats.Conn, opts ...Option) *Client {
 	return c
 }
 
+// Subject returns the subject the client asks.
+func (c *Client) Subject() string { return c.subject }
+
 // Provisioning asks the verb and returns its answer, or a *ServiceError for
 // an answer the service refused, or a transport error (such as
 // nats.ErrNoResponders when no instance runs). ctx bounds the wait; give it

@@ -40,6 +40,7 @@ func main() {
 var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
 	"serve":       serve,
 	"permissions": permissionsCommand,
+	"query":       query,
 	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) error {
 		_, err := fmt.Fprintln(stdout, buildVersion())
 		return err

@@ -28,7 +28,7 @@ It creates the four provisioning buckets if they are missing, writes the
 registry at start and every --registry-interval, and stops cleanly on
 SIGINT or SIGTERM.
 
-Other commands: mesh-provisioner permissions, mesh-provisioner version`
+Other commands: mesh-provisioner query, permissions, version (each with --help)`
 
 type serveFlags struct {
 	connect          connectFlags

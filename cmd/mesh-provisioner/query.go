@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
+
+const querySynopsis = `Usage: mesh-provisioner query registry|needs|applied|collect [flags]
+
+Asks the verb mesh-provisioner.provisioning and prints the answer: an aligned
+table for people, malformed keys in a section of their own, or protobuf JSON
+with --json. needs and applied are narrowed by --node and --module; collect by
+--node, --contributor and --collection; the registry by nothing. Exits non-zero
+with the service's sentence when it refuses the request.`
+
+// whats maps the command's words to the request's what.
+var whats = map[string]provisionerv1.What{
+	"registry": provisionerv1.What_WHAT_REGISTRY,
+	"needs":    provisionerv1.What_WHAT_NEEDS,
+	"applied":  provisionerv1.What_WHAT_APPLIED,
+	"collect":  provisionerv1.What_WHAT_COLLECT,
+}
+
+func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mesh-provisioner query", flag.ContinueOnError)
+	var conn connectFlags
+	conn.register(fs, "URL of the NATS the service answers on")
+	conn.url = "nats://127.0.0.1:4222"
+	fs.Lookup("nats-url").DefValue = conn.url
+	inbox := fs.String("inbox-prefix", "", "inbox prefix of the identity connecting, such as _INBOX_ace for node ace's credentials")
+	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
+	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
+	var req provisionerv1.ProvisioningRequest
+	fs.StringVar(&req.Node, "node", "", "only records of this node")
+	fs.StringVar(&req.Module, "module", "", "only records of this module (needs, applied)")
+	fs.StringVar(&req.Contributor, "contributor", "", "only items of this contributor (collect)")
+	fs.StringVar(&req.Collection, "collection", "", "only items of this collection, by its readable name (collect)")
+
+	word := "registry"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		word, args = args[0], args[1:]
+	}
+	if err := parseFlags(fs, args, stderr, querySynopsis); err != nil {
+		return err
+	}
+	what, ok := whats[word]
+	if !ok {
+		return fmt.Errorf("query %q: ask registry, needs, applied or collect", word)
+	}
+	req.What = what
+
+	var opts []nats.Option
+	if *inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(*inbox))
+	}
+	nc, err := conn.connect(conn.url, "mesh-provisioner query", slog.New(slog.DiscardHandler), opts...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	answer, err := client.New(nc).Provisioning(ctx, &req)
+	var serr *client.ServiceError
+	switch {
+	case errors.As(err, &serr):
+		return fmt.Errorf("the service refused: %d %s", serr.Code, serr.Description)
+	case errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("no mesh-provisioner service answers on %s at %s", client.New(nc).Subject(), conn.url)
+	case err != nil:
+		return err
+	}
+	if *asJSON {
+		b, err := protojson.MarshalOptions{Multiline: true}.Marshal(answer)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintln(stdout, string(b))
+		return err
+	}
+	return printTable(stdout, answer)
+}
+
+// printTable writes an answer as aligned columns, its malformed keys in a
+// section of their own.
+func printTable(w io.Writer, a *provisionerv1.ProvisioningResponse) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	rev := func(r uint64) string { return strconv.FormatUint(r, 10) }
+	count := 0
+	switch a.GetWhat() {
+	case provisionerv1.What_WHAT_REGISTRY:
+		row("KIND", "OWNER", "SOURCE", "REVISION")
+		for _, r := range a.GetRegistry() {
+			source := ""
+			if b := r.GetEntry().GetBucket(); b != nil {
+				source = "bucket " + b.GetBucket() + " key " + b.GetKeyShape()
+			} else if v := r.GetEntry().GetVerb(); v != nil {
+				source = "verb " + v.GetSubject() + " of " + v.GetSeat()
+			}
+			row(r.GetKind(), r.GetEntry().GetOwner(), source, rev(r.GetRevision()))
+		}
+		count = len(a.GetRegistry())
+	case provisionerv1.What_WHAT_NEEDS:
+		row("NODE", "MODULE", "KIND", "NAME", "PLACEHOLDER", "PROVIDER", "PROVISION", "LOCAL", "REQUIRED", "REVISION")
+		for _, r := range a.GetNeeds() {
+			n := r.GetNeed()
+			row(r.GetNode(), r.GetModule(), r.GetKind(), r.GetName(), dash(n.GetPlaceholder()), dash(n.GetProvider()), dash(n.GetProvision()), dash(n.GetLocal()), strconv.FormatBool(n.GetRequired()), rev(r.GetRevision()))
+		}
+		count = len(a.GetNeeds())
+	case provisionerv1.What_WHAT_APPLIED:
+		row("NODE", "MODULE", "PLAN DIGEST", "APPLIED AT", "PLACEHOLDERS", "REVISION")
+		for _, r := range a.GetApplied() {
+			p := r.GetApplied()
+			at := "-"
+			if p.GetAppliedAt() != nil {
+				at = p.GetAppliedAt().AsTime().UTC().Format(time.RFC3339)
+			}
+			row(r.GetNode(), r.GetModule(), dash(p.GetPlanDigest()), at, dash(strings.Join(p.GetPlaceholders(), " ")), rev(r.GetRevision()))
+		}
+		count = len(a.GetApplied())
+	case provisionerv1.What_WHAT_COLLECT:
+		row("NODE", "COLLECTION", "CONTRIBUTOR", "ORDER", "VALUE", "REVISION")
+		for _, r := range a.GetCollect() {
+			row(r.GetNode(), r.GetCollection(), r.GetContributor(), strconv.Itoa(int(r.GetItem().GetOrder())), strconv.Quote(r.GetItem().GetValue()), rev(r.GetRevision()))
+		}
+		count = len(a.GetCollect())
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "%d %s at revision %d\n", count, plural(count, "record"), a.GetRevision())
+	if len(a.GetMalformed()) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nMalformed keys (%d): out of their bucket's shape, reported, not dropped\n", len(a.GetMalformed()))
+	row("BUCKET", "KEY", "REVISION", "REASON")
+	for _, m := range a.GetMalformed() {
+		row(m.GetBucket(), m.GetKey(), rev(m.GetRevision()), m.GetReason())
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of the query command")
+
+// queryMesh serves a small mesh, written in a fixed order so that revisions
+// are the same on every run, and returns its URL.
+func queryMesh(t *testing.T) string {
+	t.Helper()
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	servicetest.Start(t, nc)
+	ctx := context.Background()
+	must := func(_ uint64, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, node := range []string{"ace", "novox"} {
+		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}", Required: true}))
+		must(c.PutNeed(ctx, "web", "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "pg", Provision: "db", Local: "ro"}))
+		must(c.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + node, AppliedAt: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Placeholders: []string{"${port:http}", "${bound:db}"}}))
+		must(c.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export PORT=8080", Order: 10}))
+	}
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	must(needs.Put(ctx, "ace.web.port", nil))
+	must(needs.Put(ctx, "novox.api.config.url", []byte{0xff, 0xff}))
+	// Wait until the copy holds every write.
+	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
+		js, _ := jetstream.New(nc)
+		bucket := map[provisionerv1.What]string{provisionerv1.What_WHAT_NEEDS: keys.NeedsBucket, provisionerv1.What_WHAT_APPLIED: keys.AppliedBucket, provisionerv1.What_WHAT_COLLECT: keys.CollectBucket}[what]
+		stream, err := js.Stream(ctx, "KV_"+bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := stream.CachedInfo().State.LastSeq
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			a, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: what})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.GetRevision() >= last {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("copy of %s stuck at %d, want %d", bucket, a.GetRevision(), last)
+			}
+		}
+	}
+	return s.ClientURL()
+}
+
+func TestQueryTables(t *testing.T) {
+	t.Parallel()
+	url := queryMesh(t)
+	tests := []struct {
+		golden string
+		args   []string
+	}{
+		{"registry", []string{"registry"}},
+		{"needs", []string{"needs"}},
+		{"needs_ace_web", []string{"needs", "--node", "ace", "--module", "web"}},
+		{"applied_novox", []string{"applied", "--node", "novox"}},
+		{"collect_shell", []string{"collect", "--collection", "shell:zsh:normal", "--contributor", "web"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.golden, func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			if err := run(context.Background(), append([]string{"query"}, append(tt.args, "--nats-url", url)...), &out, &errOut); err != nil {
+				t.Fatalf("query %v: %v\n%s", tt.args, err, errOut.String())
+			}
+			golden := filepath.Join("testdata", "query_"+tt.golden+".golden")
+			if *update {
+				if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./cmd/mesh-provisioner -run TestQueryTables -update)", err)
+			}
+			if diff := cmp.Diff(string(want), out.String()); diff != "" {
+				t.Errorf("query %v (-golden +got):\n%s", tt.args, diff)
+			}
+		})
+	}
+}
+
+func TestQueryJSONAndErrors(t *testing.T) {
+	t.Parallel()
+	url := queryMesh(t)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"query", "collect", "--node", "ace", "--json", "--nats-url", url}, &out, &bytes.Buffer{}); err != nil {
+		t.Fatal(err)
+	}
+	var answer provisionerv1.ProvisioningResponse
+	if err := protojson.Unmarshal(out.Bytes(), &answer); err != nil {
+		t.Fatalf("--json output does not decode: %v\n%s", err, out.String())
+	}
+	if len(answer.GetCollect()) != 1 || answer.GetCollect()[0].GetCollection() != "shell:zsh:normal" {
+		t.Errorf("--json answer: %v", &answer)
+	}
+
+	tests := []struct {
+		args []string
+		says string
+	}{
+		{[]string{"query", "needs", "--contributor", "web", "--nats-url", url}, "the service refused: 400 filter contributor does not apply to WHAT_NEEDS"},
+		{[]string{"query", "everything", "--nats-url", url}, `query "everything": ask registry, needs, applied or collect`},
+		{[]string{"query", "needs", "--nats-url", "nats://127.0.0.1:1"}, "cannot reach NATS at nats://127.0.0.1:1"},
+	}
+	for _, tt := range tests {
+		err := run(context.Background(), tt.args, &bytes.Buffer{}, &bytes.Buffer{})
+		if err == nil || !strings.Contains(err.Error(), tt.says) {
+			t.Errorf("%v: error %v, want one saying %q", tt.args, err, tt.says)
+		}
+	}
+}
