@@ -9,11 +9,13 @@
 //	mesh-provisioner_applied   <node>.<module>
 //	mesh-provisioner_collect   <node>.<collection>.<contributor>
 //
-// A collection's name is escaped in its key: every byte a token cannot hold,
-// and '=' itself, is written '=' followed by two upper-case hex digits, so the
-// collection "shell:zsh:normal" is the token "shell=3Azsh=3Anormal". Parsers
-// return the readable name; [EscapeCollection] and [UnescapeCollection] are a
-// bijection between byte strings and well-formed tokens.
+// A collection's name, and a need's name, are escaped in their keys: every
+// byte a token cannot hold, and '=' itself, is written '=' followed by two
+// upper-case hex digits, so the collection "shell:zsh:normal" is the token
+// "shell=3Azsh=3Anormal", and the need of ${shell:zsh:normal} is keyed
+// <node>.<module>.shell.zsh=3Anormal. Parsers return the readable name;
+// [Escape] and [Unescape] are a bijection between byte strings and
+// well-formed tokens.
 //
 // Parsers never panic: they return the parts of a key, or an error wrapping
 // [ErrMalformedKey] whose text says what is wrong. Formatters check every part

@@ -6,6 +6,8 @@ import (
 )
 
 // NeedKey is a key of NeedsBucket: <node>.<module>.<kind>.<name>.
+// Name is the placeholder's readable name ("zsh:normal" of
+// ${shell:zsh:normal}); the key holds it escaped.
 type NeedKey struct {
 	Node, Module, Kind, Name string
 }
@@ -55,18 +57,26 @@ func split(key string, names ...string) ([]string, error) {
 	return tokens, nil
 }
 
-// Key returns the key of the need, or an error wrapping ErrInvalidPart.
+// Key returns the key of the need, with the name escaped, or an error
+// wrapping ErrInvalidPart.
 func (k NeedKey) Key() (string, error) {
-	return format(part{"node", k.Node}, part{"module", k.Module}, part{"kind", k.Kind}, part{"name", k.Name})
+	if k.Name == "" {
+		return "", fmt.Errorf("%w: name is empty", ErrInvalidPart)
+	}
+	return format(part{"node", k.Node}, part{"module", k.Module}, part{"kind", k.Kind}, part{"name", Escape(k.Name)})
 }
 
-// ParseNeedKey returns the parts of a key of NeedsBucket.
+// ParseNeedKey returns the parts of a key of NeedsBucket, the name unescaped.
 func ParseNeedKey(key string) (NeedKey, error) {
 	t, err := split(key, "node", "module", "kind", "name")
 	if err != nil {
 		return NeedKey{}, err
 	}
-	return NeedKey{Node: t[0], Module: t[1], Kind: t[2], Name: t[3]}, nil
+	name, err := Unescape(t[3])
+	if err != nil {
+		return NeedKey{}, fmt.Errorf("%w: %q: token 4 (<name>) %v", ErrMalformedKey, key, err)
+	}
+	return NeedKey{Node: t[0], Module: t[1], Kind: t[2], Name: name}, nil
 }
 
 // Key returns the key of the applied record, or an error wrapping
@@ -90,7 +100,7 @@ func (k CollectKey) Key() (string, error) {
 	if k.Collection == "" {
 		return "", fmt.Errorf("%w: collection is empty", ErrInvalidPart)
 	}
-	return format(part{"node", k.Node}, part{"collection", EscapeCollection(k.Collection)}, part{"contributor", k.Contributor})
+	return format(part{"node", k.Node}, part{"collection", Escape(k.Collection)}, part{"contributor", k.Contributor})
 }
 
 // ParseCollectKey returns the parts of a key of CollectBucket, the collection
@@ -100,7 +110,7 @@ func ParseCollectKey(key string) (CollectKey, error) {
 	if err != nil {
 		return CollectKey{}, err
 	}
-	collection, err := UnescapeCollection(t[1])
+	collection, err := Unescape(t[1])
 	if err != nil {
 		return CollectKey{}, fmt.Errorf("%w: %q: token 2 (<collection>) %v", ErrMalformedKey, key, err)
 	}

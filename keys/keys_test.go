@@ -10,7 +10,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 )
 
-func TestEscapeCollection(t *testing.T) {
+func TestEscape(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name, token string
@@ -27,18 +27,18 @@ func TestEscapeCollection(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.token, func(t *testing.T) {
 			t.Parallel()
-			if got := keys.EscapeCollection(tt.name); got != tt.token {
-				t.Errorf("EscapeCollection(%q) = %q, want %q", tt.name, got, tt.token)
+			if got := keys.Escape(tt.name); got != tt.token {
+				t.Errorf("Escape(%q) = %q, want %q", tt.name, got, tt.token)
 			}
-			got, err := keys.UnescapeCollection(tt.token)
+			got, err := keys.Unescape(tt.token)
 			if err != nil || got != tt.name {
-				t.Errorf("UnescapeCollection(%q) = %q, %v; want %q", tt.token, got, err, tt.name)
+				t.Errorf("Unescape(%q) = %q, %v; want %q", tt.token, got, err, tt.name)
 			}
 		})
 	}
 }
 
-func TestUnescapeCollectionRejects(t *testing.T) {
+func TestUnescapeRejects(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		token, reason string
@@ -55,9 +55,9 @@ func TestUnescapeCollectionRejects(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.token, func(t *testing.T) {
 			t.Parallel()
-			_, err := keys.UnescapeCollection(tt.token)
+			_, err := keys.Unescape(tt.token)
 			if err == nil || !strings.Contains(err.Error(), tt.reason) {
-				t.Errorf("UnescapeCollection(%q) error = %v, want one saying %q", tt.token, err, tt.reason)
+				t.Errorf("Unescape(%q) error = %v, want one saying %q", tt.token, err, tt.reason)
 			}
 		})
 	}
@@ -71,7 +71,9 @@ func TestParseNeedKey(t *testing.T) {
 		reason string // empty for a good key
 	}{
 		{key: "ace.web.port.http", want: keys.NeedKey{Node: "ace", Module: "web", Kind: "port", Name: "http"}},
-		{key: "ace.web.config.db_url=1", want: keys.NeedKey{Node: "ace", Module: "web", Kind: "config", Name: "db_url=1"}},
+		{key: "ace.web.config.db_url=3D1", want: keys.NeedKey{Node: "ace", Module: "web", Kind: "config", Name: "db_url=1"}},
+		{key: "ace.web.shell.zsh=3Anormal", want: keys.NeedKey{Node: "ace", Module: "web", Kind: "shell", Name: "zsh:normal"}},
+		{key: "ace.web.config.db_url=1", reason: "token 4 (<name>) has an escape cut short"},
 		{key: "ace.web.port", reason: "has 3 tokens, want 4 (<node>.<module>.<kind>.<name>)"},
 		{key: "ace.web.port.http.x", reason: "has 5 tokens, want 4"},
 		{key: "ace..port.http", reason: "token 2 (<module>) is empty"},
@@ -165,7 +167,8 @@ func TestFormatRejectsInvalidParts(t *testing.T) {
 	}{
 		{"empty node", keys.NeedKey{Module: "web", Kind: "port", Name: "http"}.Key, `node "" is empty`},
 		{"dot in module", keys.NeedKey{Node: "ace", Module: "w.b", Kind: "port", Name: "http"}.Key, `module "w.b" holds '.'`},
-		{"wildcard name", keys.NeedKey{Node: "ace", Module: "web", Kind: "port", Name: "*"}.Key, `name "*" holds '*'`},
+		{"empty name", keys.NeedKey{Node: "ace", Module: "web", Kind: "port"}.Key, "name is empty"},
+		{"wildcard kind", keys.NeedKey{Node: "ace", Module: "web", Kind: "*", Name: "http"}.Key, `kind "*" holds '*'`},
 		{"space in applied", keys.AppliedKey{Node: "ace", Module: "my web"}.Key, `module "my web" holds ' '`},
 		{"empty collection", keys.CollectKey{Node: "ace", Contributor: "web"}.Key, "collection is empty"},
 		{"gt contributor", keys.CollectKey{Node: "ace", Collection: "env", Contributor: ">"}.Key, `contributor ">" holds '>'`},
@@ -188,22 +191,22 @@ func FuzzCollectionEscape(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		token := keys.EscapeCollection(name)
-		got, err := keys.UnescapeCollection(token)
+		token := keys.Escape(name)
+		got, err := keys.Unescape(token)
 		if err != nil {
-			t.Fatalf("UnescapeCollection(EscapeCollection(%q)=%q): %v", name, token, err)
+			t.Fatalf("Unescape(Escape(%q)=%q): %v", name, token, err)
 		}
 		if got != name {
 			t.Fatalf("round trip of %q gave %q", name, got)
 		}
 		if name != "" {
 			if err := keys.CheckToken(token); err != nil {
-				t.Fatalf("EscapeCollection(%q) = %q is not a token: %v", name, token, err)
+				t.Fatalf("Escape(%q) = %q is not a token: %v", name, token, err)
 			}
 		}
 		// The other way: a token that unescapes escapes back to itself.
-		if back, err := keys.UnescapeCollection(name); err == nil && keys.EscapeCollection(back) != name {
-			t.Fatalf("EscapeCollection(UnescapeCollection(%q)) = %q", name, keys.EscapeCollection(back))
+		if back, err := keys.Unescape(name); err == nil && keys.Escape(back) != name {
+			t.Fatalf("Escape(Unescape(%q)) = %q", name, keys.Escape(back))
 		}
 	})
 }

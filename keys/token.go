@@ -36,10 +36,10 @@ func CheckToken(s string) error {
 
 const hexDigits = "0123456789ABCDEF"
 
-// EscapeCollection returns the token that stands for a collection's name in a
-// key: every byte outside A-Z a-z 0-9 - _ / (so also '.', ':' and '=') is
+// Escape returns the token that stands for a collection's or a need's name in
+// a key: every byte outside A-Z a-z 0-9 - _ / (so also '.', ':' and '=') is
 // written '=' and two upper-case hex digits.
-func EscapeCollection(name string) string {
+func Escape(name string) string {
 	n := 0
 	for i := 0; i < len(name); i++ {
 		if !tokenByte(name[i], true) {
@@ -64,15 +64,15 @@ func EscapeCollection(name string) string {
 	return b.String()
 }
 
-// UnescapeCollection returns the collection name a token stands for. It
-// accepts exactly the tokens EscapeCollection writes: an escape must be '='
+// Unescape returns the name a token written by Escape stands for. It
+// accepts exactly the tokens Escape writes: an escape must be '='
 // and two upper-case hex digits of a byte that needs escaping, so that every
 // name has one token and every token one name.
-func UnescapeCollection(token string) (string, error) {
+func Unescape(token string) (string, error) {
 	if strings.IndexByte(token, '=') < 0 {
 		for i := 0; i < len(token); i++ {
 			if !tokenByte(token[i], true) {
-				return "", fmt.Errorf("holds %q at byte %d; a collection token holds only A-Z a-z 0-9 - _ / and =XX escapes", token[i], i)
+				return "", fmt.Errorf("holds %q at byte %d; an escaped token holds only A-Z a-z 0-9 - _ / and =XX escapes", token[i], i)
 			}
 		}
 		return token, nil
@@ -83,7 +83,7 @@ func UnescapeCollection(token string) (string, error) {
 		c := token[i]
 		if c != '=' {
 			if !tokenByte(c, true) {
-				return "", fmt.Errorf("holds %q at byte %d; a collection token holds only A-Z a-z 0-9 - _ / and =XX escapes", c, i)
+				return "", fmt.Errorf("holds %q at byte %d; an escaped token holds only A-Z a-z 0-9 - _ / and =XX escapes", c, i)
 			}
 			b.WriteByte(c)
 			continue

@@ -97,7 +97,8 @@ func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 	}{
 		{"module with a dot", func() error { _, err := c.PutNeed(ctx, "w.b", "port", "http", nil); return err }, `module "w.b" holds '.'`},
 		{"empty kind", func() error { _, err := c.PutNeed(ctx, "web", "", "http", nil); return err }, `kind "" is empty`},
-		{"wildcard name", func() error { return c.DeleteNeed(ctx, "web", "port", "*") }, `name "*" holds '*'`},
+		{"empty name", func() error { return c.DeleteNeed(ctx, "web", "port", "") }, "name is empty"},
+		{"wildcard kind", func() error { return c.DeleteNeed(ctx, "web", ">", "x") }, `kind ">" holds '>'`},
 		{"module with a space", func() error { _, err := c.PutApplied(ctx, "my web", nil); return err }, `module "my web" holds ' '`},
 		{"empty collection", func() error { _, err := c.PutCollectItem(ctx, "", "web", nil); return err }, "collection is empty"},
 		{"contributor with a colon", func() error { return c.DeleteCollectItem(ctx, "env", "a:b") }, `contributor "a:b" holds ':'`},

@@ -83,6 +83,16 @@ func parseShapeTokens(shape, part string) ([]shapeToken, error) {
 	return tokens, nil
 }
 
+// Has reports whether the shape holds the placeholder <name>.
+func (k KeyShape) Has(name string) bool {
+	for _, tok := range k.tokens() {
+		if tok.placeholder == name {
+			return true
+		}
+	}
+	return false
+}
+
 func (k KeyShape) tokens() []shapeToken {
 	return append(slices.Clip(k.required), k.optional...)
 }
@@ -140,7 +150,7 @@ func (k KeyShape) Render(values map[string]string) (string, error) {
 			return "", fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
 		}
 		if tok.placeholder == "collection" {
-			v = keys.EscapeCollection(v)
+			v = keys.Escape(v)
 		} else if err := keys.CheckToken(v); err != nil {
 			return "", fmt.Errorf("%w: %s: <%s> %q %v", ErrCannotRender, k, tok.placeholder, v, err)
 		}

@@ -28,8 +28,10 @@ const (
 // Table returns the registry: which module answers each kind and where a
 // client finds the values. Each call returns a fresh copy.
 func Table() []*provisionerv1.RegistryEntry {
-	collection := func(kind, description string) *provisionerv1.RegistryEntry {
-		return bucketEntry(kind, ownerSelf, keys.CollectBucket, "<node>.<collection>.<contributor>", description)
+	collection := func(kind, template, description string) *provisionerv1.RegistryEntry {
+		e := bucketEntry(kind, ownerSelf, keys.CollectBucket, "<node>.<collection>.<contributor>", description)
+		e.GetBucket().Collection = template
+		return e
 	}
 	placement := func(kind, description string) *provisionerv1.RegistryEntry {
 		return bucketEntry(kind, ownerController, assignmentsBucket, "<node>.<module>", description)
@@ -43,10 +45,10 @@ func Table() []*provisionerv1.RegistryEntry {
 			"What a provider module bound for a consumer module, in the provider's own bucket."),
 		verbEntry("consumers", ownerVault, "mesh-vault.consumers",
 			"A provider's consumers' credentials, asked of the vault by the provider machine's client."),
-		collection("collected", "The items of the collection the placeholder names."),
-		collection("shell", "Shell snippets, read as the collection of the same name (${shell:zsh:normal} reads shell:zsh:normal)."),
-		collection("environment", "Environment assignments, read as the collection of the same name."),
-		collection("contribution", "Contributions to another module, read as the collection of the same name."),
+		collection("collected", "<name>", "The items of the collection the placeholder names (${collected:x} reads x)."),
+		collection("shell", "<kind>:<name>", "Shell snippets, read as the collection of the same name (${shell:zsh:normal} reads shell:zsh:normal)."),
+		collection("environment", "<kind>:<name>", "Environment assignments, read as the collection of the same name."),
+		collection("contribution", "<kind>:<name>", "Contributions to another module, read as the collection of the same name."),
 		placement("dir", "A directory placed for the module; the assignment carries the provisioner's plan."),
 		placement("access", "Access granted to the module; the assignment carries the provisioner's plan."),
 		placement("port", "A port placed for the module; the assignment carries the provisioner's plan."),

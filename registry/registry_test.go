@@ -76,6 +76,10 @@ func TestValidateRejectsBadTables(t *testing.T) {
 		{"bad kind", []*provisionerv1.RegistryEntry{bucket("po.rt", "b", "<node>")}, "kind holds '.'"},
 		{"no owner", []*provisionerv1.RegistryEntry{{Kind: "port", Description: "d", Source: &provisionerv1.RegistryEntry_Verb{Verb: &provisionerv1.VerbSource{Seat: "s", Subject: "s.x"}}}}, "has no owner"},
 		{"nil entry", []*provisionerv1.RegistryEntry{nil}, "is nil"},
+		{"collection shape without template", []*provisionerv1.RegistryEntry{bucket("shell", "b", "<node>.<collection>.<contributor>")}, "names no collection template"},
+		{"template without collection shape", []*provisionerv1.RegistryEntry{withCollection(bucket("shell", "b", "<node>.<module>"), "<kind>:<name>")}, "needs a key shape with <collection>"},
+		{"collection without contributor", []*provisionerv1.RegistryEntry{withCollection(bucket("shell", "b", "<node>.<collection>"), "<name>")}, "needs <contributor>"},
+		{"template with another placeholder", []*provisionerv1.RegistryEntry{withCollection(bucket("shell", "b", "<node>.<collection>.<contributor>"), "<node>:<name>")}, "may use only <kind> and <name>"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -85,6 +89,25 @@ func TestValidateRejectsBadTables(t *testing.T) {
 				t.Errorf("Validate() = %v, want ErrInvalidTable saying %q", err, tt.reason)
 			}
 		})
+	}
+}
+
+func withCollection(e *provisionerv1.RegistryEntry, template string) *provisionerv1.RegistryEntry {
+	e.GetBucket().Collection = template
+	return e
+}
+
+func TestCollectionOf(t *testing.T) {
+	t.Parallel()
+	collections := map[string]string{}
+	for _, e := range registry.Table() {
+		if tmpl := e.GetBucket().GetCollection(); tmpl != "" {
+			collections[e.GetKind()] = registry.CollectionOf(tmpl, e.GetKind(), "zsh:normal")
+		}
+	}
+	want := map[string]string{"collected": "zsh:normal", "shell": "shell:zsh:normal", "environment": "environment:zsh:normal", "contribution": "contribution:zsh:normal"}
+	if diff := cmp.Diff(want, collections); diff != "" {
+		t.Errorf("collections read (-want +got):\n%s", diff)
 	}
 }
 

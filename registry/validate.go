@@ -63,7 +63,12 @@ func Validate(table []*provisionerv1.RegistryEntry) error {
 			if name := strings.ReplaceAll(src.Bucket.GetBucket(), "<provider>", "p"); !bucketName.MatchString(name) {
 				fail(i, e.GetKind(), "bucket %q is not a bucket name (A-Z a-z 0-9 - _, and <provider>)", src.Bucket.GetBucket())
 			}
-			if _, err := ParseKeyShape(src.Bucket.GetKeyShape()); err != nil {
+			shape, err := ParseKeyShape(src.Bucket.GetKeyShape())
+			if err != nil {
+				fail(i, e.GetKind(), "%v", err)
+				break
+			}
+			if err := checkCollection(shape, src.Bucket.GetCollection()); err != nil {
 				fail(i, e.GetKind(), "%v", err)
 			}
 		case *provisionerv1.RegistryEntry_Verb:
@@ -82,4 +87,32 @@ func Validate(table []*provisionerv1.RegistryEntry) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkCollection checks that a bucket source names a collection exactly when
+// its key shape holds <collection>, with a template of <kind> and <name> only.
+func checkCollection(shape KeyShape, template string) error {
+	if has := shape.Has("collection"); has != (template != "") {
+		if has {
+			return fmt.Errorf("key shape %s holds <collection> but the source names no collection template", shape)
+		}
+		return fmt.Errorf("collection template %q needs a key shape with <collection>", template)
+	}
+	if template == "" {
+		return nil
+	}
+	if !shape.Has("contributor") {
+		return fmt.Errorf("key shape %s of a collection needs <contributor>", shape)
+	}
+	rest := strings.NewReplacer("<kind>", "", "<name>", "").Replace(template)
+	if strings.ContainsAny(rest, "<>") {
+		return fmt.Errorf("collection template %q may use only <kind> and <name>", template)
+	}
+	return nil
+}
+
+// CollectionOf returns the collection a placeholder of kind and name reads,
+// from an entry's collection template.
+func CollectionOf(template, kind, name string) string {
+	return strings.NewReplacer("<kind>", kind, "<name>", name).Replace(template)
 }

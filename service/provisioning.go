@@ -140,7 +140,7 @@ func (s *Service) provisioning(in *provisionerv1.ProvisioningRequest) *provision
 	case provisionerv1.What_WHAT_COLLECT:
 		collection := ""
 		if in.GetCollection() != "" {
-			collection = keys.EscapeCollection(in.GetCollection())
+			collection = keys.Escape(in.GetCollection())
 		}
 		out.Collect, out.Malformed, out.Revision = s.mirror.collect.read(selection[*provisionerv1.CollectRecord]{
 			first: in.GetNode(),

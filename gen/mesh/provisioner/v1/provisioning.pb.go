@@ -97,7 +97,11 @@ type ProvisioningRequest struct {
 	Contributor string `protobuf:"bytes,4,opt,name=contributor,proto3" json:"contributor,omitempty"`
 	// Only items of this collection, by its readable name such as
 	// "shell:zsh:normal" (collect).
-	Collection    string `protobuf:"bytes,5,opt,name=collection,proto3" json:"collection,omitempty"`
+	Collection string `protobuf:"bytes,5,opt,name=collection,proto3" json:"collection,omitempty"`
+	// Answer only once the server's copy of the bucket read has reached this
+	// revision (read your writes): a client that wrote at revision R asks with
+	// R. After a bounded wait the answer is a 503.
+	MinRevision   uint64 `protobuf:"varint,6,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -165,6 +169,13 @@ func (x *ProvisioningRequest) GetCollection() string {
 		return x.Collection
 	}
 	return ""
+}
+
+func (x *ProvisioningRequest) GetMinRevision() uint64 {
+	if x != nil {
+		return x.MinRevision
+	}
+	return 0
 }
 
 // ProvisioningResponse carries the matching records in key order, the keys of
@@ -658,7 +669,7 @@ var File_mesh_provisioner_v1_provisioning_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\n" +
-	"&mesh/provisioner/v1/provisioning.proto\x12\x13mesh.provisioner.v1\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xb2\x01\n" +
+	"&mesh/provisioner/v1/provisioning.proto\x12\x13mesh.provisioner.v1\x1a!mesh/provisioner/v1/compose.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xd5\x01\n" +
 	"\x13ProvisioningRequest\x12-\n" +
 	"\x04what\x18\x01 \x01(\x0e2\x19.mesh.provisioner.v1.WhatR\x04what\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -666,7 +677,8 @@ const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\vcontributor\x18\x04 \x01(\tR\vcontributor\x12\x1e\n" +
 	"\n" +
 	"collection\x18\x05 \x01(\tR\n" +
-	"collection\"\x96\x03\n" +
+	"collection\x12!\n" +
+	"\fmin_revision\x18\x06 \x01(\x04R\vminRevision\"\x96\x03\n" +
 	"\x14ProvisioningResponse\x12-\n" +
 	"\x04what\x18\x01 \x01(\x0e2\x19.mesh.provisioner.v1.WhatR\x04what\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12?\n" +
@@ -711,9 +723,10 @@ const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\n" +
 	"WHAT_NEEDS\x10\x02\x12\x10\n" +
 	"\fWHAT_APPLIED\x10\x03\x12\x10\n" +
-	"\fWHAT_COLLECT\x10\x042z\n" +
+	"\fWHAT_COLLECT\x10\x042\xd0\x01\n" +
 	"\x13ProvisioningService\x12c\n" +
-	"\fProvisioning\x12(.mesh.provisioner.v1.ProvisioningRequest\x1a).mesh.provisioner.v1.ProvisioningResponseB\xe3\x01\n" +
+	"\fProvisioning\x12(.mesh.provisioner.v1.ProvisioningRequest\x1a).mesh.provisioner.v1.ProvisioningResponse\x12T\n" +
+	"\aCompose\x12#.mesh.provisioner.v1.ComposeRequest\x1a$.mesh.provisioner.v1.ComposeResponseB\xe3\x01\n" +
 	"\x17com.mesh.provisioner.v1B\x11ProvisioningProtoP\x01ZGgithub.com/novox/mesh-provisioner/gen/mesh/provisioner/v1;provisionerv1\xa2\x02\x03MPX\xaa\x02\x13Mesh.Provisioner.V1\xca\x02\x13Mesh\\Provisioner\\V1\xe2\x02\x1fMesh\\Provisioner\\V1\\GPBMetadata\xea\x02\x15Mesh::Provisioner::V1b\x06proto3"
 
 var (
@@ -743,6 +756,8 @@ var file_mesh_provisioner_v1_provisioning_proto_goTypes = []any{
 	(*Need)(nil),                 // 9: mesh.provisioner.v1.Need
 	(*Applied)(nil),              // 10: mesh.provisioner.v1.Applied
 	(*CollectItem)(nil),          // 11: mesh.provisioner.v1.CollectItem
+	(*ComposeRequest)(nil),       // 12: mesh.provisioner.v1.ComposeRequest
+	(*ComposeResponse)(nil),      // 13: mesh.provisioner.v1.ComposeResponse
 }
 var file_mesh_provisioner_v1_provisioning_proto_depIdxs = []int32{
 	0,  // 0: mesh.provisioner.v1.ProvisioningRequest.what:type_name -> mesh.provisioner.v1.What
@@ -757,9 +772,11 @@ var file_mesh_provisioner_v1_provisioning_proto_depIdxs = []int32{
 	10, // 9: mesh.provisioner.v1.AppliedRecord.applied:type_name -> mesh.provisioner.v1.Applied
 	11, // 10: mesh.provisioner.v1.CollectRecord.item:type_name -> mesh.provisioner.v1.CollectItem
 	1,  // 11: mesh.provisioner.v1.ProvisioningService.Provisioning:input_type -> mesh.provisioner.v1.ProvisioningRequest
-	2,  // 12: mesh.provisioner.v1.ProvisioningService.Provisioning:output_type -> mesh.provisioner.v1.ProvisioningResponse
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
+	12, // 12: mesh.provisioner.v1.ProvisioningService.Compose:input_type -> mesh.provisioner.v1.ComposeRequest
+	2,  // 13: mesh.provisioner.v1.ProvisioningService.Provisioning:output_type -> mesh.provisioner.v1.ProvisioningResponse
+	13, // 14: mesh.provisioner.v1.ProvisioningService.Compose:output_type -> mesh.provisioner.v1.ComposeResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -770,6 +787,7 @@ func file_mesh_provisioner_v1_provisioning_proto_init() {
 	if File_mesh_provisioner_v1_provisioning_proto != nil {
 		return
 	}
+	file_mesh_provisioner_v1_compose_proto_init()
 	file_mesh_provisioner_v1_registry_proto_init()
 	file_mesh_provisioner_v1_state_proto_init()
 	type x struct{}

@@ -148,7 +148,12 @@ type BucketSource struct {
 	// such as <node>, <module>, <name>, <provision>, <local>, <collection> or
 	// <contributor>; a trailing "[...]" marks an optional tail, as in
 	// "<node>.<module>.<provision>[.<local>]".
-	KeyShape      string `protobuf:"bytes,2,opt,name=key_shape,json=keyShape,proto3" json:"key_shape,omitempty"`
+	KeyShape string `protobuf:"bytes,2,opt,name=key_shape,json=keyShape,proto3" json:"key_shape,omitempty"`
+	// For kinds read as collections: the collection a placeholder names, as a
+	// template of <kind> and <name>. "<kind>:<name>" makes ${shell:zsh:normal}
+	// read the collection "shell:zsh:normal"; "<name>" makes ${collected:x}
+	// read "x". Empty for kinds that are not collections.
+	Collection    string `protobuf:"bytes,3,opt,name=collection,proto3" json:"collection,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -193,6 +198,13 @@ func (x *BucketSource) GetBucket() string {
 func (x *BucketSource) GetKeyShape() string {
 	if x != nil {
 		return x.KeyShape
+	}
+	return ""
+}
+
+func (x *BucketSource) GetCollection() string {
+	if x != nil {
+		return x.Collection
 	}
 	return ""
 }
@@ -263,10 +275,13 @@ const file_mesh_provisioner_v1_registry_proto_rawDesc = "" +
 	"\x06bucket\x18\x03 \x01(\v2!.mesh.provisioner.v1.BucketSourceH\x00R\x06bucket\x125\n" +
 	"\x04verb\x18\x04 \x01(\v2\x1f.mesh.provisioner.v1.VerbSourceH\x00R\x04verb\x12 \n" +
 	"\vdescription\x18\x05 \x01(\tR\vdescriptionB\b\n" +
-	"\x06source\"C\n" +
+	"\x06source\"c\n" +
 	"\fBucketSource\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x1b\n" +
-	"\tkey_shape\x18\x02 \x01(\tR\bkeyShape\":\n" +
+	"\tkey_shape\x18\x02 \x01(\tR\bkeyShape\x12\x1e\n" +
+	"\n" +
+	"collection\x18\x03 \x01(\tR\n" +
+	"collection\":\n" +
 	"\n" +
 	"VerbSource\x12\x12\n" +
 	"\x04seat\x18\x01 \x01(\tR\x04seat\x12\x18\n" +

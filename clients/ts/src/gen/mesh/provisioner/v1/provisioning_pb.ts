@@ -4,6 +4,8 @@
 
 import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { ComposeRequestSchema, ComposeResponseSchema } from "./compose_pb.js";
+import { file_mesh_provisioner_v1_compose } from "./compose_pb.js";
 import type { RegistryEntry } from "./registry_pb.js";
 import { file_mesh_provisioner_v1_registry } from "./registry_pb.js";
 import type { Applied, CollectItem, Need } from "./state_pb.js";
@@ -14,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/provisioning.proto.
  */
 export const file_mesh_provisioner_v1_provisioning: GenFile = /*@__PURE__*/
-  fileDesc("CiZtZXNoL3Byb3Zpc2lvbmVyL3YxL3Byb3Zpc2lvbmluZy5wcm90bxITbWVzaC5wcm92aXNpb25lci52MSKFAQoTUHJvdmlzaW9uaW5nUmVxdWVzdBInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EgwKBG5vZGUYAiABKAkSDgoGbW9kdWxlGAMgASgJEhMKC2NvbnRyaWJ1dG9yGAQgASgJEhIKCmNvbGxlY3Rpb24YBSABKAki2AIKFFByb3Zpc2lvbmluZ1Jlc3BvbnNlEicKBHdoYXQYASABKA4yGS5tZXNoLnByb3Zpc2lvbmVyLnYxLldoYXQSEAoIcmV2aXNpb24YAiABKAQSNQoIcmVnaXN0cnkYAyADKAsyIy5tZXNoLnByb3Zpc2lvbmVyLnYxLlJlZ2lzdHJ5UmVjb3JkEi4KBW5lZWRzGAQgAygLMh8ubWVzaC5wcm92aXNpb25lci52MS5OZWVkUmVjb3JkEjMKB2FwcGxpZWQYBSADKAsyIi5tZXNoLnByb3Zpc2lvbmVyLnYxLkFwcGxpZWRSZWNvcmQSMwoHY29sbGVjdBgGIAMoCzIiLm1lc2gucHJvdmlzaW9uZXIudjEuQ29sbGVjdFJlY29yZBI0CgltYWxmb3JtZWQYByADKAsyIS5tZXNoLnByb3Zpc2lvbmVyLnYxLk1hbGZvcm1lZEtleSJjCg5SZWdpc3RyeVJlY29yZBIMCgRraW5kGAEgASgJEjEKBWVudHJ5GAIgASgLMiIubWVzaC5wcm92aXNpb25lci52MS5SZWdpc3RyeUVudHJ5EhAKCHJldmlzaW9uGAMgASgEIoEBCgpOZWVkUmVjb3JkEgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEgwKBGtpbmQYAyABKAkSDAoEbmFtZRgEIAEoCRInCgRuZWVkGAUgASgLMhkubWVzaC5wcm92aXNpb25lci52MS5OZWVkEhAKCHJldmlzaW9uGAYgASgEIm4KDUFwcGxpZWRSZWNvcmQSDAoEbm9kZRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSLQoHYXBwbGllZBgDIAEoCzIcLm1lc2gucHJvdmlzaW9uZXIudjEuQXBwbGllZBIQCghyZXZpc2lvbhgEIAEoBCKIAQoNQ29sbGVjdFJlY29yZBIMCgRub2RlGAEgASgJEhIKCmNvbGxlY3Rpb24YAiABKAkSEwoLY29udHJpYnV0b3IYAyABKAkSLgoEaXRlbRgEIAEoCzIgLm1lc2gucHJvdmlzaW9uZXIudjEuQ29sbGVjdEl0ZW0SEAoIcmV2aXNpb24YBSABKAQiTQoMTWFsZm9ybWVkS2V5Eg4KBmJ1Y2tldBgBIAEoCRILCgNrZXkYAiABKAkSDgoGcmVhc29uGAMgASgJEhAKCHJldmlzaW9uGAQgASgEKmMKBFdoYXQSFAoQV0hBVF9VTlNQRUNJRklFRBAAEhEKDVdIQVRfUkVHSVNUUlkQARIOCgpXSEFUX05FRURTEAISEAoMV0hBVF9BUFBMSUVEEAMSEAoMV0hBVF9DT0xMRUNUEAQyegoTUHJvdmlzaW9uaW5nU2VydmljZRJjCgxQcm92aXNpb25pbmcSKC5tZXNoLnByb3Zpc2lvbmVyLnYxLlByb3Zpc2lvbmluZ1JlcXVlc3QaKS5tZXNoLnByb3Zpc2lvbmVyLnYxLlByb3Zpc2lvbmluZ1Jlc3BvbnNlQuMBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIRUHJvdmlzaW9uaW5nUHJvdG9QAVpHZ2l0aHViLmNvbS9ub3ZveC9tZXNoLXByb3Zpc2lvbmVyL2dlbi9tZXNoL3Byb3Zpc2lvbmVyL3YxO3Byb3Zpc2lvbmVydjGiAgNNUFiqAhNNZXNoLlByb3Zpc2lvbmVyLlYxygITTWVzaFxQcm92aXNpb25lclxWMeICH01lc2hcUHJvdmlzaW9uZXJcVjFcR1BCTWV0YWRhdGHqAhVNZXNoOjpQcm92aXNpb25lcjo6VjFiBnByb3RvMw", [file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
+  fileDesc("CiZtZXNoL3Byb3Zpc2lvbmVyL3YxL3Byb3Zpc2lvbmluZy5wcm90bxITbWVzaC5wcm92aXNpb25lci52MSKbAQoTUHJvdmlzaW9uaW5nUmVxdWVzdBInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EgwKBG5vZGUYAiABKAkSDgoGbW9kdWxlGAMgASgJEhMKC2NvbnRyaWJ1dG9yGAQgASgJEhIKCmNvbGxlY3Rpb24YBSABKAkSFAoMbWluX3JldmlzaW9uGAYgASgEItgCChRQcm92aXNpb25pbmdSZXNwb25zZRInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EhAKCHJldmlzaW9uGAIgASgEEjUKCHJlZ2lzdHJ5GAMgAygLMiMubWVzaC5wcm92aXNpb25lci52MS5SZWdpc3RyeVJlY29yZBIuCgVuZWVkcxgEIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuTmVlZFJlY29yZBIzCgdhcHBsaWVkGAUgAygLMiIubWVzaC5wcm92aXNpb25lci52MS5BcHBsaWVkUmVjb3JkEjMKB2NvbGxlY3QYBiADKAsyIi5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RSZWNvcmQSNAoJbWFsZm9ybWVkGAcgAygLMiEubWVzaC5wcm92aXNpb25lci52MS5NYWxmb3JtZWRLZXkiYwoOUmVnaXN0cnlSZWNvcmQSDAoEa2luZBgBIAEoCRIxCgVlbnRyeRgCIAEoCzIiLm1lc2gucHJvdmlzaW9uZXIudjEuUmVnaXN0cnlFbnRyeRIQCghyZXZpc2lvbhgDIAEoBCKBAQoKTmVlZFJlY29yZBIMCgRub2RlGAEgASgJEg4KBm1vZHVsZRgCIAEoCRIMCgRraW5kGAMgASgJEgwKBG5hbWUYBCABKAkSJwoEbmVlZBgFIAEoCzIZLm1lc2gucHJvdmlzaW9uZXIudjEuTmVlZBIQCghyZXZpc2lvbhgGIAEoBCJuCg1BcHBsaWVkUmVjb3JkEgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEi0KB2FwcGxpZWQYAyABKAsyHC5tZXNoLnByb3Zpc2lvbmVyLnYxLkFwcGxpZWQSEAoIcmV2aXNpb24YBCABKAQiiAEKDUNvbGxlY3RSZWNvcmQSDAoEbm9kZRgBIAEoCRISCgpjb2xsZWN0aW9uGAIgASgJEhMKC2NvbnRyaWJ1dG9yGAMgASgJEi4KBGl0ZW0YBCABKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RJdGVtEhAKCHJldmlzaW9uGAUgASgEIk0KDE1hbGZvcm1lZEtleRIOCgZidWNrZXQYASABKAkSCwoDa2V5GAIgASgJEg4KBnJlYXNvbhgDIAEoCRIQCghyZXZpc2lvbhgEIAEoBCpjCgRXaGF0EhQKEFdIQVRfVU5TUEVDSUZJRUQQABIRCg1XSEFUX1JFR0lTVFJZEAESDgoKV0hBVF9ORUVEUxACEhAKDFdIQVRfQVBQTElFRBADEhAKDFdIQVRfQ09MTEVDVBAEMtABChNQcm92aXNpb25pbmdTZXJ2aWNlEmMKDFByb3Zpc2lvbmluZxIoLm1lc2gucHJvdmlzaW9uZXIudjEuUHJvdmlzaW9uaW5nUmVxdWVzdBopLm1lc2gucHJvdmlzaW9uZXIudjEuUHJvdmlzaW9uaW5nUmVzcG9uc2USVAoHQ29tcG9zZRIjLm1lc2gucHJvdmlzaW9uZXIudjEuQ29tcG9zZVJlcXVlc3QaJC5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbXBvc2VSZXNwb25zZULjAQoXY29tLm1lc2gucHJvdmlzaW9uZXIudjFCEVByb3Zpc2lvbmluZ1Byb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM", [file_mesh_provisioner_v1_compose, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
 
 /**
  * ProvisioningRequest asks for one bucket's records, narrowed by filters. An
@@ -59,6 +61,15 @@ export type ProvisioningRequest = Message<"mesh.provisioner.v1.ProvisioningReque
    * @generated from field: string collection = 5;
    */
   collection: string;
+
+  /**
+   * Answer only once the server's copy of the bucket read has reached this
+   * revision (read your writes): a client that wrote at revision R asks with
+   * R. After a bounded wait the answer is a 503.
+   *
+   * @generated from field: uint64 min_revision = 6;
+   */
+  minRevision: bigint;
 };
 
 /**
@@ -408,8 +419,8 @@ export const WhatSchema: GenEnum<What> = /*@__PURE__*/
   enumDesc(file_mesh_provisioner_v1_provisioning, 0);
 
 /**
- * ProvisioningService is the read-only verb of the mesh-provisioner micro
- * service, on the NATS subject mesh-provisioner.provisioning.
+ * ProvisioningService holds the read-only verbs of the mesh-provisioner micro
+ * service: mesh-provisioner.provisioning and mesh-provisioner.compose.
  *
  * @generated from service mesh.provisioner.v1.ProvisioningService
  */
@@ -424,6 +435,17 @@ export const ProvisioningService: GenService<{
     methodKind: "unary";
     input: typeof ProvisioningRequestSchema;
     output: typeof ProvisioningResponseSchema;
+  },
+  /**
+   * Compose resolves every need of a node (or of one module on it) against
+   * the registry: plans, provisions, refusals and collection items.
+   *
+   * @generated from rpc mesh.provisioner.v1.ProvisioningService.Compose
+   */
+  compose: {
+    methodKind: "unary";
+    input: typeof ComposeRequestSchema;
+    output: typeof ComposeResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_mesh_provisioner_v1_provisioning, 0);

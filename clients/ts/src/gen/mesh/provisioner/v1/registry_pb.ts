@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/registry.proto.
  */
 export const file_mesh_provisioner_v1_registry: GenFile = /*@__PURE__*/
-  fileDesc("CiJtZXNoL3Byb3Zpc2lvbmVyL3YxL3JlZ2lzdHJ5LnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIrEBCg1SZWdpc3RyeUVudHJ5EgwKBGtpbmQYASABKAkSDQoFb3duZXIYAiABKAkSMwoGYnVja2V0GAMgASgLMiEubWVzaC5wcm92aXNpb25lci52MS5CdWNrZXRTb3VyY2VIABIvCgR2ZXJiGAQgASgLMh8ubWVzaC5wcm92aXNpb25lci52MS5WZXJiU291cmNlSAASEwoLZGVzY3JpcHRpb24YBSABKAlCCAoGc291cmNlIjEKDEJ1Y2tldFNvdXJjZRIOCgZidWNrZXQYASABKAkSEQoJa2V5X3NoYXBlGAIgASgJIisKClZlcmJTb3VyY2USDAoEc2VhdBgBIAEoCRIPCgdzdWJqZWN0GAIgASgJQt8BChdjb20ubWVzaC5wcm92aXNpb25lci52MUINUmVnaXN0cnlQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z");
+  fileDesc("CiJtZXNoL3Byb3Zpc2lvbmVyL3YxL3JlZ2lzdHJ5LnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIrEBCg1SZWdpc3RyeUVudHJ5EgwKBGtpbmQYASABKAkSDQoFb3duZXIYAiABKAkSMwoGYnVja2V0GAMgASgLMiEubWVzaC5wcm92aXNpb25lci52MS5CdWNrZXRTb3VyY2VIABIvCgR2ZXJiGAQgASgLMh8ubWVzaC5wcm92aXNpb25lci52MS5WZXJiU291cmNlSAASEwoLZGVzY3JpcHRpb24YBSABKAlCCAoGc291cmNlIkUKDEJ1Y2tldFNvdXJjZRIOCgZidWNrZXQYASABKAkSEQoJa2V5X3NoYXBlGAIgASgJEhIKCmNvbGxlY3Rpb24YAyABKAkiKwoKVmVyYlNvdXJjZRIMCgRzZWF0GAEgASgJEg8KB3N1YmplY3QYAiABKAlC3wEKF2NvbS5tZXNoLnByb3Zpc2lvbmVyLnYxQg1SZWdpc3RyeVByb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM");
 
 /**
  * RegistryEntry says which module answers one kind of placeholder and where a
@@ -96,6 +96,16 @@ export type BucketSource = Message<"mesh.provisioner.v1.BucketSource"> & {
    * @generated from field: string key_shape = 2;
    */
   keyShape: string;
+
+  /**
+   * For kinds read as collections: the collection a placeholder names, as a
+   * template of <kind> and <name>. "<kind>:<name>" makes ${shell:zsh:normal}
+   * read the collection "shell:zsh:normal"; "<name>" makes ${collected:x}
+   * read "x". Empty for kinds that are not collections.
+   *
+   * @generated from field: string collection = 3;
+   */
+  collection: string;
 };
 
 /**
