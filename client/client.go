@@ -28,55 +28,64 @@ func (e *ServiceError) Error() string {
 // Client calls the mesh-provisioner service over a connection the caller
 // opened (with its credentials) and owns.
 type Client struct {
-	nc      *nats.Conn
-	subject string
+	nc             *nats.Conn
+	subject        string
+	composeSubject string
 }
 
 // Option configures a Client.
 type Option func(*Client)
 
-// WithSubject sets the verb's subject, for a service behind a subject
+// WithSubjects sets the verbs' subjects, for a service behind a subject
 // mapping or an account import.
-func WithSubject(subject string) Option {
-	return func(c *Client) { c.subject = subject }
+func WithSubjects(provisioning, compose string) Option {
+	return func(c *Client) { c.subject, c.composeSubject = provisioning, compose }
 }
 
 // New returns a client on nc.
 func New(nc *nats.Conn, opts ...Option) *Client {
-	c := &Client{nc: nc, subject: service.ProvisioningSubject}
+	c := &Client{nc: nc, subject: service.ProvisioningSubject, composeSubject: service.ComposeSubject}
 	for _, opt := range opts {
 		opt(c)
 	}
 	return c
 }
 
-// Subject returns the subject the client asks.
+// Subject returns the subject of the provisioning verb the client asks.
 func (c *Client) Subject() string { return c.subject }
 
-// Provisioning asks the verb and returns its answer, or a *ServiceError for
-// an answer the service refused, or a transport error (such as
-// nats.ErrNoResponders when no instance runs). ctx bounds the wait; give it
-// a deadline.
+// Provisioning asks the provisioning verb and returns its answer, or a
+// *ServiceError for an answer the service refused, or a transport error (such
+// as nats.ErrNoResponders when no instance runs). ctx bounds the wait; give
+// it a deadline.
 func (c *Client) Provisioning(ctx context.Context, req *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
+	answer := &provisionerv1.ProvisioningResponse{}
+	if err := c.call(ctx, c.subject, req, answer); err != nil {
+		return nil, err
+	}
+	return answer, nil
+}
+
+// call sends req in protobuf binary and decodes the answer into answer.
+func (c *Client) call(ctx context.Context, subject string, req, answer proto.Message) error {
 	data, err := proto.Marshal(req)
 	if err != nil {
-		return nil, fmt.Errorf("encode request: %w", err)
+		return fmt.Errorf("encode request: %w", err)
 	}
-	msg := nats.NewMsg(c.subject)
+	msg := nats.NewMsg(subject)
 	msg.Data = data
 	msg.Header.Set("Content-Type", service.ContentTypeProtobuf)
 	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := ErrorOf(reply); err != nil {
-		return nil, err
+		return err
 	}
-	answer := &provisionerv1.ProvisioningResponse{}
 	if err := proto.Unmarshal(reply.Data, answer); err != nil {
-		return nil, fmt.Errorf("decode answer: %w", err)
+		return fmt.Errorf("decode answer: %w", err)
 	}
-	return answer, nil
+	return nil
 }
 
 // ErrorOf returns the *ServiceError a reply carries in its
@@ -92,4 +101,14 @@ func ErrorOf(reply *nats.Msg) error {
 		return errors.Join(&ServiceError{Code: 0, Description: description}, fmt.Errorf("error code %q is not a number", codeText))
 	}
 	return &ServiceError{Code: code, Description: description}
+}
+
+// Compose asks the compose verb for a node's composition, or returns a
+// *ServiceError for a request the service refused.
+func (c *Client) Compose(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
+	answer := &provisionerv1.ComposeResponse{}
+	if err := c.call(ctx, c.composeSubject, req, answer); err != nil {
+		return nil, err
+	}
+	return answer, nil
 }

@@ -117,14 +117,56 @@ func joinShape(tokens []shapeToken) string {
 	return strings.Join(parts, ".")
 }
 
-// Render returns the concrete key for the values given by placeholder name.
-// Every required placeholder needs a value; the optional tail is included only
-// when all of its placeholders have one. A <collection> value is the readable
-// name and is escaped; every other value must be a key token.
-func (k KeyShape) Render(values map[string]string) (string, error) {
+// Values fill a key shape's placeholders, one field for each name of
+// Placeholders.
+type Values struct {
+	Node, Module, Kind, Name, Provision, Local, Collection, Contributor, Provider string
+}
+
+// get returns the value of a placeholder.
+func (v *Values) get(placeholder string) string {
+	switch placeholder {
+	case "node":
+		return v.Node
+	case "module":
+		return v.Module
+	case "kind":
+		return v.Kind
+	case "name":
+		return v.Name
+	case "provision":
+		return v.Provision
+	case "local":
+		return v.Local
+	case "collection":
+		return v.Collection
+	case "contributor":
+		return v.Contributor
+	case "provider":
+		return v.Provider
+	}
+	return ""
+}
+
+// Render returns the concrete key for the values given. Every required
+// placeholder needs a value; the optional tail is included only when all of
+// its placeholders have one. A <collection> value is the readable name and
+// is escaped; every other value must be a key token.
+func (k KeyShape) Render(values Values) (string, error) {
+	return k.render(&values, false)
+}
+
+// Filter is Render for a set of keys: a required placeholder without a value
+// stands as the wildcard "*", so "<node>.<collection>.<contributor>" with no
+// contributor renders "ace.shell=3Azsh=3Anormal.*".
+func (k KeyShape) Filter(values Values) (string, error) {
+	return k.render(&values, true)
+}
+
+func (k KeyShape) render(values *Values, wildcards bool) (string, error) {
 	tail := 0
 	for _, tok := range k.optional {
-		if tok.placeholder != "" && values[tok.placeholder] != "" {
+		if tok.placeholder != "" && values.get(tok.placeholder) != "" {
 			tail++
 		}
 	}
@@ -145,8 +187,12 @@ func (k KeyShape) Render(values map[string]string) (string, error) {
 			b.WriteString(tok.literal)
 			continue
 		}
-		v := values[tok.placeholder]
-		if v == "" {
+		v := values.get(tok.placeholder)
+		switch {
+		case v == "" && wildcards:
+			b.WriteByte('*')
+			continue
+		case v == "":
 			return "", fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
 		}
 		if tok.placeholder == "collection" {

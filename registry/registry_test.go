@@ -97,6 +97,18 @@ func withCollection(e *provisionerv1.RegistryEntry, template string) *provisione
 	return e
 }
 
+func TestKeyShapeFilter(t *testing.T) {
+	t.Parallel()
+	ks, err := registry.ParseKeyShape("<node>.<collection>.<contributor>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ks.Filter(registry.Values{Node: "ace", Collection: "shell:zsh:normal"})
+	if err != nil || got != "ace.shell=3Azsh=3Anormal.*" {
+		t.Errorf("Filter() = %q, %v", got, err)
+	}
+}
+
 func TestCollectionOf(t *testing.T) {
 	t.Parallel()
 	collections := map[string]string{}
@@ -115,17 +127,17 @@ func TestKeyShapeRender(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		shape  string
-		values map[string]string
+		values registry.Values
 		want   string
 		reason string
 	}{
-		{"<node>.<module>.<provision>[.<local>]", map[string]string{"node": "ace", "module": "web", "provision": "db"}, "ace.web.db", ""},
-		{"<node>.<module>.<provision>[.<local>]", map[string]string{"node": "ace", "module": "web", "provision": "db", "local": "ro"}, "ace.web.db.ro", ""},
-		{"<node>.<collection>.<contributor>", map[string]string{"node": "ace", "collection": "shell:zsh:normal", "contributor": "web"}, "ace.shell=3Azsh=3Anormal.web", ""},
-		{"plans.<node>", map[string]string{"node": "ace"}, "plans.ace", ""},
-		{"<node>.<module>", map[string]string{"node": "ace"}, "", "no value for <module>"},
-		{"<node>.<module>", map[string]string{"node": "ace", "module": "a.b"}, "", `<module> "a.b" holds '.'`},
-		{"<node>[.<module>.<local>]", map[string]string{"node": "ace", "local": "x"}, "", "all of its values or none"},
+		{"<node>.<module>.<provision>[.<local>]", registry.Values{Node: "ace", Module: "web", Provision: "db"}, "ace.web.db", ""},
+		{"<node>.<module>.<provision>[.<local>]", registry.Values{Node: "ace", Module: "web", Provision: "db", Local: "ro"}, "ace.web.db.ro", ""},
+		{"<node>.<collection>.<contributor>", registry.Values{Node: "ace", Collection: "shell:zsh:normal", Contributor: "web"}, "ace.shell=3Azsh=3Anormal.web", ""},
+		{"plans.<node>", registry.Values{Node: "ace"}, "plans.ace", ""},
+		{"<node>.<module>", registry.Values{Node: "ace"}, "", "no value for <module>"},
+		{"<node>.<module>", registry.Values{Node: "ace", Module: "a.b"}, "", `<module> "a.b" holds '.'`},
+		{"<node>[.<module>.<local>]", registry.Values{Node: "ace", Local: "x"}, "", "all of its values or none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.want+tt.reason, func(t *testing.T) {
@@ -146,6 +158,9 @@ func TestKeyShapeRender(t *testing.T) {
 			}
 			if err != nil || got != tt.want {
 				t.Errorf("Render() = %q, %v; want %q", got, err, tt.want)
+			}
+			if filter, err := ks.Filter(tt.values); err != nil || filter != tt.want {
+				t.Errorf("Filter() = %q, %v; want %q where every value is given", filter, err, tt.want)
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"mime"
+	"strings"
 
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -19,15 +20,17 @@ const (
 // encoding is how one request was written, and so how it is answered.
 type encoding struct{ json bool }
 
-// encodingOf reads JSON where the request says Content-Type: application/json
-// or its body starts with '{'; protobuf binary otherwise.
+// encodingOf reads the Content-Type header (its name in any case): JSON for
+// application/json, protobuf binary for anything else. Without the header, a
+// body that starts with '{' is JSON, and anything else protobuf binary.
 func encodingOf(req micro.Request) encoding {
-	if ct := req.Headers().Get("Content-Type"); ct != "" {
-		if media, _, err := mime.ParseMediaType(ct); err == nil && media == ContentTypeJSON {
-			return encoding{json: true}
+	for name, values := range req.Headers() {
+		if strings.EqualFold(name, "Content-Type") && len(values) > 0 {
+			media, _, err := mime.ParseMediaType(values[0])
+			return encoding{json: err == nil && media == ContentTypeJSON}
 		}
 	}
-	return encoding{json: bytes.HasPrefix(bytes.TrimLeft(req.Data(), " \t\r\n"), []byte("{"))}
+	return encoding{json: bytes.HasPrefix(bytes.TrimSpace(req.Data()), []byte("{"))}
 }
 
 func (e encoding) contentType() string {

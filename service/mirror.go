@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
@@ -24,9 +25,26 @@ type held[R proto.Message] struct {
 	malformed *provisionerv1.MalformedKey
 }
 
-// bucketCopy is the watched copy of one bucket, indexed by the key's first
-// token (the node, or the kind in the registry). Records are decoded once, as
-// they arrive; answers share them, so they are never changed after that.
+// group holds the keys that share a first token: a node's keys, or one kind
+// of the registry.
+type group[R proto.Message] struct {
+	byKey map[string]*held[R]
+	// changedAt is the revision of the group's last change.
+	changedAt uint64
+	// view is the group in key order, built on the first read after a
+	// change; nil while stale.
+	view atomic.Pointer[view[R]]
+}
+
+// view is a group's records and malformed keys, each in key order.
+type view[R proto.Message] struct {
+	records   []R
+	malformed []*held[R]
+}
+
+// bucketCopy is the watched copy of one bucket, grouped by the key's first
+// token. Records are decoded once, as they arrive; answers share them, so
+// they are never changed after that.
 type bucketCopy[R proto.Message] struct {
 	bucket   string
 	decode   func(key string, value []byte, revision uint64) (R, error)
@@ -34,16 +52,18 @@ type bucketCopy[R proto.Message] struct {
 	loadOnce sync.Once
 
 	mu       sync.RWMutex
-	byFirst  map[string]map[string]*held[R]
+	groups   map[string]*group[R]
 	revision uint64
+	advanced chan struct{} // closed and replaced whenever revision moves
 }
 
 func newBucketCopy[R proto.Message](bucket string, decode func(string, []byte, uint64) (R, error)) *bucketCopy[R] {
 	return &bucketCopy[R]{
-		bucket:  bucket,
-		decode:  decode,
-		loaded:  make(chan struct{}),
-		byFirst: map[string]map[string]*held[R]{},
+		bucket:   bucket,
+		decode:   decode,
+		loaded:   make(chan struct{}),
+		groups:   map[string]*group[R]{},
+		advanced: make(chan struct{}),
 	}
 }
 
@@ -68,7 +88,7 @@ func (c *bucketCopy[R]) watch(ctx context.Context, kv jetstream.KeyValue) error 
 			if e == nil {
 				c.keepOnly(initial)
 				initial = nil
-				c.loadOnce.Do(func() { close(c.loaded) })
+				c.markLoaded()
 				continue
 			}
 			if initial != nil {
@@ -79,19 +99,23 @@ func (c *bucketCopy[R]) watch(ctx context.Context, kv jetstream.KeyValue) error 
 	}
 }
 
+func (c *bucketCopy[R]) markLoaded() { c.loadOnce.Do(func() { close(c.loaded) }) }
+
 // keepOnly drops the keys a new watcher did not deliver: they were deleted
 // while no watcher ran.
 func (c *bucketCopy[R]) keepOnly(live map[string]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for first, byKey := range c.byFirst {
-		for key := range byKey {
+	for first, g := range c.groups {
+		for key := range g.byKey {
 			if !live[key] {
-				delete(byKey, key)
+				delete(g.byKey, key)
+				g.view.Store(nil)
+				g.changedAt = c.revision
 			}
 		}
-		if len(byKey) == 0 {
-			delete(c.byFirst, first)
+		if len(g.byKey) == 0 {
+			delete(c.groups, first)
 		}
 	}
 }
@@ -111,20 +135,26 @@ func (c *bucketCopy[R]) apply(key string, value []byte, revision uint64, deleted
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.revision = max(c.revision, revision)
-	first := c.byFirst[tokens[0]]
-	if deleted {
-		delete(first, key)
-		if len(first) == 0 {
-			delete(c.byFirst, tokens[0])
+	if revision > c.revision {
+		c.revision = revision
+		close(c.advanced)
+		c.advanced = make(chan struct{})
+	}
+	g := c.groups[tokens[0]]
+	if g == nil {
+		if deleted {
+			return
 		}
-		return
+		g = &group[R]{byKey: map[string]*held[R]{}}
+		c.groups[tokens[0]] = g
 	}
-	if first == nil {
-		first = map[string]*held[R]{}
-		c.byFirst[tokens[0]] = first
+	g.changedAt = revision
+	g.view.Store(nil)
+	if deleted {
+		delete(g.byKey, key)
+		return // an empty group stays: it remembers when it changed
 	}
-	first[key] = h
+	g.byKey[key] = h
 }
 
 func (c *bucketCopy[R]) name() string { return c.bucket }
@@ -138,6 +168,83 @@ func (c *bucketCopy[R]) ready() bool {
 	}
 }
 
+// at returns the revision the copy has reached.
+func (c *bucketCopy[R]) at() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.revision
+}
+
+// waitFor returns true once the copy has reached revision, or false when
+// ctx is done first.
+func (c *bucketCopy[R]) waitFor(ctx context.Context, revision uint64) bool {
+	for {
+		c.mu.RLock()
+		reached, advanced := c.revision >= revision, c.advanced
+		c.mu.RUnlock()
+		if reached {
+			return true
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// viewOf returns a group's view, building it if it is stale. The caller
+// holds c.mu for reading; concurrent readers may build it twice, harmlessly.
+func (g *group[R]) viewOf() *view[R] {
+	if v := g.view.Load(); v != nil {
+		return v
+	}
+	v := &view[R]{}
+	all := make([]*held[R], 0, len(g.byKey))
+	for _, h := range g.byKey {
+		all = append(all, h)
+	}
+	slices.SortFunc(all, func(a, b *held[R]) int { return cmp.Compare(a.key, b.key) })
+	for _, h := range all {
+		if h.malformed != nil {
+			v.malformed = append(v.malformed, h)
+		} else {
+			v.records = append(v.records, h.record)
+		}
+	}
+	g.view.Store(v)
+	return v
+}
+
+// groupOf returns the view of the keys whose first token is first, the
+// revision of the group's last change, and the copy's revision.
+func (c *bucketCopy[R]) groupOf(first string) (v *view[R], changedAt, revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	v = &view[R]{}
+	if g := c.groups[first]; g != nil {
+		v, changedAt = g.viewOf(), g.changedAt
+	}
+	return v, changedAt, c.revision
+}
+
+// get returns the record of a key whose first token is first, if the copy
+// holds it and it is not malformed.
+func (c *bucketCopy[R]) get(first, key string) (R, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var zero R
+	g := c.groups[first]
+	if g == nil {
+		return zero, false
+	}
+	h := g.byKey[key]
+	if h == nil || h.malformed != nil {
+		return zero, false
+	}
+	return h.record, true
+}
+
 // selection narrows a bucket's keys: first, if set, is the key's first token;
 // keep decides for a good record, keepMalformed for a malformed key's tokens.
 type selection[R proto.Message] struct {
@@ -149,11 +256,26 @@ type selection[R proto.Message] struct {
 // read returns the records and malformed keys the selection keeps, in key
 // order, and the revision the copy had reached.
 func (c *bucketCopy[R]) read(sel selection[R]) (records []R, malformed []*provisionerv1.MalformedKey, revision uint64) {
+	if sel.first != "" {
+		v, _, revision := c.groupOf(sel.first)
+		for _, r := range v.records {
+			if sel.keep == nil || sel.keep(r) {
+				records = append(records, r)
+			}
+		}
+		for _, h := range v.malformed {
+			if sel.keepMalformed == nil || sel.keepMalformed(h.tokens) {
+				malformed = append(malformed, h.malformed)
+			}
+		}
+		return records, malformed, revision
+	}
+
 	var kept []*held[R]
 	c.mu.RLock()
 	revision = c.revision
-	collect := func(keys map[string]*held[R]) {
-		for _, h := range keys {
+	for _, g := range c.groups {
+		for _, h := range g.byKey {
 			if h.malformed != nil {
 				if sel.keepMalformed == nil || sel.keepMalformed(h.tokens) {
 					kept = append(kept, h)
@@ -161,13 +283,6 @@ func (c *bucketCopy[R]) read(sel selection[R]) (records []R, malformed []*provis
 			} else if sel.keep == nil || sel.keep(h.record) {
 				kept = append(kept, h)
 			}
-		}
-	}
-	if sel.first != "" {
-		collect(c.byFirst[sel.first])
-	} else {
-		for _, keys := range c.byFirst {
-			collect(keys)
 		}
 	}
 	c.mu.RUnlock()
@@ -205,6 +320,30 @@ type watched interface {
 	name() string
 	ready() bool
 	watch(ctx context.Context, kv jetstream.KeyValue) error
+	at() uint64
+	waitFor(ctx context.Context, revision uint64) bool
+}
+
+// copyOf returns the copy of the bucket a what reads.
+func (m *mirror) copyOf(what provisionerv1.What) watched {
+	switch what {
+	case provisionerv1.What_WHAT_NEEDS:
+		return m.needs
+	case provisionerv1.What_WHAT_APPLIED:
+		return m.applied
+	case provisionerv1.What_WHAT_COLLECT:
+		return m.collect
+	}
+	return m.registry
+}
+
+// registryEntry returns the entry that answers kind, or nil.
+func (m *mirror) registryEntry(kind string) *provisionerv1.RegistryEntry {
+	r, ok := m.registry.get(kind, kind)
+	if !ok {
+		return nil
+	}
+	return r.GetEntry()
 }
 
 func (m *mirror) buckets() []watched {

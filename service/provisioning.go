@@ -3,62 +3,23 @@ package service
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 )
 
-// handleProvisioning reads and checks a request on the micro callback, so
-// that micro counts every refusal, then builds the answer on a worker: the
-// callback is free for the next request while a large answer is encoded.
+// handleProvisioning answers mesh-provisioner.provisioning.
 func (s *Service) handleProvisioning(req micro.Request) {
-	enc := encodingOf(req)
 	var in provisionerv1.ProvisioningRequest
-	if cerr := enc.unmarshal(req.Data(), &in); cerr != nil {
-		s.refuse(req, enc, cerr)
-		return
-	}
-	if cerr := checkRequest(&in); cerr != nil {
-		s.refuse(req, enc, cerr)
-		return
-	}
-	if loading := s.mirror.loading(); len(loading) > 0 {
-		s.refuse(req, enc, &codedError{CodeNotReady, fmt.Sprintf("the server is still loading its copy of %s; ask again shortly", strings.Join(loading, ", "))})
-		return
-	}
-	s.slots <- struct{}{}
-	s.answers.Add(1)
-	go func() {
-		defer func() { <-s.slots; s.answers.Done() }()
-		s.answer(req, enc, &in)
-	}()
-}
-
-func (s *Service) answer(req micro.Request, enc encoding, in *provisionerv1.ProvisioningRequest) {
-	data, err := enc.marshal(s.provisioning(in))
-	if err != nil {
-		s.answerErrors.Add(1)
-		s.logger.Error("encoding an answer failed", "err", err)
-		s.refuse(req, enc, &codedError{CodeInternal, "the server could not encode its answer; see its log"})
-		return
-	}
-	if err := req.Respond(data, micro.WithHeaders(enc.headers())); err != nil {
-		s.answerErrors.Add(1)
-		s.logger.Warn("sending an answer failed", "err", err, "bytes", len(data))
-		return
-	}
-	s.answered.Add(1)
-}
-
-func (s *Service) refuse(req micro.Request, enc encoding, cerr *codedError) {
-	s.logger.Debug("request refused", "code", cerr.code, "reason", cerr.sentence)
-	if err := req.Error(strconv.Itoa(cerr.code), cerr.sentence, nil, micro.WithHeaders(enc.headers())); err != nil {
-		s.logger.Warn("sending an error failed", "err", err)
-	}
+	s.handle(req, s.counters[ProvisioningEndpoint], &in,
+		func() *codedError { return checkRequest(&in) },
+		func() []revisionWait { return []revisionWait{{s.mirror.copyOf(whatOf(&in)), in.GetMinRevision()}} },
+		func(time.Duration) proto.Message { return provisioningFrom(s.mirror, &in) })
 }
 
 // filtersOf says which filters narrow each what, in request order.
@@ -108,8 +69,8 @@ func whatOf(in *provisionerv1.ProvisioningRequest) provisionerv1.What {
 	return in.GetWhat()
 }
 
-// provisioning answers a checked request from the copy.
-func (s *Service) provisioning(in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
+// provisioningFrom answers a checked request from a copy.
+func provisioningFrom(m *mirror, in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
 	out := &provisionerv1.ProvisioningResponse{What: whatOf(in)}
 	// A malformed key is kept unless one of its tokens contradicts a filter;
 	// a key too short to have the filter's token is kept.
@@ -118,9 +79,9 @@ func (s *Service) provisioning(in *provisionerv1.ProvisioningRequest) *provision
 	}
 	switch out.What {
 	case provisionerv1.What_WHAT_REGISTRY:
-		out.Registry, out.Malformed, out.Revision = s.mirror.registry.read(selection[*provisionerv1.RegistryRecord]{})
+		out.Registry, out.Malformed, out.Revision = m.registry.read(selection[*provisionerv1.RegistryRecord]{})
 	case provisionerv1.What_WHAT_NEEDS:
-		out.Needs, out.Malformed, out.Revision = s.mirror.needs.read(selection[*provisionerv1.NeedRecord]{
+		out.Needs, out.Malformed, out.Revision = m.needs.read(selection[*provisionerv1.NeedRecord]{
 			first: in.GetNode(),
 			keep:  func(r *provisionerv1.NeedRecord) bool { return in.GetModule() == "" || r.GetModule() == in.GetModule() },
 			keepMalformed: func(tokens []string) bool {
@@ -128,7 +89,7 @@ func (s *Service) provisioning(in *provisionerv1.ProvisioningRequest) *provision
 			},
 		})
 	case provisionerv1.What_WHAT_APPLIED:
-		out.Applied, out.Malformed, out.Revision = s.mirror.applied.read(selection[*provisionerv1.AppliedRecord]{
+		out.Applied, out.Malformed, out.Revision = m.applied.read(selection[*provisionerv1.AppliedRecord]{
 			first: in.GetNode(),
 			keep: func(r *provisionerv1.AppliedRecord) bool {
 				return in.GetModule() == "" || r.GetModule() == in.GetModule()
@@ -142,7 +103,7 @@ func (s *Service) provisioning(in *provisionerv1.ProvisioningRequest) *provision
 		if in.GetCollection() != "" {
 			collection = keys.Escape(in.GetCollection())
 		}
-		out.Collect, out.Malformed, out.Revision = s.mirror.collect.read(selection[*provisionerv1.CollectRecord]{
+		out.Collect, out.Malformed, out.Revision = m.collect.read(selection[*provisionerv1.CollectRecord]{
 			first: in.GetNode(),
 			keep: func(r *provisionerv1.CollectRecord) bool {
 				return (in.GetCollection() == "" || r.GetCollection() == in.GetCollection()) &&

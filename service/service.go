@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
@@ -26,6 +27,10 @@ const (
 	ProvisioningEndpoint = "provisioning"
 	// ProvisioningSubject is the subject the endpoint answers.
 	ProvisioningSubject = Name + "." + ProvisioningEndpoint
+	// ComposeEndpoint is the name of the endpoint that composes a node.
+	ComposeEndpoint = "compose"
+	// ComposeSubject is the subject it answers.
+	ComposeSubject = Name + "." + ComposeEndpoint
 )
 
 // Config holds what Start needs.
@@ -41,22 +46,45 @@ type Config struct {
 	// Concurrency is how many answers are built at once; zero means twice
 	// GOMAXPROCS. Further requests wait in the subscription's pending queue.
 	Concurrency int
+	// RevisionWait bounds how long a request that asks for a revision the
+	// copy has not reached waits before a 503; zero means 5s.
+	RevisionWait time.Duration
+	// SlowCompose is the duration over which a composition is logged with
+	// its phases; zero means 100ms.
+	SlowCompose time.Duration
 }
+
+// Defaults of Config.
+const (
+	DefaultRevisionWait = 5 * time.Second
+	DefaultSlowCompose  = 100 * time.Millisecond
+)
 
 // Service is a running mesh-provisioner micro service.
 type Service struct {
 	micro  micro.Service
+	conn   *nats.Conn
 	mirror *mirror
 	logger *slog.Logger
 
-	stopWatching context.CancelFunc
-	watchers     sync.WaitGroup
-	answers      sync.WaitGroup
-	slots        chan struct{}
+	revisionWait time.Duration
+	slowCompose  time.Duration
+	compositions compositions
 
-	answered     atomic.Uint64
-	answerErrors atomic.Uint64
-	stopOnce     sync.Once
+	// stopping is cancelled by Stop: watchers and waiting requests end.
+	stopping context.Context
+	stop     context.CancelFunc
+	watchers sync.WaitGroup
+	slots    chan struct{}
+
+	// gate orders admit against Stop: once closed, nothing is admitted, so
+	// answers.Wait sees every request that was.
+	gate    sync.RWMutex
+	closed  bool
+	answers sync.WaitGroup
+
+	counters map[string]*counters // by endpoint name
+	stopOnce sync.Once
 }
 
 // Start opens the provisioning buckets, starts watching them and adds the
@@ -76,11 +104,25 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 2 * runtime.GOMAXPROCS(0)
 	}
+	if cfg.RevisionWait <= 0 {
+		cfg.RevisionWait = DefaultRevisionWait
+	}
+	if cfg.SlowCompose <= 0 {
+		cfg.SlowCompose = DefaultSlowCompose
+	}
 	js, err := jetstream.New(cfg.Conn)
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{mirror: newMirror(), logger: cfg.Logger, slots: make(chan struct{}, cfg.Concurrency)}
+	s := &Service{
+		conn:         cfg.Conn,
+		mirror:       newMirror(),
+		logger:       cfg.Logger,
+		slots:        make(chan struct{}, cfg.Concurrency),
+		revisionWait: cfg.RevisionWait,
+		slowCompose:  cfg.SlowCompose,
+		counters:     map[string]*counters{ProvisioningEndpoint: {}, ComposeEndpoint: {}},
+	}
 
 	kvs := make([]jetstream.KeyValue, 0, 4)
 	for _, c := range s.mirror.buckets() {
@@ -93,13 +135,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		}
 		kvs = append(kvs, kv)
 	}
-	watchCtx, cancel := context.WithCancel(context.Background())
-	s.stopWatching = cancel
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	for i, c := range s.mirror.buckets() {
 		s.watchers.Add(1)
 		go func() {
 			defer s.watchers.Done()
-			s.keepWatching(watchCtx, c, kvs[i])
+			s.keepWatching(s.stopping, c, kvs[i])
 		}()
 	}
 
@@ -115,20 +156,29 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		},
 	})
 	if err != nil {
-		s.stopWatching()
+		s.stop()
 		return nil, fmt.Errorf("add micro service: %w", err)
 	}
-	err = s.micro.AddEndpoint(ProvisioningEndpoint, micro.HandlerFunc(s.handleProvisioning),
-		micro.WithEndpointSubject(ProvisioningSubject),
-		micro.WithEndpointMetadata(map[string]string{
-			"request":       string((&provisionerv1.ProvisioningRequest{}).ProtoReflect().Descriptor().FullName()),
-			"response":      string((&provisionerv1.ProvisioningResponse{}).ProtoReflect().Descriptor().FullName()),
-			"content_types": ContentTypeProtobuf + ", " + ContentTypeJSON,
-		}),
-	)
-	if err != nil {
-		s.Stop()
-		return nil, fmt.Errorf("add endpoint %s: %w", ProvisioningEndpoint, err)
+	for _, ep := range []struct {
+		name, subject     string
+		handler           micro.HandlerFunc
+		request, response proto.Message
+	}{
+		{ProvisioningEndpoint, ProvisioningSubject, s.handleProvisioning, &provisionerv1.ProvisioningRequest{}, &provisionerv1.ProvisioningResponse{}},
+		{ComposeEndpoint, ComposeSubject, s.handleCompose, &provisionerv1.ComposeRequest{}, &provisionerv1.ComposeResponse{}},
+	} {
+		err = s.micro.AddEndpoint(ep.name, ep.handler,
+			micro.WithEndpointSubject(ep.subject),
+			micro.WithEndpointMetadata(map[string]string{
+				"request":       string(ep.request.ProtoReflect().Descriptor().FullName()),
+				"response":      string(ep.response.ProtoReflect().Descriptor().FullName()),
+				"content_types": ContentTypeProtobuf + ", " + ContentTypeJSON,
+			}),
+		)
+		if err != nil {
+			s.Stop()
+			return nil, fmt.Errorf("add endpoint %s: %w", ep.name, err)
+		}
 	}
 	// Once Start returns, the server knows the subscriptions: a request sent
 	// then is answered, if only with a 503.
@@ -191,25 +241,36 @@ func (s *Service) WaitReady(ctx context.Context) error {
 // Info returns the micro service's discovery information.
 func (s *Service) Info() micro.Info { return s.micro.Info() }
 
-// Stop stops answering: the endpoint's subscription is drained, answers in
-// progress are sent, and the watchers stop. The connection stays open.
+// Stop stops answering: the endpoints' subscriptions are drained, answers in
+// progress are sent (those waiting for a revision get a 503), and the
+// watchers stop. The connection stays open.
 func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
 		if err := s.micro.Stop(); err != nil {
 			s.logger.Warn("stopping micro service", "err", err)
 		}
+		s.stop() // requests waiting for revisions are refused now
+		s.gate.Lock()
+		s.closed = true
+		s.gate.Unlock()
 		s.answers.Wait()
-		s.stopWatching()
 		s.watchers.Wait()
 	})
 }
 
-// stats adds the answers built off the micro callback to the endpoint stats:
-// micro counts requests and the errors sent before an answer is dispatched.
-func (s *Service) stats(*micro.Endpoint) any {
+// counters count what an endpoint's workers send, which micro does not see:
+// micro counts requests, and the errors sent before an answer is dispatched.
+type counters struct {
+	answered     atomic.Uint64 // answers sent
+	answerErrors atomic.Uint64 // errors sent by workers, and answers that could not be sent
+}
+
+// stats is the endpoint's "data" in $SRV.STATS.
+func (s *Service) stats(e *micro.Endpoint) any {
+	c := s.counters[e.Name]
 	return map[string]any{
-		"answered":      s.answered.Load(),
-		"answer_errors": s.answerErrors.Load(),
-		"loading":       s.mirror.loading(),
+		"answered":      c.answered.Load(),
+		"answer_errors": c.answerErrors.Load(),
+		"loading":       append([]string{}, s.mirror.loading()...),
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
@@ -383,8 +384,8 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 
 // protowireField returns a varint field with the given number: one no
 // request defines.
-func protowireField(number int) []byte {
-	return []byte{byte(number<<3) | 0, 0x01}
+func protowireField(number protowire.Number) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(nil, number, protowire.VarintType), 1)
 }
 
 func TestProvisioningEncodings(t *testing.T) {
@@ -433,6 +434,20 @@ func TestProvisioningEncodings(t *testing.T) {
 			}
 		})
 	}
+	t.Run("the header wins over the first byte, in any case", func(t *testing.T) {
+		t.Parallel()
+		msg := nats.NewMsg(service.ProvisioningSubject)
+		msg.Header["content-type"] = []string{service.ContentTypeProtobuf}
+		msg.Data = body // JSON, read as protobuf as the header says
+		reply, err := m.nc.RequestMsg(msg, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var serr *client.ServiceError
+		if err := client.ErrorOf(reply); !errors.As(err, &serr) || !strings.Contains(serr.Description, "does not decode as protobuf") {
+			t.Errorf("JSON sent as protobuf: %v, want a 400 saying it does not decode as protobuf", err)
+		}
+	})
 	t.Run("empty JSON body is the registry", func(t *testing.T) {
 		t.Parallel()
 		reply := raw(t, m.nc, service.ContentTypeJSON, nil)
@@ -470,8 +485,11 @@ func TestDiscovery(t *testing.T) {
 	if info.Name != service.Name || info.Version != "1.2.3" || info.ID != before.ID {
 		t.Errorf("INFO names %s %s %s", info.Name, info.Version, info.ID)
 	}
-	if len(info.Endpoints) != 1 {
+	if len(info.Endpoints) != 2 || info.Endpoints[1].Name != service.ComposeEndpoint || info.Endpoints[1].Subject != service.ComposeSubject {
 		t.Fatalf("INFO endpoints: %+v", info.Endpoints)
+	}
+	if got := info.Endpoints[1].Metadata["request"]; got != "mesh.provisioner.v1.ComposeRequest" {
+		t.Errorf("compose endpoint request type %q", got)
 	}
 	ep := info.Endpoints[0]
 	if ep.Name != service.ProvisioningEndpoint || ep.Subject != service.ProvisioningSubject {

@@ -17,8 +17,8 @@ import (
 
 // Start creates the buckets on nc's server, reconciles the registry, starts
 // the service and waits until it is ready. It stops the service when the
-// test ends.
-func Start(t testing.TB, nc *nats.Conn) *service.Service {
+// test ends. Options change the service's configuration.
+func Start(t testing.TB, nc *nats.Conn, options ...func(*service.Config)) *service.Service {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -36,7 +36,11 @@ func Start(t testing.TB, nc *nats.Conn) *service.Service {
 	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := service.Start(ctx, service.Config{Conn: nc, Version: "1.2.3"})
+	cfg := service.Config{Conn: nc, Version: "1.2.3"}
+	for _, option := range options {
+		option(&cfg)
+	}
+	svc, err := service.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,181 @@
+package compose
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
+)
+
+// Input is what a composition reads.
+type Input struct {
+	// Node is the node composed; Module, if set, the only module composed.
+	Node, Module string
+	// Registry returns the registry entry that answers kind, or nil.
+	Registry func(kind string) *provisionerv1.RegistryEntry
+	// Needs are the node's needs in key order.
+	Needs []*provisionerv1.NeedRecord
+	// Malformed are the node's need keys that are out of shape, in key order.
+	Malformed []*provisionerv1.MalformedKey
+	// Items are the node's collection items in key order.
+	Items []*provisionerv1.CollectRecord
+	// Revisions are those of the copy the input was read from.
+	Revisions *provisionerv1.Revisions
+}
+
+// resolved is a registry entry made ready once per composition.
+type resolved struct {
+	entry *provisionerv1.RegistryEntry
+	shape registry.KeyShape
+	err   error // the entry's key shape does not parse
+}
+
+// Compose resolves every need of in.Node (or of in.Module on it). It appends
+// the phases it timed, "resolve" and "items", to the answer's phases.
+func Compose(in Input) *provisionerv1.ComposeResponse {
+	start := time.Now()
+	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
+	kinds := map[string]*resolved{}
+	resolve := func(kind string) *resolved {
+		r, ok := kinds[kind]
+		if !ok {
+			if entry := in.Registry(kind); entry != nil {
+				r = &resolved{entry: entry}
+				if b := entry.GetBucket(); b != nil {
+					r.shape, r.err = registry.ParseKeyShape(b.GetKeyShape())
+				}
+			}
+			kinds[kind] = r
+		}
+		return r
+	}
+
+	var plan *provisionerv1.ModulePlan
+	var collections []*provisionerv1.PlanItem
+	for _, need := range in.Needs {
+		if in.Module != "" && need.GetModule() != in.Module {
+			continue
+		}
+		item, provision, refusal := resolveNeed(in.Node, need, resolve(need.GetKind()))
+		if refusal != nil {
+			out.Refusals = append(out.Refusals, refusal)
+			continue
+		}
+		if plan == nil || plan.GetModule() != need.GetModule() {
+			plan = &provisionerv1.ModulePlan{Module: need.GetModule()}
+			out.Plans = append(out.Plans, plan)
+		}
+		plan.Items = append(plan.Items, item)
+		if provision != nil {
+			out.Provisions = append(out.Provisions, provision)
+		}
+		if item.GetCollection() != "" {
+			collections = append(collections, item)
+		}
+	}
+	for _, m := range in.Malformed {
+		tokens := strings.Split(m.GetKey(), ".")
+		if in.Module != "" && len(tokens) > 1 && tokens[1] != in.Module {
+			continue
+		}
+		r := &provisionerv1.Refusal{Key: m.GetKey(), Reason: provisionerv1.RefusalReason_REFUSAL_REASON_MALFORMED_NEED, Detail: m.GetReason()}
+		for i, field := range []*string{&r.Module, &r.Kind, &r.Name} {
+			if i+1 < len(tokens) {
+				*field = tokens[i+1]
+			}
+		}
+		out.Refusals = append(out.Refusals, r)
+	}
+	slices.SortFunc(out.Refusals, func(a, b *provisionerv1.Refusal) int { return cmp.Compare(a.GetKey(), b.GetKey()) })
+	mark := time.Now()
+	out.Phases = append(out.Phases, phase("resolve", mark.Sub(start)))
+
+	if len(collections) > 0 {
+		byCollection := map[string][]*provisionerv1.CollectedItem{}
+		for _, it := range in.Items {
+			byCollection[it.GetCollection()] = append(byCollection[it.GetCollection()], &provisionerv1.CollectedItem{
+				Contributor: it.GetContributor(), Item: it.GetItem(), Revision: it.GetRevision(),
+			})
+		}
+		for _, item := range collections {
+			item.Items = byCollection[item.GetCollection()]
+		}
+	}
+	out.Phases = append(out.Phases, phase("items", time.Since(mark)))
+	return out
+}
+
+func phase(name string, d time.Duration) *provisionerv1.Phase {
+	return &provisionerv1.Phase{Name: name, Duration: durationpb.New(d)}
+}
+
+// resolveNeed resolves one need: a plan item (and a provision, for an entry
+// that each provider answers), or a refusal.
+func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
+	refuse := func(reason provisionerv1.RefusalReason, format string, args ...any) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
+		key, _ := keys.NeedKey{Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName()}.Key()
+		return nil, nil, &provisionerv1.Refusal{
+			Key: key, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName(),
+			Reason: reason, Detail: fmt.Sprintf(format, args...),
+		}
+	}
+	if r == nil {
+		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_DOMAIN, "no registry entry answers kind %q", need.GetKind())
+	}
+	item := &provisionerv1.PlanItem{
+		Kind: need.GetKind(), Name: need.GetName(), Placeholder: need.GetNeed().GetPlaceholder(),
+		Owner: r.entry.GetOwner(), Revision: need.GetRevision(),
+	}
+	if verb := r.entry.GetVerb(); verb != nil {
+		item.Location = &provisionerv1.PlanItem_Verb{Verb: verb}
+		return item, nil, nil
+	}
+	if r.err != nil {
+		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "the registry entry of kind %q is unusable: %v", need.GetKind(), r.err)
+	}
+	source := r.entry.GetBucket()
+	provider := need.GetNeed().GetProvider()
+	bucket := source.GetBucket()
+	perProvider := strings.Contains(bucket, "<provider>")
+	if perProvider {
+		if err := keys.CheckToken(provider); err != nil {
+			return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "kind %q is answered by each provider in bucket %s, and the need's provider %q %v", need.GetKind(), bucket, provider, err)
+		}
+		bucket = strings.ReplaceAll(bucket, "<provider>", provider)
+		if item.Owner == registry.OwnerProvider {
+			item.Owner = provider
+		}
+	}
+	provision := cmp.Or(need.GetNeed().GetProvision(), need.GetName())
+	values := registry.Values{
+		Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName(),
+		Provision: provision, Local: need.GetNeed().GetLocal(), Provider: provider,
+	}
+	var key string
+	var err error
+	if tmpl := source.GetCollection(); tmpl != "" {
+		item.Collection = registry.CollectionOf(tmpl, need.GetKind(), need.GetName())
+		values.Collection = item.Collection
+		key, err = r.shape.Filter(values)
+	} else {
+		key, err = r.shape.Render(values)
+	}
+	if err != nil {
+		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "%v", err)
+	}
+	item.Location = &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: bucket, Key: key}}
+	if !perProvider {
+		return item, nil, nil
+	}
+	return item, &provisionerv1.Provision{
+		Provider: provider, Bucket: bucket, Key: key,
+		Module: need.GetModule(), Provision: provision, Local: need.GetNeed().GetLocal(), Name: need.GetName(),
+	}, nil
+}
