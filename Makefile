@@ -64,13 +64,29 @@ breaking: tools ## buf breaking against the parent commit
 	else echo "buf breaking: no parent commit with a buf.yaml; nothing to compare"; fi
 
 .PHONY: test
-test: ## Run every test
+test: test-go test-ts ## Run every test: Go, then the TypeScript client against the real binary
+
+.PHONY: test-go
+test-go: ## Run the Go tests (race detector on)
 	go test -race -count=1 ./...
+
+clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
+	cd clients/ts && npm ci --no-audit --no-fund
+	@touch $@
+
+.PHONY: test-ts
+test-ts: build clients/ts/node_modules/.package-lock.json ## Run the TypeScript client's tests against bin/mesh-provisioner
+	go build -o $(BIN)/e2e-seed ./internal/e2e/seed
+	cd clients/ts && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_SEED_BIN=$(CURDIR)/$(BIN)/e2e-seed npm test
 
 .PHONY: fuzz
 fuzz: ## Fuzz the key parsers and the collection escape (FUZZTIME each, default 1m)
 	go test ./keys -run '^$$' -fuzz '^FuzzCollectionEscape$$' -fuzztime $(or $(FUZZTIME),1m)
 	go test ./keys -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime $(or $(FUZZTIME),1m)
+
+.PHONY: bench
+bench: ## Compose benchmarks: a node (vs a by-key composer) and a 1,000-node mesh; MESH_COMPOSE_CAPTURE=file to replay a capture
+	go test ./service -run '^$$' -bench 'BenchmarkCompose' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
 
 .PHONY: ci
 ci: test checkgenerate lint breaking ## What .ci/run runs

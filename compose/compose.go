@@ -35,6 +35,20 @@ type resolved struct {
 	entry *provisionerv1.RegistryEntry
 	shape registry.KeyShape
 	err   error // the entry's key shape does not parse
+	// perProvider says the bucket is templated on the provider; buckets
+	// holds the bucket of each provider met so far.
+	perProvider bool
+	buckets     map[string]string
+}
+
+// bucketOf returns the bucket of a provider, the template filled once.
+func (r *resolved) bucketOf(provider string) string {
+	b, ok := r.buckets[provider]
+	if !ok {
+		b = strings.ReplaceAll(r.entry.GetBucket().GetBucket(), "<provider>", provider)
+		r.buckets[provider] = b
+	}
+	return b
 }
 
 // Compose resolves every need of in.Node (or of in.Module on it). It appends
@@ -50,6 +64,8 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 				r = &resolved{entry: entry}
 				if b := entry.GetBucket(); b != nil {
 					r.shape, r.err = registry.ParseKeyShape(b.GetKeyShape())
+					r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
+					r.buckets = map[string]string{}
 				}
 			}
 			kinds[kind] = r
@@ -57,13 +73,18 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 		return r
 	}
 
+	slab := newSlab(len(in.Needs))
+	// Needs come in key order, so a module's items are contiguous: each
+	// plan's items are a window on one backing array.
+	items := make([]*provisionerv1.PlanItem, 0, len(in.Needs))
 	var plan *provisionerv1.ModulePlan
+	var planStart int
 	var collections []*provisionerv1.PlanItem
 	for _, need := range in.Needs {
 		if in.Module != "" && need.GetModule() != in.Module {
 			continue
 		}
-		item, provision, refusal := resolveNeed(in.Node, need, resolve(need.GetKind()))
+		item, provision, refusal := resolveNeed(in.Node, need, resolve(need.GetKind()), slab)
 		if refusal != nil {
 			out.Refusals = append(out.Refusals, refusal)
 			continue
@@ -71,8 +92,10 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 		if plan == nil || plan.GetModule() != need.GetModule() {
 			plan = &provisionerv1.ModulePlan{Module: need.GetModule()}
 			out.Plans = append(out.Plans, plan)
+			planStart = len(items)
 		}
-		plan.Items = append(plan.Items, item)
+		items = append(items, item)
+		plan.Items = items[planStart:len(items):len(items)]
 		if provision != nil {
 			out.Provisions = append(out.Provisions, provision)
 		}
@@ -116,9 +139,37 @@ func phase(name string, d time.Duration) *provisionerv1.Phase {
 	return &provisionerv1.Phase{Name: name, Duration: durationpb.New(d)}
 }
 
+// slab allocates the messages of a composition's plan items in a few arrays
+// rather than one by one: a node has thousands of needs, and each message
+// allocated alone costs the garbage collector too.
+type slab struct {
+	items   []provisionerv1.PlanItem
+	buckets []provisionerv1.PlanItem_Bucket
+	keys    []provisionerv1.BucketKey
+}
+
+func newSlab(needs int) *slab {
+	return &slab{
+		items:   make([]provisionerv1.PlanItem, 0, needs),
+		buckets: make([]provisionerv1.PlanItem_Bucket, 0, needs),
+		keys:    make([]provisionerv1.BucketKey, 0, needs),
+	}
+}
+
+// next returns a new message from a slab's array: its address, which stays
+// valid (the array never grows past the capacity it was made with, and a
+// new array is made if it would).
+func next[T any](arr *[]T) *T {
+	if len(*arr) == cap(*arr) {
+		*arr = make([]T, 0, max(cap(*arr), 16))
+	}
+	*arr = (*arr)[:len(*arr)+1]
+	return &(*arr)[len(*arr)-1]
+}
+
 // resolveNeed resolves one need: a plan item (and a provision, for an entry
 // that each provider answers), or a refusal.
-func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
+func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab *slab) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
 	refuse := func(reason provisionerv1.RefusalReason, format string, args ...any) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
 		key, _ := keys.NeedKey{Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName()}.Key()
 		return nil, nil, &provisionerv1.Refusal{
@@ -129,10 +180,9 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*pro
 	if r == nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_DOMAIN, "no registry entry answers kind %q", need.GetKind())
 	}
-	item := &provisionerv1.PlanItem{
-		Kind: need.GetKind(), Name: need.GetName(), Placeholder: need.GetNeed().GetPlaceholder(),
-		Owner: r.entry.GetOwner(), Revision: need.GetRevision(),
-	}
+	item := next(&slab.items)
+	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
+	item.Owner, item.Revision = r.entry.GetOwner(), need.GetRevision()
 	if verb := r.entry.GetVerb(); verb != nil {
 		item.Location = &provisionerv1.PlanItem_Verb{Verb: verb}
 		return item, nil, nil
@@ -143,12 +193,11 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*pro
 	source := r.entry.GetBucket()
 	provider := need.GetNeed().GetProvider()
 	bucket := source.GetBucket()
-	perProvider := strings.Contains(bucket, "<provider>")
-	if perProvider {
+	if r.perProvider {
 		if err := keys.CheckToken(provider); err != nil {
 			return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "kind %q is answered by each provider in bucket %s, and the need's provider %q %v", need.GetKind(), bucket, provider, err)
 		}
-		bucket = strings.ReplaceAll(bucket, "<provider>", provider)
+		bucket = r.bucketOf(provider)
 		if item.Owner == registry.OwnerProvider {
 			item.Owner = provider
 		}
@@ -170,8 +219,11 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*pro
 	if err != nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "%v", err)
 	}
-	item.Location = &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: bucket, Key: key}}
-	if !perProvider {
+	location, bucketKey := next(&slab.buckets), next(&slab.keys)
+	bucketKey.Bucket, bucketKey.Key = bucket, key
+	location.Bucket = bucketKey
+	item.Location = location
+	if !r.perProvider {
 		return item, nil, nil
 	}
 	return item, &provisionerv1.Provision{

@@ -16,6 +16,7 @@ var Placeholders = []string{"node", "module", "kind", "name", "provision", "loca
 type KeyShape struct {
 	required []shapeToken
 	optional []shapeToken
+	all      []shapeToken // required, then optional
 }
 
 // shapeToken is a literal token or, when placeholder is set, a placeholder.
@@ -51,8 +52,9 @@ func ParseKeyShape(shape string) (KeyShape, error) {
 			return KeyShape{}, fmt.Errorf("%w: %q: an optional tail needs a placeholder that supplies it", ErrInvalidKeyShape, shape)
 		}
 	}
+	ks.all = append(slices.Clip(ks.required), ks.optional...)
 	seen := map[string]bool{}
-	for _, tok := range ks.tokens() {
+	for _, tok := range ks.all {
 		if tok.placeholder == "" {
 			continue
 		}
@@ -85,16 +87,12 @@ func parseShapeTokens(shape, part string) ([]shapeToken, error) {
 
 // Has reports whether the shape holds the placeholder <name>.
 func (k KeyShape) Has(name string) bool {
-	for _, tok := range k.tokens() {
+	for _, tok := range k.all {
 		if tok.placeholder == name {
 			return true
 		}
 	}
 	return false
-}
-
-func (k KeyShape) tokens() []shapeToken {
-	return append(slices.Clip(k.required), k.optional...)
 }
 
 // String returns the shape as ParseKeyShape reads it.
@@ -174,33 +172,42 @@ func (k KeyShape) render(values *Values, wildcards bool) (string, error) {
 	switch placeholders := countPlaceholders(k.optional); {
 	case tail == 0:
 	case tail == placeholders:
-		tokens = k.tokens()
+		tokens = k.all
 	default:
 		return "", fmt.Errorf("%w: %s: the optional tail needs all of its values or none", ErrCannotRender, k)
 	}
+	// Resolve every token first, so that the key is built in one allocation:
+	// compositions render a key for each need.
+	var stack [8]string
+	parts := stack[:0]
+	size := len(tokens) - 1
+	for _, tok := range tokens {
+		v := tok.literal
+		if tok.placeholder != "" {
+			v = values.get(tok.placeholder)
+			switch {
+			case v == "" && wildcards:
+				v = "*"
+			case v == "":
+				return "", fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
+			case tok.placeholder == "collection":
+				v = keys.Escape(v)
+			default:
+				if err := keys.CheckToken(v); err != nil {
+					return "", fmt.Errorf("%w: %s: <%s> %q %v", ErrCannotRender, k, tok.placeholder, v, err)
+				}
+			}
+		}
+		parts = append(parts, v)
+		size += len(v)
+	}
 	var b strings.Builder
-	for i, tok := range tokens {
+	b.Grow(size)
+	for i, part := range parts {
 		if i > 0 {
 			b.WriteByte('.')
 		}
-		if tok.placeholder == "" {
-			b.WriteString(tok.literal)
-			continue
-		}
-		v := values.get(tok.placeholder)
-		switch {
-		case v == "" && wildcards:
-			b.WriteByte('*')
-			continue
-		case v == "":
-			return "", fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
-		}
-		if tok.placeholder == "collection" {
-			v = keys.Escape(v)
-		} else if err := keys.CheckToken(v); err != nil {
-			return "", fmt.Errorf("%w: %s: <%s> %q %v", ErrCannotRender, k, tok.placeholder, v, err)
-		}
-		b.WriteString(v)
+		b.WriteString(part)
 	}
 	return b.String(), nil
 }

@@ -112,7 +112,14 @@ func checkCollection(shape KeyShape, template string) error {
 }
 
 // CollectionOf returns the collection a placeholder of kind and name reads,
-// from an entry's collection template.
+// from an entry's collection template. <kind> is filled first: a kind is a
+// token and holds no placeholder, while a name may look like one.
 func CollectionOf(template, kind, name string) string {
-	return strings.NewReplacer("<kind>", kind, "<name>", name).Replace(template)
+	switch template { // the registry's two templates, without a search
+	case "<name>":
+		return name
+	case "<kind>:<name>":
+		return kind + ":" + name
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(template, "<kind>", kind), "<name>", name)
 }

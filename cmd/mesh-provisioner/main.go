@@ -41,6 +41,8 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 	"serve":       serve,
 	"permissions": permissionsCommand,
 	"query":       query,
+	"capture":     captureCommand,
+	"simulate":    simulate,
 	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) error {
 		_, err := fmt.Fprintln(stdout, buildVersion())
 		return err

@@ -28,7 +28,7 @@ It creates the four provisioning buckets if they are missing, writes the
 registry at start and every --registry-interval, and stops cleanly on
 SIGINT or SIGTERM.
 
-Other commands: mesh-provisioner query, permissions, version (each with --help)`
+Other commands (each with --help): query, permissions, capture, simulate, version`
 
 type serveFlags struct {
 	connect          connectFlags
@@ -38,6 +38,8 @@ type serveFlags struct {
 	replicas         int
 	registryInterval time.Duration
 	readyTimeout     time.Duration
+	slowCompose      time.Duration
+	revisionWait     time.Duration
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -50,6 +52,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
 	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
+	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")
+	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
 	if err := parseFlags(fs, args, stderr, serveSynopsis); err != nil {
 		return err
 	}
@@ -58,6 +62,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if f.registryInterval < time.Second {
 		return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
+	}
+	if f.slowCompose <= 0 || f.revisionWait <= 0 {
+		return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
 	}
 	logger, err := f.log.logger(stderr)
 	if err != nil {
@@ -118,7 +125,13 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return fmt.Errorf("reconcile registry: %w", err)
 	}
 
-	svc, err := service.Start(ctx, service.Config{Conn: nc, Version: buildVersion(), Logger: logger})
+	svc, err := service.Start(ctx, service.Config{
+		Conn:         nc,
+		Version:      buildVersion(),
+		Logger:       logger,
+		SlowCompose:  f.slowCompose,
+		RevisionWait: f.revisionWait,
+	})
 	if err != nil {
 		return err
 	}
@@ -133,7 +146,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	}
 	info := svc.Info()
 	logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
-		"subject", service.ProvisioningSubject, "nats_url", url)
+		"subjects", []string{service.ProvisioningSubject, service.ComposeSubject}, "nats_url", url)
 
 	<-ctx.Done()
 	logger.Info("shutting down: draining the service and the connection")

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/internal/synth"
+)
+
+const simulateSynopsis = `Usage: mesh-provisioner simulate [--nodes N] [--modules M] [--needs K] [flags]
+
+Acts as N node clients writing a realistic synthetic mesh into a live NATS:
+each node's modules need a value of every kind the registry answers (and,
+about once in a hundred, one no entry answers or cannot fill), contribute to
+collections (shell:zsh:normal, environment:<module>, plugins), record what is
+applied, and each node has a few malformed keys. The same flags write the
+same mesh. The buckets must exist: start mesh-provisioner first. For demos,
+load and benchmarks (capture it with mesh-provisioner capture).`
+
+func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mesh-provisioner simulate", flag.ContinueOnError)
+	var conn connectFlags
+	conn.register(fs, "URL of the mesh's NATS")
+	conn.url = "nats://127.0.0.1:4222"
+	fs.Lookup("nats-url").DefValue = conn.url
+	var cfg synth.Config
+	fs.IntVar(&cfg.Nodes, "nodes", 4, "how many nodes")
+	fs.IntVar(&cfg.Modules, "modules", 60, "modules per node")
+	fs.IntVar(&cfg.Needs, "needs", 25, "needs per module")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "another seed makes another mesh of the same size")
+	parallel := fs.Int("parallel", 8, "how many node clients write at once")
+	if err := parseFlags(fs, args, stderr, simulateSynopsis); err != nil {
+		return err
+	}
+	if cfg.Nodes < 1 || cfg.Modules < 1 || cfg.Needs < 1 {
+		return fmt.Errorf("simulate: --nodes, --modules and --needs must be at least 1")
+	}
+	nc, err := conn.connect(conn.url, "mesh-provisioner simulate", slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	mesh := synth.Generate(cfg)
+	if err := mesh.Write(ctx, js, *parallel, nil); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "wrote %d nodes x %d modules x %d needs (with collection items, applied records and malformed keys) in %s\n",
+		cfg.Nodes, cfg.Modules, cfg.Needs, time.Since(start).Round(time.Millisecond))
+	return err
+}
