@@ -114,6 +114,9 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 				*field = tokens[i+1]
 			}
 		}
+		if name, err := keys.Unescape(r.Name); err == nil {
+			r.Name = name // readable, as in plan items, where the token allows
+		}
 		out.Refusals = append(out.Refusals, r)
 	}
 	slices.SortFunc(out.Refusals, func(a, b *provisionerv1.Refusal) int { return cmp.Compare(a.GetKey(), b.GetKey()) })

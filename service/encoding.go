@@ -24,11 +24,16 @@ type encoding struct{ json bool }
 // application/json, protobuf binary for anything else. Without the header, a
 // body that starts with '{' is JSON, and anything else protobuf binary.
 func encodingOf(req micro.Request) encoding {
-	for name, values := range req.Headers() {
-		if strings.EqualFold(name, "Content-Type") && len(values) > 0 {
-			media, _, err := mime.ParseMediaType(values[0])
-			return encoding{json: err == nil && media == ContentTypeJSON}
+	h := req.Headers()
+	values, ok := h["Content-Type"]
+	for name, v := range h {
+		if !ok && strings.EqualFold(name, "Content-Type") {
+			values, ok = v, true // another spelling, when the usual one is absent
 		}
+	}
+	if ok && len(values) > 0 {
+		media, _, err := mime.ParseMediaType(values[0])
+		return encoding{json: err == nil && media == ContentTypeJSON}
 	}
 	return encoding{json: bytes.HasPrefix(bytes.TrimSpace(req.Data()), []byte("{"))}
 }

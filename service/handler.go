@@ -52,6 +52,15 @@ func (s *Service) handle(req micro.Request, count *counters, in proto.Message, c
 		s.refuse(req, enc, &codedError{CodeNotReady, "the server is stopping; ask another instance or again shortly"})
 		return
 	}
+	if len(pending) > 0 {
+		select {
+		case s.waiting <- struct{}{}:
+		default:
+			s.answers.Done()
+			s.refuse(req, enc, &codedError{CodeNotReady, fmt.Sprintf("%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))})
+			return
+		}
+	}
 	if len(pending) == 0 {
 		s.slots <- struct{}{} // backpressure: the callback waits for a worker
 		go func() {
@@ -61,7 +70,7 @@ func (s *Service) handle(req micro.Request, count *counters, in proto.Message, c
 		return
 	}
 	go func() {
-		defer s.answers.Done()
+		defer func() { <-s.waiting; s.answers.Done() }()
 		start := time.Now()
 		if cerr := s.waitRevisions(pending); cerr != nil {
 			s.send(req, enc, count, nil, cerr)
@@ -115,7 +124,7 @@ func (s *Service) send(req micro.Request, enc encoding, count *counters, answer 
 		case err != nil:
 			s.logger.Error("encoding an answer failed", "err", err)
 			cerr = &codedError{CodeInternal, "the server could not encode its answer; see its log"}
-		case int64(len(data)) > s.conn.MaxPayload():
+		case int64(len(data)+headerLen(msg.Header)) > s.conn.MaxPayload():
 			cerr = &codedError{CodeInternal, fmt.Sprintf("the answer is %d bytes, more than the %d the NATS server carries (max_payload); narrow the request, by node or module", len(data), s.conn.MaxPayload())}
 		default:
 			msg.Data = data
@@ -124,16 +133,29 @@ func (s *Service) send(req micro.Request, enc encoding, count *counters, answer 
 	if cerr != nil {
 		msg.Header.Set(micro.ErrorHeader, cerr.sentence)
 		msg.Header.Set(micro.ErrorCodeHeader, strconv.Itoa(cerr.code))
-		count.answerErrors.Add(1)
 	}
-	if err := s.conn.PublishMsg(msg); err != nil {
-		count.answerErrors.Add(1)
+	err := s.conn.PublishMsg(msg)
+	switch {
+	case err != nil:
 		s.logger.Warn("sending an answer failed", "err", err, "bytes", len(msg.Data))
-		return
-	}
-	if cerr == nil {
+		count.answerErrors.Add(1)
+	case cerr != nil:
+		count.answerErrors.Add(1)
+	default:
 		count.answered.Add(1)
 	}
+}
+
+// headerLen is the size of a message's headers on the wire: what counts
+// toward max_payload beside the body.
+func headerLen(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, values := range h {
+		for _, v := range values {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
 }
 
 func (s *Service) refuse(req micro.Request, enc encoding, cerr *codedError) {

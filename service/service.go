@@ -54,6 +54,10 @@ type Config struct {
 	SlowCompose time.Duration
 }
 
+// maxWaiting bounds the requests waiting for revisions at once; more are
+// refused with a 503 rather than held.
+const maxWaiting = 1024
+
 // Defaults of Config.
 const (
 	DefaultRevisionWait = 5 * time.Second
@@ -75,7 +79,8 @@ type Service struct {
 	stopping context.Context
 	stop     context.CancelFunc
 	watchers sync.WaitGroup
-	slots    chan struct{}
+	slots    chan struct{} // a worker each
+	waiting  chan struct{} // a request waiting for a revision each
 
 	// gate orders admit against Stop: once closed, nothing is admitted, so
 	// answers.Wait sees every request that was.
@@ -119,6 +124,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		mirror:       newMirror(),
 		logger:       cfg.Logger,
 		slots:        make(chan struct{}, cfg.Concurrency),
+		waiting:      make(chan struct{}, maxWaiting),
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{ProvisioningEndpoint: {}, ComposeEndpoint: {}},
@@ -147,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
 		Name:         Name,
 		Version:      cfg.Version,
-		Description:  "Says which module answers each kind of placeholder, and what nodes need, have applied and collect.",
+		Description:  "Says which module answers each kind of placeholder, what nodes need, have applied and collect, and composes each node's plan.",
 		StatsHandler: s.stats,
 		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
 			// A slow consumer or permission error on a subscription: the

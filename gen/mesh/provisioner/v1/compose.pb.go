@@ -226,7 +226,8 @@ type ComposeResponse struct {
 	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// The module, when one was asked.
 	Module string `protobuf:"bytes,2,opt,name=module,proto3" json:"module,omitempty"`
-	// The plan of each module with needs, in module order.
+	// The plan of each module with a resolved need, in the order of their
+	// needs' keys.
 	Plans []*ModulePlan `protobuf:"bytes,3,rep,name=plans,proto3" json:"plans,omitempty"`
 	// What providers must provision for the node's bound needs, in key order.
 	Provisions []*Provision `protobuf:"bytes,4,rep,name=provisions,proto3" json:"provisions,omitempty"`
@@ -750,7 +751,8 @@ type Refusal struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The need's key in mesh-provisioner_needs.
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The module, kind and name, where the key could be read.
+	// The module, kind and name, where the key could be read (the name
+	// unescaped where its escapes are well formed).
 	Module string `protobuf:"bytes,2,opt,name=module,proto3" json:"module,omitempty"`
 	// The kind.
 	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
@@ -839,7 +841,7 @@ func (x *Refusal) GetDetail() string {
 // Phase is one step of a composition and the time it took.
 type Phase struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The phase: wait, read, resolve or collect.
+	// The phase: wait, read, resolve or items.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// How long it took.
 	Duration      *durationpb.Duration `protobuf:"bytes,2,opt,name=duration,proto3" json:"duration,omitempty"`

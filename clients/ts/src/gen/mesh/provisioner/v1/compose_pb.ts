@@ -119,7 +119,8 @@ export type ComposeResponse = Message<"mesh.provisioner.v1.ComposeResponse"> & {
   module: string;
 
   /**
-   * The plan of each module with needs, in module order.
+   * The plan of each module with a resolved need, in the order of their
+   * needs' keys.
    *
    * @generated from field: repeated mesh.provisioner.v1.ModulePlan plans = 3;
    */
@@ -417,7 +418,8 @@ export type Refusal = Message<"mesh.provisioner.v1.Refusal"> & {
   key: string;
 
   /**
-   * The module, kind and name, where the key could be read.
+   * The module, kind and name, where the key could be read (the name
+   * unescaped where its escapes are well formed).
    *
    * @generated from field: string module = 2;
    */
@@ -466,7 +468,7 @@ export const RefusalSchema: GenMessage<Refusal> = /*@__PURE__*/
  */
 export type Phase = Message<"mesh.provisioner.v1.Phase"> & {
   /**
-   * The phase: wait, read, resolve or collect.
+   * The phase: wait, read, resolve or items.
    *
    * @generated from field: string name = 1;
    */

@@ -1,0 +1,312 @@
+/**
+ * A typed client of the mesh-provisioner NATS micro service, on nats.js v3
+ * and protobuf-es. The wire contract is docs/protocol.md in the repository.
+ *
+ * @module
+ */
+import { create, fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { Empty, errors, headers, type Msg, type NatsConnection } from "@nats-io/nats-core";
+
+import {
+  ComposeRequestSchema,
+  ComposeResponseSchema,
+  type ComposeResponse,
+} from "./gen/mesh/provisioner/v1/compose_pb.js";
+import {
+  ProvisioningRequestSchema,
+  ProvisioningResponseSchema,
+  type ProvisioningResponse,
+} from "./gen/mesh/provisioner/v1/provisioning_pb.js";
+
+/** The micro service's name, as discovery shows it. */
+export const SERVICE_NAME = "mesh-provisioner";
+/** The name of the endpoint that reads the registry and the state buckets. */
+export const PROVISIONING_ENDPOINT = "provisioning";
+/** The subject the provisioning endpoint answers. */
+export const PROVISIONING_SUBJECT = `${SERVICE_NAME}.${PROVISIONING_ENDPOINT}`;
+/** The name of the endpoint that composes a node. */
+export const COMPOSE_ENDPOINT = "compose";
+/** The subject the compose endpoint answers. */
+export const COMPOSE_SUBJECT = `${SERVICE_NAME}.${COMPOSE_ENDPOINT}`;
+/** The Content-Type of a protobuf binary request and answer. */
+export const CONTENT_TYPE_PROTOBUF = "application/protobuf";
+
+/** The NATS service API headers of a refused request. */
+const ERROR_HEADER = "Nats-Service-Error";
+const ERROR_CODE_HEADER = "Nats-Service-Error-Code";
+
+/**
+ * ProvisionerError is a request the service refused: its numeric code (400
+ * bad request, 503 not ready, 500 internal) and its sentence, from the
+ * Nats-Service-Error-Code and Nats-Service-Error headers.
+ */
+export class ProvisionerError extends Error {
+  /**
+   * The code: 400 bad request (do not retry as is); 503 not ready: the
+   * server's copy is loading, did not reach the revisions asked for in time,
+   * or the server is stopping (ask again shortly); 500 internal, such as an
+   * answer too large for NATS (narrow the request); 0 if the reply's code is
+   * not a number.
+   */
+  readonly code: number;
+  /** The service's sentence: what is wrong and what to do. */
+  readonly description: string;
+
+  constructor(code: number, description: string) {
+    super(`${SERVICE_NAME}: ${code}: ${description}`);
+    this.name = "ProvisionerError";
+    this.code = code;
+    this.description = description;
+  }
+}
+
+/** Options of a {@link ProvisionerClient}. */
+export interface ProvisionerClientOptions {
+  /**
+   * The provisioning verb's subject, for a service behind a subject mapping
+   * or an account import. Default {@link PROVISIONING_SUBJECT}.
+   */
+  subject?: string;
+  /**
+   * The compose verb's subject, for a service behind a subject mapping or an
+   * account import. Default {@link COMPOSE_SUBJECT}.
+   */
+  composeSubject?: string;
+  /**
+   * Milliseconds to wait for an answer of a verb. Default 10000: more than
+   * the time a server waits for the revisions a request asks for (5 s by
+   * default, its --revision-wait), so that its 503 arrives before the client
+   * gives up.
+   */
+  timeout?: number;
+}
+
+/** Options of one call of a verb. */
+export interface RequestOptions {
+  /** Milliseconds to wait for the answer; the client's timeout by default. */
+  timeout?: number;
+}
+
+/** Options of a discovery call. */
+export interface DiscoveryOptions {
+  /** Ask only the instance with this id. */
+  id?: string;
+  /**
+   * Milliseconds to wait for the first instance to answer. Once one has,
+   * discovery ends when no other answers within 300 ms. Default 2000.
+   */
+  maxWait?: number;
+}
+
+/** What every discovery answer says of the instance that sent it. */
+export interface ServiceIdentity {
+  /** The service's name: {@link SERVICE_NAME}. */
+  name: string;
+  /** The instance's id, unique to each running server. */
+  id: string;
+  /** The server's semantic version. */
+  version: string;
+  /** The service's metadata. */
+  metadata: Record<string, string> | null;
+}
+
+/** An answer to $SRV.PING. */
+export interface PingResponse extends ServiceIdentity {
+  type: "io.nats.micro.v1.ping_response";
+}
+
+/** An endpoint as $SRV.INFO describes it. */
+export interface EndpointInfo {
+  name: string;
+  subject: string;
+  queue_group: string;
+  /**
+   * `request` and `response`, the full names of the endpoint's protobuf
+   * messages, and `content_types`, the encodings it reads.
+   */
+  metadata: Record<string, string> | null;
+}
+
+/** An answer to $SRV.INFO. */
+export interface InfoResponse extends ServiceIdentity {
+  type: "io.nats.micro.v1.info_response";
+  description: string;
+  endpoints: EndpointInfo[];
+}
+
+/** The service's own statistics of an endpoint. */
+export interface EndpointStatsData {
+  /** Answers sent. */
+  answered: number;
+  /**
+   * Errors the server sent after taking a request in (a 500, a 503 after
+   * waiting for revisions or while stopping) and answers it could not send.
+   * The endpoint's num_errors does not count these.
+   */
+  answer_errors: number;
+  /** The buckets whose initial values are not in yet; empty once all are. */
+  loading: string[];
+}
+
+/** An endpoint as $SRV.STATS counts it. */
+export interface EndpointStats {
+  name: string;
+  subject: string;
+  queue_group: string;
+  /** Requests the endpoint took. */
+  num_requests: number;
+  /**
+   * Requests it refused with a coded error before taking them in: 400s, and
+   * 503s while loading or stopping. See {@link EndpointStatsData.answer_errors}.
+   */
+  num_errors: number;
+  /** The last of those errors, as `"<code>:<sentence>"`. */
+  last_error: string;
+  /** Nanoseconds spent in the endpoint's handler, in total. */
+  processing_time: number;
+  /** Nanoseconds spent in the endpoint's handler, per request. */
+  average_processing_time: number;
+  data?: EndpointStatsData;
+}
+
+/** An answer to $SRV.STATS. */
+export interface StatsResponse extends ServiceIdentity {
+  type: "io.nats.micro.v1.stats_response";
+  /** When the instance started, as an RFC 3339 timestamp. */
+  started: string;
+  endpoints: EndpointStats[];
+}
+
+/**
+ * ProvisionerClient asks the mesh-provisioner service over a connection the
+ * caller opened (with its credentials) and owns.
+ *
+ * ```ts
+ * const client = new ProvisionerClient(nc);
+ * const needs = await client.provisioning({ what: What.NEEDS, node: "ace" });
+ * const plan = await client.compose({ node: "ace", minRevisions: { needs: revision } });
+ * ```
+ */
+export class ProvisionerClient {
+  readonly #nc: NatsConnection;
+  readonly #subject: string;
+  readonly #composeSubject: string;
+  readonly #timeout: number;
+
+  constructor(nc: NatsConnection, opts: ProvisionerClientOptions = {}) {
+    this.#nc = nc;
+    this.#subject = opts.subject ?? PROVISIONING_SUBJECT;
+    this.#composeSubject = opts.composeSubject ?? COMPOSE_SUBJECT;
+    this.#timeout = opts.timeout ?? 10_000;
+  }
+
+  /**
+   * Asks the provisioning verb, in protobuf binary, and returns its decoded
+   * answer. An empty request asks for the registry.
+   *
+   * @throws {ProvisionerError} when the service refuses the request.
+   * @throws the nats.js error of the request otherwise, such as a
+   *   RequestError when no instance runs or a TimeoutError.
+   */
+  provisioning(
+    request: MessageInitShape<typeof ProvisioningRequestSchema> = {},
+    opts: RequestOptions = {},
+  ): Promise<ProvisioningResponse> {
+    return this.#call(this.#subject, ProvisioningRequestSchema, ProvisioningResponseSchema, request, opts);
+  }
+
+  /**
+   * Asks the compose verb, in protobuf binary, for the composition of a node
+   * (or of one module on it), and returns its decoded answer. `node` is
+   * required.
+   *
+   * @throws {ProvisionerError} when the service refuses the request.
+   * @throws the nats.js error of the request otherwise, such as a
+   *   RequestError when no instance runs or a TimeoutError.
+   */
+  compose(
+    request: MessageInitShape<typeof ComposeRequestSchema>,
+    opts: RequestOptions = {},
+  ): Promise<ComposeResponse> {
+    return this.#call(this.#composeSubject, ComposeRequestSchema, ComposeResponseSchema, request, opts);
+  }
+
+  /** Sends a request in protobuf binary and decodes the answer. */
+  async #call<Req extends DescMessage, Res extends DescMessage>(
+    subject: string,
+    requestSchema: Req,
+    responseSchema: Res,
+    request: MessageInitShape<Req>,
+    opts: RequestOptions,
+  ): Promise<MessageShape<Res>> {
+    const h = headers();
+    h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
+    const reply = await this.#nc.request(subject, toBinary(requestSchema, create(requestSchema, request)), {
+      timeout: opts.timeout ?? this.#timeout,
+      headers: h,
+    });
+    const refusal = errorOf(reply);
+    if (refusal) {
+      throw refusal;
+    }
+    return fromBinary(responseSchema, reply.data);
+  }
+
+  /** Returns the running instances of the service, each as it answers PING. */
+  ping(opts?: DiscoveryOptions): Promise<PingResponse[]> {
+    return this.#discover("PING", "io.nats.micro.v1.ping_response", opts);
+  }
+
+  /** Returns each running instance's description: its endpoints, their subjects and metadata. */
+  info(opts?: DiscoveryOptions): Promise<InfoResponse[]> {
+    return this.#discover("INFO", "io.nats.micro.v1.info_response", opts);
+  }
+
+  /** Returns each running instance's request counts and the service's own statistics. */
+  stats(opts?: DiscoveryOptions): Promise<StatsResponse[]> {
+    return this.#discover("STATS", "io.nats.micro.v1.stats_response", opts);
+  }
+
+  /**
+   * Asks $SRV.<verb>.mesh-provisioner[.<id>] and gathers every instance's
+   * answer: an empty list when none runs.
+   */
+  async #discover<T extends { type: string }>(
+    verb: "PING" | "INFO" | "STATS",
+    type: T["type"],
+    { id, maxWait = 2000 }: DiscoveryOptions = {},
+  ): Promise<T[]> {
+    const subject = ["$SRV", verb, SERVICE_NAME, id].filter((t) => t !== undefined).join(".");
+    const replies = await this.#nc.requestMany(subject, Empty, id === undefined
+      ? { strategy: "stall", maxWait }
+      : { strategy: "count", maxMessages: 1, maxWait });
+    const answers: T[] = [];
+    try {
+      for await (const reply of replies) {
+        const answer = reply.json<T>();
+        if (answer.type !== type) {
+          throw new Error(`${subject}: an answer of type ${JSON.stringify(answer.type)}, want ${type}`);
+        }
+        answers.push(answer);
+      }
+    } catch (err) {
+      if (!(err instanceof errors.NoRespondersError)) {
+        throw err;
+      }
+    }
+    return answers;
+  }
+}
+
+/**
+ * Returns the {@link ProvisionerError} a reply carries in its
+ * Nats-Service-Error headers, or undefined when it is an answer.
+ */
+export function errorOf(reply: Msg): ProvisionerError | undefined {
+  const description = reply.headers?.get(ERROR_HEADER) ?? "";
+  const code = reply.headers?.get(ERROR_CODE_HEADER) ?? "";
+  if (description === "" && code === "") {
+    return undefined;
+  }
+  return new ProvisionerError(Number.parseInt(code, 10) || 0, description);
+}

@@ -1,0 +1,12 @@
+/**
+ * The TypeScript client of the mesh-provisioner NATS micro service: the
+ * {@link ProvisionerClient}, its errors and discovery types, and the
+ * generated protobuf-es types of the contract (package mesh.provisioner.v1).
+ *
+ * @module
+ */
+export * from "./client.js";
+export * from "./gen/mesh/provisioner/v1/compose_pb.js";
+export * from "./gen/mesh/provisioner/v1/provisioning_pb.js";
+export * from "./gen/mesh/provisioner/v1/registry_pb.js";
+export * from "./gen/mesh/provisioner/v1/state_pb.js";

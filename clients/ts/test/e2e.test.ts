@@ -1,0 +1,917 @@
+// End to end: the TypeScript client against the real mesh-provisioner binary,
+// on the nats-server it embeds, holding the data set that the Go seed tool
+// (internal/e2e/seed) writes. The expectations below are that data set, as
+// the comment at the top of internal/e2e/seed/main.go lists it.
+//
+// Run by `make test`, which builds both binaries and sets
+// MESH_PROVISIONER_BIN and MESH_PROVISIONER_SEED_BIN.
+import assert from "node:assert/strict";
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { setTimeout as sleep } from "node:timers/promises";
+import { after, before, describe, it } from "node:test";
+import { promisify } from "node:util";
+
+import { create, equals, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { Empty, headers, type NatsConnection } from "@nats-io/nats-core";
+import { connect } from "@nats-io/transport-node";
+
+import {
+  AppliedRecordSchema,
+  COMPOSE_ENDPOINT,
+  COMPOSE_SUBJECT,
+  CollectRecordSchema,
+  ComposeRequestSchema,
+  ComposeResponseSchema,
+  CONTENT_TYPE_PROTOBUF,
+  errorOf,
+  MalformedKeySchema,
+  ModulePlanSchema,
+  NeedRecordSchema,
+  NeedSchema,
+  PlanItemSchema,
+  PROVISIONING_ENDPOINT,
+  PROVISIONING_SUBJECT,
+  ProvisionerClient,
+  ProvisionerError,
+  ProvisioningRequestSchema,
+  ProvisioningResponseSchema,
+  ProvisionSchema,
+  RefusalReason,
+  RefusalSchema,
+  RegistryRecordSchema,
+  RevisionsSchema,
+  SERVICE_NAME,
+  What,
+  type ComposeResponse,
+  type EndpointStats,
+  type MalformedKey,
+  type ProvisioningResponse,
+  type RegistryEntry,
+} from "../src/index.js";
+
+const NEEDS = "mesh-provisioner_needs";
+const APPLIED = "mesh-provisioner_applied";
+const COLLECT = "mesh-provisioner_collect";
+
+// The seed tool's records, by key as stored, in key order.
+const need = {
+  // No registry entry answers kind gpu: compose refuses it.
+  "ace.ml.gpu.cuda": { node: "ace", module: "ml", kind: "gpu", name: "cuda", need: { placeholder: "${gpu:cuda}" } },
+  "ace.web.bound.db": { node: "ace", module: "web", kind: "bound", name: "db", need: { placeholder: "${bound:db}", provider: "postgres", provision: "database", local: "web", required: true } },
+  "ace.web.config.db_url": { node: "ace", module: "web", kind: "config", name: "db_url", need: { placeholder: "${config:db_url}", required: true } },
+  "ace.web.port.http": { node: "ace", module: "web", kind: "port", name: "http", need: { placeholder: "${port:http}", required: true } },
+  "ace.web.secret.api_token": { node: "ace", module: "web", kind: "secret", name: "api_token", need: { placeholder: "${secret:api_token}" } },
+  // The key holds the name escaped, as it holds a collection's name.
+  "ace.web.shell.zsh=3Anormal": { node: "ace", module: "web", kind: "shell", name: "zsh:normal", need: { placeholder: "${shell:zsh:normal}" } },
+  // No provider: compose refuses it.
+  "ace.worker.bound.cache": { node: "ace", module: "worker", kind: "bound", name: "cache", need: { placeholder: "${bound:cache}", required: true } },
+  "ace.worker.dir.state": { node: "ace", module: "worker", kind: "dir", name: "state", need: { placeholder: "${dir:state}" } },
+  "novox.api.collected.plugins": { node: "novox", module: "api", kind: "collected", name: "plugins", need: { placeholder: "${collected:plugins}" } },
+  "novox.api.port.grpc": { node: "novox", module: "api", kind: "port", name: "grpc", need: { placeholder: "${port:grpc}", required: true } },
+} satisfies Record<string, MessageInitShape<typeof NeedRecordSchema>>;
+
+const applied = {
+  "ace.web": {
+    node: "ace", module: "web",
+    applied: { planDigest: "sha256:0a1b", appliedAt: timestampFromDate(new Date("2026-01-02T03:04:05Z")), placeholders: ["${port:http}", "${config:db_url}", "${secret:api_token}", "${bound:db}"] },
+  },
+  "ace.worker": {
+    node: "ace", module: "worker",
+    // 2026-01-02T03:04:05.5Z
+    applied: { planDigest: "sha256:2c3d", appliedAt: { seconds: 1767323045n, nanos: 500_000_000 }, placeholders: ["${dir:state}"] },
+  },
+  "novox.api": {
+    node: "novox", module: "api",
+    applied: { planDigest: "sha256:4e5f", appliedAt: timestampFromDate(new Date("2026-01-03T00:00:00Z")) },
+  },
+} satisfies Record<string, MessageInitShape<typeof AppliedRecordSchema>>;
+
+const item = {
+  "ace.environment.web": { node: "ace", collection: "environment", contributor: "web", item: { value: "WEB_ENV=production", attributes: { scope: "process", visibility: "public" } } },
+  "ace.shell=3Azsh=3Anormal.web": { node: "ace", collection: "shell:zsh:normal", contributor: "web", item: { value: "export WEB_PORT=8080", order: 10, attributes: { source: "web" } } },
+  "ace.shell=3Azsh=3Anormal.worker": { node: "ace", collection: "shell:zsh:normal", contributor: "worker", item: { value: "alias w=worker", order: 20 } },
+  "novox.environment.api": { node: "novox", collection: "environment", contributor: "api", item: { value: "API_ENV=staging", order: -1 } },
+  "novox.plugins.api": { node: "novox", collection: "plugins", contributor: "api", item: { value: "grpc-health", order: 1, attributes: { port: "grpc" } } },
+  "novox.plugins.auth": { node: "novox", collection: "plugins", contributor: "auth", item: { value: "jwt", order: 2 } },
+  "novox.shell=3Azsh=3Anormal.api": { node: "novox", collection: "shell:zsh:normal", contributor: "api", item: { value: "export API=1", order: 5 } },
+} satisfies Record<string, MessageInitShape<typeof CollectRecordSchema>>;
+
+type NeedKey = keyof typeof need;
+type ItemKey = keyof typeof item;
+
+/** A malformed key as the seed wrote it, and the reason the service gives. */
+interface Malformed {
+  bucket: string;
+  key: string;
+  reason: string | RegExp;
+}
+
+const malformed = {
+  "ace.web.port": { bucket: NEEDS, key: "ace.web.port", reason: 'malformed key: "ace.web.port" has 3 tokens, want 4 (<node>.<module>.<kind>.<name>)' },
+  // Go's protobuf errors spell "proto:" with a space or a no-break space, at random.
+  "ace.worker.port.metrics": { bucket: NEEDS, key: "ace.worker.port.metrics", reason: /^value does not decode as mesh\.provisioner\.v1\.Need: proto:\s/u },
+  novox: { bucket: NEEDS, key: "novox", reason: 'malformed key: "novox" has 1 tokens, want 4 (<node>.<module>.<kind>.<name>)' },
+  "novox.api.v2": { bucket: APPLIED, key: "novox.api.v2", reason: 'malformed key: "novox.api.v2" has 3 tokens, want 2 (<node>.<module>)' },
+  "ace.shell=3a.web": {
+    bucket: COLLECT, key: "ace.shell=3a.web",
+    reason: 'malformed key: "ace.shell=3a.web": token 2 (<collection>) has a bad escape "=3a" at byte 5; an escape is = and two upper-case hex digits',
+  },
+} satisfies Record<string, Malformed>;
+
+// The registry of registry/registry.go, in key order: the owner of every kind,
+// and where its values are (a bucket source's bucket, key shape and collection
+// template, or a verb source's seat and subject).
+const collectionOf = (template: string) => ({ bucket: COLLECT, keyShape: "<node>.<collection>.<contributor>", collection: template });
+const placement = { bucket: "mesh-controller_assignments", keyShape: "<node>.<module>", collection: "" };
+const registry = {
+  access: { owner: "mesh-controller", where: placement },
+  bound: { owner: "<provider>", where: { bucket: "<provider>_bound", keyShape: "<node>.<module>.<provision>[.<local>]", collection: "" } },
+  collected: { owner: "mesh-provisioner", where: collectionOf("<name>") },
+  config: { owner: "mesh-config", where: { bucket: "mesh-config_values", keyShape: "<node>.<module>.<name>", collection: "" } },
+  consumers: { owner: "mesh-vault", where: { seat: "mesh-vault", subject: "mesh-vault.consumers" } },
+  contribution: { owner: "mesh-provisioner", where: collectionOf("<kind>:<name>") },
+  dir: { owner: "mesh-controller", where: placement },
+  environment: { owner: "mesh-provisioner", where: collectionOf("<kind>:<name>") },
+  machine: { owner: "mesh-controller", where: placement },
+  port: { owner: "mesh-controller", where: placement },
+  seat: { owner: "mesh-controller", where: placement },
+  secret: { owner: "mesh-vault", where: { seat: "mesh-vault", subject: "mesh-vault.secret" } },
+  shell: { owner: "mesh-provisioner", where: collectionOf("<kind>:<name>") },
+};
+
+/** Where a registry entry's values are: the fields of its source. */
+function whereOf({ source }: RegistryEntry): Record<string, string> {
+  switch (source.case) {
+    case "bucket":
+      return { bucket: source.value.bucket, keyShape: source.value.keyShape, collection: source.value.collection };
+    case "verb":
+      return { seat: source.value.seat, subject: source.value.subject };
+    default:
+      return {};
+  }
+}
+
+let server: ChildProcess | undefined;
+const serverLog: string[] = [];
+let stateDir: string | undefined;
+let nc: NatsConnection | undefined;
+let client: ProvisionerClient;
+/** The last revision the seed tool wrote to each bucket. */
+let seeded: Record<string, bigint>;
+
+/** Returns an environment variable that `make test` sets, or throws saying so. */
+function fromMake(name: string): string {
+  const value = process.env[name];
+  if (!value) {
+    throw new Error(`${name} is not set: run this test with \`make test\`, which builds the mesh-provisioner and seed binaries and sets MESH_PROVISIONER_BIN and MESH_PROVISIONER_SEED_BIN`);
+  }
+  return value;
+}
+/**
+ * Starts the server on an embedded NATS on a free port, and resolves to its
+ * URL once the server logs that it is serving. stderr is read until the
+ * server exits, so that it never blocks on a full pipe.
+ */
+function serve(bin: string, dir: string): Promise<string> {
+  const child = spawn(bin, ["--listen", "127.0.0.1:0", "--log-format", "json", "--state-dir", dir], { stdio: ["ignore", "ignore", "pipe"] });
+  server = child;
+  // Should this process end before after() runs, the server ends with it.
+  process.once("exit", () => child.kill("SIGKILL"));
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`the server did not log "serving" within 20s:\n${serverLog.join("\n")}`)), 20_000);
+    const fail = (err: Error) => {
+      clearTimeout(timer);
+      reject(err);
+    };
+    child.once("error", fail);
+    child.once("exit", (code, signal) => fail(new Error(`the server exited (${code ?? signal}) before serving:\n${serverLog.join("\n")}`)));
+    createInterface({ input: child.stderr! }).on("line", (line) => {
+      serverLog.push(line);
+      let entry: { msg?: unknown; nats_url?: unknown };
+      try {
+        entry = JSON.parse(line);
+      } catch {
+        return; // not a log record: shown if the server fails
+      }
+      if (entry.msg === "serving" && typeof entry.nats_url === "string") {
+        clearTimeout(timer);
+        resolve(entry.nats_url);
+      }
+    });
+  });
+}
+
+/**
+ * Stops the server with SIGTERM (SIGKILL if it is still running 10s later)
+ * and resolves to its exit code, or the signal that ended it.
+ */
+async function stop(child: ChildProcess): Promise<number | NodeJS.Signals | null> {
+  if (child.exitCode === null && child.signalCode === null) {
+    const exited = once(child, "exit", { signal: AbortSignal.timeout(10_000) });
+    child.kill("SIGTERM");
+    await exited.catch(async () => {
+      child.kill("SIGKILL");
+      await once(child, "exit");
+    });
+  }
+  return child.exitCode ?? child.signalCode;
+}
+
+before(async () => {
+  const bin = fromMake("MESH_PROVISIONER_BIN");
+  const seedBin = fromMake("MESH_PROVISIONER_SEED_BIN");
+  stateDir = await mkdtemp(join(tmpdir(), "mesh-provisioner-e2e-"));
+  const url = await serve(bin, stateDir);
+  const { stdout } = await promisify(execFile)(seedBin, ["--nats-url", url], { timeout: 30_000 });
+  seeded = Object.fromEntries(Object.entries(JSON.parse(stdout) as Record<string, number>).map(([bucket, rev]) => [bucket, BigInt(rev)]));
+  nc = await connect({ servers: url, name: "mesh-provisioner e2e" });
+  client = new ProvisionerClient(nc);
+});
+
+after(async () => {
+  await nc?.close();
+  // A server that never started (spawn failed) has no pid: before() said why.
+  const exit = server?.pid === undefined ? undefined : await stop(server);
+  if (stateDir) {
+    await rm(stateDir, { recursive: true, force: true });
+  }
+  if (exit !== undefined) {
+    assert.equal(exit, 0, `the server did not exit with 0 on SIGTERM:\n${serverLog.slice(-20).join("\n")}`);
+  }
+});
+
+/**
+ * Asserts that records hold exactly the expected ones, in order, field by
+ * field, and that each carries a revision: non-zero and at most the answer's.
+ */
+function assertRecords<Desc extends DescMessage>(
+  schema: Desc,
+  answer: ProvisioningResponse,
+  records: (MessageShape<Desc> & { revision: bigint })[],
+  expected: MessageInitShape<Desc>[],
+): void {
+  for (const record of records) {
+    assert.ok(record.revision > 0n && record.revision <= answer.revision, `revision ${record.revision} of a record, answer at ${answer.revision}`);
+  }
+  assert.deepStrictEqual(records.map((r) => ({ ...r, revision: 0n })), expected.map((e) => create(schema, e)));
+}
+
+/** Asserts that the answer lists exactly the expected malformed keys, in key order. */
+function assertMalformed(answer: ProvisioningResponse, expected: Malformed[]): void {
+  assert.deepStrictEqual(answer.malformed.map((m) => m.key), expected.map((m) => m.key));
+  answer.malformed.forEach((got: MalformedKey, i) => {
+    const want = expected[i]!;
+    assert.equal(got.$typeName, MalformedKeySchema.typeName);
+    assert.equal(got.bucket, want.bucket);
+    if (typeof want.reason === "string") {
+      assert.equal(got.reason, want.reason);
+    } else {
+      assert.match(got.reason, want.reason);
+    }
+    assert.ok(got.revision > 0n && got.revision <= answer.revision, `revision ${got.revision} of ${got.key}, answer at ${answer.revision}`);
+  });
+}
+
+/** Asserts that a call is refused with a ProvisionerError of this code and sentence. */
+async function assertRefused(call: Promise<unknown>, code: number, description: string): Promise<void> {
+  await assert.rejects(call, (err) => {
+    assert.ok(err instanceof ProvisionerError, `want a ProvisionerError, got ${String(err)}`);
+    assert.equal(err.code, code);
+    assert.equal(err.description, description);
+    return true;
+  });
+}
+
+
+/** A refusal the compose verb should give, its detail exact or a pattern. */
+interface ExpectedRefusal {
+  key: string;
+  module: string;
+  kind: string;
+  name: string;
+  reason: RefusalReason;
+  detail: string | RegExp;
+}
+
+/** What a composition should hold, but for its phases and revisions. */
+interface Composition {
+  node: string;
+  module?: string;
+  plans: MessageInitShape<typeof ModulePlanSchema>[];
+  provisions: MessageInitShape<typeof ProvisionSchema>[];
+  refusals: ExpectedRefusal[];
+}
+
+/** The revision at which each seeded need and item was written, as the provisioning verb reports it. */
+const needRevision = {} as Record<NeedKey, bigint>;
+const itemRevision = {} as Record<ItemKey, bigint>;
+/** The revision of the registry's copy, as the provisioning verb reports it. */
+let registryRevision = 0n;
+
+/**
+ * The plan item of a seeded need: its kind, name, placeholder and revision,
+ * with who answers it and where; for a collection kind, the collection and
+ * the seeded items it holds, in contributor order.
+ */
+function planItem(
+  key: NeedKey,
+  owner: string,
+  location: MessageInitShape<typeof PlanItemSchema>["location"],
+  collection?: { name: string; items: ItemKey[] },
+): MessageInitShape<typeof PlanItemSchema> {
+  const { kind, name, need: { placeholder } } = need[key];
+  return {
+    kind, name, placeholder, owner, location, revision: needRevision[key],
+    ...(collection && {
+      collection: collection.name,
+      items: collection.items.map((k) => ({ contributor: item[k].contributor, item: item[k].item, revision: itemRevision[k] })),
+    }),
+  };
+}
+
+const inBucket = (bucket: string, key: string) => ({ case: "bucket" as const, value: { bucket, key } });
+const byVerb = (seat: string, subject: string) => ({ case: "verb" as const, value: { seat, subject } });
+
+// The plans of node ace's modules, and its refusals, by module. A function:
+// the revisions are known once the compose tests have asked for them.
+const acePlans = () => ({
+  web: {
+    module: "web",
+    items: [
+      // The bound need's owner is its provider, its bucket the provider's.
+      planItem("ace.web.bound.db", "postgres", inBucket("postgres_bound", "ace.web.database.web")),
+      planItem("ace.web.config.db_url", "mesh-config", inBucket("mesh-config_values", "ace.web.db_url")),
+      planItem("ace.web.port.http", "mesh-controller", inBucket("mesh-controller_assignments", "ace.web")),
+      planItem("ace.web.secret.api_token", "mesh-vault", byVerb("mesh-vault", "mesh-vault.secret")),
+      // A collection's key is a filter of its items: every contributor.
+      planItem("ace.web.shell.zsh=3Anormal", "mesh-provisioner", inBucket(COLLECT, "ace.shell=3Azsh=3Anormal.*"),
+        { name: "shell:zsh:normal", items: ["ace.shell=3Azsh=3Anormal.web", "ace.shell=3Azsh=3Anormal.worker"] }),
+    ],
+  },
+  worker: {
+    module: "worker",
+    items: [planItem("ace.worker.dir.state", "mesh-controller", inBucket("mesh-controller_assignments", "ace.worker"))],
+  },
+});
+const postgresProvision = {
+  provider: "postgres", bucket: "postgres_bound", key: "ace.web.database.web", module: "web", provision: "database", local: "web", name: "db",
+};
+const aceRefusals = {
+  ml: [
+    { key: "ace.ml.gpu.cuda", module: "ml", kind: "gpu", name: "cuda", reason: RefusalReason.NO_DOMAIN, detail: `no registry entry answers kind "gpu"` },
+  ],
+  web: [
+    { key: "ace.web.port", module: "web", kind: "port", name: "", reason: RefusalReason.MALFORMED_NEED, detail: malformed["ace.web.port"].reason },
+  ],
+  worker: [
+    {
+      key: "ace.worker.bound.cache", module: "worker", kind: "bound", name: "cache", reason: RefusalReason.UNFILLABLE_KEY_SHAPE,
+      detail: `kind "bound" is answered by each provider in bucket <provider>_bound, and the need's provider "" is empty`,
+    },
+    {
+      key: "ace.worker.port.metrics", module: "worker", kind: "port", name: "metrics", reason: RefusalReason.MALFORMED_NEED,
+      detail: malformed["ace.worker.port.metrics"].reason,
+    },
+  ],
+} satisfies Record<string, ExpectedRefusal[]>;
+
+/**
+ * Asserts a composition field by field: node, module, plans, provisions and
+ * refusals in order; the phases wait, read, resolve and items; and the
+ * revisions of the seeded copy.
+ */
+function assertComposition(answer: ComposeResponse, want: Composition): void {
+  assert.equal(answer.$typeName, ComposeResponseSchema.typeName);
+  assert.equal(answer.node, want.node);
+  assert.equal(answer.module, want.module ?? "");
+  assert.deepStrictEqual(answer.plans, want.plans.map((p) => create(ModulePlanSchema, p)));
+  assert.deepStrictEqual(answer.provisions, want.provisions.map((p) => create(ProvisionSchema, p)));
+  assert.deepStrictEqual(answer.refusals.map((r) => r.key), want.refusals.map((r) => r.key));
+  answer.refusals.forEach((got, i) => {
+    const { detail, ...fields } = want.refusals[i]!;
+    assert.deepStrictEqual({ ...got, detail: "" }, create(RefusalSchema, fields));
+    if (typeof detail === "string") {
+      assert.equal(got.detail, detail);
+    } else {
+      assert.match(got.detail, detail);
+    }
+  });
+  assertPhases(answer);
+  assert.deepStrictEqual(answer.revisions, create(RevisionsSchema, {
+    registry: registryRevision, needs: seeded[NEEDS]!, applied: seeded[APPLIED]!, collect: seeded[COLLECT]!,
+  }));
+}
+
+/** Asserts that a composition timed the phases wait, read, resolve and items, in order. */
+function assertPhases(answer: ComposeResponse): void {
+  assert.deepStrictEqual(answer.phases.map((p) => p.name), ["wait", "read", "resolve", "items"]);
+  for (const { name, duration } of answer.phases) {
+    assert.ok(duration && duration.seconds >= 0n && duration.nanos >= 0, `duration of phase ${name}`);
+  }
+}
+
+/** Milliseconds a phase took. */
+function phaseMillis(answer: ComposeResponse, name: string): number {
+  const d = answer.phases.find((p) => p.name === name)?.duration;
+  return d ? Number(d.seconds) * 1000 + d.nanos / 1e6 : Number.NaN;
+}
+
+/** Returns the $SRV.STATS of the one instance's two endpoints, checking their names and subjects. */
+async function endpointStats(): Promise<{ provisioning: EndpointStats; compose: EndpointStats }> {
+  const [stats, ...others] = await client.stats();
+  assert.ok(stats && others.length === 0, "want the stats of one instance");
+  assert.deepStrictEqual(stats.endpoints.map((e) => [e.name, e.subject, e.queue_group]), [
+    [PROVISIONING_ENDPOINT, PROVISIONING_SUBJECT, "q"],
+    [COMPOSE_ENDPOINT, COMPOSE_SUBJECT, "q"],
+  ]);
+  return { provisioning: stats.endpoints[0]!, compose: stats.endpoints[1]! };
+}
+
+describe("registry", () => {
+  it("an empty request answers the 13 kinds with their owners and sources", async () => {
+    const answer = await client.provisioning();
+    assert.equal(answer.what, What.REGISTRY);
+    assert.deepStrictEqual(answer.registry.map((r) => r.kind), Object.keys(registry));
+    assert.deepStrictEqual(
+      answer.registry.map(({ kind, entry }) => ({ kind, entryKind: entry?.kind, owner: entry?.owner, where: entry && whereOf(entry) })),
+      Object.entries(registry).map(([kind, { owner, where }]) => ({ kind, entryKind: kind, owner, where })),
+    );
+    for (const record of answer.registry) {
+      assert.ok(record.revision > 0n, `revision of ${record.kind}`);
+      assert.notEqual(record.entry?.description ?? "", "", `description of ${record.kind}`);
+    }
+    assert.equal(answer.revision, answer.registry.reduce((max, r) => (r.revision > max ? r.revision : max), 0n));
+    assertMalformed(answer, []);
+  });
+
+  it("a bucket source, a collection's and a verb source, field by field", async () => {
+    const answer = await client.provisioning({ what: What.REGISTRY });
+    const byKind = (kind: string) => answer.registry.filter((r) => r.kind === kind);
+    assertRecords(RegistryRecordSchema, answer, byKind("bound"), [{
+      kind: "bound",
+      entry: {
+        kind: "bound",
+        owner: "<provider>",
+        source: { case: "bucket", value: { bucket: "<provider>_bound", keyShape: "<node>.<module>.<provision>[.<local>]" } },
+        description: "What a provider module bound for a consumer module, in the provider's own bucket.",
+      },
+    }]);
+    assertRecords(RegistryRecordSchema, answer, byKind("shell"), [{
+      kind: "shell",
+      entry: {
+        kind: "shell",
+        owner: "mesh-provisioner",
+        source: { case: "bucket", value: { bucket: COLLECT, keyShape: "<node>.<collection>.<contributor>", collection: "<kind>:<name>" } },
+        description: "Shell snippets, read as the collection of the same name (${shell:zsh:normal} reads shell:zsh:normal).",
+      },
+    }]);
+    assertRecords(RegistryRecordSchema, answer, byKind("secret"), [{
+      kind: "secret",
+      entry: {
+        kind: "secret",
+        owner: "mesh-vault",
+        source: { case: "verb", value: { seat: "mesh-vault", subject: "mesh-vault.secret" } },
+        description: "A secret, asked of the vault on request; a secret is never in a bucket.",
+      },
+    }]);
+  });
+});
+
+describe("needs", () => {
+  it("every need of every node, names unescaped, and every malformed key", async () => {
+    const answer = await client.provisioning({ what: What.NEEDS });
+    assert.equal(answer.what, What.NEEDS);
+    assert.equal(answer.revision, seeded[NEEDS]);
+    assertRecords(NeedRecordSchema, answer, answer.needs, Object.values(need));
+    assertMalformed(answer, [malformed["ace.web.port"], malformed["ace.worker.port.metrics"], malformed.novox]);
+    assert.deepStrictEqual([answer.registry, answer.applied, answer.collect], [[], [], []]);
+  });
+
+  it("of a node", async () => {
+    const answer = await client.provisioning({ what: What.NEEDS, node: "ace" });
+    assertRecords(NeedRecordSchema, answer, answer.needs, Object.entries(need).filter(([k]) => k.startsWith("ace.")).map(([, n]) => n));
+    assertMalformed(answer, [malformed["ace.web.port"], malformed["ace.worker.port.metrics"]]);
+  });
+
+  it("of a node's module, with the bound need's provider, provision and local", async () => {
+    const answer = await client.provisioning({ what: What.NEEDS, node: "ace", module: "web" });
+    assertRecords(NeedRecordSchema, answer, answer.needs, [
+      need["ace.web.bound.db"], need["ace.web.config.db_url"], need["ace.web.port.http"], need["ace.web.secret.api_token"], need["ace.web.shell.zsh=3Anormal"],
+    ]);
+    assertMalformed(answer, [malformed["ace.web.port"]]);
+  });
+
+  it("of a module on any node keeps a malformed key too short to name a module", async () => {
+    const answer = await client.provisioning({ what: What.NEEDS, module: "api" });
+    assertRecords(NeedRecordSchema, answer, answer.needs, [need["novox.api.collected.plugins"], need["novox.api.port.grpc"]]);
+    assertMalformed(answer, [malformed.novox]);
+  });
+
+  it("of a node that wrote nothing: no records, the bucket's revision", async () => {
+    const answer = await client.provisioning({ what: What.NEEDS, node: "nobody" });
+    assert.deepStrictEqual([answer.needs, answer.malformed], [[], []]);
+    assert.equal(answer.revision, seeded[NEEDS]);
+  });
+});
+
+describe("applied", () => {
+  it("everything applied, with timestamps and placeholders", async () => {
+    const answer = await client.provisioning({ what: What.APPLIED });
+    assert.equal(answer.what, What.APPLIED);
+    assert.equal(answer.revision, seeded[APPLIED]);
+    assertRecords(AppliedRecordSchema, answer, answer.applied, Object.values(applied));
+    assertMalformed(answer, [malformed["novox.api.v2"]]);
+  });
+
+  it("of a node's module keeps a malformed key whose module token matches", async () => {
+    const answer = await client.provisioning({ what: What.APPLIED, node: "novox", module: "api" });
+    assertRecords(AppliedRecordSchema, answer, answer.applied, [applied["novox.api"]]);
+    assertMalformed(answer, [malformed["novox.api.v2"]]);
+  });
+
+  it("of a module", async () => {
+    const answer = await client.provisioning({ what: What.APPLIED, module: "web" });
+    assertRecords(AppliedRecordSchema, answer, answer.applied, [applied["ace.web"]]);
+    assertMalformed(answer, []);
+  });
+});
+
+describe("collect", () => {
+  it("every item, collections by their readable names", async () => {
+    const answer = await client.provisioning({ what: What.COLLECT });
+    assert.equal(answer.what, What.COLLECT);
+    assert.equal(answer.revision, seeded[COLLECT]);
+    assertRecords(CollectRecordSchema, answer, answer.collect, Object.values(item));
+    assertMalformed(answer, [malformed["ace.shell=3a.web"]]);
+  });
+
+  it("of a collection by its readable name, which the key holds escaped", async () => {
+    const answer = await client.provisioning({ what: What.COLLECT, collection: "shell:zsh:normal" });
+    assertRecords(CollectRecordSchema, answer, answer.collect, [
+      item["ace.shell=3Azsh=3Anormal.web"], item["ace.shell=3Azsh=3Anormal.worker"], item["novox.shell=3Azsh=3Anormal.api"],
+    ]);
+    assertMalformed(answer, []);
+  });
+
+  it("of a node's contributor keeps a malformed key that matches", async () => {
+    const answer = await client.provisioning({ what: What.COLLECT, node: "ace", contributor: "web" });
+    assertRecords(CollectRecordSchema, answer, answer.collect, [item["ace.environment.web"], item["ace.shell=3Azsh=3Anormal.web"]]);
+    assertMalformed(answer, [malformed["ace.shell=3a.web"]]);
+  });
+
+  it("with every filter", async () => {
+    const answer = await client.provisioning({ what: What.COLLECT, node: "novox", collection: "environment", contributor: "api" });
+    assertRecords(CollectRecordSchema, answer, answer.collect, [item["novox.environment.api"]]);
+    assertMalformed(answer, []);
+  });
+});
+
+describe("compose", () => {
+  before(async () => {
+    const [registryAnswer, needs, items] = await Promise.all([
+      client.provisioning({ what: What.REGISTRY }),
+      client.provisioning({ what: What.NEEDS }),
+      client.provisioning({ what: What.COLLECT }),
+    ]);
+    registryRevision = registryAnswer.revision;
+    assert.ok(registryRevision > 0n);
+    // The needs and items tests check that these are the seeded records, in this order.
+    assert.equal(needs.needs.length, Object.keys(need).length);
+    Object.keys(need).forEach((key, i) => { needRevision[key as NeedKey] = needs.needs[i]!.revision; });
+    assert.equal(items.collect.length, Object.keys(item).length);
+    Object.keys(item).forEach((key, i) => { itemRevision[key as ItemKey] = items.collect[i]!.revision; });
+  });
+
+  it("a node: a plan per module in module order, the bound need's provision, and every refusal in key order", async () => {
+    const answer = await client.compose({ node: "ace" });
+    const plans = acePlans();
+    assertComposition(answer, {
+      node: "ace",
+      // Module ml has no plan: its one need is refused.
+      plans: [plans.web, plans.worker],
+      provisions: [postgresProvision],
+      refusals: [...aceRefusals.ml, ...aceRefusals.web, ...aceRefusals.worker],
+    });
+    // Waiting for nothing takes no time.
+    assert.equal(phaseMillis(answer, "wait"), 0);
+  });
+
+  it("a collected need reads the collection its name names, with the node's items in contributor order", async () => {
+    const answer = await client.compose({ node: "novox" });
+    assertComposition(answer, {
+      node: "novox",
+      plans: [{
+        module: "api",
+        items: [
+          planItem("novox.api.collected.plugins", "mesh-provisioner", inBucket(COLLECT, "novox.plugins.*"),
+            { name: "plugins", items: ["novox.plugins.api", "novox.plugins.auth"] }),
+          planItem("novox.api.port.grpc", "mesh-controller", inBucket("mesh-controller_assignments", "novox.api")),
+        ],
+      }],
+      provisions: [],
+      // A key too short to name a module, kind or name leaves them empty.
+      refusals: [{ key: "novox", module: "", kind: "", name: "", reason: RefusalReason.MALFORMED_NEED, detail: malformed.novox.reason }],
+    });
+  });
+
+  it("a module narrows the plans, provisions and refusals; a malformed key whose module token differs is left out", async () => {
+    const plans = acePlans();
+    assertComposition(await client.compose({ node: "ace", module: "web" }), {
+      node: "ace", module: "web", plans: [plans.web], provisions: [postgresProvision], refusals: aceRefusals.web,
+    });
+    assertComposition(await client.compose({ node: "ace", module: "worker" }), {
+      node: "ace", module: "worker", plans: [plans.worker], provisions: [], refusals: aceRefusals.worker,
+    });
+  });
+
+  it("a module or a node with no needs composes to nothing, at the copy's revisions", async () => {
+    assertComposition(await client.compose({ node: "ace", module: "api" }), { node: "ace", module: "api", plans: [], provisions: [], refusals: [] });
+    assertComposition(await client.compose({ node: "nobody" }), { node: "nobody", plans: [], provisions: [], refusals: [] });
+  });
+
+  it("a module whose every need is refused has no plan, only its refusals", async () => {
+    assertComposition(await client.compose({ node: "ace", module: "ml" }), {
+      node: "ace", module: "ml", plans: [], provisions: [], refusals: aceRefusals.ml,
+    });
+  });
+});
+
+describe("refusals", () => {
+  it("a filter that does not apply to the registry is a 400", () =>
+    assertRefused(client.provisioning({ node: "ace" }), 400, "filter node does not apply to WHAT_REGISTRY, which is narrowed by nothing; leave node out"));
+
+  it("a contributor filter on needs is a 400", () =>
+    assertRefused(client.provisioning({ what: What.NEEDS, contributor: "x" }), 400,
+      "filter contributor does not apply to WHAT_NEEDS, which is narrowed by node, module; leave contributor out"));
+
+  it("a node no key can hold is a 400", () =>
+    assertRefused(client.provisioning({ what: What.APPLIED, node: "a.b" }), 400,
+      `filter node "a.b" can match no key: it holds '.' at byte 1; a token holds only A-Z a-z 0-9 - _ = /`));
+
+  it("a what this contract does not define is a 400", () =>
+    assertRefused(client.provisioning({ what: 9 as What }), 400, "what 9 is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT"));
+
+  it("compose without a node is a 400", () =>
+    assertRefused(client.compose({}), 400, "node is required: the node to compose"));
+
+  it("compose of a node or a module no key can hold is a 400", async () => {
+    await assertRefused(client.compose({ node: "a.b" }), 400,
+      `node "a.b" can match no key: it holds '.' at byte 1; a token holds only A-Z a-z 0-9 - _ = /`);
+    await assertRefused(client.compose({ node: "ace", module: "*" }), 400,
+      `module "*" can match no key: it holds '*' at byte 0; a token holds only A-Z a-z 0-9 - _ = /`);
+  });
+
+  it("a binary compose request with a field the contract does not define is a 400", async () => {
+    const h = headers();
+    h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
+    // node "ace", then field 9 (varint 1), which ComposeRequest does not define.
+    const body = new Uint8Array([...toBinary(ComposeRequestSchema, create(ComposeRequestSchema, { node: "ace" })), 0x48, 0x01]);
+    const reply = await nc!.request(COMPOSE_SUBJECT, body, { timeout: 5000, headers: h });
+    assert.equal(reply.headers?.get("Content-Type"), CONTENT_TYPE_PROTOBUF);
+    assert.deepStrictEqual(errorOf(reply), new ProvisionerError(400,
+      "the request holds fields mesh.provisioner.v1.ComposeRequest does not define (2 bytes); it was written for another contract, or is not a protobuf request at all"));
+  });
+
+  it("the service still answers after refusals", async () => {
+    const answer = await client.provisioning({ what: What.NEEDS, node: "novox" });
+    assert.equal(answer.needs.length, 2);
+    assert.equal((await client.compose({ node: "novox" })).plans.length, 1);
+  });
+});
+
+describe("encodings", () => {
+  it("a JSON body is answered in protobuf JSON, uint64 revisions as strings", async () => {
+    const request = { what: "WHAT_COLLECT", node: "ace", collection: "shell:zsh:normal" };
+    const reply = await nc!.request(PROVISIONING_SUBJECT, JSON.stringify(request), { timeout: 5000 });
+    assert.equal(errorOf(reply), undefined);
+    assert.equal(reply.headers?.get("Content-Type"), "application/json");
+    const json = reply.json<{ revision: JsonValue; collect: { collection: JsonValue; revision: JsonValue }[] }>();
+    assert.equal(json.revision, String(seeded[COLLECT]));
+    assert.deepStrictEqual(json.collect.map((r) => [r.collection, typeof r.revision]), [["shell:zsh:normal", "string"], ["shell:zsh:normal", "string"]]);
+
+    const binary = await client.provisioning(fromJson(ProvisioningRequestSchema, request));
+    assert.ok(equals(ProvisioningResponseSchema, fromJson(ProvisioningResponseSchema, json), binary), "the JSON answer differs from the binary one");
+  });
+
+  it("a JSON compose, after leading whitespace, is answered in protobuf JSON like the binary one", async () => {
+    const request = { node: "ace", minRevisions: { needs: String(seeded[NEEDS]) } };
+    const reply = await nc!.request(COMPOSE_SUBJECT, ` \n\t${JSON.stringify(request)}`, { timeout: 5000 });
+    assert.equal(errorOf(reply), undefined);
+    assert.equal(reply.headers?.get("Content-Type"), "application/json");
+    type JsonItem = { kind: string; bucket?: { bucket: string; key: string }; verb?: { seat: string; subject: string }; revision: JsonValue };
+    const json = reply.json<{
+      plans: { module: string; items: JsonItem[] }[];
+      refusals: { reason: JsonValue }[];
+      phases: { name: string; duration: JsonValue }[];
+      revisions: Record<string, JsonValue>;
+    }>();
+    // The location is "bucket" or "verb"; enums by name; uint64 and durations as strings.
+    const web = json.plans[0]!.items;
+    assert.deepStrictEqual(web.map((i) => [i.kind, i.bucket !== undefined, i.verb !== undefined, typeof i.revision]), [
+      ["bound", true, false, "string"], ["config", true, false, "string"], ["port", true, false, "string"], ["secret", false, true, "string"], ["shell", true, false, "string"],
+    ]);
+    assert.deepStrictEqual(json.refusals.map((r) => r.reason), [
+      "REFUSAL_REASON_NO_DOMAIN", "REFUSAL_REASON_MALFORMED_NEED", "REFUSAL_REASON_UNFILLABLE_KEY_SHAPE", "REFUSAL_REASON_MALFORMED_NEED",
+    ]);
+    assert.ok(json.phases.every((p) => typeof p.duration === "string" && /^\d+(\.\d+)?s$/u.test(p.duration)), JSON.stringify(json.phases));
+    assert.equal(json.revisions["needs"], String(seeded[NEEDS]));
+
+    const binary = await client.compose(fromJson(ComposeRequestSchema, request));
+    const fromText = fromJson(ComposeResponseSchema, json);
+    // Phases time each composition: compare the rest.
+    fromText.phases = [];
+    binary.phases = [];
+    assert.ok(equals(ComposeResponseSchema, fromText, binary), "the JSON answer differs from the binary one");
+  });
+
+  it("Content-Type application/json with parameters and an empty body is the registry, in JSON", async () => {
+    const h = headers();
+    h.set("Content-Type", "application/json; charset=utf-8");
+    const reply = await nc!.request(PROVISIONING_SUBJECT, Empty, { timeout: 5000, headers: h });
+    assert.equal(reply.headers?.get("Content-Type"), "application/json");
+    const answer = fromJson(ProvisioningResponseSchema, reply.json());
+    assert.equal(answer.what, What.REGISTRY);
+    assert.equal(answer.registry.length, Object.keys(registry).length);
+  });
+
+  it("the Content-Type header is found in any letter case", async () => {
+    const h = headers();
+    h.set("content-type", "Application/JSON");
+    const reply = await nc!.request(COMPOSE_SUBJECT, '{"node":"novox"}', { timeout: 5000, headers: h });
+    assert.equal(errorOf(reply), undefined);
+    assert.equal(reply.headers?.get("Content-Type"), "application/json");
+    assert.equal(fromJson(ComposeResponseSchema, reply.json()).plans[0]?.module, "api");
+  });
+
+  it("an empty or whitespace body without headers is the registry, in protobuf binary", async () => {
+    for (const body of [Empty, " \r\n\t "]) {
+      const reply = await nc!.request(PROVISIONING_SUBJECT, body, { timeout: 5000 });
+      assert.equal(reply.headers?.get("Content-Type"), CONTENT_TYPE_PROTOBUF);
+      assert.equal(fromBinary(ProvisioningResponseSchema, reply.data).registry.length, Object.keys(registry).length);
+    }
+  });
+
+  it("any Content-Type but application/json means protobuf binary, whatever the body", async () => {
+    for (const [subject, type, schema] of [
+      [PROVISIONING_SUBJECT, CONTENT_TYPE_PROTOBUF, ProvisioningRequestSchema],
+      [COMPOSE_SUBJECT, "text/plain", ComposeRequestSchema],
+    ] as const) {
+      const h = headers();
+      h.set("Content-Type", type);
+      const reply = await nc!.request(subject, '{"node":"ace"}', { timeout: 5000, headers: h });
+      assert.equal(reply.headers?.get("Content-Type"), CONTENT_TYPE_PROTOBUF);
+      const err = errorOf(reply);
+      assert.ok(err instanceof ProvisionerError);
+      assert.equal(err.code, 400);
+      assert.match(err.description, new RegExp(`^the request does not decode as protobuf ${schema.typeName.replaceAll(".", "\\.")} \\(.*\\); send protobuf binary, or JSON with header Content-Type: application/json$`, "u"));
+    }
+  });
+
+  it("a JSON request with a field the contract does not define is a 400, in JSON", async () => {
+    for (const [subject, body, schema, field] of [
+      [PROVISIONING_SUBJECT, '{"what":"WHAT_NEEDS","nod":"ace"}', ProvisioningRequestSchema, "nod"],
+      [COMPOSE_SUBJECT, '{"node":"ace","modul":"web"}', ComposeRequestSchema, "modul"],
+    ] as const) {
+      const reply = await nc!.request(subject, body, { timeout: 5000 });
+      assert.equal(reply.headers?.get("Content-Type"), "application/json");
+      const err = errorOf(reply);
+      assert.ok(err instanceof ProvisionerError);
+      assert.equal(err.code, 400);
+      assert.match(err.description, new RegExp(`^the JSON request does not decode as ${schema.typeName.replaceAll(".", "\\.")}: .*unknown field "${field}"`, "u"));
+    }
+  });
+});
+
+describe("discovery", () => {
+  it("ping, info and stats name one instance of mesh-provisioner", async () => {
+    const [pings, infos, stats] = await Promise.all([client.ping(), client.info(), client.stats()]);
+    assert.equal(pings.length, 1);
+    const { id, version } = pings[0]!;
+    assert.equal(pings[0]!.name, SERVICE_NAME);
+    assert.match(id, /^\w+$/u);
+    assert.match(version, /^\d+\.\d+\.\d+/u);
+    for (const answer of [...infos, ...stats]) {
+      assert.deepStrictEqual([answer.name, answer.id, answer.version], [SERVICE_NAME, id, version]);
+    }
+    assert.deepStrictEqual((await client.ping({ id })).map((p) => p.id), [id]);
+    assert.deepStrictEqual(await client.ping({ id: "no-such-instance", maxWait: 500 }), []);
+  });
+
+  it("info describes both endpoints and the messages each takes and gives", async () => {
+    const [info] = await client.info();
+    assert.equal(info?.type, "io.nats.micro.v1.info_response");
+    assert.notEqual(info?.description, "");
+    const contentTypes = "application/protobuf, application/json";
+    assert.deepStrictEqual(info?.endpoints, [
+      {
+        name: PROVISIONING_ENDPOINT,
+        subject: PROVISIONING_SUBJECT,
+        queue_group: "q",
+        metadata: { request: ProvisioningRequestSchema.typeName, response: ProvisioningResponseSchema.typeName, content_types: contentTypes },
+      },
+      {
+        name: COMPOSE_ENDPOINT,
+        subject: COMPOSE_SUBJECT,
+        queue_group: "q",
+        metadata: { request: ComposeRequestSchema.typeName, response: ComposeResponseSchema.typeName, content_types: contentTypes },
+      },
+    ]);
+    assert.deepStrictEqual([PROVISIONING_SUBJECT, COMPOSE_SUBJECT], ["mesh-provisioner.provisioning", "mesh-provisioner.compose"]);
+    assert.deepStrictEqual([ComposeRequestSchema.typeName, ComposeResponseSchema.typeName], ["mesh.provisioner.v1.ComposeRequest", "mesh.provisioner.v1.ComposeResponse"]);
+  });
+
+  it("stats count each endpoint's requests, refusals and answers", async () => {
+    const before = await endpointStats();
+    for (const e of Object.values(before)) {
+      assert.deepStrictEqual(e.data?.loading, [], `loading of ${e.name}`);
+    }
+
+    await client.provisioning({ what: What.APPLIED });
+    await assert.rejects(client.provisioning({ what: What.APPLIED, collection: "environment" }), ProvisionerError);
+    await client.compose({ node: "ace" });
+    await client.compose({ node: "novox", module: "api" });
+    await assert.rejects(client.compose({ module: "web" }), ProvisionerError);
+
+    // The answers are counted just after they are sent: ask until they are.
+    let now = await endpointStats();
+    for (const deadline = Date.now() + 2000; Date.now() < deadline &&
+      (now.provisioning.data!.answered < before.provisioning.data!.answered + 1 || now.compose.data!.answered < before.compose.data!.answered + 2);) {
+      now = await endpointStats();
+    }
+    const counts = (e: EndpointStats) => [e.num_requests, e.num_errors, e.data?.answered, e.data?.answer_errors];
+    const plus = (e: EndpointStats, requests: number, errors: number, answered: number) =>
+      [e.num_requests + requests, e.num_errors + errors, e.data!.answered + answered, e.data!.answer_errors];
+    assert.deepStrictEqual(counts(now.provisioning), plus(before.provisioning, 2, 1, 1));
+    assert.deepStrictEqual(counts(now.compose), plus(before.compose, 3, 1, 2));
+    assert.match(now.provisioning.last_error, /^400:filter collection does not apply to WHAT_APPLIED/u);
+    assert.equal(now.compose.last_error, "400:node is required: the node to compose");
+  });
+});
+
+// Last: the final test writes a need, which the tests above do not expect.
+describe("read your writes", () => {
+  it("compose and provisioning answer at once a revision the copy has reached", async () => {
+    const minRevisions = { registry: registryRevision, needs: seeded[NEEDS]!, applied: seeded[APPLIED]!, collect: seeded[COLLECT]! };
+    const composed = await client.compose({ node: "ace", minRevisions });
+    assert.ok(composed.revisions!.needs >= seeded[NEEDS]!, `revisions.needs ${composed.revisions?.needs}, asked ${seeded[NEEDS]}`);
+    assert.ok(composed.revisions!.collect >= seeded[COLLECT]!);
+    assert.deepStrictEqual(composed.plans.map((p) => p.module), ["web", "worker"]);
+    assert.deepStrictEqual(composed.refusals.map((r) => r.key), ["ace.ml.gpu.cuda", "ace.web.port", "ace.worker.bound.cache", "ace.worker.port.metrics"]);
+    assert.equal(phaseMillis(composed, "wait"), 0);
+
+    const needs = await client.provisioning({ what: What.NEEDS, node: "ace", minRevision: seeded[NEEDS]! });
+    assert.ok(needs.revision >= seeded[NEEDS]!);
+  });
+
+  it("a revision the copy does not reach within 5s is a 503 naming the bucket, counted as an answer error", async () => {
+    const before = await endpointStats();
+    const started = Date.now();
+    await Promise.all([
+      assertRefused(client.provisioning({ what: What.APPLIED, minRevision: seeded[APPLIED]! + 100n }), 503,
+        `the server's copy of ${APPLIED} is at revision ${seeded[APPLIED]}, behind the ${seeded[APPLIED]! + 100n} asked for, after waiting 5s; ask again shortly`),
+      // Zero for a bucket is any revision: only collect is waited for.
+      assertRefused(client.compose({ node: "ace", minRevisions: { collect: seeded[COLLECT]! + 100n } }), 503,
+        `the server's copy of ${COLLECT} is at revision ${seeded[COLLECT]}, behind the ${seeded[COLLECT]! + 100n} asked for, after waiting 5s; ask again shortly`),
+    ]);
+    assert.ok(Date.now() - started >= 4900, `refused after ${Date.now() - started}ms, want the server's 5s wait`);
+
+    // Sent off the micro callback: answer_errors counts them, num_errors does not.
+    const now = await endpointStats();
+    for (const name of ["provisioning", "compose"] as const) {
+      assert.deepStrictEqual(
+        [now[name].num_requests, now[name].num_errors, now[name].last_error, now[name].data?.answered, now[name].data?.answer_errors],
+        [before[name].num_requests + 1, before[name].num_errors, before[name].last_error, before[name].data?.answered, before[name].data!.answer_errors + 1],
+        name,
+      );
+    }
+  });
+
+  it("a request for a revision not yet written waits for the write, then answers with it", async () => {
+    // The next write to the needs bucket gets the next revision.
+    const next = seeded[NEEDS]! + 1n;
+    const answer = client.compose({ node: "zed", minRevisions: { needs: next } });
+    answer.catch(() => {}); // awaited below
+    await sleep(200); // the request is waiting
+    // A KV put is a JetStream publish to $KV.<bucket>.<key>; the ack names the revision.
+    const ack = await nc!.request(`$KV.${NEEDS}.zed.api.port.http`,
+      toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:http}", required: true })), { timeout: 5000 });
+    assert.equal(BigInt(ack.json<{ seq: number }>().seq), next);
+
+    const composed = await answer;
+    assert.ok(phaseMillis(composed, "wait") > 0, "the request did not wait");
+    assert.equal(composed.revisions?.needs, next);
+    assert.deepStrictEqual(composed.plans, [create(ModulePlanSchema, {
+      module: "api",
+      items: [{
+        kind: "port", name: "http", placeholder: "${port:http}", owner: "mesh-controller",
+        location: inBucket("mesh-controller_assignments", "zed.api"), revision: next,
+      }],
+    })]);
+  });
+});

@@ -1,0 +1,45 @@
+package compose_test
+
+import (
+	"fmt"
+
+	"github.com/novox/mesh-provisioner/compose"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/registry"
+)
+
+func ExampleCompose() {
+	entries := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		entries[e.GetKind()] = e
+	}
+	out := compose.Compose(compose.Input{
+		Node:     "ace",
+		Registry: func(kind string) *provisionerv1.RegistryEntry { return entries[kind] },
+		Needs: []*provisionerv1.NeedRecord{
+			{Node: "ace", Module: "web", Kind: "bound", Name: "db", Need: &provisionerv1.Need{Provider: "pg", Local: "ro"}},
+			{Node: "ace", Module: "web", Kind: "gpu", Name: "cuda", Need: &provisionerv1.Need{}},
+			{Node: "ace", Module: "web", Kind: "port", Name: "http", Need: &provisionerv1.Need{}},
+			{Node: "ace", Module: "web", Kind: "secret", Name: "token", Need: &provisionerv1.Need{}},
+		},
+	})
+	for _, item := range out.GetPlans()[0].GetItems() {
+		if b := item.GetBucket(); b != nil {
+			fmt.Printf("%s:%s from %s key %s\n", item.GetKind(), item.GetName(), b.GetBucket(), b.GetKey())
+		} else {
+			fmt.Printf("%s:%s asked of %s\n", item.GetKind(), item.GetName(), item.GetVerb().GetSubject())
+		}
+	}
+	for _, p := range out.GetProvisions() {
+		fmt.Printf("provision: %s writes %s in %s\n", p.GetProvider(), p.GetKey(), p.GetBucket())
+	}
+	for _, r := range out.GetRefusals() {
+		fmt.Printf("refused %s: %s\n", r.GetKey(), r.GetDetail())
+	}
+	// Output:
+	// bound:db from pg_bound key ace.web.db.ro
+	// port:http from mesh-controller_assignments key ace.web
+	// secret:token asked of mesh-vault.secret
+	// provision: pg writes ace.web.db.ro in pg_bound
+	// refused ace.web.gpu.cuda: no registry entry answers kind "gpu"
+}
