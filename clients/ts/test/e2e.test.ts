@@ -114,8 +114,7 @@ interface Malformed {
 
 const malformed = {
   "ace.web.port": { bucket: NEEDS, key: "ace.web.port", reason: 'malformed key: "ace.web.port" has 3 tokens, want 4 (<node>.<module>.<kind>.<name>)' },
-  // Go's protobuf errors spell "proto:" with a space or a no-break space, at random.
-  "ace.worker.port.metrics": { bucket: NEEDS, key: "ace.worker.port.metrics", reason: /^value does not decode as mesh\.provisioner\.v1\.Need: proto:\s/u },
+  "ace.worker.port.metrics": { bucket: NEEDS, key: "ace.worker.port.metrics", reason: "value of 3 bytes does not decode as mesh.provisioner.v1.Need" },
   novox: { bucket: NEEDS, key: "novox", reason: 'malformed key: "novox" has 1 tokens, want 4 (<node>.<module>.<kind>.<name>)' },
   "novox.api.v2": { bucket: APPLIED, key: "novox.api.v2", reason: 'malformed key: "novox.api.v2" has 3 tokens, want 2 (<node>.<module>)' },
   "ace.shell=3a.web": {
