@@ -28,6 +28,24 @@ type Input struct {
 	Items []*provisionerv1.CollectRecord
 	// Revisions are those of the copy the input was read from.
 	Revisions *provisionerv1.Revisions
+	// Memo, if set, is what an earlier composition of the same Needs
+	// resolved: a need whose record and registry entry are the ones it
+	// resolved is not resolved again.
+	Memo *Memo
+}
+
+// Memo is what a composition resolved, need by need. It is read-only once
+// returned, and may be shared by compositions running at once.
+type Memo struct {
+	results []memoized // by index in Input.Needs
+}
+
+type memoized struct {
+	need      *provisionerv1.NeedRecord
+	entry     *provisionerv1.RegistryEntry // nil: no entry answered the kind
+	item      *provisionerv1.PlanItem      // never holds collection items
+	provision *provisionerv1.Provision
+	refusal   *provisionerv1.Refusal
 }
 
 // resolved is a registry entry made ready once per composition.
@@ -52,8 +70,10 @@ func (r *resolved) bucketOf(provider string) string {
 }
 
 // Compose resolves every need of in.Node (or of in.Module on it). It appends
-// the phases it timed, "resolve" and "items", to the answer's phases.
-func Compose(in Input) *provisionerv1.ComposeResponse {
+// the phases it timed, "resolve" and "items", to the answer's phases. For a
+// whole node it returns the Memo of what it resolved, to pass to the next
+// composition of the same needs: in.Memo itself when nothing had changed.
+func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
 	start := time.Now()
 	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
 	kinds := map[string]*resolved{}
@@ -73,21 +93,61 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 		return r
 	}
 
-	slab := newSlab(len(in.Needs))
+	var prior []memoized
+	if in.Memo != nil && len(in.Memo.results) == len(in.Needs) {
+		prior = in.Memo.results
+	}
+	// Without a memo every need is resolved: one array each of the size of
+	// the needs. With one, few are: small arrays, grown as needed.
+	slab := &slab{first: len(in.Needs), size: len(in.Needs)}
+	if prior != nil {
+		slab.first = 16
+	}
+	// results is made on the first need that prior does not hold, from a
+	// copy of what prior held until then; nil while every need is reused.
+	var results []memoized
 	// Needs come in key order, so a module's items are contiguous: each
 	// plan's items are a window on one backing array.
 	items := make([]*provisionerv1.PlanItem, 0, len(in.Needs))
 	var plan *provisionerv1.ModulePlan
 	var planStart int
 	var collections []*provisionerv1.PlanItem
-	for _, need := range in.Needs {
+	for i, need := range in.Needs {
 		if in.Module != "" && need.GetModule() != in.Module {
 			continue
 		}
-		item, provision, refusal := resolveNeed(in.Node, need, resolve(need.GetKind()), slab)
+		r := resolve(need.GetKind())
+		var entry *provisionerv1.RegistryEntry
+		if r != nil {
+			entry = r.entry
+		}
+		var res memoized
+		if prior != nil && prior[i].need == need && prior[i].entry == entry {
+			res = prior[i]
+		} else {
+			res.need, res.entry = need, entry
+			res.item, res.provision, res.refusal = resolveNeed(in.Node, need, r, slab)
+			if results == nil && in.Module == "" {
+				results = make([]memoized, len(in.Needs))
+				copy(results, prior)
+			}
+		}
+		if results != nil {
+			results[i] = res
+		}
+		item, provision, refusal := res.item, res.provision, res.refusal
 		if refusal != nil {
 			out.Refusals = append(out.Refusals, refusal)
 			continue
+		}
+		if item.GetCollection() != "" {
+			// The memo's item stays without items: each composition has
+			// its own, holding the collection as it is now.
+			item = &provisionerv1.PlanItem{
+				Kind: item.GetKind(), Name: item.GetName(), Placeholder: item.GetPlaceholder(), Owner: item.GetOwner(),
+				Location: item.GetLocation(), Collection: item.GetCollection(), Revision: item.GetRevision(),
+			}
+			collections = append(collections, item)
 		}
 		if plan == nil || plan.GetModule() != need.GetModule() {
 			plan = &provisionerv1.ModulePlan{Module: need.GetModule()}
@@ -98,9 +158,6 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 		plan.Items = items[planStart:len(items):len(items)]
 		if provision != nil {
 			out.Provisions = append(out.Provisions, provision)
-		}
-		if item.GetCollection() != "" {
-			collections = append(collections, item)
 		}
 	}
 	for _, m := range in.Malformed {
@@ -135,7 +192,15 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 		}
 	}
 	out.Phases = append(out.Phases, phase("items", time.Since(mark)))
-	return out
+	switch {
+	case in.Module != "":
+		return out, nil // a memo covers every need of the node
+	case results == nil && prior != nil:
+		return out, in.Memo
+	case results == nil:
+		return out, &Memo{} // a node without needs
+	}
+	return out, &Memo{results: results}
 }
 
 func phase(name string, d time.Duration) *provisionerv1.Phase {
@@ -146,25 +211,19 @@ func phase(name string, d time.Duration) *provisionerv1.Phase {
 // rather than one by one: a node has thousands of needs, and each message
 // allocated alone costs the garbage collector too.
 type slab struct {
+	first   int // the size of each first array
+	size    int // the needs composed: no array is made larger
 	items   []provisionerv1.PlanItem
 	buckets []provisionerv1.PlanItem_Bucket
 	keys    []provisionerv1.BucketKey
 }
 
-func newSlab(needs int) *slab {
-	return &slab{
-		items:   make([]provisionerv1.PlanItem, 0, needs),
-		buckets: make([]provisionerv1.PlanItem_Bucket, 0, needs),
-		keys:    make([]provisionerv1.BucketKey, 0, needs),
-	}
-}
-
-// next returns a new message from a slab's array: its address, which stays
-// valid (the array never grows past the capacity it was made with, and a
-// new array is made if it would).
-func next[T any](arr *[]T) *T {
+// next returns a new message from one of a slab's arrays. A full array is
+// never grown, which would move the messages handed out: a new one is made,
+// twice as large up to the slab's size.
+func next[T any](s *slab, arr *[]T) *T {
 	if len(*arr) == cap(*arr) {
-		*arr = make([]T, 0, max(cap(*arr), 16))
+		*arr = make([]T, 0, max(min(2*cap(*arr), s.size), s.first))
 	}
 	*arr = (*arr)[:len(*arr)+1]
 	return &(*arr)[len(*arr)-1]
@@ -183,7 +242,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab 
 	if r == nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_DOMAIN, "no registry entry answers kind %q", need.GetKind())
 	}
-	item := next(&slab.items)
+	item := next(slab, &slab.items)
 	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
 	item.Owner, item.Revision = r.entry.GetOwner(), need.GetRevision()
 	if verb := r.entry.GetVerb(); verb != nil {
@@ -222,7 +281,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab 
 	if err != nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "%v", err)
 	}
-	location, bucketKey := next(&slab.buckets), next(&slab.keys)
+	location, bucketKey := next(slab, &slab.buckets), next(slab, &slab.keys)
 	bucketKey.Bucket, bucketKey.Key = bucket, key
 	location.Bucket = bucketKey
 	item.Location = location

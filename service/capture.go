@@ -88,7 +88,7 @@ func NewReplay(capture *provisionerv1.Capture) (*Replay, error) {
 // Compose composes a node as the compose verb would; it does not check the
 // request, nor wait for revisions.
 func (r *Replay) Compose(in *provisionerv1.ComposeRequest) *provisionerv1.ComposeResponse {
-	out, _ := r.mirror.compose(in, 0)
+	out, _ := r.mirror.compose(in, 0, true)
 	return out
 }
 

@@ -52,7 +52,7 @@ func checkCompose(in *provisionerv1.ComposeRequest) *codedError {
 // compose composes a node from the copy, and logs it if it was slow.
 func (s *Service) compose(in *provisionerv1.ComposeRequest, waited time.Duration) *provisionerv1.ComposeResponse {
 	start := time.Now()
-	out, input := s.mirror.compose(in, waited)
+	out, input := s.mirror.compose(in, waited, true)
 	took := waited + time.Since(start)
 	slow := took > s.slowCompose
 	unchanged := s.compositions.remember(in.GetNode()+"\x00"+in.GetModule(), input, out, slow)
@@ -67,9 +67,11 @@ func (s *Service) compose(in *provisionerv1.ComposeRequest, waited time.Duration
 	return out
 }
 
-// compose composes a node from the copy. It returns what the composition
-// read, to tell whether a later one read the same.
-func (m *mirror) compose(in *provisionerv1.ComposeRequest, waited time.Duration) (*provisionerv1.ComposeResponse, composeInput) {
+// compose composes a node from the copy. With reuse, needs that neither
+// changed nor had their registry entry change since the node's last
+// composition are not resolved again. It returns what the composition read,
+// to tell whether a later one read the same.
+func (m *mirror) compose(in *provisionerv1.ComposeRequest, waited time.Duration, reuse bool) (*provisionerv1.ComposeResponse, composeInput) {
 	start := time.Now()
 	needs, needsChanged, needsRevision := m.needs.groupOf(in.GetNode())
 	items, itemsChanged, collectRevision := m.collect.groupOf(in.GetNode())
@@ -84,7 +86,7 @@ func (m *mirror) compose(in *provisionerv1.ComposeRequest, waited time.Duration)
 		Collect:  collectRevision,
 	}
 	read := time.Since(start)
-	out := compose.Compose(compose.Input{
+	input := compose.Input{
 		Node:      in.GetNode(),
 		Module:    in.GetModule(),
 		Registry:  m.registryEntry,
@@ -92,7 +94,14 @@ func (m *mirror) compose(in *provisionerv1.ComposeRequest, waited time.Duration)
 		Malformed: malformed,
 		Items:     items.records,
 		Revisions: revisions,
-	})
+	}
+	if reuse {
+		input.Memo = needs.memo.Load()
+	}
+	out, memo := compose.Compose(input)
+	if reuse && memo != nil && memo != input.Memo {
+		needs.memo.Store(memo)
+	}
 	out.Phases = append([]*provisionerv1.Phase{
 		{Name: "wait", Duration: durationpb.New(waited)},
 		{Name: "read", Duration: durationpb.New(read)},

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -391,5 +392,47 @@ func TestSlowCompositionLog(t *testing.T) {
 	phases, ok := lines[0]["phases"].(map[string]any)
 	if !ok || len(phases) != 4 || phases["resolve"] == nil || lines[0]["node"] != "ace" {
 		t.Errorf("slow composition line lacks its node or phases: %v", lines[0])
+	}
+}
+
+func TestComposeFollowsRegistryChanges(t *testing.T) {
+	t.Parallel()
+	m := newComposeMesh(t)
+	ctx := context.Background()
+	before := m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", Module: "web"})
+	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"}) // resolved once, and remembered
+
+	// The port kind moves to another bucket: the next composition resolves
+	// the port needs again, and only the registry changed.
+	entry := &provisionerv1.RegistryEntry{Kind: "port", Owner: "mesh-ports", Description: "Ports, from their own domain.",
+		Source: &provisionerv1.RegistryEntry_Bucket{Bucket: &provisionerv1.BucketSource{Bucket: "mesh-ports", KeyShape: "<node>.<module>.<name>"}}}
+	value, err := proto.Marshal(entry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := servicetest.Bucket(t, m.nc, keys.RegistryBucket).Put(ctx, "port", value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Registry: rev}})
+	var port *provisionerv1.PlanItem
+	for _, item := range after.GetPlans()[0].GetItems() {
+		if item.GetKind() == "port" {
+			port = item
+		}
+	}
+	if diff := cmp.Diff(&provisionerv1.PlanItem{Kind: "port", Name: "http", Placeholder: "${port:http}", Owner: "mesh-ports", Location: bucketKey("mesh-ports", "ace.web.http")},
+		port, ignoreVolatile...); diff != "" {
+		t.Errorf("port need after the registry changed (-want +got):\n%s", diff)
+	}
+	// Everything else is as before.
+	webBefore, webAfter := before.GetPlans()[0].GetItems(), after.GetPlans()[0].GetItems()
+	for i := range webBefore {
+		if webBefore[i].GetKind() == "port" {
+			continue
+		}
+		if diff := cmp.Diff(webBefore[i], webAfter[i], ignoreVolatile...); diff != "" {
+			t.Errorf("%s need changed with the port entry (-before +after):\n%s", webBefore[i].GetKind(), diff)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 )
@@ -20,8 +21,8 @@ import (
 // for a key out of the bucket's shape, the report of it.
 type held[R proto.Message] struct {
 	key       string
-	tokens    []string
-	record    R // nil when malformed is set
+	record    R        // nil when malformed is set
+	tokens    []string // of a malformed key only: filters read them
 	malformed *provisionerv1.MalformedKey
 }
 
@@ -40,6 +41,9 @@ type group[R proto.Message] struct {
 type view[R proto.Message] struct {
 	records   []R
 	malformed []*held[R]
+	// memo is what the last composition of a node resolved from these
+	// records (needs' views only); a change makes a new view without one.
+	memo atomic.Pointer[compose.Memo]
 }
 
 // bucketCopy is the watched copy of one bucket, grouped by the key's first
@@ -122,12 +126,13 @@ func (c *bucketCopy[R]) keepOnly(live map[string]bool) {
 
 // apply takes one change into the copy: a put, or a delete or purge.
 func (c *bucketCopy[R]) apply(key string, value []byte, revision uint64, deleted bool) {
-	tokens := strings.Split(key, ".")
+	first, _, _ := strings.Cut(key, ".")
 	var h *held[R]
 	if !deleted {
-		h = &held[R]{key: key, tokens: tokens}
+		h = &held[R]{key: key}
 		record, err := c.decode(key, value, revision)
 		if err != nil {
+			h.tokens = strings.Split(key, ".")
 			h.malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
 		} else {
 			h.record = record
@@ -140,13 +145,13 @@ func (c *bucketCopy[R]) apply(key string, value []byte, revision uint64, deleted
 		close(c.advanced)
 		c.advanced = make(chan struct{})
 	}
-	g := c.groups[tokens[0]]
+	g := c.groups[first]
 	if g == nil {
 		if deleted {
 			return
 		}
 		g = &group[R]{byKey: map[string]*held[R]{}}
-		c.groups[tokens[0]] = g
+		c.groups[first] = g
 	}
 	g.changedAt = revision
 	g.view.Store(nil)
