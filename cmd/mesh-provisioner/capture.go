@@ -5,10 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -25,10 +23,7 @@ MESH_COMPOSE_CAPTURE=FILE make bench.`
 func captureCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mesh-provisioner capture", flag.ContinueOnError)
 	var conn connectFlags
-	conn.register(fs, "URL of the mesh's NATS")
-	conn.url = "nats://127.0.0.1:4222"
-	fs.Lookup("nats-url").DefValue = conn.url
-	inbox := fs.String("inbox-prefix", "", "inbox prefix of the identity connecting (its permissions must let it watch every bucket)")
+	conn.registerClient(fs)
 	out := fs.String("out", "", "the file to write. Required")
 	if err := parseFlags(fs, args, stderr, captureSynopsis); err != nil {
 		return err
@@ -36,11 +31,7 @@ func captureCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *out == "" {
 		return fmt.Errorf("capture: --out FILE is required")
 	}
-	var opts []nats.Option
-	if *inbox != "" {
-		opts = append(opts, nats.CustomInboxPrefix(*inbox))
-	}
-	nc, err := conn.connect(conn.url, "mesh-provisioner capture", slog.New(slog.DiscardHandler), opts...)
+	nc, err := conn.connectClient("mesh-provisioner capture")
 	if err != nil {
 		return err
 	}

@@ -14,11 +14,30 @@ import (
 type connectFlags struct {
 	url   string
 	creds string
+	inbox string
 }
 
-func (c *connectFlags) register(fs *flag.FlagSet, urlUsage string) {
-	fs.StringVar(&c.url, "nats-url", "", urlUsage)
+// defaultClientURL is where the commands that are clients of a mesh look for
+// it: where make run serves.
+const defaultClientURL = "nats://127.0.0.1:4222"
+
+func (c *connectFlags) register(fs *flag.FlagSet, defaultURL, urlUsage string) {
+	fs.StringVar(&c.url, "nats-url", defaultURL, urlUsage)
 	fs.StringVar(&c.creds, "creds", "", "NATS credentials file (user JWT and seed) for --nats-url")
+}
+
+// registerClient registers the flags of a command that is a client of a
+// mesh: its URL, credentials, and the inbox prefix of the identity it
+// connects as.
+func (c *connectFlags) registerClient(fs *flag.FlagSet) {
+	c.register(fs, defaultClientURL, "URL of the mesh's NATS")
+	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, such as _INBOX_ace for node ace's credentials")
+}
+
+// connectClient connects a client command, quietly: it reports failures as
+// its error.
+func (c *connectFlags) connectClient(name string) (*nats.Conn, error) {
+	return c.connect(c.url, name, slog.New(slog.DiscardHandler))
 }
 
 // connect opens a connection to url with the credentials given, failing
@@ -37,6 +56,9 @@ func (c *connectFlags) connect(url, name string, logger *slog.Logger, extra ...n
 	}, extra...)
 	if c.creds != "" {
 		opts = append(opts, nats.UserCredentials(c.creds))
+	}
+	if c.inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(c.inbox))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

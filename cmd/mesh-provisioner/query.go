@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -38,10 +37,7 @@ var whats = map[string]provisionerv1.What{
 func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mesh-provisioner query", flag.ContinueOnError)
 	var conn connectFlags
-	conn.register(fs, "URL of the NATS the service answers on")
-	conn.url = "nats://127.0.0.1:4222"
-	fs.Lookup("nats-url").DefValue = conn.url
-	inbox := fs.String("inbox-prefix", "", "inbox prefix of the identity connecting, such as _INBOX_ace for node ace's credentials")
+	conn.registerClient(fs)
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
 	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
 	var req provisionerv1.ProvisioningRequest
@@ -63,11 +59,7 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	req.What = what
 
-	var opts []nats.Option
-	if *inbox != "" {
-		opts = append(opts, nats.CustomInboxPrefix(*inbox))
-	}
-	nc, err := conn.connect(conn.url, "mesh-provisioner query", slog.New(slog.DiscardHandler), opts...)
+	nc, err := conn.connectClient("mesh-provisioner query")
 	if err != nil {
 		return err
 	}

@@ -45,7 +45,7 @@ type serveFlags struct {
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mesh-provisioner serve", flag.ContinueOnError)
 	var f serveFlags
-	f.connect.register(fs, "URL of an existing NATS to join; empty embeds a nats-server")
+	f.connect.register(fs, "", "URL of an existing NATS to join; empty embeds a nats-server")
 	f.log.register(fs)
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "host:port the embedded nats-server listens on (port 0 picks a free one)")
 	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store")

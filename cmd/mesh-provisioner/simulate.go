@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,9 +25,7 @@ load and benchmarks (capture it with mesh-provisioner capture).`
 func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mesh-provisioner simulate", flag.ContinueOnError)
 	var conn connectFlags
-	conn.register(fs, "URL of the mesh's NATS")
-	conn.url = "nats://127.0.0.1:4222"
-	fs.Lookup("nats-url").DefValue = conn.url
+	conn.registerClient(fs)
 	var cfg synth.Config
 	fs.IntVar(&cfg.Nodes, "nodes", 4, "how many nodes")
 	fs.IntVar(&cfg.Modules, "modules", 60, "modules per node")
@@ -41,7 +38,7 @@ func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.Nodes < 1 || cfg.Modules < 1 || cfg.Needs < 1 {
 		return fmt.Errorf("simulate: --nodes, --modules and --needs must be at least 1")
 	}
-	nc, err := conn.connect(conn.url, "mesh-provisioner simulate", slog.New(slog.DiscardHandler))
+	nc, err := conn.connectClient("mesh-provisioner simulate")
 	if err != nil {
 		return err
 	}
