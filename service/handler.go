@@ -52,21 +52,19 @@ func (s *Service) handle(req micro.Request, count *counters, in proto.Message, c
 		s.refuse(req, enc, &codedError{CodeNotReady, "the server is stopping; ask another instance or again shortly"})
 		return
 	}
-	if len(pending) > 0 {
-		select {
-		case s.waiting <- struct{}{}:
-		default:
-			s.answers.Done()
-			s.refuse(req, enc, &codedError{CodeNotReady, fmt.Sprintf("%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))})
-			return
-		}
-	}
 	if len(pending) == 0 {
 		s.slots <- struct{}{} // backpressure: the callback waits for a worker
 		go func() {
 			defer func() { <-s.slots; s.answers.Done() }()
 			s.send(req, enc, count, answer(0), nil)
 		}()
+		return
+	}
+	select {
+	case s.waiting <- struct{}{}:
+	default:
+		s.answers.Done()
+		s.refuse(req, enc, &codedError{CodeNotReady, fmt.Sprintf("%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))})
 		return
 	}
 	go func() {
