@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -21,17 +22,10 @@ func envName(flagName string) string {
 // parseFlags sets each flag from its environment variable, then from args,
 // so the command line wins. Usage lists the variables beside the flags.
 func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, synopsis string) error {
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "%s\n\nFlags (each also set by its environment variable):\n", synopsis)
-		fs.VisitAll(func(f *flag.Flag) {
-			def := ""
-			if f.DefValue != "" {
-				def = fmt.Sprintf(" (default %q)", f.DefValue)
-			}
-			fmt.Fprintf(stderr, "  --%s  [$%s]\n      %s%s\n", f.Name, envName(f.Name), f.Usage, def)
-		})
-	}
+	// The flag package would print an error and the whole usage; the
+	// command prints the error alone, on one line, and the usage on --help.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
 		if err != nil {
@@ -46,13 +40,30 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer, synopsis stri
 	if err != nil {
 		return err
 	}
-	if err := fs.Parse(args); err != nil {
+	switch err := fs.Parse(args); {
+	case errors.Is(err, flag.ErrHelp):
+		printUsage(fs, stderr, synopsis)
 		return err
+	case err != nil:
+		return fmt.Errorf("%v; run with --help", err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q; run with --help", fs.Arg(0))
 	}
 	return nil
+}
+
+// printUsage writes a command's synopsis and its flags, each with its
+// environment variable.
+func printUsage(fs *flag.FlagSet, w io.Writer, synopsis string) {
+	fmt.Fprintf(w, "%s\n\nFlags (each also set by its environment variable):\n", synopsis)
+	fs.VisitAll(func(f *flag.Flag) {
+		def := ""
+		if f.DefValue != "" {
+			def = fmt.Sprintf(" (default %q)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  --%s  [$%s]\n      %s%s\n", f.Name, envName(f.Name), f.Usage, def)
+	})
 }
 
 // logFlags are the logging flags every command shares.

@@ -142,6 +142,8 @@ func TestBadSettingsExitWithOneLine(t *testing.T) {
 		{"bad variable", nil, []string{"MESH_PROVISIONER_REGISTRY_INTERVAL=often"}, `$MESH_PROVISIONER_REGISTRY_INTERVAL="often"`},
 		{"unknown command", []string{"frobnicate"}, nil, `unknown command "frobnicate"`},
 		{"stray argument", []string{"serve", "--replicas", "1", "extra"}, nil, `unexpected argument "extra"`},
+		{"not a number", []string{"--replicas", "three"}, nil, `invalid value "three" for flag -replicas`},
+		{"unknown flag", []string{"query", "--colour"}, nil, "flag provided but not defined: -colour; run with --help"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
