@@ -55,7 +55,12 @@ func (s *Service) compose(in *provisionerv1.ComposeRequest, waited time.Duration
 	out, input := s.mirror.compose(in, waited, true)
 	took := waited + time.Since(start)
 	slow := took > s.slowCompose
-	unchanged := s.compositions.remember(in.GetNode()+"\x00"+in.GetModule(), input, out, slow)
+	unchanged := false
+	// Only compositions that hold something are remembered: a request for a
+	// node or module the mesh does not have must not grow the memory.
+	if len(out.GetPlans())+len(out.GetRefusals()) > 0 {
+		unchanged = s.compositions.remember(in.GetNode()+"\x00"+in.GetModule(), input, out, slow)
+	}
 	if slow {
 		attrs := []any{"node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(out.GetPhases())}
 		if unchanged {
