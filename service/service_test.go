@@ -80,14 +80,14 @@ func newMesh(t *testing.T) *mesh {
 	}
 	put(t, needs, "ace.web.port", encode(t, &provisionerv1.Need{}))
 	putRaw(t, nc, keys.NeedsBucket, "novox.web:api.port.http", encode(t, &provisionerv1.Need{}))
-	put(t, needs, "ace.db.config.bad", garbage)
+	lastNeed := put(t, needs, "ace.db.config.bad", garbage)
 
 	applied := servicetest.Bucket(t, nc, keys.AppliedBucket)
 	for _, key := range []string{"ace.web", "ace.db", "novox.web"} {
 		put(t, applied, key, encode(t, &provisionerv1.Applied{PlanDigest: "sha256:" + key}))
 	}
 	put(t, applied, "ace.web.extra", encode(t, &provisionerv1.Applied{}))
-	put(t, applied, "novox.api", garbage)
+	lastApplied := put(t, applied, "novox.api", garbage)
 
 	collect := servicetest.Bucket(t, nc, keys.CollectBucket)
 	for _, k := range []keys.CollectKey{
@@ -103,15 +103,20 @@ func newMesh(t *testing.T) *mesh {
 		put(t, collect, key, encode(t, &provisionerv1.CollectItem{Value: "from " + k.Contributor}))
 	}
 	put(t, collect, "ace.shell=3a.web", encode(t, &provisionerv1.CollectItem{}))
-	put(t, collect, "ace.environment", encode(t, &provisionerv1.CollectItem{}))
+	lastItem := put(t, collect, "ace.environment", encode(t, &provisionerv1.CollectItem{}))
 
 	reg := servicetest.Bucket(t, nc, keys.RegistryBucket)
 	put(t, reg, "weird", encode(t, &provisionerv1.RegistryEntry{Kind: "other"}))
-	last := put(t, reg, "too.many", encode(t, &provisionerv1.RegistryEntry{Kind: "too"}))
+	lastEntry := put(t, reg, "too.many", encode(t, &provisionerv1.RegistryEntry{Kind: "too"}))
 
-	// The copy follows the buckets asynchronously: wait until the last
-	// write is in.
-	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return a.GetRevision() >= last }, &provisionerv1.ProvisioningRequest{})
+	// The copy follows the buckets asynchronously: ask each bucket with the
+	// revision of its last write, which answers once the copy holds it.
+	for what, last := range map[provisionerv1.What]uint64{
+		provisionerv1.What_WHAT_REGISTRY: lastEntry, provisionerv1.What_WHAT_NEEDS: lastNeed,
+		provisionerv1.What_WHAT_APPLIED: lastApplied, provisionerv1.What_WHAT_COLLECT: lastItem,
+	} {
+		m.ask(t, &provisionerv1.ProvisioningRequest{What: what, MinRevision: last})
+	}
 	return m
 }
 
