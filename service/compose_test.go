@@ -436,3 +436,41 @@ func TestComposeFollowsRegistryChanges(t *testing.T) {
 		}
 	}
 }
+
+func TestWaitingRequestsAreBounded(t *testing.T) {
+	t.Parallel()
+	m := newComposeMesh(t, func(c *service.Config) {
+		c.MaxWaiting = 1
+		c.RevisionWait = 2 * time.Second
+	})
+	ctx := context.Background()
+	far := &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: 1 << 40}}
+	first := make(chan error, 1)
+	go func() {
+		_, err := client.New(m.nc).Compose(ctx, far)
+		first <- err
+	}()
+	// Another request finds the one place taken, and is refused at once.
+	// (Until the first is waiting, an attempt may take the place itself and
+	// time out here; the next is refused.)
+	var serr *client.ServiceError
+	for attempt := 0; ; attempt++ {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := client.New(m.nc).Compose(short, far)
+		cancel()
+		if errors.As(err, &serr) && strings.Contains(serr.Description, "1 requests already wait") {
+			break
+		}
+		if attempt == 3 {
+			t.Fatalf("a request beyond the one that may wait was not refused at once: %v", err)
+		}
+	}
+	if serr.Code != service.CodeNotReady {
+		t.Errorf("code %d, want 503", serr.Code)
+	}
+	// The first request waited its bounded wait, or was the one refused.
+	if err := <-first; !errors.As(err, &serr) || serr.Code != service.CodeNotReady {
+		t.Errorf("the first request ended with %v, want a 503", err)
+	}
+	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"}) // and the service still answers
+}

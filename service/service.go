@@ -52,16 +52,16 @@ type Config struct {
 	// SlowCompose is the duration over which a composition is logged with
 	// its phases; zero means 100ms.
 	SlowCompose time.Duration
+	// MaxWaiting bounds the requests waiting for revisions at once; more
+	// are refused with a 503 rather than held. Zero means 1024.
+	MaxWaiting int
 }
-
-// maxWaiting bounds the requests waiting for revisions at once; more are
-// refused with a 503 rather than held.
-const maxWaiting = 1024
 
 // Defaults of Config.
 const (
 	DefaultRevisionWait = 5 * time.Second
 	DefaultSlowCompose  = 100 * time.Millisecond
+	DefaultMaxWaiting   = 1024
 )
 
 // Service is a running mesh-provisioner micro service.
@@ -115,6 +115,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.SlowCompose <= 0 {
 		cfg.SlowCompose = DefaultSlowCompose
 	}
+	if cfg.MaxWaiting <= 0 {
+		cfg.MaxWaiting = DefaultMaxWaiting
+	}
 	js, err := jetstream.New(cfg.Conn)
 	if err != nil {
 		return nil, err
@@ -124,7 +127,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		mirror:       newMirror(),
 		logger:       cfg.Logger,
 		slots:        make(chan struct{}, cfg.Concurrency),
-		waiting:      make(chan struct{}, maxWaiting),
+		waiting:      make(chan struct{}, cfg.MaxWaiting),
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{ProvisioningEndpoint: {}, ComposeEndpoint: {}},

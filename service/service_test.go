@@ -586,3 +586,20 @@ authorization {
 		t.Errorf("bad request before load = %v, want a 400", err)
 	}
 }
+
+func TestAnswerLargerThanMaxPayload(t *testing.T) {
+	t.Parallel()
+	s := natstest.StartWithConfig(t, "max_payload: 2048")
+	nc := natstest.Connect(t, s)
+	servicetest.Start(t, nc)
+	// The registry, in JSON, is larger than 2 KiB.
+	reply := raw(t, nc, service.ContentTypeJSON, []byte(`{"what":"WHAT_REGISTRY"}`))
+	var serr *client.ServiceError
+	if err := client.ErrorOf(reply); !errors.As(err, &serr) || serr.Code != service.CodeInternal || !strings.Contains(serr.Description, "more than the 2048 the NATS server carries (max_payload); narrow the request") {
+		t.Fatalf("answer over max_payload: %v, want a 500 saying to narrow the request", err)
+	}
+	// A narrow request is answered.
+	if _, err := client.New(nc).Provisioning(context.Background(), &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"}); err != nil {
+		t.Errorf("narrow request: %v", err)
+	}
+}
