@@ -13,17 +13,20 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
 
-const querySynopsis = `Usage: mesh-provisioner query registry|needs|applied|collect [flags]
+const querySynopsis = `Usage: mesh-provisioner query registry|needs|applied|collect|compose [flags]
 
-Asks the verb mesh-provisioner.provisioning and prints the answer: an aligned
-table for people, malformed keys in a section of their own, or protobuf JSON
-with --json. needs and applied are narrowed by --node and --module; collect by
---node, --contributor and --collection; the registry by nothing. Exits non-zero
+Asks the verb mesh-provisioner.provisioning (or, for compose, the verb
+mesh-provisioner.compose) and prints the answer: an aligned table for people,
+malformed keys, provisions and refusals in sections of their own, or protobuf
+JSON with --json. needs and applied are narrowed by --node and --module;
+collect by --node, --contributor and --collection; the registry by nothing;
+compose takes --node and, to compose one module, --module. Exits non-zero
 with the service's sentence when it refuses the request.`
 
 // whats maps the command's words to the request's what.
@@ -41,8 +44,8 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
 	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
 	var req provisionerv1.ProvisioningRequest
-	fs.StringVar(&req.Node, "node", "", "only records of this node")
-	fs.StringVar(&req.Module, "module", "", "only records of this module (needs, applied)")
+	fs.StringVar(&req.Node, "node", "", "only records of this node; for compose, the node composed")
+	fs.StringVar(&req.Module, "module", "", "only records of this module (needs, applied, compose)")
 	fs.StringVar(&req.Contributor, "contributor", "", "only items of this contributor (collect)")
 	fs.StringVar(&req.Collection, "collection", "", "only items of this collection, by its readable name (collect)")
 
@@ -54,8 +57,11 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	what, ok := whats[word]
-	if !ok {
-		return fmt.Errorf("query %q: ask registry, needs, applied or collect", word)
+	if !ok && word != "compose" {
+		return fmt.Errorf("query %q: ask registry, needs, applied, collect or compose", word)
+	}
+	if word == "compose" && (req.Contributor != "" || req.Collection != "") {
+		return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
 	}
 	req.What = what
 
@@ -66,13 +72,24 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	answer, err := client.New(nc).Provisioning(ctx, &req)
+	c := client.New(nc)
+	var answer proto.Message
+	var print func() error
+	if word == "compose" {
+		var composed *provisionerv1.ComposeResponse
+		composed, err = c.Compose(ctx, &provisionerv1.ComposeRequest{Node: req.Node, Module: req.Module})
+		answer, print = composed, func() error { return printComposition(stdout, composed) }
+	} else {
+		var provisioning *provisionerv1.ProvisioningResponse
+		provisioning, err = c.Provisioning(ctx, &req)
+		answer, print = provisioning, func() error { return printTable(stdout, provisioning) }
+	}
 	var serr *client.ServiceError
 	switch {
 	case errors.As(err, &serr):
 		return fmt.Errorf("the service refused: %d %s", serr.Code, serr.Description)
 	case errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("no mesh-provisioner service answers on %s at %s", client.New(nc).Subject(), conn.url)
+		return fmt.Errorf("no mesh-provisioner service answers at %s", conn.url)
 	case err != nil:
 		return err
 	}
@@ -84,7 +101,7 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		_, err = fmt.Fprintln(stdout, string(b))
 		return err
 	}
-	return printTable(stdout, answer)
+	return print()
 }
 
 // printTable writes an answer as aligned columns, its malformed keys in a
@@ -159,4 +176,52 @@ func plural(n int, word string) string {
 		return word
 	}
 	return word + "s"
+}
+
+// printComposition writes a composition as aligned columns: the plans, then
+// provisions and refusals in sections of their own.
+func printComposition(w io.Writer, a *provisionerv1.ComposeResponse) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	row("MODULE", "KIND", "NAME", "OWNER", "WHERE", "ITEMS")
+	items := 0
+	for _, plan := range a.GetPlans() {
+		for _, it := range plan.GetItems() {
+			where, collected := "", "-"
+			if b := it.GetBucket(); b != nil {
+				where = b.GetBucket() + " " + b.GetKey()
+			} else {
+				where = "verb " + it.GetVerb().GetSubject()
+			}
+			if it.GetCollection() != "" {
+				collected = strconv.Itoa(len(it.GetItems()))
+			}
+			row(plan.GetModule(), it.GetKind(), it.GetName(), it.GetOwner(), where, collected)
+			items++
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	r := a.GetRevisions()
+	fmt.Fprintf(w, "%d %s in %d %s, at revisions registry %d, needs %d, collect %d\n",
+		items, plural(items, "need"), len(a.GetPlans()), plural(len(a.GetPlans()), "plan"), r.GetRegistry(), r.GetNeeds(), r.GetCollect())
+	if len(a.GetProvisions()) > 0 {
+		fmt.Fprintf(w, "\nProvisions (%d): what providers must provision\n", len(a.GetProvisions()))
+		row("PROVIDER", "BUCKET", "KEY", "MODULE", "PROVISION")
+		for _, p := range a.GetProvisions() {
+			row(p.GetProvider(), p.GetBucket(), p.GetKey(), p.GetModule(), p.GetProvision())
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(a.GetRefusals()) > 0 {
+		fmt.Fprintf(w, "\nRefusals (%d): needs that cannot be resolved\n", len(a.GetRefusals()))
+		row("KEY", "REASON", "DETAIL")
+		for _, r := range a.GetRefusals() {
+			row(r.GetKey(), strings.TrimPrefix(r.GetReason().String(), "REFUSAL_REASON_"), r.GetDetail())
+		}
+	}
+	return tw.Flush()
 }

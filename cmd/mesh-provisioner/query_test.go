@@ -48,6 +48,7 @@ func queryMesh(t *testing.T) string {
 		must(c.PutNeed(ctx, "web", "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "pg", Provision: "db", Local: "ro"}))
 		must(c.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + node, AppliedAt: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Placeholders: []string{"${port:http}", "${bound:db}"}}))
 		must(c.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export PORT=8080", Order: 10}))
+		must(c.PutNeed(ctx, "web", "shell", "zsh:normal", &provisionerv1.Need{Placeholder: "${shell:zsh:normal}"}))
 	}
 	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
 	must(needs.Put(ctx, "ace.web.port", nil))
@@ -89,6 +90,7 @@ func TestQueryTables(t *testing.T) {
 		{"needs_ace_web", []string{"needs", "--node", "ace", "--module", "web"}},
 		{"applied_novox", []string{"applied", "--node", "novox"}},
 		{"collect_shell", []string{"collect", "--collection", "shell:zsh:normal", "--contributor", "web"}},
+		{"compose_ace", []string{"compose", "--node", "ace"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.golden, func(t *testing.T) {
@@ -134,7 +136,9 @@ func TestQueryJSONAndErrors(t *testing.T) {
 		says string
 	}{
 		{[]string{"query", "needs", "--contributor", "web", "--nats-url", url}, "the service refused: 400 filter contributor does not apply to WHAT_NEEDS"},
-		{[]string{"query", "everything", "--nats-url", url}, `query "everything": ask registry, needs, applied or collect`},
+		{[]string{"query", "everything", "--nats-url", url}, `query "everything": ask registry, needs, applied, collect or compose`},
+		{[]string{"query", "compose", "--nats-url", url}, "the service refused: 400 node is required"},
+		{[]string{"query", "compose", "--node", "ace", "--contributor", "web", "--nats-url", url}, "--contributor and --collection do not apply"},
 		{[]string{"query", "needs", "--nats-url", "nats://127.0.0.1:1"}, "cannot reach NATS at nats://127.0.0.1:1"},
 	}
 	for _, tt := range tests {
