@@ -50,6 +50,9 @@ var commands = map[string]func(ctx context.Context, args []string, stdout, stder
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "help" {
+		args = []string{"--help"} // the serve usage, which names the commands
+	}
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, ok := commands[args[0]]
 		if !ok {
