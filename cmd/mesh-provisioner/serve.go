@@ -20,8 +20,9 @@ import (
 
 const serveSynopsis = `Usage: mesh-provisioner [serve] [flags]
 
-Serves the mesh's provisioning registry and the read-only verb
-mesh-provisioner.provisioning as a NATS micro service. With no --nats-url it
+Serves the mesh's provisioning registry and the read-only verbs
+mesh-provisioner.provisioning and mesh-provisioner.compose as one NATS micro
+service, answered from a watched copy of the buckets. With no --nats-url it
 embeds a nats-server with JetStream, listening on --listen, its store in
 --state-dir; with --nats-url it connects to that NATS and embeds nothing.
 It creates the four provisioning buckets if they are missing, writes the
