@@ -77,7 +77,14 @@ func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
 	start := time.Now()
 	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
 	kinds := map[string]*resolved{}
+	// Needs come in key order, so runs of one kind are common: the last
+	// kind resolved is kept at hand.
+	var lastKind string
+	var last *resolved
 	resolve := func(kind string) *resolved {
+		if kind == lastKind && last != nil {
+			return last
+		}
 		r, ok := kinds[kind]
 		if !ok {
 			if entry := in.Registry(kind); entry != nil {
@@ -90,6 +97,7 @@ func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
 			}
 			kinds[kind] = r
 		}
+		lastKind, last = kind, r
 		return r
 	}
 
