@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/keys"
 )
 
@@ -85,28 +85,17 @@ func Reconcile(ctx context.Context, kv jetstream.KeyValue, table []*provisionerv
 	return report, nil
 }
 
-// readAll returns the live entries of kv by key, read through one watcher.
+// readAll returns the live entries of kv by key.
 func readAll(ctx context.Context, kv jetstream.KeyValue) (map[string]jetstream.KeyValueEntry, error) {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	live, err := kvread.Live(ctx, kv)
 	if err != nil {
 		return nil, err
 	}
-	defer w.Stop()
-	entries := map[string]jetstream.KeyValueEntry{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, errors.New("watcher stopped before the initial values were in")
-			}
-			if e == nil {
-				return entries, nil
-			}
-			entries[e.Key()] = e
-		}
+	entries := make(map[string]jetstream.KeyValueEntry, len(live))
+	for _, e := range live {
+		entries[e.Key()] = e
 	}
+	return entries, nil
 }
 
 // Reconciler keeps a registry bucket equal to a table: at start and then on

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/keys"
 )
 
@@ -22,31 +23,14 @@ func Capture(ctx context.Context, js jetstream.JetStream) (*provisionerv1.Captur
 		if err != nil {
 			return nil, fmt.Errorf("capture %s: %w", bucket, err)
 		}
-		captured := &provisionerv1.CapturedBucket{Bucket: bucket}
-		w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+		live, err := kvread.Live(ctx, kv)
 		if err != nil {
 			return nil, fmt.Errorf("capture %s: %w", bucket, err)
 		}
-		err = func() error {
-			defer w.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return ctx.Err()
-				case e, ok := <-w.Updates():
-					if !ok {
-						return fmt.Errorf("watcher stopped before the initial values were in")
-					}
-					if e == nil {
-						return nil
-					}
-					captured.Entries = append(captured.Entries, &provisionerv1.CapturedEntry{Key: e.Key(), Value: e.Value(), Revision: e.Revision()})
-					captured.Revision = max(captured.Revision, e.Revision())
-				}
-			}
-		}()
-		if err != nil {
-			return nil, fmt.Errorf("capture %s: %w", bucket, err)
+		captured := &provisionerv1.CapturedBucket{Bucket: bucket}
+		for _, e := range live {
+			captured.Entries = append(captured.Entries, &provisionerv1.CapturedEntry{Key: e.Key(), Value: e.Value(), Revision: e.Revision()})
+			captured.Revision = max(captured.Revision, e.Revision())
 		}
 		slices.SortFunc(captured.Entries, func(a, b *provisionerv1.CapturedEntry) int { return strings.Compare(a.GetKey(), b.GetKey()) })
 		out.Buckets = append(out.Buckets, captured)

@@ -1,0 +1,39 @@
+// Package kvread reads a KV bucket's live keys once, through one watcher,
+// rather than one Get per key.
+package kvread
+
+import (
+	"context"
+	"errors"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrWatcherStopped is returned when the watcher stops before it has
+// delivered the bucket's initial values.
+var ErrWatcherStopped = errors.New("watcher stopped before the initial values were in")
+
+// Live returns every live entry of kv (deleted keys left out), in the order
+// the watcher delivers them.
+func Live(ctx context.Context, kv jetstream.KeyValue) ([]jetstream.KeyValueEntry, error) {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	var entries []jetstream.KeyValueEntry
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, ErrWatcherStopped
+			}
+			if e == nil {
+				return entries, nil
+			}
+			entries = append(entries, e)
+		}
+	}
+}
