@@ -162,7 +162,14 @@ type ComposeRequest struct {
 	// Answer only once the server's copy has reached these revisions (read
 	// your writes); zero for a bucket means any. After a bounded wait the
 	// answer is a 503.
-	MinRevisions  *Revisions `protobuf:"bytes,3,opt,name=min_revisions,json=minRevisions,proto3" json:"min_revisions,omitempty"`
+	MinRevisions *Revisions `protobuf:"bytes,3,opt,name=min_revisions,json=minRevisions,proto3" json:"min_revisions,omitempty"`
+	// The most needs one page resolves; zero lets the server fill each page up
+	// to what one NATS message carries. A page never exceeds the server's
+	// max_payload, whatever the page size.
+	PageSize uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page, to continue after it; empty
+	// asks for the first page. Send it with the same node and module.
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +225,20 @@ func (x *ComposeRequest) GetMinRevisions() *Revisions {
 	return nil
 }
 
+func (x *ComposeRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ComposeRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // ComposeResponse is a node's composition: every need resolved against the
 // registry, from the server's watched copy at the revisions it names.
 type ComposeResponse struct {
@@ -236,7 +257,14 @@ type ComposeResponse struct {
 	// Where the time went, phase by phase, in order.
 	Phases []*Phase `protobuf:"bytes,6,rep,name=phases,proto3" json:"phases,omitempty"`
 	// The revisions of the copy the composition read.
-	Revisions     *Revisions `protobuf:"bytes,7,opt,name=revisions,proto3" json:"revisions,omitempty"`
+	Revisions *Revisions `protobuf:"bytes,7,opt,name=revisions,proto3" json:"revisions,omitempty"`
+	// Set when more needs follow: ask again with it as page_token. Each page
+	// covers the next needs in key order, so a module's plan may continue on
+	// the next page. Empty on the last page.
+	NextPageToken string `protobuf:"bytes,8,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The buckets whose copy the server knows may be behind the bucket itself.
+	// Empty when the answer is fresh.
+	Behind        []string `protobuf:"bytes,9,rep,name=behind,proto3" json:"behind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,6 +344,20 @@ func (x *ComposeResponse) GetPhases() []*Phase {
 func (x *ComposeResponse) GetRevisions() *Revisions {
 	if x != nil {
 		return x.Revisions
+	}
+	return nil
+}
+
+func (x *ComposeResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ComposeResponse) GetBehind() []string {
+	if x != nil {
+		return x.Behind
 	}
 	return nil
 }
@@ -902,11 +944,14 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\bregistry\x18\x01 \x01(\x04R\bregistry\x12\x14\n" +
 	"\x05needs\x18\x02 \x01(\x04R\x05needs\x12\x18\n" +
 	"\aapplied\x18\x03 \x01(\x04R\aapplied\x12\x18\n" +
-	"\acollect\x18\x04 \x01(\x04R\acollect\"\x81\x01\n" +
+	"\acollect\x18\x04 \x01(\x04R\acollect\"\xbd\x01\n" +
 	"\x0eComposeRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x12C\n" +
-	"\rmin_revisions\x18\x03 \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\fminRevisions\"\xe0\x02\n" +
+	"\rmin_revisions\x18\x03 \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\fminRevisions\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\xa0\x03\n" +
 	"\x0fComposeResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x125\n" +
@@ -916,7 +961,9 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"provisions\x128\n" +
 	"\brefusals\x18\x05 \x03(\v2\x1c.mesh.provisioner.v1.RefusalR\brefusals\x122\n" +
 	"\x06phases\x18\x06 \x03(\v2\x1a.mesh.provisioner.v1.PhaseR\x06phases\x12<\n" +
-	"\trevisions\x18\a \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\trevisions\"Y\n" +
+	"\trevisions\x18\a \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\trevisions\x12&\n" +
+	"\x0fnext_page_token\x18\b \x01(\tR\rnextPageToken\x12\x16\n" +
+	"\x06behind\x18\t \x03(\tR\x06behind\"Y\n" +
 	"\n" +
 	"ModulePlan\x12\x16\n" +
 	"\x06module\x18\x01 \x01(\tR\x06module\x123\n" +

@@ -101,7 +101,14 @@ type ProvisioningRequest struct {
 	// Answer only once the server's copy of the bucket read has reached this
 	// revision (read your writes): a client that wrote at revision R asks with
 	// R. After a bounded wait the answer is a 503.
-	MinRevision   uint64 `protobuf:"varint,6,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
+	MinRevision uint64 `protobuf:"varint,6,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
+	// The most records and malformed keys in one page; zero lets the server
+	// fill each page up to what one NATS message carries. A page never exceeds
+	// the server's max_payload, whatever the page size.
+	PageSize uint32 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page, to continue after it; empty
+	// asks for the first page. Send it with the same what and filters.
+	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -178,6 +185,20 @@ func (x *ProvisioningRequest) GetMinRevision() uint64 {
 	return 0
 }
 
+func (x *ProvisioningRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ProvisioningRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // ProvisioningResponse carries the matching records in key order, the keys of
 // the bucket that are out of its shape, and the revision of the bucket the
 // server's copy had reached when it answered.
@@ -197,7 +218,14 @@ type ProvisioningResponse struct {
 	Collect []*CollectRecord `protobuf:"bytes,6,rep,name=collect,proto3" json:"collect,omitempty"`
 	// Keys of the bucket read that are out of its shape. Each is listed, never
 	// dropped; a filter narrows them only where the key's parts can be read.
-	Malformed     []*MalformedKey `protobuf:"bytes,7,rep,name=malformed,proto3" json:"malformed,omitempty"`
+	Malformed []*MalformedKey `protobuf:"bytes,7,rep,name=malformed,proto3" json:"malformed,omitempty"`
+	// Set when more records follow: ask again with it as page_token. Empty on
+	// the last page.
+	NextPageToken string `protobuf:"bytes,8,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// The buckets whose copy the server knows may be behind the bucket itself
+	// (its watcher is catching up after a reconnect or a lost consumer). Empty
+	// when the answer is fresh.
+	Behind        []string `protobuf:"bytes,9,rep,name=behind,proto3" json:"behind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -277,6 +305,20 @@ func (x *ProvisioningResponse) GetCollect() []*CollectRecord {
 func (x *ProvisioningResponse) GetMalformed() []*MalformedKey {
 	if x != nil {
 		return x.Malformed
+	}
+	return nil
+}
+
+func (x *ProvisioningResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ProvisioningResponse) GetBehind() []string {
+	if x != nil {
+		return x.Behind
 	}
 	return nil
 }
@@ -669,7 +711,7 @@ var File_mesh_provisioner_v1_provisioning_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\n" +
-	"&mesh/provisioner/v1/provisioning.proto\x12\x13mesh.provisioner.v1\x1a!mesh/provisioner/v1/compose.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xd5\x01\n" +
+	"&mesh/provisioner/v1/provisioning.proto\x12\x13mesh.provisioner.v1\x1a!mesh/provisioner/v1/compose.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\x91\x02\n" +
 	"\x13ProvisioningRequest\x12-\n" +
 	"\x04what\x18\x01 \x01(\x0e2\x19.mesh.provisioner.v1.WhatR\x04what\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x16\n" +
@@ -678,7 +720,10 @@ const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\n" +
 	"collection\x18\x05 \x01(\tR\n" +
 	"collection\x12!\n" +
-	"\fmin_revision\x18\x06 \x01(\x04R\vminRevision\"\x96\x03\n" +
+	"\fmin_revision\x18\x06 \x01(\x04R\vminRevision\x12\x1b\n" +
+	"\tpage_size\x18\a \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\"\xd6\x03\n" +
 	"\x14ProvisioningResponse\x12-\n" +
 	"\x04what\x18\x01 \x01(\x0e2\x19.mesh.provisioner.v1.WhatR\x04what\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12?\n" +
@@ -686,7 +731,9 @@ const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\x05needs\x18\x04 \x03(\v2\x1f.mesh.provisioner.v1.NeedRecordR\x05needs\x12<\n" +
 	"\aapplied\x18\x05 \x03(\v2\".mesh.provisioner.v1.AppliedRecordR\aapplied\x12<\n" +
 	"\acollect\x18\x06 \x03(\v2\".mesh.provisioner.v1.CollectRecordR\acollect\x12?\n" +
-	"\tmalformed\x18\a \x03(\v2!.mesh.provisioner.v1.MalformedKeyR\tmalformed\"z\n" +
+	"\tmalformed\x18\a \x03(\v2!.mesh.provisioner.v1.MalformedKeyR\tmalformed\x12&\n" +
+	"\x0fnext_page_token\x18\b \x01(\tR\rnextPageToken\x12\x16\n" +
+	"\x06behind\x18\t \x03(\tR\x06behind\"z\n" +
 	"\x0eRegistryRecord\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x128\n" +
 	"\x05entry\x18\x02 \x01(\v2\".mesh.provisioner.v1.RegistryEntryR\x05entry\x12\x1a\n" +
