@@ -2,31 +2,18 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
+	"iter"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-// ServiceError is an error the service answered with: its numeric code (400
-// bad request, 503 not ready, 500 internal) and its sentence.
-type ServiceError struct {
-	Code        int
-	Description string
-}
-
-func (e *ServiceError) Error() string {
-	return fmt.Sprintf("mesh-provisioner: %d: %s", e.Code, e.Description)
-}
-
 // Client calls the mesh-provisioner service over a connection the caller
-// opened (with its credentials) and owns.
+// opened (with its credentials and inbox prefix) and owns.
 type Client struct {
 	nc             *nats.Conn
 	subject        string
@@ -44,7 +31,7 @@ func WithSubjects(provisioning, compose string) Option {
 
 // New returns a client on nc.
 func New(nc *nats.Conn, opts ...Option) *Client {
-	c := &Client{nc: nc, subject: service.ProvisioningSubject, composeSubject: service.ComposeSubject}
+	c := &Client{nc: nc, subject: wire.ProvisioningSubject, composeSubject: wire.ComposeSubject}
 	for _, opt := range opts {
 		opt(c)
 	}
@@ -54,16 +41,103 @@ func New(nc *nats.Conn, opts ...Option) *Client {
 // Subject returns the subject of the provisioning verb the client asks.
 func (c *Client) Subject() string { return c.subject }
 
-// Provisioning asks the provisioning verb and returns its answer, or a
-// *ServiceError for an answer the service refused, or a transport error (such
-// as nats.ErrNoResponders when no instance runs). ctx bounds the wait; give
-// it a deadline.
+// Provisioning asks the provisioning verb for one page: the first, or the
+// one req.PageToken names. It returns a *wire.Error for a request the
+// service refused, or a transport error (such as nats.ErrNoResponders when no
+// instance runs). ctx bounds the wait; give it a deadline.
 func (c *Client) Provisioning(ctx context.Context, req *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
 	answer := &provisionerv1.ProvisioningResponse{}
 	if err := c.call(ctx, c.subject, req, answer); err != nil {
 		return nil, err
 	}
 	return answer, nil
+}
+
+// ProvisioningPages asks for every page of an answer in turn, from
+// req.PageToken on. It stops after the last page or the first error.
+func (c *Client) ProvisioningPages(ctx context.Context, req *provisionerv1.ProvisioningRequest) iter.Seq2[*provisionerv1.ProvisioningResponse, error] {
+	return pages(ctx, req, c.Provisioning, func(r *provisionerv1.ProvisioningRequest, t string) { r.PageToken = t })
+}
+
+// ProvisioningAll asks for every page and returns them joined as one answer,
+// with the revision of the last page.
+func (c *Client) ProvisioningAll(ctx context.Context, req *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
+	all := &provisionerv1.ProvisioningResponse{}
+	for page, err := range c.ProvisioningPages(ctx, req) {
+		if err != nil {
+			return nil, err
+		}
+		all.What, all.Revision, all.Behind = page.GetWhat(), page.GetRevision(), page.GetBehind()
+		all.Registry = append(all.Registry, page.GetRegistry()...)
+		all.Needs = append(all.Needs, page.GetNeeds()...)
+		all.Applied = append(all.Applied, page.GetApplied()...)
+		all.Collect = append(all.Collect, page.GetCollect()...)
+		all.Malformed = append(all.Malformed, page.GetMalformed()...)
+	}
+	return all, nil
+}
+
+// Compose asks the compose verb for one page of a node's composition: the
+// first, or the one req.PageToken names.
+func (c *Client) Compose(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
+	answer := &provisionerv1.ComposeResponse{}
+	if err := c.call(ctx, c.composeSubject, req, answer); err != nil {
+		return nil, err
+	}
+	return answer, nil
+}
+
+// ComposePages asks for every page of a composition in turn.
+func (c *Client) ComposePages(ctx context.Context, req *provisionerv1.ComposeRequest) iter.Seq2[*provisionerv1.ComposeResponse, error] {
+	return pages(ctx, req, c.Compose, func(r *provisionerv1.ComposeRequest, t string) { r.PageToken = t })
+}
+
+// ComposeAll asks for every page and joins them as one composition: a
+// module's plan that continues on the next page is joined into one plan.
+// The phases and revisions are the last page's.
+func (c *Client) ComposeAll(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
+	var all *provisionerv1.ComposeResponse
+	for page, err := range c.ComposePages(ctx, req) {
+		if err != nil {
+			return nil, err
+		}
+		if all == nil {
+			all = page
+			continue
+		}
+		plans := page.GetPlans()
+		if n := len(all.Plans); n > 0 && len(plans) > 0 && all.Plans[n-1].GetModule() == plans[0].GetModule() {
+			all.Plans[n-1].Items = append(all.Plans[n-1].Items, plans[0].GetItems()...)
+			plans = plans[1:]
+		}
+		all.Plans = append(all.Plans, plans...)
+		all.Provisions = append(all.Provisions, page.GetProvisions()...)
+		all.Refusals = append(all.Refusals, page.GetRefusals()...)
+		all.Phases, all.Revisions, all.Behind = page.GetPhases(), page.GetRevisions(), page.GetBehind()
+	}
+	all.NextPageToken = ""
+	return all, nil
+}
+
+// paged is an answer that may have more pages.
+type paged interface {
+	proto.Message
+	GetNextPageToken() string
+}
+
+// pages iterates the pages of a verb's answer: each request is req with the
+// previous page's next_page_token.
+func pages[Req proto.Message, Res paged](ctx context.Context, req Req, ask func(context.Context, Req) (Res, error), setToken func(Req, string)) iter.Seq2[Res, error] {
+	return func(yield func(Res, error) bool) {
+		next := proto.Clone(req).(Req)
+		for {
+			page, err := ask(ctx, next)
+			if !yield(page, err) || err != nil || page.GetNextPageToken() == "" {
+				return
+			}
+			setToken(next, page.GetNextPageToken())
+		}
+	}
 }
 
 // call sends req in protobuf binary and decodes the answer into answer.
@@ -74,41 +148,16 @@ func (c *Client) call(ctx context.Context, subject string, req, answer proto.Mes
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = data
-	msg.Header.Set("Content-Type", service.ContentTypeProtobuf)
+	msg.Header.Set("Content-Type", wire.ContentTypeProtobuf)
 	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return err
 	}
-	if err := ErrorOf(reply); err != nil {
+	if err := wire.ErrorOf(reply); err != nil {
 		return err
 	}
 	if err := proto.Unmarshal(reply.Data, answer); err != nil {
 		return fmt.Errorf("decode answer: %w", err)
 	}
 	return nil
-}
-
-// ErrorOf returns the *ServiceError a reply carries in its
-// Nats-Service-Error headers, or nil.
-func ErrorOf(reply *nats.Msg) error {
-	description := reply.Header.Get(micro.ErrorHeader)
-	codeText := reply.Header.Get(micro.ErrorCodeHeader)
-	if description == "" && codeText == "" {
-		return nil
-	}
-	code, err := strconv.Atoi(codeText)
-	if err != nil {
-		return errors.Join(&ServiceError{Code: 0, Description: description}, fmt.Errorf("error code %q is not a number", codeText))
-	}
-	return &ServiceError{Code: code, Description: description}
-}
-
-// Compose asks the compose verb for a node's composition, or returns a
-// *ServiceError for a request the service refused.
-func (c *Client) Compose(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
-	answer := &provisionerv1.ComposeResponse{}
-	if err := c.call(ctx, c.composeSubject, req, answer); err != nil {
-		return nil, err
-	}
-	return answer, nil
 }

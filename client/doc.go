@@ -1,12 +1,14 @@
-// Package client calls the mesh-provisioner micro service from Go: the typed
-// request of the verb mesh-provisioner.provisioning, its decoded answer, and
-// the service's coded errors as *ServiceError.
+// Package client calls the mesh-provisioner micro service from Go: both
+// verbs, mesh-provisioner.provisioning and mesh-provisioner.compose, with
+// their typed requests and decoded answers, page by page or whole.
 //
 //	c := client.New(nc)
-//	answer, err := c.Provisioning(ctx, &provisionerv1.ProvisioningRequest{
+//	for page, err := range c.ProvisioningPages(ctx, &provisionerv1.ProvisioningRequest{
 //		What: provisionerv1.What_WHAT_NEEDS,
-//		Node: "ace",
-//	})
-//	var serr *client.ServiceError
-//	if errors.As(err, &serr) && serr.Code == 503 { /* ask again shortly */ }
+//	}) {
+//		if wire.CodeOf(err) == wire.CodeUnavailable { /* ask again shortly */ }
+//		...
+//	}
+//
+// A refused request is a *wire.Error, with its code and sentence.
 package client

@@ -11,7 +11,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/keyshape"
 )
 
 // Input is what a composition reads.
@@ -28,30 +28,12 @@ type Input struct {
 	Items []*provisionerv1.CollectRecord
 	// Revisions are those of the copy the input was read from.
 	Revisions *provisionerv1.Revisions
-	// Memo, if set, is what an earlier composition of the same Needs
-	// resolved: a need whose record and registry entry are the ones it
-	// resolved is not resolved again.
-	Memo *Memo
-}
-
-// Memo is what a composition resolved, need by need. It is read-only once
-// returned, and may be shared by compositions running at once.
-type Memo struct {
-	results []memoized // by index in Input.Needs
-}
-
-type memoized struct {
-	need      *provisionerv1.NeedRecord
-	entry     *provisionerv1.RegistryEntry // nil: no entry answered the kind
-	item      *provisionerv1.PlanItem      // never holds collection items
-	provision *provisionerv1.Provision
-	refusal   *provisionerv1.Refusal
 }
 
 // resolved is a registry entry made ready once per composition.
 type resolved struct {
 	entry *provisionerv1.RegistryEntry
-	shape registry.KeyShape
+	shape keyshape.Shape
 	err   error // the entry's key shape does not parse
 	// perProvider says the bucket is templated on the provider; buckets
 	// holds the bucket of each provider met so far.
@@ -70,10 +52,8 @@ func (r *resolved) bucketOf(provider string) string {
 }
 
 // Compose resolves every need of in.Node (or of in.Module on it). It appends
-// the phases it timed, "resolve" and "items", to the answer's phases. For a
-// whole node it returns the Memo of what it resolved, to pass to the next
-// composition of the same needs: in.Memo itself when nothing had changed.
-func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
+// the phases it timed, "resolve" and "items", to the answer's phases.
+func Compose(in Input) *provisionerv1.ComposeResponse {
 	start := time.Now()
 	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
 	kinds := map[string]*resolved{}
@@ -90,7 +70,7 @@ func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
 			if entry := in.Registry(kind); entry != nil {
 				r = &resolved{entry: entry}
 				if b := entry.GetBucket(); b != nil {
-					r.shape, r.err = registry.ParseKeyShape(b.GetKeyShape())
+					r.shape, r.err = keyshape.Parse(b.GetKeyShape())
 					r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
 					r.buckets = map[string]string{}
 				}
@@ -101,60 +81,22 @@ func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
 		return r
 	}
 
-	var prior []memoized
-	if in.Memo != nil && len(in.Memo.results) == len(in.Needs) {
-		prior = in.Memo.results
-	}
-	// Without a memo every need is resolved: one array each of the size of
-	// the needs. With one, few are: small arrays, grown as needed.
-	slab := &slab{first: len(in.Needs), size: len(in.Needs)}
-	if prior != nil {
-		slab.first = 16
-	}
-	// results is made on the first need that prior does not hold, from a
-	// copy of what prior held until then; nil while every need is reused.
-	var results []memoized
 	// Needs come in key order, so a module's items are contiguous: each
 	// plan's items are a window on one backing array.
 	items := make([]*provisionerv1.PlanItem, 0, len(in.Needs))
 	var plan *provisionerv1.ModulePlan
 	var planStart int
 	var collections []*provisionerv1.PlanItem
-	for i, need := range in.Needs {
+	for _, need := range in.Needs {
 		if in.Module != "" && need.GetModule() != in.Module {
 			continue
 		}
-		r := resolve(need.GetKind())
-		var entry *provisionerv1.RegistryEntry
-		if r != nil {
-			entry = r.entry
-		}
-		var res memoized
-		if prior != nil && prior[i].need == need && prior[i].entry == entry {
-			res = prior[i]
-		} else {
-			res.need, res.entry = need, entry
-			res.item, res.provision, res.refusal = resolveNeed(in.Node, need, r, slab)
-			if results == nil && in.Module == "" {
-				results = make([]memoized, len(in.Needs))
-				copy(results, prior)
-			}
-		}
-		if results != nil {
-			results[i] = res
-		}
-		item, provision, refusal := res.item, res.provision, res.refusal
+		item, provision, refusal := resolveNeed(in.Node, need, resolve(need.GetKind()))
 		if refusal != nil {
 			out.Refusals = append(out.Refusals, refusal)
 			continue
 		}
 		if item.GetCollection() != "" {
-			// The memo's item stays without items: each composition has
-			// its own, holding the collection as it is now.
-			item = &provisionerv1.PlanItem{
-				Kind: item.GetKind(), Name: item.GetName(), Placeholder: item.GetPlaceholder(), Owner: item.GetOwner(),
-				Location: item.GetLocation(), Collection: item.GetCollection(), Revision: item.GetRevision(),
-			}
 			collections = append(collections, item)
 		}
 		if plan == nil || plan.GetModule() != need.GetModule() {
@@ -200,46 +142,16 @@ func Compose(in Input) (*provisionerv1.ComposeResponse, *Memo) {
 		}
 	}
 	out.Phases = append(out.Phases, phase("items", time.Since(mark)))
-	switch {
-	case in.Module != "":
-		return out, nil // a memo covers every need of the node
-	case results == nil && prior != nil:
-		return out, in.Memo
-	case results == nil:
-		return out, &Memo{} // a node without needs
-	}
-	return out, &Memo{results: results}
+	return out
 }
 
 func phase(name string, d time.Duration) *provisionerv1.Phase {
 	return &provisionerv1.Phase{Name: name, Duration: durationpb.New(d)}
 }
 
-// slab allocates the messages of a composition's plan items in a few arrays
-// rather than one by one: a node has thousands of needs, and each message
-// allocated alone costs the garbage collector too.
-type slab struct {
-	first   int // the size of each first array
-	size    int // the needs composed: no array is made larger
-	items   []provisionerv1.PlanItem
-	buckets []provisionerv1.PlanItem_Bucket
-	keys    []provisionerv1.BucketKey
-}
-
-// next returns a new message from one of a slab's arrays. A full array is
-// never grown, which would move the messages handed out: a new one is made,
-// twice as large up to the slab's size.
-func next[T any](s *slab, arr *[]T) *T {
-	if len(*arr) == cap(*arr) {
-		*arr = make([]T, 0, max(min(2*cap(*arr), s.size), s.first))
-	}
-	*arr = (*arr)[:len(*arr)+1]
-	return &(*arr)[len(*arr)-1]
-}
-
 // resolveNeed resolves one need: a plan item (and a provision, for an entry
 // that each provider answers), or a refusal.
-func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab *slab) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
+func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
 	refuse := func(reason provisionerv1.RefusalReason, format string, args ...any) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
 		key, _ := keys.NeedKey{Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName()}.Key()
 		return nil, nil, &provisionerv1.Refusal{
@@ -250,7 +162,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab 
 	if r == nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_DOMAIN, "no registry entry answers kind %q", need.GetKind())
 	}
-	item := next(slab, &slab.items)
+	item := &provisionerv1.PlanItem{}
 	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
 	item.Owner, item.Revision = r.entry.GetOwner(), need.GetRevision()
 	if verb := r.entry.GetVerb(); verb != nil {
@@ -268,19 +180,19 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab 
 			return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "kind %q is answered by each provider in bucket %s, and the need's provider %q %v", need.GetKind(), bucket, provider, err)
 		}
 		bucket = r.bucketOf(provider)
-		if item.Owner == registry.OwnerProvider {
+		if item.Owner == keyshape.ProviderOwner {
 			item.Owner = provider
 		}
 	}
 	provision := cmp.Or(need.GetNeed().GetProvision(), need.GetName())
-	values := registry.Values{
+	values := keyshape.Values{
 		Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName(),
 		Provision: provision, Local: need.GetNeed().GetLocal(), Provider: provider,
 	}
 	var key string
 	var err error
 	if tmpl := source.GetCollection(); tmpl != "" {
-		item.Collection = registry.CollectionOf(tmpl, need.GetKind(), need.GetName())
+		item.Collection = keyshape.CollectionOf(tmpl, need.GetKind(), need.GetName())
 		values.Collection = item.Collection
 		key, err = r.shape.Filter(values)
 	} else {
@@ -289,10 +201,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, slab 
 	if err != nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "%v", err)
 	}
-	location, bucketKey := next(slab, &slab.buckets), next(slab, &slab.keys)
-	bucketKey.Bucket, bucketKey.Key = bucket, key
-	location.Bucket = bucketKey
-	item.Location = location
+	item.Location = &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: bucket, Key: key}}
 	if !r.perProvider {
 		return item, nil, nil
 	}

@@ -13,7 +13,7 @@ func ExampleCompose() {
 	for _, e := range registry.Table() {
 		entries[e.GetKind()] = e
 	}
-	out, _ := compose.Compose(compose.Input{
+	out := compose.Compose(compose.Input{
 		Node:     "ace",
 		Registry: func(kind string) *provisionerv1.RegistryEntry { return entries[kind] },
 		Needs: []*provisionerv1.NeedRecord{

@@ -11,12 +11,13 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-// InboxPrefix is the inbox prefix of an identity's connection: replies to it
+// InboxPrefix is the inbox prefix of a node's connection: replies to it
 // arrive on "<prefix>.>", which its permissions alone may subscribe to, so
-// that no other node reads its replies.
-func InboxPrefix(identity string) string { return "_INBOX_" + identity }
+// that no other identity reads its replies.
+func InboxPrefix(node string) string { return wire.InboxPrefix(wire.RoleNode, node) }
 
 // Config holds what New needs.
 type Config struct {

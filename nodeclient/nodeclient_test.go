@@ -10,11 +10,12 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 func TestClientWritesItsNodesKeys(t *testing.T) {
@@ -26,7 +27,7 @@ func TestClientWritesItsNodesKeys(t *testing.T) {
 	if _, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"}); err == nil || !strings.Contains(err.Error(), "bind bucket mesh-provisioner_needs") {
 		t.Fatalf("New before the buckets exist = %v, want a bind error", err)
 	}
-	if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "a.b"}); !errors.Is(err, keys.ErrInvalidPart) {
@@ -83,7 +84,7 @@ func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 	ctx := t.Context()
 	nc := natstest.Connect(t, natstest.Start(t))
 	js, _ := jetstream.New(nc)
-	if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
@@ -112,7 +113,7 @@ func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 		})
 	}
 	for _, bucket := range keys.StateBuckets() {
-		s, err := js.Stream(ctx, service.StreamOf(bucket))
+		s, err := js.Stream(ctx, wire.StreamOf(bucket))
 		if err != nil {
 			t.Fatal(err)
 		}

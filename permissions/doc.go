@@ -8,9 +8,10 @@
 //   - [Provider]: a provider module reads the needs and writes its own
 //     <provider>_bound bucket, but writes no provisioning bucket.
 //
-// Every identity receives replies on its own inbox, "_INBOX_<identity>.>"
-// ([InboxPrefix]), so that no identity reads another's replies; connect with
-// nats.CustomInboxPrefix(permissions.InboxPrefix(identity)).
+// Every identity receives replies on its own inbox,
+// "_INBOX_MESH.<role>.<name>.>" ([wire.InboxPrefix]), so that no identity
+// reads another's replies, whatever the names of nodes, providers and the
+// server; connect with nats.CustomInboxPrefix(wire.InboxPrefix(role, name)).
 //
 // [Permissions.Config] writes a permissions block for a nats-server
 // configuration file; its JSON form is accepted by nats-server as well.

@@ -4,18 +4,12 @@ import (
 	"fmt"
 
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-// ServerIdentity is the identity (user name and inbox) of the
-// mesh-provisioner server.
-const ServerIdentity = "mesh-provisioner"
-
-// Subjects of the service's verbs, which nodes and providers may ask.
-const provisioningSubject = "mesh-provisioner.provisioning"
-
-// InboxPrefix is the inbox prefix of an identity's connection: its replies
-// arrive on "<prefix>.>", which only its permissions may subscribe to.
-func InboxPrefix(identity string) string { return "_INBOX_" + identity }
+// verbs are the subjects of the service's verbs, which nodes and providers
+// may ask.
+var verbs = []string{wire.ProvisioningSubject, wire.ComposeSubject}
 
 // Permissions are the publish and subscribe rules of one identity, in the
 // shape of a nats-server permissions block.
@@ -44,8 +38,6 @@ func kvSubjects(bucket, prefix string) string {
 	return "$KV." + bucket + "." + prefix + ".>"
 }
 
-func streamOf(bucket string) string { return "KV_" + bucket }
-
 // adminDenied are the JetStream API subjects that change or remove streams
 // and consumers, or read every message of a stream by sequence. Nodes and
 // providers are denied them outright, so that no later allow can grant them.
@@ -66,9 +58,10 @@ var adminDenied = []string{
 //     put and delete its own keys;
 //   - publish $JS.API.STREAM.INFO.KV_<state bucket>: binding a bucket (the KV
 //     client reads its stream's configuration);
-//   - publish mesh-provisioner.provisioning: ask the verb;
-//   - subscribe _INBOX_<node>.>: the acknowledgements of its writes and the
-//     answers to its requests.
+//   - publish mesh-provisioner.provisioning and mesh-provisioner.compose:
+//     ask both verbs, its own plan among them;
+//   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
+//     writes and the answers to its requests.
 //
 // It is denied the registry's subjects, every other node's keys (by not being
 // allowed them), and every stream and consumer administration subject.
@@ -81,12 +74,12 @@ func Node(node string) (Permissions, error) {
 		p.Publish.Allow = append(p.Publish.Allow, kvSubjects(bucket, node))
 	}
 	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Allow = append(p.Publish.Allow, jsAPI("STREAM.INFO", streamOf(bucket)))
+		p.Publish.Allow = append(p.Publish.Allow, jsAPI("STREAM.INFO", wire.StreamOf(bucket)))
 	}
-	p.Publish.Allow = append(p.Publish.Allow, provisioningSubject)
+	p.Publish.Allow = append(p.Publish.Allow, verbs...)
 	p.Publish.Deny = append([]string{kvSubjects(keys.RegistryBucket, "")}, adminDenied...)
 	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
-	p.Subscribe.Allow = []string{InboxPrefix(node) + ".>"}
+	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
 	return p, nil
 }
 
@@ -100,8 +93,10 @@ func Node(node string) (Permissions, error) {
 //   - publish $JS.API.DIRECT.GET.KV_mesh-provisioner_needs.>: get a need by key;
 //   - publish $KV.<module>_bound.> and $JS.API.STREAM.INFO.KV_<module>_bound:
 //     write its own bucket;
-//   - publish mesh-provisioner.provisioning: ask the verb;
-//   - subscribe _INBOX_<module>.>: its replies and the watcher's messages.
+//   - publish mesh-provisioner.provisioning and mesh-provisioner.compose:
+//     ask both verbs;
+//   - subscribe _INBOX_MESH.provider.<module>.>: its replies and the
+//     watcher's messages.
 //
 // It is denied every provisioning bucket's keys and every stream and consumer
 // administration subject, consumer deletion included: stopping a watcher
@@ -110,7 +105,7 @@ func Provider(module string) (Permissions, error) {
 	if err := keys.CheckToken(module); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for provider: module %q %v", module, err)
 	}
-	needs := streamOf(keys.NeedsBucket)
+	needs := wire.StreamOf(keys.NeedsBucket)
 	bound := module + "_bound"
 	var p Permissions
 	p.Publish.Allow = []string{
@@ -119,14 +114,14 @@ func Provider(module string) (Permissions, error) {
 		"$JS.FC." + needs + ".>",
 		jsAPI("DIRECT.GET", needs) + ".>",
 		kvSubjects(bound, ""),
-		jsAPI("STREAM.INFO", streamOf(bound)),
-		provisioningSubject,
+		jsAPI("STREAM.INFO", wire.StreamOf(bound)),
 	}
+	p.Publish.Allow = append(p.Publish.Allow, verbs...)
 	for _, bucket := range keys.Buckets() {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
-	p.Subscribe.Allow = []string{InboxPrefix(module) + ".>"}
+	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleProvider, module) + ".>"}
 	return p, nil
 }
 
@@ -141,14 +136,14 @@ func Provider(module string) (Permissions, error) {
 //     $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch it,
 //     and remove its watcher's consumer when it stops);
 //   - subscribe mesh-provisioner.> (its verbs), $SRV.> (micro discovery) and
-//     _INBOX_mesh-provisioner.>, and reply to the requests it receives.
+//     _INBOX_MESH.server.mesh-provisioner.>, and reply to the requests it receives.
 //
 // It is denied the state buckets' keys: it reads them and never writes them.
 func Server() Permissions {
 	var p Permissions
 	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), "$JS.API.INFO"}
 	for _, bucket := range keys.Buckets() {
-		stream := streamOf(bucket)
+		stream := wire.StreamOf(bucket)
 		p.Publish.Allow = append(p.Publish.Allow,
 			jsAPI("STREAM.INFO", stream),
 			jsAPI("STREAM.CREATE", stream),
@@ -162,7 +157,7 @@ func Server() Permissions {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, jsAPI("STREAM.DELETE", ">"), jsAPI("STREAM.PURGE", ">"))
-	p.Subscribe.Allow = []string{"mesh-provisioner.>", "$SRV.>", InboxPrefix(ServerIdentity) + ".>"}
+	p.Subscribe.Allow = []string{"mesh-provisioner.>", "$SRV.>", wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".>"}
 	p.AllowResponses = true
 	return p
 }

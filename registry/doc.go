@@ -5,6 +5,6 @@
 // compiled into the binary and validated when the package loads
 // ([Validate]). [Reconcile] writes it to the registry bucket only where the
 // bucket differs and deletes kinds no entry answers any more; a [Reconciler]
-// does that at start and on an interval. [ParseKeyShape] reads the key shapes
+// does that at start and on an interval. [keyshape.Parse] reads the key shapes
 // entries give, and renders concrete keys from them.
 package registry

@@ -114,9 +114,10 @@ type Reconciler struct {
 // DefaultInterval is how often a Reconciler runs when Interval is zero.
 const DefaultInterval = time.Hour
 
-// Run reconciles once and returns that run's error, if any; then, unless that
-// failed, it reconciles every Interval in the background until ctx is done.
-// A later run that fails is logged and tried again at the next tick.
+// Run reconciles at once, then every Interval until ctx is done, and returns
+// then. The first run's error ends Run: a registry that cannot be written at
+// start is a configuration to fix. A later run that fails is logged and
+// tried again at the next tick.
 func (r *Reconciler) Run(ctx context.Context) error {
 	if _, err := r.runOnce(ctx); err != nil {
 		return err
@@ -125,21 +126,18 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	go func() {
-		ticker := time.NewTicker(interval)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-				if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
-					r.logger().Error("registry reconcile failed; trying again at the next interval", "err", err, "interval", interval)
-				}
+	ticker := time.NewTicker(interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+			if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
+				r.logger().Error("registry reconcile failed; trying again at the next interval", "err", err, "interval", interval)
 			}
 		}
-	}()
-	return nil
+	}
 }
 
 func (r *Reconciler) runOnce(ctx context.Context) (Report, error) {

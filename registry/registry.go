@@ -5,6 +5,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/keyshape"
 )
 
 // Owners of the kinds the registry answers.
@@ -13,9 +14,6 @@ const (
 	ownerVault      = "mesh-vault"
 	ownerController = "mesh-controller"
 	ownerSelf       = "mesh-provisioner"
-	// OwnerProvider stands for the provider module a need names, for kinds
-	// that each provider answers.
-	OwnerProvider = "<provider>"
 )
 
 // Where the owners keep values that are not in this server's buckets.
@@ -41,7 +39,7 @@ func Table() []*provisionerv1.RegistryEntry {
 			"A configuration value of a module on a node, kept by the config domain."),
 		verbEntry("secret", ownerVault, "mesh-vault.secret",
 			"A secret, asked of the vault on request; a secret is never in a bucket."),
-		bucketEntry("bound", OwnerProvider, boundBucket, "<node>.<module>.<provision>[.<local>]",
+		bucketEntry("bound", keyshape.ProviderOwner, boundBucket, "<node>.<module>.<provision>[.<local>]",
 			"What a provider module bound for a consumer module, in the provider's own bucket."),
 		verbEntry("consumers", ownerVault, "mesh-vault.consumers",
 			"A provider's consumers' credentials, asked of the vault by the provider machine's client."),

@@ -8,6 +8,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/keyshape"
 )
 
 // SecretKinds are the kinds whose values are secrets: they must be answered
@@ -63,7 +64,7 @@ func Validate(table []*provisionerv1.RegistryEntry) error {
 			if name := strings.ReplaceAll(src.Bucket.GetBucket(), "<provider>", "p"); !bucketName.MatchString(name) {
 				fail(i, e.GetKind(), "bucket %q is not a bucket name (A-Z a-z 0-9 - _, and <provider>)", src.Bucket.GetBucket())
 			}
-			shape, err := ParseKeyShape(src.Bucket.GetKeyShape())
+			shape, err := keyshape.Parse(src.Bucket.GetKeyShape())
 			if err != nil {
 				fail(i, e.GetKind(), "%v", err)
 				break
@@ -91,7 +92,7 @@ func Validate(table []*provisionerv1.RegistryEntry) error {
 
 // checkCollection checks that a bucket source names a collection exactly when
 // its key shape holds <collection>, with a template of <kind> and <name> only.
-func checkCollection(shape KeyShape, template string) error {
+func checkCollection(shape keyshape.Shape, template string) error {
 	if has := shape.Has("collection"); has != (template != "") {
 		if has {
 			return fmt.Errorf("key shape %s holds <collection> but the source names no collection template", shape)
@@ -109,17 +110,4 @@ func checkCollection(shape KeyShape, template string) error {
 		return fmt.Errorf("collection template %q may use only <kind> and <name>", template)
 	}
 	return nil
-}
-
-// CollectionOf returns the collection a placeholder of kind and name reads,
-// from an entry's collection template. <kind> is filled first: a kind is a
-// token and holds no placeholder, while a name may look like one.
-func CollectionOf(template, kind, name string) string {
-	switch template { // the registry's two templates, without a search
-	case "<name>":
-		return name
-	case "<kind>:<name>":
-		return kind + ":" + name
-	}
-	return strings.ReplaceAll(strings.ReplaceAll(template, "<kind>", kind), "<name>", name)
 }

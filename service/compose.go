@@ -1,117 +1,80 @@
 package service
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"fmt"
 	"log/slog"
-	"sync"
+	"sort"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-// handleCompose answers mesh-provisioner.compose.
-func (s *Service) handleCompose(req micro.Request) {
-	var in provisionerv1.ComposeRequest
-	s.handle(req, s.counters[ComposeEndpoint], &in,
-		func() *codedError { return checkCompose(&in) },
-		func() []revisionWait {
-			min := in.GetMinRevisions()
-			return []revisionWait{
-				{s.mirror.registry, min.GetRegistry()},
-				{s.mirror.needs, min.GetNeeds()},
-				{s.mirror.applied, min.GetApplied()},
-				{s.mirror.collect, min.GetCollect()},
+// composeEndpoint answers mesh-provisioner.compose.
+func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse] {
+	return endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
+		name:       wire.ComposeEndpoint,
+		subject:    wire.ComposeSubject,
+		newRequest: func() *provisionerv1.ComposeRequest { return &provisionerv1.ComposeRequest{} },
+		check:      checkCompose,
+		waits: func(in *provisionerv1.ComposeRequest) []revisionWait {
+			least := in.GetMinRevisions()
+			waits := []revisionWait{
+				{s.mirror.Registry, least.GetRegistry()},
+				{s.mirror.Needs, least.GetNeeds()},
+				{s.mirror.Applied, least.GetApplied()},
+				{s.mirror.Collect, least.GetCollect()},
 			}
+			// checkCompose read the token already: it decodes.
+			if t, _ := readToken(in.GetPageToken(), composeDigest(in)); len(t.Revisions) == len(waits) {
+				for i, rev := range t.Revisions {
+					waits = append(waits, revisionWait{waits[i].bucket, rev})
+				}
+			}
+			return waits
 		},
-		func(waited time.Duration) proto.Message { return s.compose(&in, waited) })
+		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int, waited time.Duration) (*provisionerv1.ComposeResponse, *wire.Error) {
+			start := time.Now()
+			out, werr := composeFrom(s.mirror, in, enc, budget, waited)
+			if werr == nil {
+				s.logSlow(in, out, waited+time.Since(start))
+			}
+			return out, werr
+		},
+	}
 }
 
-func checkCompose(in *provisionerv1.ComposeRequest) *codedError {
+func checkCompose(in *provisionerv1.ComposeRequest) *wire.Error {
 	if in.GetNode() == "" {
-		return badRequest("node is required: the node to compose")
+		return wire.NewError(wire.CodeBadRequest, "node is required: the node to compose")
 	}
 	if err := keys.CheckToken(in.GetNode()); err != nil {
-		return badRequest(fmt.Sprintf("node %q can match no key: it %v", in.GetNode(), err))
+		return wire.Errorf(wire.CodeBadRequest, "node %q can match no key: it %v", in.GetNode(), err)
 	}
 	if in.GetModule() != "" {
 		if err := keys.CheckToken(in.GetModule()); err != nil {
-			return badRequest(fmt.Sprintf("module %q can match no key: it %v", in.GetModule(), err))
+			return wire.Errorf(wire.CodeBadRequest, "module %q can match no key: it %v", in.GetModule(), err)
 		}
 	}
-	return nil
+	_, werr := readToken(in.GetPageToken(), composeDigest(in))
+	return werr
 }
 
-// compose composes a node from the copy, and logs it if it was slow.
-func (s *Service) compose(in *provisionerv1.ComposeRequest, waited time.Duration) *provisionerv1.ComposeResponse {
-	start := time.Now()
-	out, input := s.mirror.compose(in, waited, true)
-	took := waited + time.Since(start)
-	slow := took > s.slowCompose
-	unchanged := false
-	// Only compositions that hold something are remembered: a request for a
-	// node or module the mesh does not have must not grow the memory.
-	if len(out.GetPlans())+len(out.GetRefusals()) > 0 {
-		unchanged = s.compositions.remember(in.GetNode()+"\x00"+in.GetModule(), input, out, slow)
-	}
-	if slow {
-		attrs := []any{"node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(out.GetPhases())}
-		if unchanged {
-			s.logger.Warn("slow composition; it changed nothing since the node's previous one", attrs...)
-		} else {
-			s.logger.Warn("slow composition", attrs...)
-		}
-	}
-	return out
+// composeDigest identifies a compose request for its page tokens.
+func composeDigest(in *provisionerv1.ComposeRequest) string {
+	return requestDigest(&provisionerv1.ComposeRequest{Node: in.GetNode(), Module: in.GetModule()})
 }
 
-// compose composes a node from the copy. With reuse, needs that neither
-// changed nor had their registry entry change since the node's last
-// composition are not resolved again. It returns what the composition read,
-// to tell whether a later one read the same.
-func (m *mirror) compose(in *provisionerv1.ComposeRequest, waited time.Duration, reuse bool) (*provisionerv1.ComposeResponse, composeInput) {
-	start := time.Now()
-	needs, needsChanged, needsRevision := m.needs.groupOf(in.GetNode())
-	items, itemsChanged, collectRevision := m.collect.groupOf(in.GetNode())
-	malformed := make([]*provisionerv1.MalformedKey, len(needs.malformed))
-	for i, h := range needs.malformed {
-		malformed[i] = h.malformed
+// logSlow logs a composition slower than Config.SlowCompose, with its phases.
+func (s *Service) logSlow(in *provisionerv1.ComposeRequest, out *provisionerv1.ComposeResponse, took time.Duration) {
+	if took <= s.slowCompose {
+		return
 	}
-	revisions := &provisionerv1.Revisions{
-		Registry: m.registry.at(),
-		Needs:    needsRevision,
-		Applied:  m.applied.at(),
-		Collect:  collectRevision,
-	}
-	read := time.Since(start)
-	input := compose.Input{
-		Node:      in.GetNode(),
-		Module:    in.GetModule(),
-		Registry:  m.registryEntry,
-		Needs:     needs.records,
-		Malformed: malformed,
-		Items:     items.records,
-		Revisions: revisions,
-	}
-	if reuse {
-		input.Memo = needs.memo.Load()
-	}
-	out, memo := compose.Compose(input)
-	if reuse && memo != nil && memo != input.Memo {
-		needs.memo.Store(memo)
-	}
-	out.Phases = append([]*provisionerv1.Phase{
-		{Name: "wait", Duration: durationpb.New(waited)},
-		{Name: "read", Duration: durationpb.New(read)},
-	}, out.Phases...)
-	return out, composeInput{registry: revisions.GetRegistry(), needs: needsChanged, collect: itemsChanged}
+	s.logger.Warn("slow composition", "node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(out.GetPhases()))
 }
 
 func phasesLog(phases []*provisionerv1.Phase) slog.Value {
@@ -122,50 +85,127 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 	return slog.GroupValue(attrs...)
 }
 
-// composeInput identifies what a composition read: the registry's revision
-// and the revisions of the last change to the node's needs and items. Equal
-// inputs give equal compositions.
-type composeInput struct{ registry, needs, collect uint64 }
+// composeChunk is how many needs are composed at once while a page fills:
+// each chunk's answer is measured before it joins the page.
+const composeChunk = 64
 
-// compositions remembers, per node and module, what the previous composition
-// read and, when it was slow, a digest of its result.
-type compositions struct {
-	mu   sync.Mutex
-	last map[string]composition
+// composeFrom composes one page of a node from a mirror: the needs after
+// the token's key, in key order, chunk by chunk while they fit the page.
+func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, waited time.Duration) (*provisionerv1.ComposeResponse, *wire.Error) {
+	token, werr := readToken(in.GetPageToken(), composeDigest(in))
+	if werr != nil {
+		return nil, werr
+	}
+	start := time.Now()
+	entries, _, needsRevision := m.Needs.Group(in.GetNode())
+	items, _, collectRevision := m.Collect.Group(in.GetNode())
+	revisions := &provisionerv1.Revisions{
+		Registry: m.Registry.Revision(),
+		Needs:    needsRevision,
+		Applied:  m.Applied.Revision(),
+		Collect:  collectRevision,
+	}
+	var records []*provisionerv1.CollectRecord
+	for _, e := range items {
+		if e.Malformed == nil {
+			records = append(records, e.Record)
+		}
+	}
+	// The needs this request composes, after the token's key.
+	first := sort.Search(len(entries), func(i int) bool { return entries[i].Key > token.After })
+	var needs []*mirror.Entry[*provisionerv1.NeedRecord]
+	for _, e := range entries[first:] {
+		if in.GetModule() == "" || moduleOf(e) == in.GetModule() {
+			needs = append(needs, e)
+		}
+	}
+	read := time.Since(start)
+
+	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule(), Revisions: revisions, Behind: m.Behind()}
+	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
+	var resolve, collect time.Duration
+	done := 0
+chunks:
+	for done < len(needs) {
+		n := min(composeChunk, len(needs)-done)
+		if p.size > 0 {
+			n = min(n, p.size-p.count)
+		}
+		if n <= 0 {
+			break
+		}
+		// A chunk that does not fit is halved, down to one need; a page
+		// that holds something ends at the first need that does not fit.
+		for {
+			part := composeNeeds(m, in, needs[done:done+n], records, revisions)
+			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
+			if p.used+size <= p.budget {
+				p.used += size
+				p.count += n
+				merge(out, part)
+				resolve += part.GetPhases()[0].GetDuration().AsDuration()
+				collect += part.GetPhases()[1].GetDuration().AsDuration()
+				done += n
+				break
+			}
+			if n > 1 {
+				n /= 2
+				continue
+			}
+			if p.count == 0 {
+				return nil, wire.Errorf(wire.CodeInternal, "need %s alone composes to %d bytes, more than one answer carries (max_payload)", needs[done].Key, size)
+			}
+			break chunks
+		}
+	}
+	if done < len(needs) {
+		t := pageToken{Request: composeDigest(in), After: needs[done-1].Key,
+			Revisions: []uint64{revisions.GetRegistry(), revisions.GetNeeds(), revisions.GetApplied(), revisions.GetCollect()}}
+		out.NextPageToken = t.encode()
+	}
+	out.Phases = []*provisionerv1.Phase{
+		{Name: "wait", Duration: durationpb.New(waited)},
+		{Name: "read", Duration: durationpb.New(read)},
+		{Name: "resolve", Duration: durationpb.New(resolve)},
+		{Name: "items", Duration: durationpb.New(collect)},
+	}
+	return out, nil
 }
 
-type composition struct {
-	input  composeInput
-	digest []byte // nil unless the composition was slow
+// moduleOf returns the module token of a need key, well formed or not.
+func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
+	if e.Malformed == nil {
+		return e.Record.GetModule()
+	}
+	if len(e.Tokens) > 1 {
+		return e.Tokens[1]
+	}
+	return ""
 }
 
-// remember records a composition and reports whether it is identical to the
-// previous one of the same node and module. It computes a digest of the
-// result only for a slow composition, the one whose log says so.
-func (c *compositions) remember(key string, input composeInput, out *provisionerv1.ComposeResponse, slow bool) (unchanged bool) {
-	var digest []byte
-	if slow {
-		digest = digestOf(out)
+// composeNeeds composes some of a node's needs, in key order.
+func composeNeeds(m *mirror.Mirror, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions) *provisionerv1.ComposeResponse {
+	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Registry: m.RegistryEntry, Items: items, Revisions: revisions}
+	for _, e := range needs {
+		if e.Malformed != nil {
+			input.Malformed = append(input.Malformed, e.Malformed)
+		} else {
+			input.Needs = append(input.Needs, e.Record)
+		}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.last == nil {
-		c.last = map[string]composition{}
-	}
-	prev, ok := c.last[key]
-	unchanged = ok && (prev.input == input || (prev.digest != nil && bytes.Equal(prev.digest, digest)))
-	c.last[key] = composition{input: input, digest: digest}
-	return unchanged
+	return compose.Compose(input)
 }
 
-// digestOf hashes a composition without its phases and revisions, which
-// differ between identical results.
-func digestOf(out *provisionerv1.ComposeResponse) []byte {
-	bare := &provisionerv1.ComposeResponse{Node: out.GetNode(), Module: out.GetModule(), Plans: out.GetPlans(), Provisions: out.GetProvisions(), Refusals: out.GetRefusals()}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(bare)
-	if err != nil {
-		return nil
+// merge appends a chunk's composition to a page's: a module's plan that the
+// chunk continues is extended, not repeated.
+func merge(out, part *provisionerv1.ComposeResponse) {
+	plans := part.GetPlans()
+	if n := len(out.Plans); n > 0 && len(plans) > 0 && out.Plans[n-1].GetModule() == plans[0].GetModule() {
+		last := out.Plans[n-1]
+		last.Items = append(last.Items[:len(last.Items):len(last.Items)], plans[0].GetItems()...)
+		plans = plans[1:]
 	}
-	sum := sha256.Sum256(b)
-	return sum[:]
+	out.Plans = append(out.Plans, plans...)
+	out.Provisions = append(out.Provisions, part.GetProvisions()...)
+	out.Refusals = append(out.Refusals, part.GetRefusals()...)
 }

@@ -15,8 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/compose"
+	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
@@ -83,33 +84,25 @@ func BenchmarkComposeNode(b *testing.B) {
 	}
 	needs := 0
 	for _, n := range nodes {
-		v, _, _ := replay.mirror.needs.groupOf(n)
-		needs += len(v.records)
+		entries, _, _ := replay.mirror.Needs.Group(n)
+		needs += len(entries)
 	}
 	b.Logf("%d nodes, %d needs per node on average", len(nodes), needs/max(len(nodes), 1))
 	for _, n := range nodes { // order each node's keys, as the first composition after a change does
 		replay.Compose(&provisionerv1.ComposeRequest{Node: n})
 	}
 
-	// cold resolves every need, as the first composition after a node's
-	// needs changed does; warm reuses what the node's last composition
-	// resolved, as a composition of an unchanged node does.
-	for _, mode := range []struct {
-		name  string
-		reuse bool
-	}{{"watched-cold", false}, {"watched-warm", true}} {
-		b.Run(mode.name, func(b *testing.B) {
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				replay.mirror.compose(&provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, 0, mode.reuse)
-				i++
-			}
-			ns := float64(b.Elapsed().Nanoseconds()) / float64(i)
-			b.ReportMetric(ns, "ns/node")
-			perNode.Store(mode.name, ns)
-		})
-	}
+	b.Run("watched", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			replay.Compose(&provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]})
+			i++
+		}
+		ns := float64(b.Elapsed().Nanoseconds()) / float64(i)
+		b.ReportMetric(ns, "ns/node")
+		perNode.Store("watched", ns)
+	})
 
 	b.Run("by-key", func(b *testing.B) {
 		ctx := context.Background()
@@ -145,13 +138,11 @@ func BenchmarkComposeNode(b *testing.B) {
 		perNode.Store("by-key", ns)
 	})
 
-	cold, ok1 := perNode.Load("watched-cold")
-	warm, ok2 := perNode.Load("watched-warm")
-	byKey, ok3 := perNode.Load("by-key")
-	if ok1 && ok2 && ok3 {
-		fmt.Printf("BenchmarkComposeNode: per node, by-key %s; watched copy %s cold (%.0fx faster), %s warm (%.0fx faster)\n",
-			time.Duration(byKey.(float64)), time.Duration(cold.(float64)), byKey.(float64)/cold.(float64),
-			time.Duration(warm.(float64)), byKey.(float64)/warm.(float64))
+	watched, ok1 := perNode.Load("watched")
+	byKey, ok2 := perNode.Load("by-key")
+	if ok1 && ok2 {
+		fmt.Printf("BenchmarkComposeNode: per node, by-key %s; watched copy %s (%.0fx faster)\n",
+			time.Duration(byKey.(float64)), time.Duration(watched.(float64)), byKey.(float64)/watched.(float64))
 	}
 }
 
@@ -169,21 +160,14 @@ func BenchmarkComposeMesh(b *testing.B) {
 		replay.Compose(&provisionerv1.ComposeRequest{Node: n})
 	}
 	runtime.GC() // not the loading's garbage: the compositions' own
-	for _, mode := range []struct {
-		name  string
-		reuse bool
-	}{{"cold", false}, {"warm", true}} {
-		b.Run(mode.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				for _, n := range nodes {
-					replay.mirror.compose(&provisionerv1.ComposeRequest{Node: n}, 0, mode.reuse)
-				}
-			}
-			b.ReportMetric(float64(len(nodes)), "nodes")
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(nodes)), "ns/node")
-		})
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, n := range nodes {
+			replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+		}
 	}
+	b.ReportMetric(float64(len(nodes)), "nodes")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(nodes)), "ns/node")
 }
 
 // restore writes a capture into the buckets of a fresh embedded server.
@@ -195,7 +179,7 @@ func restore(b *testing.B, capture *provisionerv1.Capture) jetstream.JetStream {
 	if err != nil {
 		b.Fatal(err)
 	}
-	if err := EnsureBuckets(ctx, js, 1); err != nil {
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
 		b.Fatal(err)
 	}
 	for _, bucket := range capture.GetBuckets() {
@@ -235,52 +219,44 @@ func newByKeyComposer(ctx context.Context, js jetstream.JetStream) (*byKeyCompos
 }
 
 func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv1.ComposeResponse, error) {
-	in := compose.Input{Node: node}
-	needKeys, err := listKeys(ctx, c.needs, node)
-	if err != nil {
-		return nil, err
-	}
-	for _, key := range needKeys {
-		e, err := c.needs.Get(ctx, key)
+	// Each key is read with its own Get and decoded as the copy decodes it.
+	m := mirror.New()
+	for _, read := range []struct {
+		kv   jetstream.KeyValue
+		copy mirror.Watched
+	}{{c.needs, m.Needs}, {c.collect, m.Collect}} {
+		keys, err := listKeys(ctx, read.kv, node)
 		if err != nil {
 			return nil, err
 		}
-		if r, err := decodeNeed(key, e.Value(), e.Revision()); err != nil {
-			in.Malformed = append(in.Malformed, &provisionerv1.MalformedKey{Bucket: keys.NeedsBucket, Key: key, Reason: err.Error(), Revision: e.Revision()})
-		} else {
-			in.Needs = append(in.Needs, r)
-		}
-	}
-	itemKeys, err := listKeys(ctx, c.collect, node)
-	if err != nil {
-		return nil, err
-	}
-	for _, key := range itemKeys {
-		e, err := c.collect.Get(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		if r, err := decodeCollect(key, e.Value(), e.Revision()); err == nil {
-			in.Items = append(in.Items, r)
-		}
-	}
-	var lookupErr error
-	in.Registry = func(kind string) *provisionerv1.RegistryEntry {
-		e, err := c.registry.Get(ctx, kind)
-		if err != nil {
-			if !errors.Is(err, jetstream.ErrKeyNotFound) {
-				lookupErr = err
+		for _, key := range keys {
+			e, err := read.kv.Get(ctx, key)
+			if err != nil {
+				return nil, err
 			}
-			return nil
+			read.copy.Apply(key, e.Value(), e.Revision(), false)
 		}
-		r, err := decodeRegistry(kind, e.Value(), e.Revision())
-		if err != nil {
-			return nil
-		}
-		return r.GetEntry()
 	}
-	out, _ := compose.Compose(in)
-	return out, lookupErr
+	needs, _, _ := m.Needs.Group(node)
+	kinds := map[string]bool{}
+	for _, e := range needs {
+		if e.Malformed == nil && !kinds[e.Record.GetKind()] {
+			kinds[e.Record.GetKind()] = true
+			entry, err := c.registry.Get(ctx, e.Record.GetKind())
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			m.Registry.Apply(entry.Key(), entry.Value(), entry.Revision(), false)
+		}
+	}
+	out, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, 0)
+	if werr != nil {
+		return nil, werr
+	}
+	return out, nil
 }
 
 // listKeys lists a node's keys of a bucket, in key order.

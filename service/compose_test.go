@@ -24,6 +24,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // composeMesh is node ace with a need of every sort, and node novox.
@@ -243,18 +244,18 @@ func TestComposeWaitIsBounded(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	_, err := client.New(m.nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: 1 << 40}})
-	var serr *client.ServiceError
-	if !errors.As(err, &serr) || serr.Code != service.CodeNotReady {
+	var serr *wire.Error
+	if !errors.As(err, &serr) || serr.Code() != wire.CodeUnavailable {
 		t.Fatalf("Compose at a revision never reached = %v, want a 503", err)
 	}
-	if !strings.Contains(serr.Description, "copy of mesh-provisioner_needs is at revision") || !strings.Contains(serr.Description, "behind the 1099511627776 asked for, after waiting 200ms") {
-		t.Errorf("503 sentence: %q", serr.Description)
+	if !strings.Contains(serr.Sentence(), "copy of mesh-provisioner_needs is at revision") || !strings.Contains(serr.Sentence(), "behind the 1099511627776 asked for, after waiting 200ms") {
+		t.Errorf("503 sentence: %q", serr.Sentence())
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Errorf("the refusal took %s", waited)
 	}
 	_, err = client.New(m.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, MinRevision: 1 << 40})
-	if !errors.As(err, &serr) || serr.Code != service.CodeNotReady || !strings.Contains(serr.Description, keys.CollectBucket) {
+	if !errors.As(err, &serr) || serr.Code() != wire.CodeUnavailable || !strings.Contains(serr.Sentence(), keys.CollectBucket) {
 		t.Errorf("Provisioning at a revision never reached = %v, want a 503 naming the collect bucket", err)
 	}
 	// The service still answers.
@@ -273,8 +274,8 @@ func TestComposeRefusesBadRequests(t *testing.T) {
 		{&provisionerv1.ComposeRequest{Node: "ace", Module: "*"}, `module "*" can match no key`},
 	} {
 		_, err := client.New(m.nc).Compose(context.Background(), tt.req)
-		var serr *client.ServiceError
-		if !errors.As(err, &serr) || serr.Code != service.CodeBadRequest || !strings.Contains(serr.Description, tt.says) {
+		var serr *wire.Error
+		if !errors.As(err, &serr) || serr.Code() != wire.CodeBadRequest || !strings.Contains(serr.Sentence(), tt.says) {
 			t.Errorf("Compose(%v) = %v, want a 400 saying %q", tt.req, err, tt.says)
 		}
 	}
@@ -349,45 +350,14 @@ func TestSlowCompositionLog(t *testing.T) {
 		c.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
 	})
 	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"})
-	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"})
-	rev, err := m.ace.PutNeed(context.Background(), "web", "port", "admin", &provisionerv1.Need{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: rev}})
-	// A write to another node leaves ace's composition as it was.
-	novox, err := nodeclient.New(context.Background(), nodeclient.Config{Conn: m.nc, Node: "novox"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rev, err = novox.PutNeed(context.Background(), "api", "port", "admin", &provisionerv1.Need{}); err != nil {
-		t.Fatal(err)
-	}
-	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: rev}})
-	// A need of ace written and deleted again: ace's keys changed, and its
-	// composition is as it was.
-	if _, err := m.ace.PutNeed(context.Background(), "web", "port", "tmp", &provisionerv1.Need{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.ace.DeleteNeed(context.Background(), "web", "port", "tmp"); err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(m.nc)
-	stream, err := js.Stream(context.Background(), service.StreamOf(keys.NeedsBucket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: stream.CachedInfo().State.LastSeq}})
+	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", Module: "web"})
 
 	lines := logs.lines(t, "slow composition")
-	if len(lines) != 5 {
-		t.Fatalf("%d slow composition lines, want 5:\n%s", len(lines), logs.buf.String())
+	if len(lines) != 2 {
+		t.Fatalf("%d slow composition lines, want 2:\n%s", len(lines), logs.buf.String())
 	}
-	unchanged := func(rec map[string]any) bool { return strings.Contains(rec["msg"].(string), "changed nothing") }
-	for i, want := range []bool{false, true, false, true, true} {
-		if got := unchanged(lines[i]); got != want {
-			t.Errorf("line %d says changed nothing = %v, want %v: %v", i+1, got, want, lines[i])
-		}
+	if lines[1]["module"] != "web" {
+		t.Errorf("second line's module = %v, want web", lines[1]["module"])
 	}
 	phases, ok := lines[0]["phases"].(map[string]any)
 	if !ok || len(phases) != 4 || phases["resolve"] == nil || lines[0]["node"] != "ace" {
@@ -453,23 +423,23 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 	// Another request finds the one place taken, and is refused at once.
 	// (Until the first is waiting, an attempt may take the place itself and
 	// time out here; the next is refused.)
-	var serr *client.ServiceError
+	var serr *wire.Error
 	for attempt := 0; ; attempt++ {
 		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		_, err := client.New(m.nc).Compose(short, far)
 		cancel()
-		if errors.As(err, &serr) && strings.Contains(serr.Description, "1 requests already wait") {
+		if errors.As(err, &serr) && strings.Contains(serr.Sentence(), "1 requests already wait") {
 			break
 		}
 		if attempt == 3 {
 			t.Fatalf("a request beyond the one that may wait was not refused at once: %v", err)
 		}
 	}
-	if serr.Code != service.CodeNotReady {
-		t.Errorf("code %d, want 503", serr.Code)
+	if serr.Code() != wire.CodeUnavailable {
+		t.Errorf("code %d, want 503", serr.Code())
 	}
 	// The first request waited its bounded wait, or was the one refused.
-	if err := <-first; !errors.As(err, &serr) || serr.Code != service.CodeNotReady {
+	if err := <-first; !errors.As(err, &serr) || serr.Code() != wire.CodeUnavailable {
 		t.Errorf("the first request ended with %v, want a 503", err)
 	}
 	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"}) // and the service still answers

@@ -2,19 +2,14 @@ package service
 
 import (
 	"bytes"
-	"fmt"
 	"mime"
 	"strings"
 
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-)
 
-// Content types of requests and answers.
-const (
-	ContentTypeProtobuf = "application/protobuf"
-	ContentTypeJSON     = "application/json"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // encoding is how one request was written, and so how it is answered.
@@ -33,36 +28,36 @@ func encodingOf(req micro.Request) encoding {
 	}
 	if ok && len(values) > 0 {
 		media, _, err := mime.ParseMediaType(values[0])
-		return encoding{json: err == nil && media == ContentTypeJSON}
+		return encoding{json: err == nil && media == wire.ContentTypeJSON}
 	}
 	return encoding{json: bytes.HasPrefix(bytes.TrimSpace(req.Data()), []byte("{"))}
 }
 
 func (e encoding) contentType() string {
 	if e.json {
-		return ContentTypeJSON
+		return wire.ContentTypeJSON
 	}
-	return ContentTypeProtobuf
+	return wire.ContentTypeProtobuf
 }
 
 // unmarshal decodes a request. Fields this server does not know are an error
 // in both encodings: a filter it cannot apply must not widen the answer.
-func (e encoding) unmarshal(data []byte, msg proto.Message) *codedError {
+func (e encoding) unmarshal(data []byte, msg proto.Message) *wire.Error {
 	name := msg.ProtoReflect().Descriptor().FullName()
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil // an empty body is the default request
 	}
 	if e.json {
 		if err := protojson.Unmarshal(data, msg); err != nil {
-			return badRequest(fmt.Sprintf("the JSON request does not decode as %s: %v", name, err))
+			return wire.Errorf(wire.CodeBadRequest, "the JSON request does not decode as %s: %v", name, err)
 		}
 		return nil
 	}
 	if err := proto.Unmarshal(data, msg); err != nil {
-		return badRequest(fmt.Sprintf("the request does not decode as protobuf %s (%v); send protobuf binary, or JSON with header Content-Type: %s", name, err, ContentTypeJSON))
+		return wire.Errorf(wire.CodeBadRequest, "the request does not decode as protobuf %s (%v); send protobuf binary, or JSON with header Content-Type: %s", name, err, wire.ContentTypeJSON)
 	}
 	if unknown := msg.ProtoReflect().GetUnknown(); len(unknown) > 0 {
-		return badRequest(fmt.Sprintf("the request holds fields %s does not define (%d bytes); it was written for another contract, or is not a protobuf request at all", name, len(unknown)))
+		return wire.Errorf(wire.CodeBadRequest, "the request holds fields %s does not define (%d bytes); it was written for another contract, or is not a protobuf request at all", name, len(unknown))
 	}
 	return nil
 }

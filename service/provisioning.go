@@ -1,25 +1,39 @@
 package service
 
 import (
-	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-// handleProvisioning answers mesh-provisioner.provisioning.
-func (s *Service) handleProvisioning(req micro.Request) {
-	var in provisionerv1.ProvisioningRequest
-	s.handle(req, s.counters[ProvisioningEndpoint], &in,
-		func() *codedError { return checkRequest(&in) },
-		func() []revisionWait { return []revisionWait{{s.mirror.copyOf(whatOf(&in)), in.GetMinRevision()}} },
-		func(time.Duration) proto.Message { return provisioningFrom(s.mirror, &in) })
+// provisioningEndpoint answers mesh-provisioner.provisioning.
+func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse] {
+	return endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
+		name:       wire.ProvisioningEndpoint,
+		subject:    wire.ProvisioningSubject,
+		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
+		check:      checkProvisioning,
+		waits: func(in *provisionerv1.ProvisioningRequest) []revisionWait {
+			c := copyOf(s.mirror, whatOf(in))
+			waits := []revisionWait{{c, in.GetMinRevision()}}
+			// checkProvisioning read the token already: it decodes.
+			if t, _ := readToken(in.GetPageToken(), provisioningDigest(in)); len(t.Revisions) == 1 {
+				waits = append(waits, revisionWait{c, t.Revisions[0]})
+			}
+			return waits
+		},
+		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int, _ time.Duration) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+			return provisioningFrom(s.mirror, in, enc, budget)
+		},
+	}
 }
 
 // filtersOf says which filters narrow each what, in request order.
@@ -30,13 +44,14 @@ var filtersOf = map[provisionerv1.What][]string{
 	provisionerv1.What_WHAT_COLLECT:  {"node", "contributor", "collection"},
 }
 
-// checkRequest refuses an unknown what, a filter that does not apply to it,
-// and a filter value that no key could hold.
-func checkRequest(in *provisionerv1.ProvisioningRequest) *codedError {
+// checkProvisioning refuses an unknown what, a filter that does not apply to
+// it, a filter value that no key could hold, and a page token that is not
+// this request's.
+func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
 	what := whatOf(in)
 	allowed, ok := filtersOf[what]
 	if !ok {
-		return badRequest(fmt.Sprintf("what %d is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT", in.GetWhat()))
+		return wire.Errorf(wire.CodeBadRequest, "what %d is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT", in.GetWhat())
 	}
 	set := []struct{ name, value string }{
 		{"node", in.GetNode()}, {"module", in.GetModule()}, {"contributor", in.GetContributor()}, {"collection", in.GetCollection()},
@@ -50,16 +65,24 @@ func checkRequest(in *provisionerv1.ProvisioningRequest) *codedError {
 			if len(allowed) > 0 {
 				narrowedBy = strings.Join(allowed, ", ")
 			}
-			return badRequest(fmt.Sprintf("filter %s does not apply to %s, which is narrowed by %s; leave %s out", f.name, what, narrowedBy, f.name))
+			return wire.Errorf(wire.CodeBadRequest, "filter %s does not apply to %s, which is narrowed by %s; leave %s out", f.name, what, narrowedBy, f.name)
 		}
 		if f.name == "collection" {
 			continue // any readable name; the key holds it escaped
 		}
 		if err := keys.CheckToken(f.value); err != nil {
-			return badRequest(fmt.Sprintf("filter %s %q can match no key: it %v", f.name, f.value, err))
+			return wire.Errorf(wire.CodeBadRequest, "filter %s %q can match no key: it %v", f.name, f.value, err)
 		}
 	}
-	return nil
+	_, werr := readToken(in.GetPageToken(), provisioningDigest(in))
+	return werr
+}
+
+// provisioningDigest identifies a provisioning request for its page tokens.
+func provisioningDigest(in *provisionerv1.ProvisioningRequest) string {
+	return requestDigest(&provisionerv1.ProvisioningRequest{
+		What: whatOf(in), Node: in.GetNode(), Module: in.GetModule(), Contributor: in.GetContributor(), Collection: in.GetCollection(),
+	})
 }
 
 func whatOf(in *provisionerv1.ProvisioningRequest) provisionerv1.What {
@@ -69,50 +92,109 @@ func whatOf(in *provisionerv1.ProvisioningRequest) provisionerv1.What {
 	return in.GetWhat()
 }
 
-// provisioningFrom answers a checked request from a copy.
-func provisioningFrom(m *mirror, in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
-	out := &provisionerv1.ProvisioningResponse{What: whatOf(in)}
+// copyOf returns the copy of the bucket a what reads.
+func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
+	switch what {
+	case provisionerv1.What_WHAT_NEEDS:
+		return m.Needs
+	case provisionerv1.What_WHAT_APPLIED:
+		return m.Applied
+	case provisionerv1.What_WHAT_COLLECT:
+		return m.Collect
+	}
+	return m.Registry
+}
+
+// provisioningFrom answers a checked request from a mirror: one page of it,
+// at most budget bytes once encoded.
+func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+	token, werr := readToken(in.GetPageToken(), provisioningDigest(in))
+	if werr != nil {
+		return nil, werr
+	}
+	out := &provisionerv1.ProvisioningResponse{What: whatOf(in), Behind: m.Behind()}
+	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	// A malformed key is kept unless one of its tokens contradicts a filter;
 	// a key too short to have the filter's token is kept.
 	tokenIs := func(tokens []string, i int, want string) bool {
 		return want == "" || i >= len(tokens) || tokens[i] == want
 	}
+	var next string
 	switch out.What {
 	case provisionerv1.What_WHAT_REGISTRY:
-		out.Registry, out.Malformed, out.Revision = m.registry.read(selection[*provisionerv1.RegistryRecord]{})
+		out.Registry, out.Malformed, out.Revision, next, werr = fill(m.Registry, p, token.After, "", nil, nil)
 	case provisionerv1.What_WHAT_NEEDS:
-		out.Needs, out.Malformed, out.Revision = m.needs.read(selection[*provisionerv1.NeedRecord]{
-			first: in.GetNode(),
-			keep:  func(r *provisionerv1.NeedRecord) bool { return in.GetModule() == "" || r.GetModule() == in.GetModule() },
-			keepMalformed: func(tokens []string) bool {
-				return tokenIs(tokens, 1, in.GetModule())
-			},
-		})
+		out.Needs, out.Malformed, out.Revision, next, werr = fill(m.Needs, p, token.After, in.GetNode(),
+			func(r *provisionerv1.NeedRecord) bool { return in.GetModule() == "" || r.GetModule() == in.GetModule() },
+			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
 	case provisionerv1.What_WHAT_APPLIED:
-		out.Applied, out.Malformed, out.Revision = m.applied.read(selection[*provisionerv1.AppliedRecord]{
-			first: in.GetNode(),
-			keep: func(r *provisionerv1.AppliedRecord) bool {
+		out.Applied, out.Malformed, out.Revision, next, werr = fill(m.Applied, p, token.After, in.GetNode(),
+			func(r *provisionerv1.AppliedRecord) bool {
 				return in.GetModule() == "" || r.GetModule() == in.GetModule()
 			},
-			keepMalformed: func(tokens []string) bool {
-				return tokenIs(tokens, 1, in.GetModule())
-			},
-		})
+			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
 	case provisionerv1.What_WHAT_COLLECT:
 		collection := ""
 		if in.GetCollection() != "" {
 			collection = keys.Escape(in.GetCollection())
 		}
-		out.Collect, out.Malformed, out.Revision = m.collect.read(selection[*provisionerv1.CollectRecord]{
-			first: in.GetNode(),
-			keep: func(r *provisionerv1.CollectRecord) bool {
+		out.Collect, out.Malformed, out.Revision, next, werr = fill(m.Collect, p, token.After, in.GetNode(),
+			func(r *provisionerv1.CollectRecord) bool {
 				return (in.GetCollection() == "" || r.GetCollection() == in.GetCollection()) &&
 					(in.GetContributor() == "" || r.GetContributor() == in.GetContributor())
 			},
-			keepMalformed: func(tokens []string) bool {
+			func(tokens []string) bool {
 				return tokenIs(tokens, 1, collection) && tokenIs(tokens, 2, in.GetContributor())
-			},
-		})
+			})
 	}
-	return out
+	if werr != nil {
+		return nil, werr
+	}
+	if next != "" {
+		out.NextPageToken = pageToken{Request: provisioningDigest(in), After: next, Revisions: []uint64{out.GetRevision()}}.encode()
+	}
+	return out, nil
+}
+
+// pageOverhead is what a page reserves for everything but its items: the
+// answer's other fields and its next_page_token.
+const pageOverhead = 512
+
+// fill reads the entries after the key after, of the group first (every
+// group when empty), keeps those the filters keep, and adds them to the page
+// while they fit. It returns the page's records and malformed keys, the
+// copy's revision, and the last key of the page when more entries follow.
+func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep func(R) bool, keepMalformed func([]string) bool) (records []R, malformed []*provisionerv1.MalformedKey, revision uint64, next string, werr *wire.Error) {
+	var entries []*mirror.Entry[R]
+	if first != "" {
+		entries, _, revision = c.Group(first)
+	} else {
+		entries, revision = c.All()
+	}
+	start := sort.Search(len(entries), func(i int) bool { return entries[i].Key > after })
+	last := ""
+	for _, e := range entries[start:] {
+		var item proto.Message
+		switch {
+		case e.Malformed != nil && (keepMalformed == nil || keepMalformed(e.Tokens)):
+			item = e.Malformed
+		case e.Malformed == nil && (keep == nil || keep(e.Record)):
+			item = e.Record
+		default:
+			continue
+		}
+		if !p.fits(p.sizeOf(item)) {
+			if p.count == 0 {
+				return nil, nil, revision, "", wire.Errorf(wire.CodeInternal, "key %s alone is %d bytes, more than one answer carries (max_payload); the bucket's value size limit should not allow it", e.Key, p.sizeOf(item))
+			}
+			return records, malformed, revision, last, nil
+		}
+		if e.Malformed != nil {
+			malformed = append(malformed, e.Malformed)
+		} else {
+			records = append(records, e.Record)
+		}
+		last = e.Key
+	}
+	return records, malformed, revision, "", nil
 }

@@ -14,24 +14,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
-	"google.golang.org/protobuf/proto"
+	"golang.org/x/time/rate"
 
-	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-// Names under which the service is found on the bus.
-const (
-	// Name is the micro service's name.
-	Name = "mesh-provisioner"
-	// ProvisioningEndpoint is the endpoint's name.
-	ProvisioningEndpoint = "provisioning"
-	// ProvisioningSubject is the subject the endpoint answers.
-	ProvisioningSubject = Name + "." + ProvisioningEndpoint
-	// ComposeEndpoint is the name of the endpoint that composes a node.
-	ComposeEndpoint = "compose"
-	// ComposeSubject is the subject it answers.
-	ComposeSubject = Name + "." + ComposeEndpoint
-)
+// ErrBucketMissing is returned by Start when a provisioning bucket does not
+// exist; create the buckets with buckets.Ensure first.
+var ErrBucketMissing = mirror.ErrBucketMissing
 
 // Config holds what Start needs.
 type Config struct {
@@ -68,12 +59,11 @@ const (
 type Service struct {
 	micro  micro.Service
 	conn   *nats.Conn
-	mirror *mirror
+	mirror *mirror.Mirror
 	logger *slog.Logger
 
 	revisionWait time.Duration
 	slowCompose  time.Duration
-	compositions compositions
 
 	// stopping is cancelled by Stop: watchers and waiting requests end.
 	stopping context.Context
@@ -89,13 +79,16 @@ type Service struct {
 	answers sync.WaitGroup
 
 	counters map[string]*counters // by endpoint name
+	// failures rate-limits the warning logged for each 5xx answer, so that a
+	// flood of them cannot flood the log.
+	failures rate.Sometimes
 	stopOnce sync.Once
 }
 
 // Start opens the provisioning buckets, starts watching them and adds the
 // micro service. It returns once the server has the service's subscriptions,
 // without waiting for the copy: until it is loaded (see WaitReady), the
-// endpoint answers 503.
+// endpoints answer 503.
 func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("service: Config.Conn is required")
@@ -124,37 +117,24 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		conn:         cfg.Conn,
-		mirror:       newMirror(),
+		mirror:       mirror.New(),
 		logger:       cfg.Logger,
 		slots:        make(chan struct{}, cfg.Concurrency),
 		waiting:      make(chan struct{}, cfg.MaxWaiting),
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
-		counters:     map[string]*counters{ProvisioningEndpoint: {}, ComposeEndpoint: {}},
+		counters:     map[string]*counters{},
+		failures:     rate.Sometimes{Interval: time.Second},
 	}
-
-	kvs := make([]jetstream.KeyValue, 0, 4)
-	for _, c := range s.mirror.buckets() {
-		kv, err := js.KeyValue(ctx, c.name())
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			return nil, fmt.Errorf("%w: %s", ErrBucketMissing, c.name())
-		}
-		if err != nil {
-			return nil, fmt.Errorf("open bucket %s: %w", c.name(), err)
-		}
-		kvs = append(kvs, kv)
+	watchers, err := s.mirror.Open(ctx, js, s.logger)
+	if err != nil {
+		return nil, err
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
-	for i, c := range s.mirror.buckets() {
-		s.watchers.Add(1)
-		go func() {
-			defer s.watchers.Done()
-			s.keepWatching(s.stopping, c, kvs[i])
-		}()
-	}
+	s.watchers.Go(func() { watchers.Run(s.stopping) })
 
 	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
-		Name:         Name,
+		Name:         wire.ServiceName,
 		Version:      cfg.Version,
 		Description:  "Says which module answers each kind of placeholder, what nodes need, have applied and collect, and composes each node's plan.",
 		StatsHandler: s.stats,
@@ -165,28 +145,13 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		},
 	})
 	if err != nil {
-		s.stop()
+		s.stopWatchers()
 		return nil, fmt.Errorf("add micro service: %w", err)
 	}
-	for _, ep := range []struct {
-		name, subject     string
-		handler           micro.HandlerFunc
-		request, response proto.Message
-	}{
-		{ProvisioningEndpoint, ProvisioningSubject, s.handleProvisioning, &provisionerv1.ProvisioningRequest{}, &provisionerv1.ProvisioningResponse{}},
-		{ComposeEndpoint, ComposeSubject, s.handleCompose, &provisionerv1.ComposeRequest{}, &provisionerv1.ComposeResponse{}},
-	} {
-		err = s.micro.AddEndpoint(ep.name, ep.handler,
-			micro.WithEndpointSubject(ep.subject),
-			micro.WithEndpointMetadata(map[string]string{
-				"request":       string(ep.request.ProtoReflect().Descriptor().FullName()),
-				"response":      string(ep.response.ProtoReflect().Descriptor().FullName()),
-				"content_types": ContentTypeProtobuf + ", " + ContentTypeJSON,
-			}),
-		)
-		if err != nil {
+	for _, ep := range s.endpoints() {
+		if err := ep.register(s); err != nil {
 			s.Stop()
-			return nil, fmt.Errorf("add endpoint %s: %w", ep.name, err)
+			return nil, err
 		}
 	}
 	// Once Start returns, the server knows the subscriptions: a request sent
@@ -200,51 +165,17 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// keepWatching runs a bucket's watcher until ctx is done, starting it again,
-// after a pause that grows to watchRetryMax, whenever it fails.
-func (s *Service) keepWatching(ctx context.Context, c watched, kv jetstream.KeyValue) {
-	pause := watchRetryMin
-	for {
-		started := time.Now()
-		err := c.watch(ctx, kv)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(started) > watchRetryMax {
-			pause = watchRetryMin // it had been running well: not a failure streak
-		}
-		s.logger.Error("bucket watcher failed; starting it again", "bucket", c.name(), "err", err, "in", pause)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(pause):
-		}
-		pause = min(2*pause, watchRetryMax)
-	}
-}
-
-// How long keepWatching pauses before it starts a failed watcher again.
-const (
-	watchRetryMin = 250 * time.Millisecond
-	watchRetryMax = 30 * time.Second
-)
-
 // WaitReady returns once the copy of every bucket holds the bucket's initial
 // values, or ctx's error.
 func (s *Service) WaitReady(ctx context.Context) error {
-	ticker := time.NewTicker(10 * time.Millisecond)
-	defer ticker.Stop()
-	for {
-		loading := s.mirror.loading()
-		if len(loading) == 0 {
-			return nil
-		}
+	for _, c := range s.mirror.Copies() {
 		select {
+		case <-c.Loaded():
 		case <-ctx.Done():
-			return fmt.Errorf("buckets still loading (%s): %w", strings.Join(loading, ", "), ctx.Err())
-		case <-ticker.C:
+			return fmt.Errorf("buckets still loading (%s): %w", strings.Join(s.mirror.Loading(), ", "), ctx.Err())
 		}
 	}
+	return nil
 }
 
 // Info returns the micro service's discovery information.
@@ -252,7 +183,8 @@ func (s *Service) Info() micro.Info { return s.micro.Info() }
 
 // Stop stops answering: the endpoints' subscriptions are drained, answers in
 // progress are sent (those waiting for a revision get a 503), and the
-// watchers stop. The connection stays open.
+// watchers stop. The connection stays open. Stop returns once everything
+// the service started has ended.
 func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
 		if err := s.micro.Stop(); err != nil {
@@ -267,6 +199,12 @@ func (s *Service) Stop() {
 	})
 }
 
+// stopWatchers ends the watchers of a service that never served.
+func (s *Service) stopWatchers() {
+	s.stop()
+	s.watchers.Wait()
+}
+
 // counters count what an endpoint's workers send, which micro does not see:
 // micro counts requests, and the errors sent before an answer is dispatched.
 type counters struct {
@@ -274,12 +212,13 @@ type counters struct {
 	answerErrors atomic.Uint64 // errors sent by workers, and answers that could not be sent
 }
 
-// stats is the endpoint's "data" in $SRV.STATS.
+// stats is an endpoint's "data" in $SRV.STATS.
 func (s *Service) stats(e *micro.Endpoint) any {
 	c := s.counters[e.Name]
 	return map[string]any{
 		"answered":      c.answered.Load(),
 		"answer_errors": c.answerErrors.Load(),
-		"loading":       append([]string{}, s.mirror.loading()...),
+		"loading":       append([]string{}, s.mirror.Loading()...),
+		"behind":        append([]string{}, s.mirror.Behind()...),
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
@@ -25,6 +26,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // mesh is a small mesh of two nodes, with malformed keys in every bucket.
@@ -326,7 +328,7 @@ func TestProvisioningFollowsTheBuckets(t *testing.T) {
 // raw sends a request as bytes, with an optional Content-Type.
 func raw(t *testing.T, nc *nats.Conn, contentType string, body []byte) *nats.Msg {
 	t.Helper()
-	msg := nats.NewMsg(service.ProvisioningSubject)
+	msg := nats.NewMsg(wire.ProvisioningSubject)
 	msg.Data = body
 	if contentType != "" {
 		msg.Header.Set("Content-Type", contentType)
@@ -352,10 +354,10 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 		{"text that is not a request", "", []byte("hello, provisioner"), "mesh.provisioner.v1.ProvisioningRequest"},
 		{"unknown binary field", "", protowireField(99), "holds fields mesh.provisioner.v1.ProvisioningRequest does not define"},
 		{"unknown JSON field", "", []byte(`{"what":"WHAT_NEEDS","nod":"ace"}`), `unknown field "nod"`},
-		{"unknown what in JSON", service.ContentTypeJSON, []byte(`{"what":"WHAT_EVERYTHING"}`), "WHAT_EVERYTHING"},
+		{"unknown what in JSON", wire.ContentTypeJSON, []byte(`{"what":"WHAT_EVERYTHING"}`), "WHAT_EVERYTHING"},
 		{"unknown what by number in JSON", "", []byte(`{"what":9}`), "what 9 is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT"},
 		{"unknown what in binary", "", binary(&provisionerv1.ProvisioningRequest{What: 7}), "what 7 is not one of"},
-		{"broken JSON", service.ContentTypeJSON, []byte(`{"what":`), "the JSON request does not decode"},
+		{"broken JSON", wire.ContentTypeJSON, []byte(`{"what":`), "the JSON request does not decode"},
 		{"node filter on the registry", "", binary(&provisionerv1.ProvisioningRequest{Node: "ace"}), "filter node does not apply to WHAT_REGISTRY, which is narrowed by nothing"},
 		{"contributor filter on needs", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Contributor: "web"}), "filter contributor does not apply to WHAT_NEEDS, which is narrowed by node, module"},
 		{"collection filter on applied", "", []byte(`{"what":"WHAT_APPLIED","collection":"shell"}`), "filter collection does not apply to WHAT_APPLIED"},
@@ -367,13 +369,13 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			reply := raw(t, m.nc, tt.contentType, tt.body)
-			err := client.ErrorOf(reply)
-			var serr *client.ServiceError
-			if !errors.As(err, &serr) || serr.Code != service.CodeBadRequest {
+			err := wire.ErrorOf(reply)
+			var serr *wire.Error
+			if !errors.As(err, &serr) || serr.Code() != wire.CodeBadRequest {
 				t.Fatalf("reply error = %v, want a 400", err)
 			}
-			if !strings.Contains(serr.Description, tt.says) {
-				t.Errorf("sentence %q does not say %q", serr.Description, tt.says)
+			if !strings.Contains(serr.Sentence(), tt.says) {
+				t.Errorf("sentence %q does not say %q", serr.Sentence(), tt.says)
 			}
 		})
 	}
@@ -407,23 +409,23 @@ func TestProvisioningEncodings(t *testing.T) {
 		body              []byte
 		json              bool
 	}{
-		{"JSON by header", service.ContentTypeJSON, body, true},
+		{"JSON by header", wire.ContentTypeJSON, body, true},
 		{"JSON by header with charset", "application/json; charset=utf-8", body, true},
 		{"JSON by its first byte", "", append([]byte("  "), body...), true},
-		{"binary by header", service.ContentTypeProtobuf, encode(t, req), false},
+		{"binary by header", wire.ContentTypeProtobuf, encode(t, req), false},
 		{"binary by default", "", encode(t, req), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			reply := raw(t, m.nc, tt.contentType, tt.body)
-			if err := client.ErrorOf(reply); err != nil {
+			if err := wire.ErrorOf(reply); err != nil {
 				t.Fatal(err)
 			}
 			got := &provisionerv1.ProvisioningResponse{}
-			wantType := service.ContentTypeProtobuf
+			wantType := wire.ContentTypeProtobuf
 			var err error
 			if tt.json {
-				wantType = service.ContentTypeJSON
+				wantType = wire.ContentTypeJSON
 				err = protojson.Unmarshal(reply.Data, got)
 			} else {
 				err = proto.Unmarshal(reply.Data, got)
@@ -441,21 +443,21 @@ func TestProvisioningEncodings(t *testing.T) {
 	}
 	t.Run("the header wins over the first byte, in any case", func(t *testing.T) {
 		t.Parallel()
-		msg := nats.NewMsg(service.ProvisioningSubject)
-		msg.Header["content-type"] = []string{service.ContentTypeProtobuf}
+		msg := nats.NewMsg(wire.ProvisioningSubject)
+		msg.Header["content-type"] = []string{wire.ContentTypeProtobuf}
 		msg.Data = body // JSON, read as protobuf as the header says
 		reply, err := m.nc.RequestMsg(msg, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var serr *client.ServiceError
-		if err := client.ErrorOf(reply); !errors.As(err, &serr) || !strings.Contains(serr.Description, "does not decode as protobuf") {
+		var serr *wire.Error
+		if err := wire.ErrorOf(reply); !errors.As(err, &serr) || !strings.Contains(serr.Sentence(), "does not decode as protobuf") {
 			t.Errorf("JSON sent as protobuf: %v, want a 400 saying it does not decode as protobuf", err)
 		}
 	})
 	t.Run("empty JSON body is the registry", func(t *testing.T) {
 		t.Parallel()
-		reply := raw(t, m.nc, service.ContentTypeJSON, nil)
+		reply := raw(t, m.nc, wire.ContentTypeJSON, nil)
 		got := &provisionerv1.ProvisioningResponse{}
 		if err := protojson.Unmarshal(reply.Data, got); err != nil {
 			t.Fatalf("decode: %v (%s)", err, reply.Data)
@@ -487,17 +489,17 @@ func TestDiscovery(t *testing.T) {
 	before := m.svc.Info()
 	var info micro.Info
 	requestJSON(t, m.nc, micro.InfoVerb, &info)
-	if info.Name != service.Name || info.Version != "1.2.3" || info.ID != before.ID {
+	if info.Name != wire.ServiceName || info.Version != "1.2.3" || info.ID != before.ID {
 		t.Errorf("INFO names %s %s %s", info.Name, info.Version, info.ID)
 	}
-	if len(info.Endpoints) != 2 || info.Endpoints[1].Name != service.ComposeEndpoint || info.Endpoints[1].Subject != service.ComposeSubject {
+	if len(info.Endpoints) != 2 || info.Endpoints[1].Name != wire.ComposeEndpoint || info.Endpoints[1].Subject != wire.ComposeSubject {
 		t.Fatalf("INFO endpoints: %+v", info.Endpoints)
 	}
 	if got := info.Endpoints[1].Metadata["request"]; got != "mesh.provisioner.v1.ComposeRequest" {
 		t.Errorf("compose endpoint request type %q", got)
 	}
 	ep := info.Endpoints[0]
-	if ep.Name != service.ProvisioningEndpoint || ep.Subject != service.ProvisioningSubject {
+	if ep.Name != wire.ProvisioningEndpoint || ep.Subject != wire.ProvisioningSubject {
 		t.Errorf("endpoint %s on %s", ep.Name, ep.Subject)
 	}
 	if diff := cmp.Diff(map[string]string{
@@ -531,7 +533,7 @@ func TestDiscovery(t *testing.T) {
 
 func requestJSON(t *testing.T, nc *nats.Conn, verb micro.Verb, into any) {
 	t.Helper()
-	subject, err := micro.ControlSubject(verb, service.Name, "")
+	subject, err := micro.ControlSubject(verb, wire.ServiceName, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,7 +562,7 @@ authorization {
 }`)
 	admin := natstest.Connect(t, s, nats.UserInfo("admin", "admin"))
 	js, _ := jetstream.New(admin)
-	if err := service.EnsureBuckets(t.Context(), js, 1); err != nil {
+	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	nc := natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
@@ -573,33 +575,86 @@ authorization {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{})
-	var serr *client.ServiceError
-	if !errors.As(err, &serr) || serr.Code != service.CodeNotReady {
+	var serr *wire.Error
+	if !errors.As(err, &serr) || serr.Code() != wire.CodeUnavailable {
 		t.Fatalf("Provisioning before load = %v, want a 503", err)
 	}
-	if !strings.Contains(serr.Description, keys.NeedsBucket) || !strings.Contains(serr.Description, "ask again") {
-		t.Errorf("503 sentence %q should name the bucket and say to ask again", serr.Description)
+	if !strings.Contains(serr.Sentence(), keys.NeedsBucket) || !strings.Contains(serr.Sentence(), "ask again") {
+		t.Errorf("503 sentence %q should name the bucket and say to ask again", serr.Sentence())
 	}
 	// A bad request is still a 400, not a 503: the request is checked first.
 	_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{Node: "ace"})
-	if !errors.As(err, &serr) || serr.Code != service.CodeBadRequest {
+	if !errors.As(err, &serr) || serr.Code() != wire.CodeBadRequest {
 		t.Errorf("bad request before load = %v, want a 400", err)
 	}
 }
 
-func TestAnswerLargerThanMaxPayload(t *testing.T) {
+func TestAnswersLargerThanMaxPayloadArePaged(t *testing.T) {
 	t.Parallel()
 	s := natstest.StartWithConfig(t, "max_payload: 2048")
 	nc := natstest.Connect(t, s)
 	servicetest.Start(t, nc)
-	// The registry, in JSON, is larger than 2 KiB.
-	reply := raw(t, nc, service.ContentTypeJSON, []byte(`{"what":"WHAT_REGISTRY"}`))
-	var serr *client.ServiceError
-	if err := client.ErrorOf(reply); !errors.As(err, &serr) || serr.Code != service.CodeInternal || !strings.Contains(serr.Description, "more than the 2048 the NATS server carries (max_payload); narrow the request") {
-		t.Fatalf("answer over max_payload: %v, want a 500 saying to narrow the request", err)
+	c := client.New(nc)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var whole []*provisionerv1.RegistryRecord
+	for _, e := range registry.Table() {
+		whole = append(whole, &provisionerv1.RegistryRecord{Kind: e.GetKind(), Entry: e})
 	}
-	// A narrow request is answered.
-	if _, err := client.New(nc).Provisioning(context.Background(), &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"}); err != nil {
-		t.Errorf("narrow request: %v", err)
+	slices.SortFunc(whole, func(a, b *provisionerv1.RegistryRecord) int { return strings.Compare(a.GetKind(), b.GetKind()) })
+
+	for _, tt := range []struct {
+		name     string
+		pageSize uint32
+	}{{"pages filled to max_payload", 0}, {"pages of three", 3}} {
+		var got []*provisionerv1.RegistryRecord
+		pages := 0
+		for page, err := range c.ProvisioningPages(ctx, &provisionerv1.ProvisioningRequest{PageSize: tt.pageSize}) {
+			if err != nil {
+				t.Fatalf("%s: page %d: %v", tt.name, pages+1, err)
+			}
+			if size := proto.Size(page); size > 2048 {
+				t.Errorf("%s: page %d is %d bytes, over max_payload", tt.name, pages+1, size)
+			}
+			if tt.pageSize > 0 && len(page.GetRegistry()) > int(tt.pageSize) {
+				t.Errorf("%s: page %d holds %d records, over page_size", tt.name, pages+1, len(page.GetRegistry()))
+			}
+			got = append(got, page.GetRegistry()...)
+			pages++
+		}
+		if pages < 2 {
+			t.Errorf("%s: the registry came in %d page, want several under a 2 KiB max_payload", tt.name, pages)
+		}
+		if diff := cmp.Diff(whole, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.RegistryRecord{}, "revision")); diff != "" {
+			t.Errorf("%s: pages joined (-want +got):\n%s", tt.name, diff)
+		}
+	}
+
+	// JSON pages fit too: JSON is larger than binary for the same records.
+	reply := raw(t, nc, wire.ContentTypeJSON, []byte(`{"what":"WHAT_REGISTRY"}`))
+	if err := wire.ErrorOf(reply); err != nil || len(reply.Data) > 2048 {
+		t.Fatalf("first JSON page: %d bytes, %v", len(reply.Data), err)
+	}
+	var first provisionerv1.ProvisioningResponse
+	if err := protojson.Unmarshal(reply.Data, &first); err != nil || first.GetNextPageToken() == "" {
+		t.Fatalf("first JSON page: %v, next_page_token %q", err, first.GetNextPageToken())
+	}
+
+	// A token that was edited, or sent with other filters, is a 400.
+	token := first.GetNextPageToken()
+	tampered := token[:len(token)-2] + map[bool]string{true: "AA", false: "BB"}[token[len(token)-2:] != "AA"]
+	for _, tt := range []struct {
+		name string
+		req  *provisionerv1.ProvisioningRequest
+		says string
+	}{
+		{"edited", &provisionerv1.ProvisioningRequest{PageToken: tampered}, "checksum does not match"},
+		{"not base64", &provisionerv1.ProvisioningRequest{PageToken: "not a token!"}, "not a token this service issued"},
+		{"other request", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, PageToken: token}, "issued for another request"},
+	} {
+		_, err := c.Provisioning(ctx, tt.req)
+		if wire.CodeOf(err) != wire.CodeBadRequest || !strings.Contains(err.Error(), tt.says) {
+			t.Errorf("%s token: %v, want a 400 saying %q", tt.name, err, tt.says)
+		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -63,9 +65,34 @@ func (c *connectFlags) connect(url, name string, logger *slog.Logger, extra ...n
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		if errors.Is(err, nats.ErrNoServers) {
-			return nil, fmt.Errorf("cannot reach NATS at %s: %w", url, err)
+			return nil, fmt.Errorf("cannot reach NATS at %s: %w", redactURL(url), err)
 		}
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(url), err)
 	}
 	return nc, nil
+}
+
+// redactURL returns a NATS URL, or a comma-separated list of them, with any
+// password or token replaced by "xxxxx": fit for logs and errors.
+func redactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, part := range parts {
+		u, err := url.Parse(strings.TrimSpace(part))
+		if err != nil {
+			if strings.Contains(part, "@") {
+				parts[i] = "(a URL that does not parse)"
+			}
+			continue
+		}
+		if u.User == nil {
+			continue
+		}
+		if _, hasPassword := u.User.Password(); hasPassword {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		} else {
+			u.User = url.User("xxxxx") // a lone user part is a token
+		}
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
 }

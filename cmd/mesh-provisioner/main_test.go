@@ -83,12 +83,19 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	answer, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := len(answer.GetRegistry()), len(registry.Table()); got != want {
-		t.Errorf("registry answered %d entries, want %d", got, want)
+	// The reconciler writes the registry beside the service: it shows
+	// shortly after serving begins.
+	for {
+		answer, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := len(answer.GetRegistry()), len(registry.Table()); got == want {
+			break
+		} else if ctx.Err() != nil {
+			t.Fatalf("registry answered %d entries, want %d", got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {

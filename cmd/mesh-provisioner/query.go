@@ -17,6 +17,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 const querySynopsis = `Usage: mesh-provisioner query registry|needs|applied|collect|compose [flags]
@@ -77,17 +78,17 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	var print func() error
 	if word == "compose" {
 		var composed *provisionerv1.ComposeResponse
-		composed, err = c.Compose(ctx, &provisionerv1.ComposeRequest{Node: req.Node, Module: req.Module})
+		composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.Node, Module: req.Module})
 		answer, print = composed, func() error { return printComposition(stdout, composed) }
 	} else {
 		var provisioning *provisionerv1.ProvisioningResponse
-		provisioning, err = c.Provisioning(ctx, &req)
+		provisioning, err = c.ProvisioningAll(ctx, &req)
 		answer, print = provisioning, func() error { return printTable(stdout, provisioning) }
 	}
-	var serr *client.ServiceError
+	var werr *wire.Error
 	switch {
-	case errors.As(err, &serr):
-		return fmt.Errorf("the service refused: %d %s", serr.Code, serr.Description)
+	case errors.As(err, &werr):
+		return fmt.Errorf("the service refused: %d %s", werr.Code(), werr.Sentence())
 	case errors.Is(err, nats.ErrNoResponders):
 		return fmt.Errorf("no mesh-provisioner service answers at %s", conn.url)
 	case err != nil:

@@ -20,14 +20,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
-	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // printed returns what `mesh-provisioner permissions ARGS...` prints.
@@ -51,12 +52,16 @@ type identity struct {
 	violations []string
 }
 
-func connectAs(t *testing.T, s *server.Server, name string) *identity {
+func connectAs(t *testing.T, s *server.Server, role wire.Role, name string) *identity {
 	t.Helper()
 	id := &identity{name: name}
+	inbox := wire.InboxPrefix(role, name)
+	if role == "" {
+		inbox = "_INBOX" // nats.go's default, which no generated set grants
+	}
 	id.nc = natstest.Connect(t, s,
 		nats.UserInfo(name, name+"-secret"),
-		nats.CustomInboxPrefix(permissions.InboxPrefix(name)),
+		nats.CustomInboxPrefix(inbox),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			if errors.Is(err, nats.ErrPermissionViolation) {
 				id.mu.Lock()
@@ -125,8 +130,8 @@ authorization {
 
 	// The server's identity creates the buckets, reconciles the registry
 	// and serves.
-	srv := connectAs(t, s, permissions.ServerIdentity)
-	if err := service.EnsureBuckets(ctx, srv.js, 1); err != nil {
+	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
 		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
 	}
 	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
@@ -145,13 +150,13 @@ authorization {
 		t.Fatalf("server identity watches the buckets: %v", err)
 	}
 
-	admin := connectAs(t, s, "admin")
+	admin := connectAs(t, s, "", "admin")
 	if _, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Each node writes its own state through the node client.
-	ace, novox := connectAs(t, s, "ace"), connectAs(t, s, "novox")
+	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
 	for _, id := range []*identity{ace, novox} {
 		nodeClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name})
 		if err != nil {
@@ -192,7 +197,7 @@ authorization {
 	}
 
 	// The provider reads the needs, by watching and by key.
-	pg := connectAs(t, s, "pg")
+	pg := connectAs(t, s, wire.RoleProvider, "pg")
 	needs, err := pg.js.KeyValue(ctx, keys.NeedsBucket)
 	if err != nil {
 		t.Fatalf("pg binds the needs: %v", err)
@@ -240,7 +245,7 @@ authorization {
 			return err
 		}
 	}
-	stream := func(bucket string) string { return service.StreamOf(bucket) }
+	stream := func(bucket string) string { return wire.StreamOf(bucket) }
 
 	type outcome int
 	const (

@@ -11,11 +11,13 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 const serveSynopsis = `Usage: mesh-provisioner [serve] [flags]
@@ -95,9 +97,9 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	opts = append(opts,
 		// Replies arrive on the server's own inbox, which its permissions
 		// (mesh-provisioner permissions --server) grant.
-		nats.CustomInboxPrefix(permissions.InboxPrefix(permissions.ServerIdentity)),
+		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)),
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	nc, err := f.connect.connect(url, permissions.ServerIdentity, logger, opts...)
+	nc, err := f.connect.connect(url, wire.ServerIdentity, logger, opts...)
 	if err != nil {
 		return err
 	}
@@ -114,7 +116,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := service.EnsureBuckets(ctx, js, f.replicas); err != nil {
+	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: f.replicas}); err != nil {
 		return err
 	}
 	registryKV, err := js.KeyValue(ctx, keys.RegistryBucket)
@@ -122,9 +124,6 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return fmt.Errorf("open registry bucket: %w", err)
 	}
 	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, Logger: logger}
-	if err := reconciler.Run(ctx); err != nil {
-		return fmt.Errorf("reconcile registry: %w", err)
-	}
 
 	svc, err := service.Start(ctx, service.Config{
 		Conn:         nc,
@@ -137,19 +136,34 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer svc.Stop()
-	readyCtx, cancel := context.WithTimeout(ctx, f.readyTimeout)
-	defer cancel()
-	if err := svc.WaitReady(readyCtx); err != nil {
-		if ctx.Err() != nil {
-			return nil
+
+	// The reconciler and the service run side by side; the first to fail
+	// ends both, and shutdown waits for each.
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := reconciler.Run(gctx); err != nil {
+			return fmt.Errorf("reconcile registry: %w", err)
 		}
+		return nil
+	})
+	g.Go(func() error {
+		readyCtx, cancel := context.WithTimeout(gctx, f.readyTimeout)
+		defer cancel()
+		if err := svc.WaitReady(readyCtx); err != nil {
+			if gctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		info := svc.Info()
+		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
+			"subjects", []string{wire.ProvisioningSubject, wire.ComposeSubject}, "nats_url", redactURL(url))
+		<-gctx.Done()
+		return nil
+	})
+	if err := g.Wait(); err != nil {
 		return err
 	}
-	info := svc.Info()
-	logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
-		"subjects", []string{service.ProvisioningSubject, service.ComposeSubject}, "nats_url", url)
-
-	<-ctx.Done()
 	logger.Info("shutting down: draining the service and the connection")
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
@@ -26,7 +27,7 @@ func Start(t testing.TB, nc *nats.Conn, options ...func(*service.Config)) *servi
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := js.KeyValue(ctx, keys.RegistryBucket)

@@ -56,7 +56,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"maps"
@@ -72,7 +71,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // catchUpTimeout bounds the wait for the service's copy to hold the writes.
@@ -254,7 +253,6 @@ func waitForCopy(ctx context.Context, c *client.Client, last map[string]uint64) 
 		rev := last[bucket]
 		for {
 			answer, err := c.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: whatOf[bucket], MinRevision: rev})
-			var serr *client.ServiceError
 			if err == nil {
 				if answer.GetRevision() < rev {
 					return fmt.Errorf("asked for %s at revision %d or later, the service answered at %d", bucket, rev, answer.GetRevision())
@@ -264,7 +262,7 @@ func waitForCopy(ctx context.Context, c *client.Client, last map[string]uint64) 
 			if ctx.Err() != nil {
 				return fmt.Errorf("the service's copy of %s did not reach revision %d within %s: %w", bucket, rev, catchUpTimeout, err)
 			}
-			if !errors.As(err, &serr) || serr.Code != service.CodeNotReady {
+			if wire.CodeOf(err) != wire.CodeUnavailable {
 				return fmt.Errorf("ask for %s: %w", bucket, err)
 			}
 			time.Sleep(20 * time.Millisecond)

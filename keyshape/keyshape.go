@@ -1,4 +1,4 @@
-package registry
+package keyshape
 
 import (
 	"fmt"
@@ -11,9 +11,9 @@ import (
 // Placeholders lists the names a key shape or a bucket template may use.
 var Placeholders = []string{"node", "module", "kind", "name", "provision", "local", "collection", "contributor", "provider"}
 
-// KeyShape is a parsed key shape such as "<node>.<module>.<provision>[.<local>]":
+// Shape is a parsed key shape such as "<node>.<module>.<provision>[.<local>]":
 // required tokens, then an optional tail.
-type KeyShape struct {
+type Shape struct {
 	required []shapeToken
 	optional []shapeToken
 	all      []shapeToken // required, then optional
@@ -25,31 +25,31 @@ type shapeToken struct {
 	placeholder string
 }
 
-// ParseKeyShape parses a key shape: dot-separated tokens, each a literal key
+// Parse parses a key shape: dot-separated tokens, each a literal key
 // token or a placeholder <name> of Placeholders, with at most one optional
 // tail "[.tokens]" at the end.
-func ParseKeyShape(shape string) (KeyShape, error) {
+func Parse(shape string) (Shape, error) {
 	required, optional := shape, ""
 	if i := strings.IndexByte(shape, '['); i >= 0 {
 		if !strings.HasSuffix(shape, "]") || !strings.HasPrefix(shape[i:], "[.") {
-			return KeyShape{}, fmt.Errorf("%w: %q: an optional tail is written [.<token>...] at the end", ErrInvalidKeyShape, shape)
+			return Shape{}, fmt.Errorf("%w: %q: an optional tail is written [.<token>...] at the end", ErrInvalid, shape)
 		}
 		required, optional = shape[:i], shape[i+2:len(shape)-1]
 		if strings.ContainsAny(optional, "[]") {
-			return KeyShape{}, fmt.Errorf("%w: %q: only one optional tail, not nested", ErrInvalidKeyShape, shape)
+			return Shape{}, fmt.Errorf("%w: %q: only one optional tail, not nested", ErrInvalid, shape)
 		}
 	}
-	var ks KeyShape
+	var ks Shape
 	var err error
 	if ks.required, err = parseShapeTokens(shape, required); err != nil {
-		return KeyShape{}, err
+		return Shape{}, err
 	}
 	if optional != "" {
 		if ks.optional, err = parseShapeTokens(shape, optional); err != nil {
-			return KeyShape{}, err
+			return Shape{}, err
 		}
 		if countPlaceholders(ks.optional) == 0 {
-			return KeyShape{}, fmt.Errorf("%w: %q: an optional tail needs a placeholder that supplies it", ErrInvalidKeyShape, shape)
+			return Shape{}, fmt.Errorf("%w: %q: an optional tail needs a placeholder that supplies it", ErrInvalid, shape)
 		}
 	}
 	ks.all = append(slices.Clip(ks.required), ks.optional...)
@@ -59,7 +59,7 @@ func ParseKeyShape(shape string) (KeyShape, error) {
 			continue
 		}
 		if seen[tok.placeholder] {
-			return KeyShape{}, fmt.Errorf("%w: %q: <%s> stands twice", ErrInvalidKeyShape, shape, tok.placeholder)
+			return Shape{}, fmt.Errorf("%w: %q: <%s> stands twice", ErrInvalid, shape, tok.placeholder)
 		}
 		seen[tok.placeholder] = true
 	}
@@ -72,13 +72,13 @@ func parseShapeTokens(shape, part string) ([]shapeToken, error) {
 		if name, ok := strings.CutPrefix(raw, "<"); ok {
 			name, ok = strings.CutSuffix(name, ">")
 			if !ok || !slices.Contains(Placeholders, name) {
-				return nil, fmt.Errorf("%w: %q: %q is not a placeholder; use one of <%s>", ErrInvalidKeyShape, shape, raw, strings.Join(Placeholders, ">, <"))
+				return nil, fmt.Errorf("%w: %q: %q is not a placeholder; use one of <%s>", ErrInvalid, shape, raw, strings.Join(Placeholders, ">, <"))
 			}
 			tokens = append(tokens, shapeToken{placeholder: name})
 			continue
 		}
 		if err := keys.CheckToken(raw); err != nil {
-			return nil, fmt.Errorf("%w: %q: literal token %q %v", ErrInvalidKeyShape, shape, raw, err)
+			return nil, fmt.Errorf("%w: %q: literal token %q %v", ErrInvalid, shape, raw, err)
 		}
 		tokens = append(tokens, shapeToken{literal: raw})
 	}
@@ -86,7 +86,7 @@ func parseShapeTokens(shape, part string) ([]shapeToken, error) {
 }
 
 // Has reports whether the shape holds the placeholder <name>.
-func (k KeyShape) Has(name string) bool {
+func (k Shape) Has(name string) bool {
 	for _, tok := range k.all {
 		if tok.placeholder == name {
 			return true
@@ -95,8 +95,8 @@ func (k KeyShape) Has(name string) bool {
 	return false
 }
 
-// String returns the shape as ParseKeyShape reads it.
-func (k KeyShape) String() string {
+// String returns the shape as Parse reads it.
+func (k Shape) String() string {
 	s := joinShape(k.required)
 	if len(k.optional) > 0 {
 		s += "[." + joinShape(k.optional) + "]"
@@ -150,18 +150,18 @@ func (v *Values) get(placeholder string) string {
 // placeholder needs a value; the optional tail is included only when all of
 // its placeholders have one. A <collection> value is the readable name and
 // is escaped; every other value must be a key token.
-func (k KeyShape) Render(values Values) (string, error) {
+func (k Shape) Render(values Values) (string, error) {
 	return k.render(&values, false)
 }
 
 // Filter is Render for a set of keys: a required placeholder without a value
 // stands as the wildcard "*", so "<node>.<collection>.<contributor>" with no
 // contributor renders "ace.shell=3Azsh=3Anormal.*".
-func (k KeyShape) Filter(values Values) (string, error) {
+func (k Shape) Filter(values Values) (string, error) {
 	return k.render(&values, true)
 }
 
-func (k KeyShape) render(values *Values, wildcards bool) (string, error) {
+func (k Shape) render(values *Values, wildcards bool) (string, error) {
 	tail := 0
 	for _, tok := range k.optional {
 		if tok.placeholder != "" && values.get(tok.placeholder) != "" {

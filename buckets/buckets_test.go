@@ -1,4 +1,4 @@
-package service_test
+package buckets_test
 
 import (
 	"testing"
@@ -6,12 +6,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
-func TestEnsureBucketsRefusesRollups(t *testing.T) {
+func TestEnsureRefusesRollups(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	nc := natstest.Connect(t, natstest.Start(t))
@@ -21,12 +22,12 @@ func TestEnsureBucketsRefusesRollups(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // a second run changes nothing and fails on nothing
-		if err := service.EnsureBuckets(ctx, js, 1); err != nil {
+		if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, bucket := range keys.Buckets() {
-		stream, err := js.Stream(ctx, service.StreamOf(bucket))
+		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
 		if err != nil {
 			t.Fatalf("bucket %s: %v", bucket, err)
 		}

@@ -1,4 +1,4 @@
-package service
+package mirror
 
 import (
 	"context"
@@ -38,46 +38,25 @@ func Capture(ctx context.Context, js jetstream.JetStream) (*provisionerv1.Captur
 	return out, nil
 }
 
-// Replay is a copy of the provisioning buckets loaded from a capture: it
-// answers the verbs as the live service would at the captured revisions,
-// without NATS. For tests, benchmarks and looking into a captured mesh.
-type Replay struct {
-	mirror *mirror
-}
-
-// NewReplay loads a capture. A bucket the capture lacks is empty.
-func NewReplay(capture *provisionerv1.Capture) (*Replay, error) {
-	m := newMirror()
-	copies := map[string]interface {
-		apply(key string, value []byte, revision uint64, deleted bool)
-		markLoaded()
-	}{
-		keys.RegistryBucket: m.registry, keys.NeedsBucket: m.needs, keys.AppliedBucket: m.applied, keys.CollectBucket: m.collect,
+// Load returns a loaded mirror that holds a capture. A bucket the capture
+// lacks is empty.
+func Load(capture *provisionerv1.Capture) (*Mirror, error) {
+	m := New()
+	copies := map[string]Watched{}
+	for _, c := range m.Copies() {
+		copies[c.Bucket()] = c
 	}
 	for _, b := range capture.GetBuckets() {
 		c, ok := copies[b.GetBucket()]
 		if !ok {
-			return nil, fmt.Errorf("replay: the capture holds bucket %q, which is not a provisioning bucket", b.GetBucket())
+			return nil, fmt.Errorf("the capture holds bucket %q, which is not a provisioning bucket", b.GetBucket())
 		}
 		for _, e := range b.GetEntries() {
-			c.apply(e.GetKey(), e.GetValue(), e.GetRevision(), false)
+			c.Apply(e.GetKey(), e.GetValue(), e.GetRevision(), false)
 		}
 	}
-	for _, c := range copies {
-		c.markLoaded()
+	for _, c := range m.Copies() {
+		c.MarkLoaded()
 	}
-	return &Replay{mirror: m}, nil
-}
-
-// Compose composes a node as the compose verb would; it does not check the
-// request, nor wait for revisions.
-func (r *Replay) Compose(in *provisionerv1.ComposeRequest) *provisionerv1.ComposeResponse {
-	out, _ := r.mirror.compose(in, 0, true)
-	return out
-}
-
-// Provisioning answers as the provisioning verb would; it does not check the
-// request, nor wait for revisions.
-func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
-	return provisioningFrom(r.mirror, in)
+	return m, nil
 }

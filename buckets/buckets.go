@@ -1,0 +1,105 @@
+package buckets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// Config says how the buckets are made.
+type Config struct {
+	// Replicas of each bucket created: 1 on a single server, 3 on a cluster.
+	// Zero means 1. A bucket that exists keeps its replicas.
+	Replicas int
+	// MaxValueSize is the largest value a state bucket takes, in bytes;
+	// nats-server refuses a larger put from any writer. Zero means
+	// DefaultMaxValueSize.
+	MaxValueSize int32
+	// MaxBytes is the most a state bucket holds, in bytes; a put that would
+	// grow it further is refused. Zero means DefaultMaxBytes.
+	MaxBytes int64
+}
+
+// Defaults of Config. A need, an applied record or a collection item is a
+// few hundred bytes: 64 KiB leaves room for a large collection item, and
+// 1 GiB for millions of keys.
+const (
+	DefaultMaxValueSize = 64 << 10
+	DefaultMaxBytes     = 1 << 30
+)
+
+// Ensure creates each provisioning bucket that is missing and makes sure
+// every state bucket refuses rollups and has the size limits of cfg,
+// updating buckets that already exist. It leaves the rest of an existing
+// bucket's configuration alone.
+//
+// Rollups are refused because permissions cannot stop them: a node allowed to
+// publish to its own key could send the header Nats-Rollup: all and purge
+// every node's keys. Without rollups a node deletes its keys with delete
+// markers, and a KV purge of a key is refused.
+func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	cfg.Replicas = max(cfg.Replicas, 1)
+	if cfg.MaxValueSize <= 0 {
+		cfg.MaxValueSize = DefaultMaxValueSize
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	for _, bucket := range keys.Buckets() {
+		_, err := js.KeyValue(ctx, bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			kv := jetstream.KeyValueConfig{
+				Bucket:      bucket,
+				Description: "mesh-provisioner: " + descriptions[bucket],
+				Replicas:    cfg.Replicas,
+			}
+			if bucket != keys.RegistryBucket {
+				kv.MaxValueSize, kv.MaxBytes = cfg.MaxValueSize, cfg.MaxBytes
+			}
+			_, err = js.CreateKeyValue(ctx, kv)
+			if errors.Is(err, jetstream.ErrBucketExists) {
+				err = nil // created by another instance meanwhile
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("bucket %s: %w", bucket, err)
+		}
+	}
+	for _, bucket := range keys.StateBuckets() {
+		if err := configureState(ctx, js, bucket, cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// configureState turns off AllowRollup on a state bucket's stream, which the
+// KV client turns on when it creates a bucket, and sets its size limits.
+func configureState(ctx context.Context, js jetstream.JetStream, bucket string, cfg Config) error {
+	stream, err := js.Stream(ctx, wire.StreamOf(bucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	sc := stream.CachedInfo().Config
+	if !sc.AllowRollup && sc.MaxMsgSize == cfg.MaxValueSize && sc.MaxBytes == cfg.MaxBytes {
+		return nil
+	}
+	sc.AllowRollup = false
+	sc.MaxMsgSize, sc.MaxBytes = cfg.MaxValueSize, cfg.MaxBytes
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: refuse rollups and set its limits: %w", bucket, err)
+	}
+	return nil
+}
+
+var descriptions = map[string]string{
+	keys.RegistryBucket: "which module answers each kind of placeholder, keyed <kind>",
+	keys.NeedsBucket:    "what each module needs, keyed <node>.<module>.<kind>.<name>",
+	keys.AppliedBucket:  "what is applied, keyed <node>.<module>",
+	keys.CollectBucket:  "collection items, keyed <node>.<collection>.<contributor>",
+}

@@ -1,0 +1,254 @@
+package mirror
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/protobuf/proto"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
+
+// Entry is one key of a bucket as the copy holds it: its decoded record or,
+// for a key out of the bucket's shape, the report of it. Entries are shared
+// by every answer that reads them, and never changed.
+type Entry[R proto.Message] struct {
+	Key string
+	// Record is the decoded value; the zero R when Malformed is set.
+	Record R
+	// Malformed reports a key out of shape or a value that does not decode.
+	Malformed *provisionerv1.MalformedKey
+	// Tokens are a malformed key's tokens, which filters read.
+	Tokens []string
+}
+
+// group holds the keys that share a first token: a node's keys, or one kind
+// of the registry.
+type group[R proto.Message] struct {
+	byKey map[string]*Entry[R]
+	// changedAt is the revision of the group's last change.
+	changedAt uint64
+	// sorted is the group in key order, built on the first read after a
+	// change; nil while stale.
+	sorted atomic.Pointer[[]*Entry[R]]
+}
+
+// Copy is the watched copy of one bucket, grouped by the key's first token.
+// Records are decoded once, as they arrive.
+type Copy[R proto.Message] struct {
+	bucket string
+	decode func(key string, value []byte, revision uint64) (R, error)
+	loaded chan struct{} // closed once the first watcher's initial values are in
+	ready  atomic.Bool   // loaded, as one atomic load
+	once   sync.Once
+	behind atomic.Bool // a watcher is catching up: the copy may lag the bucket
+
+	mu       sync.RWMutex
+	groups   map[string]*group[R]
+	revision uint64
+	advanced chan struct{} // closed and replaced whenever revision moves
+	// all is every entry in key order, built on the first unfiltered read
+	// after a change; nil while stale.
+	all atomic.Pointer[[]*Entry[R]]
+}
+
+// NewCopy returns an empty copy of bucket whose values decode is given.
+func NewCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error)) *Copy[R] {
+	return &Copy[R]{
+		bucket:   bucket,
+		decode:   decode,
+		loaded:   make(chan struct{}),
+		groups:   map[string]*group[R]{},
+		advanced: make(chan struct{}),
+	}
+}
+
+// Bucket returns the name of the bucket copied.
+func (c *Copy[R]) Bucket() string { return c.bucket }
+
+// Loaded is closed once the copy holds the bucket's initial values.
+func (c *Copy[R]) Loaded() <-chan struct{} { return c.loaded }
+
+// Ready reports whether the copy holds the bucket's initial values.
+func (c *Copy[R]) Ready() bool { return c.ready.Load() }
+
+// Behind reports whether the copy is known to lag the bucket: its watcher
+// was lost and is catching up.
+func (c *Copy[R]) Behind() bool { return c.behind.Load() }
+
+// MarkLoaded says the copy holds the bucket's initial values.
+func (c *Copy[R]) MarkLoaded() {
+	c.once.Do(func() {
+		c.ready.Store(true)
+		close(c.loaded)
+	})
+}
+
+// setBehind records whether the copy may lag the bucket.
+func (c *Copy[R]) setBehind(behind bool) { c.behind.Store(behind) }
+
+// Revision returns the revision the copy has reached.
+func (c *Copy[R]) Revision() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.revision
+}
+
+// WaitFor returns true once the copy has reached revision, or false when
+// ctx is done first.
+func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
+	for {
+		c.mu.RLock()
+		reached, advanced := c.revision >= revision, c.advanced
+		c.mu.RUnlock()
+		if reached {
+			return true
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// Apply takes one change into the copy: a put, or a delete or purge.
+func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
+	first, _, _ := strings.Cut(key, ".")
+	var e *Entry[R]
+	if !deleted {
+		e = &Entry[R]{Key: key}
+		record, err := c.decode(key, value, revision)
+		if err != nil {
+			e.Tokens = strings.Split(key, ".")
+			e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
+		} else {
+			e.Record = record
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if revision > c.revision {
+		c.revision = revision
+		close(c.advanced)
+		c.advanced = make(chan struct{})
+	}
+	g := c.groups[first]
+	if g == nil {
+		if deleted {
+			return
+		}
+		g = &group[R]{byKey: map[string]*Entry[R]{}}
+		c.groups[first] = g
+	}
+	g.changedAt = revision
+	g.sorted.Store(nil)
+	c.all.Store(nil)
+	if deleted {
+		delete(g.byKey, key)
+		return // an empty group stays: it remembers when it changed
+	}
+	g.byKey[key] = e
+}
+
+// keepOnly drops the keys not in live: they were deleted while no watcher
+// ran.
+func (c *Copy[R]) keepOnly(live map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for first, g := range c.groups {
+		for key := range g.byKey {
+			if !live[key] {
+				delete(g.byKey, key)
+				g.sorted.Store(nil)
+				c.all.Store(nil)
+				g.changedAt = c.revision
+			}
+		}
+		if len(g.byKey) == 0 {
+			delete(c.groups, first)
+		}
+	}
+}
+
+// sortedOf returns a group's entries in key order, sorting them if they
+// changed. The caller holds c.mu for reading; concurrent readers may sort
+// twice, harmlessly.
+func (g *group[R]) sortedOf() []*Entry[R] {
+	if s := g.sorted.Load(); s != nil {
+		return *s
+	}
+	s := make([]*Entry[R], 0, len(g.byKey))
+	for _, e := range g.byKey {
+		s = append(s, e)
+	}
+	slices.SortFunc(s, byKey)
+	g.sorted.Store(&s)
+	return s
+}
+
+func byKey[R proto.Message](a, b *Entry[R]) int { return cmp.Compare(a.Key, b.Key) }
+
+// Group returns the entries whose key's first token is first, in key order,
+// the revision of the group's last change, and the copy's revision.
+func (c *Copy[R]) Group(first string) (entries []*Entry[R], changedAt, revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if g := c.groups[first]; g != nil {
+		entries, changedAt = g.sortedOf(), g.changedAt
+	}
+	return entries, changedAt, c.revision
+}
+
+// All returns every entry of the copy in key order, and the copy's revision.
+// The order is built once after each change and shared by later reads.
+func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if s := c.all.Load(); s != nil {
+		return *s, c.revision
+	}
+	// Groups' well-formed keys never interleave (each starts with the
+	// group's token and a dot): sorting groups by their first key and
+	// concatenating gives key order, but for malformed keys such as a lone
+	// token, which a last check catches.
+	groups := make([][]*Entry[R], 0, len(c.groups))
+	n := 0
+	for _, g := range c.groups {
+		if s := g.sortedOf(); len(s) > 0 {
+			groups = append(groups, s)
+			n += len(s)
+		}
+	}
+	slices.SortFunc(groups, func(a, b []*Entry[R]) int { return cmp.Compare(a[0].Key, b[0].Key) })
+	all := make([]*Entry[R], 0, n)
+	for _, s := range groups {
+		all = append(all, s...)
+	}
+	if !slices.IsSortedFunc(all, byKey) {
+		slices.SortFunc(all, byKey)
+	}
+	c.all.Store(&all)
+	return all, c.revision
+}
+
+// Get returns the record of a key whose first token is first, if the copy
+// holds it and it is not malformed.
+func (c *Copy[R]) Get(first, key string) (R, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var zero R
+	g := c.groups[first]
+	if g == nil {
+		return zero, false
+	}
+	e := g.byKey[key]
+	if e == nil || e.Malformed != nil {
+		return zero, false
+	}
+	return e.Record, true
+}

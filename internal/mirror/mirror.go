@@ -1,0 +1,82 @@
+package mirror
+
+import (
+	"context"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// Mirror is the watched copy of the four provisioning buckets.
+type Mirror struct {
+	Registry *Copy[*provisionerv1.RegistryRecord]
+	Needs    *Copy[*provisionerv1.NeedRecord]
+	Applied  *Copy[*provisionerv1.AppliedRecord]
+	Collect  *Copy[*provisionerv1.CollectRecord]
+}
+
+// New returns an empty mirror.
+func New() *Mirror {
+	return &Mirror{
+		Registry: NewCopy(keys.RegistryBucket, decodeRegistry),
+		Needs:    NewCopy(keys.NeedsBucket, decodeNeed),
+		Applied:  NewCopy(keys.AppliedBucket, decodeApplied),
+		Collect:  NewCopy(keys.CollectBucket, decodeCollect),
+	}
+}
+
+// Watched is what the mirror needs of each bucket's copy, whatever its
+// record.
+type Watched interface {
+	Bucket() string
+	Loaded() <-chan struct{}
+	Ready() bool
+	Behind() bool
+	Revision() uint64
+	WaitFor(ctx context.Context, revision uint64) bool
+	Apply(key string, value []byte, revision uint64, deleted bool)
+	MarkLoaded()
+	setBehind(bool)
+	keepOnly(live map[string]bool)
+}
+
+// Copies returns the four copies, the registry first.
+func (m *Mirror) Copies() []Watched {
+	return []Watched{m.Registry, m.Needs, m.Applied, m.Collect}
+}
+
+// Ready reports whether every copy holds its bucket's initial values.
+func (m *Mirror) Ready() bool {
+	return m.Registry.Ready() && m.Needs.Ready() && m.Applied.Ready() && m.Collect.Ready()
+}
+
+// Loading returns the buckets whose initial values are not in yet.
+func (m *Mirror) Loading() []string {
+	var buckets []string
+	for _, c := range m.Copies() {
+		if !c.Ready() {
+			buckets = append(buckets, c.Bucket())
+		}
+	}
+	return buckets
+}
+
+// Behind returns the buckets whose copy is known to lag the bucket.
+func (m *Mirror) Behind() []string {
+	var buckets []string
+	for _, c := range m.Copies() {
+		if c.Behind() {
+			buckets = append(buckets, c.Bucket())
+		}
+	}
+	return buckets
+}
+
+// RegistryEntry returns the entry that answers kind, or nil.
+func (m *Mirror) RegistryEntry(kind string) *provisionerv1.RegistryEntry {
+	r, ok := m.Registry.Get(kind, kind)
+	if !ok {
+		return nil
+	}
+	return r.GetEntry()
+}

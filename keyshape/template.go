@@ -1,0 +1,20 @@
+package keyshape
+
+import "strings"
+
+// ProviderOwner is the owner of an entry that each provider answers: it
+// stands for the provider module a need names.
+const ProviderOwner = "<provider>"
+
+// CollectionOf returns the collection a placeholder of kind and name reads,
+// from an entry's collection template. <kind> is filled first: a kind is a
+// token and holds no placeholder, while a name may look like one.
+func CollectionOf(template, kind, name string) string {
+	switch template { // the registry's two templates, without a search
+	case "<name>":
+		return name
+	case "<kind>:<name>":
+		return kind + ":" + name
+	}
+	return strings.ReplaceAll(strings.ReplaceAll(template, "<kind>", kind), "<name>", name)
+}

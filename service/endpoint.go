@@ -1,0 +1,233 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// endpoint is one verb: how its request is read, checked and answered. It
+// is the one adapter between micro and the verbs, in the shape of
+// connect-go's NewUnaryHandler.
+type endpoint[Req, Res proto.Message] struct {
+	name, subject string
+	// newRequest returns an empty request to decode into.
+	newRequest func() Req
+	// check refuses a request the verb cannot answer, on the micro callback,
+	// so that micro counts the refusal.
+	check func(Req) *wire.Error
+	// waits are the revisions the request asks the copy to reach first.
+	waits func(Req) []revisionWait
+	// answer builds the answer of a checked request on a worker; waited is
+	// how long it waited for revisions, and budget the most bytes the
+	// encoded answer may take.
+	answer func(req Req, enc encoding, budget int, waited time.Duration) (Res, *wire.Error)
+}
+
+// registrar is what Start needs of an endpoint, whatever its types.
+type registrar interface {
+	register(s *Service) error
+}
+
+// endpoints lists the verbs the service answers.
+func (s *Service) endpoints() []registrar {
+	return []registrar{s.provisioningEndpoint(), s.composeEndpoint()}
+}
+
+func (ep endpoint[Req, Res]) register(s *Service) error {
+	req := ep.newRequest()
+	var res Res // a typed nil: its descriptor is all that is read
+	count := &counters{}
+	s.counters[ep.name] = count
+	err := s.micro.AddEndpoint(ep.name, micro.HandlerFunc(func(r micro.Request) { ep.handle(s, count, r) }),
+		micro.WithEndpointSubject(ep.subject),
+		micro.WithEndpointMetadata(map[string]string{
+			"request":       string(req.ProtoReflect().Descriptor().FullName()),
+			"response":      string(res.ProtoReflect().Descriptor().FullName()),
+			"content_types": wire.ContentTypeProtobuf + ", " + wire.ContentTypeJSON,
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("add endpoint %s: %w", ep.name, err)
+	}
+	return nil
+}
+
+// revisionWait is a revision a request asks one bucket's copy to reach
+// before it is answered.
+type revisionWait struct {
+	bucket   mirror.Watched
+	revision uint64
+}
+
+// handle reads and checks a request on the micro callback, so that micro
+// counts every refusal, then answers it on a worker: the callback is free for
+// the next request while a large answer is built and encoded. A request that
+// asks for revisions the copy has not reached waits for them first, without
+// holding a worker.
+func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request) {
+	enc := encodingOf(r)
+	in := ep.newRequest()
+	if werr := enc.unmarshal(r.Data(), in); werr != nil {
+		s.refuse(r, enc, werr)
+		return
+	}
+	if werr := ep.check(in); werr != nil {
+		s.refuse(r, enc, werr)
+		return
+	}
+	if !s.mirror.Ready() {
+		s.refuse(r, enc, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", ")))
+		return
+	}
+	var pending []revisionWait
+	for _, w := range ep.waits(in) {
+		if w.revision > 0 && w.bucket.Revision() < w.revision {
+			pending = append(pending, w)
+		}
+	}
+	if !s.admit() {
+		s.refuse(r, enc, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
+		return
+	}
+	respond := func(waited time.Duration) {
+		budget := int(s.conn.MaxPayload()) - answerHeadroom
+		out, werr := ep.answer(in, enc, budget, waited)
+		s.send(r, enc, count, out, werr)
+	}
+	if len(pending) == 0 {
+		s.slots <- struct{}{} // backpressure: the callback waits for a worker
+		go func() {
+			defer func() { <-s.slots; s.answers.Done() }()
+			respond(0)
+		}()
+		return
+	}
+	select {
+	case s.waiting <- struct{}{}:
+	default:
+		s.answers.Done()
+		s.refuse(r, enc, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting)))
+		return
+	}
+	go func() {
+		defer func() { <-s.waiting; s.answers.Done() }()
+		start := time.Now()
+		if werr := s.waitRevisions(pending); werr != nil {
+			s.send(r, enc, count, nil, werr)
+			return
+		}
+		s.slots <- struct{}{}
+		defer func() { <-s.slots }()
+		respond(time.Since(start))
+	}()
+}
+
+// answerHeadroom is what an answer leaves of max_payload for its headers.
+const answerHeadroom = 1024
+
+// waitRevisions waits, at most RevisionWait, until every copy has reached
+// the revision asked of it.
+func (s *Service) waitRevisions(waits []revisionWait) *wire.Error {
+	ctx, cancel := context.WithTimeout(s.stopping, s.revisionWait)
+	defer cancel()
+	for _, w := range waits {
+		if !w.bucket.WaitFor(ctx, w.revision) {
+			if s.stopping.Err() != nil {
+				return wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly")
+			}
+			return wire.Errorf(wire.CodeUnavailable, "the server's copy of %s is at revision %d, behind the %d asked for, after waiting %s; ask again shortly",
+				w.bucket.Bucket(), w.bucket.Revision(), w.revision, s.revisionWait)
+		}
+	}
+	return nil
+}
+
+// admit counts a request in before it is answered off the callback, unless
+// Stop has begun: Stop then waits for every admitted request.
+func (s *Service) admit() bool {
+	s.gate.RLock()
+	defer s.gate.RUnlock()
+	if s.closed {
+		return false
+	}
+	s.answers.Add(1)
+	return true
+}
+
+// send sends a worker's answer, or its refusal, to the request's reply
+// subject on the service's connection. Workers do not call req.Respond or
+// req.Error: micro reads what those record when the callback returns, which
+// for a worker is before they run; send's own counters stand in for it.
+func (s *Service) send(r micro.Request, enc encoding, count *counters, answer proto.Message, werr *wire.Error) {
+	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header{"Content-Type": {enc.contentType()}}}
+	if werr == nil {
+		data, err := enc.marshal(answer)
+		switch {
+		case err != nil:
+			s.logger.Error("encoding an answer failed", "subject", r.Subject(), "err", err)
+			werr = wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
+		case int64(len(data)+headerLen(msg.Header)) > s.conn.MaxPayload():
+			// The page budget keeps answers under max_payload; reaching this
+			// is a bug in that budget.
+			werr = wire.Errorf(wire.CodeInternal, "the answer is %d bytes, more than the %d the NATS server carries (max_payload); ask with a smaller page_size", len(data), s.conn.MaxPayload())
+		default:
+			msg.Data = data
+		}
+	}
+	if werr != nil {
+		msg.Header.Set(wire.ErrorHeader, werr.Sentence())
+		msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
+		s.logFailure(r, werr)
+	}
+	err := s.conn.PublishMsg(msg)
+	switch {
+	case err != nil:
+		s.logger.Warn("sending an answer failed", "subject", r.Subject(), "err", err, "bytes", len(msg.Data))
+		count.answerErrors.Add(1)
+	case werr != nil:
+		count.answerErrors.Add(1)
+	default:
+		count.answered.Add(1)
+	}
+}
+
+// logFailure logs a 5xx answer at warn, at most once a second: a flood of
+// them must not flood the log. A 4xx is the asker's to fix: debug only.
+func (s *Service) logFailure(r micro.Request, werr *wire.Error) {
+	if werr.Code() < 500 {
+		s.logger.Debug("request refused", "subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
+		return
+	}
+	s.failures.Do(func() {
+		s.logger.Warn("request failed", "subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
+	})
+}
+
+// headerLen is the size of a message's headers on the wire: what counts
+// toward max_payload beside the body.
+func headerLen(h nats.Header) int {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	for k, values := range h {
+		for _, v := range values {
+			n += len(k) + len(": ") + len(v) + len("\r\n")
+		}
+	}
+	return n
+}
+
+// refuse answers an error from the micro callback, which micro counts.
+func (s *Service) refuse(r micro.Request, enc encoding, werr *wire.Error) {
+	s.logFailure(r, werr)
+	if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
+		s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
+	}
+}

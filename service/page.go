@@ -1,0 +1,132 @@
+package service
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// pageToken is what a next_page_token carries: which request it continues,
+// the last key the previous page held, and the revisions that page read, so
+// that the next page, whichever instance answers it, is read from a copy at
+// least as new.
+//
+// A token grants nothing a request could not ask for itself, so it is not
+// signed with a secret (instances would have to share one): a checksum
+// refuses a token that was damaged or edited, and the request digest one
+// sent with other filters.
+type pageToken struct {
+	Request   string   `json:"q"`
+	After     string   `json:"a"`
+	Revisions []uint64 `json:"r"`
+}
+
+// tokenVersion starts every checksum: a later format changes it, and an old
+// server then refuses a new token as unreadable rather than misreading it.
+const tokenVersion = "mesh-provisioner page token v1\x00"
+
+// checksumLen is how many bytes of SHA-256 a token carries.
+const checksumLen = 8
+
+func checksum(payload []byte) []byte {
+	sum := sha256.Sum256(append([]byte(tokenVersion), payload...))
+	return sum[:checksumLen]
+}
+
+func (t pageToken) encode() string {
+	payload, _ := json.Marshal(t) // strings and numbers: it cannot fail
+	return base64.RawURLEncoding.EncodeToString(append(payload, checksum(payload)...))
+}
+
+// errBadToken is wrapped by every reason a token is refused.
+var errBadToken = errors.New("bad page token")
+
+func decodeToken(text string) (pageToken, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(text)
+	if err != nil || len(raw) <= checksumLen {
+		return pageToken{}, fmt.Errorf("%w: it is not a token this service issued", errBadToken)
+	}
+	payload, sum := raw[:len(raw)-checksumLen], raw[len(raw)-checksumLen:]
+	if !bytes.Equal(sum, checksum(payload)) {
+		return pageToken{}, fmt.Errorf("%w: its checksum does not match; it was changed or cut", errBadToken)
+	}
+	var t pageToken
+	if err := json.Unmarshal(payload, &t); err != nil {
+		return pageToken{}, fmt.Errorf("%w: it does not decode", errBadToken)
+	}
+	return t, nil
+}
+
+// requestDigest identifies a request by everything but its paging and its
+// minimum revisions: a token continues only the request it was issued for.
+func requestDigest(req proto.Message) string {
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	sum := sha256.Sum256(b)
+	return base64.RawURLEncoding.EncodeToString(sum[:12])
+}
+
+// readToken decodes a request's page token and checks that it continues
+// the request whose digest is given; an empty token is the first page.
+func readToken(text, digest string) (pageToken, *wire.Error) {
+	if text == "" {
+		return pageToken{}, nil
+	}
+	t, err := decodeToken(text)
+	if err != nil {
+		return pageToken{}, wire.Errorf(wire.CodeBadRequest, "page_token refused (%v); send the next_page_token of the previous page as it came, or leave page_token out to start again", err)
+	}
+	if t.Request != digest {
+		return pageToken{}, wire.NewError(wire.CodeBadRequest, "page_token was issued for another request; send it with the same what, filters, node and module as the first page, or leave it out to start again")
+	}
+	return t, nil
+}
+
+// page fills an answer with items while they fit: at most size items (zero:
+// any number), and at most budget bytes once encoded. Each item's size is
+// measured as it is added, in the answer's encoding, so no answer is ever
+// built whole only to be refused.
+type page struct {
+	enc    encoding
+	size   int
+	budget int
+	used   int
+	count  int
+}
+
+// fits reports whether an item of n encoded bytes may join the page, and
+// counts it in if so. The first item always fits the count; a first item
+// larger than the whole budget does not fit.
+func (p *page) fits(n int) bool {
+	if p.size > 0 && p.count >= p.size {
+		return false
+	}
+	// A repeated field's element costs its bytes, a tag and a length in
+	// binary (at most 1+5), or a comma in JSON.
+	n += 6
+	if p.used+n > p.budget {
+		return false
+	}
+	p.used += n
+	p.count++
+	return true
+}
+
+// sizeOf returns the encoded size of a message in the page's encoding.
+func (p *page) sizeOf(m proto.Message) int {
+	if p.enc.json {
+		b, err := protojson.Marshal(m)
+		if err != nil {
+			return p.budget + 1 // unencodable: never fits; send reports it
+		}
+		return len(b)
+	}
+	return proto.Size(m)
+}

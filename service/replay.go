@@ -1,0 +1,46 @@
+package service
+
+import (
+	"fmt"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+)
+
+// Capture reads every live key of the four provisioning buckets, with its
+// value and revision: what NewReplay loads.
+var Capture = mirror.Capture
+
+// Replay answers the verbs from a capture, as the live service would at the
+// captured revisions, without NATS: for tests, benchmarks and looking into a
+// captured mesh.
+type Replay struct {
+	mirror *mirror.Mirror
+}
+
+// NewReplay loads a capture. A bucket the capture lacks is empty.
+func NewReplay(capture *provisionerv1.Capture) (*Replay, error) {
+	m, err := mirror.Load(capture)
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	return &Replay{mirror: m}, nil
+}
+
+// unpaged is the budget of a replayed answer: it is not sent, so one page
+// holds everything.
+const unpaged = 1 << 62
+
+// Compose composes a node as the compose verb would, in one page; it does
+// not check the request, nor wait for revisions.
+func (r *Replay) Compose(in *provisionerv1.ComposeRequest) *provisionerv1.ComposeResponse {
+	out, _ := composeFrom(r.mirror, in, encoding{}, unpaged, 0)
+	return out
+}
+
+// Provisioning answers as the provisioning verb would, in one page; it does
+// not check the request, nor wait for revisions.
+func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
+	out, _ := provisioningFrom(r.mirror, in, encoding{}, unpaged)
+	return out
+}
