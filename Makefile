@@ -48,16 +48,21 @@ checkgenerate: generate ## Fail if generated code differs from what is committed
 		git status --porcelain -- $(GENERATED); \
 		echo "generated code is out of date: run make generate and commit it"; exit 1; fi
 
+GOLANGCI := go tool -modfile=tools/go.mod golangci-lint
+
 .PHONY: lint
-lint: tools ## buf lint and format, gofmt, go vet
+lint: tools ## buf lint and format, golangci-lint (.golangci.yml), go.mod tidy
 	$(BUF) lint
 	$(BUF) format --diff --exit-code
-	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
-		if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
-	go vet ./...
+	$(GOLANGCI) run ./...
+	go mod tidy -diff
 
 .PHONY: breaking
-breaking: tools ## buf breaking against the parent commit
+breaking: tools ## buf breaking against main and against the parent commit
+	@if git rev-parse -q --verify main >/dev/null && git cat-file -e main:buf.yaml 2>/dev/null; then \
+		echo "buf breaking --against .git#branch=main"; \
+		$(BUF) breaking --against ".git#branch=main"; \
+	else echo "buf breaking: no branch main with a buf.yaml; nothing to compare"; fi
 	@if parent=$$(git rev-parse -q --verify HEAD~1) && git cat-file -e $$parent:buf.yaml 2>/dev/null; then \
 		echo "buf breaking --against .git#ref=$$parent"; \
 		$(BUF) breaking --against ".git#ref=$$parent"; \

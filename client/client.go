@@ -106,7 +106,7 @@ func (c *Client) ComposeAll(ctx context.Context, req *provisionerv1.ComposeReque
 			continue
 		}
 		plans := page.GetPlans()
-		if n := len(all.Plans); n > 0 && len(plans) > 0 && all.Plans[n-1].GetModule() == plans[0].GetModule() {
+		if n := len(all.GetPlans()); n > 0 && len(plans) > 0 && all.GetPlans()[n-1].GetModule() == plans[0].GetModule() {
 			all.Plans[n-1].Items = append(all.Plans[n-1].Items, plans[0].GetItems()...)
 			plans = plans[1:]
 		}

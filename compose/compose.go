@@ -121,12 +121,12 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 				*field = tokens[i+1]
 			}
 		}
-		if name, err := keys.Unescape(r.Name); err == nil {
+		if name, err := keys.Unescape(r.GetName()); err == nil {
 			r.Name = name // readable, as in plan items, where the token allows
 		}
 		out.Refusals = append(out.Refusals, r)
 	}
-	slices.SortFunc(out.Refusals, func(a, b *provisionerv1.Refusal) int { return cmp.Compare(a.GetKey(), b.GetKey()) })
+	slices.SortFunc(out.GetRefusals(), func(a, b *provisionerv1.Refusal) int { return cmp.Compare(a.GetKey(), b.GetKey()) })
 	mark := time.Now()
 	out.Phases = append(out.Phases, phase("resolve", mark.Sub(start)))
 
@@ -180,7 +180,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*pro
 			return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "kind %q is answered by each provider in bucket %s, and the need's provider %q %v", need.GetKind(), bucket, provider, err)
 		}
 		bucket = r.bucketOf(provider)
-		if item.Owner == keyshape.ProviderOwner {
+		if item.GetOwner() == keyshape.ProviderOwner {
 			item.Owner = provider
 		}
 	}
@@ -193,7 +193,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved) (*pro
 	var err error
 	if tmpl := source.GetCollection(); tmpl != "" {
 		item.Collection = keyshape.CollectionOf(tmpl, need.GetKind(), need.GetName())
-		values.Collection = item.Collection
+		values.Collection = item.GetCollection()
 		key, err = r.shape.Filter(values)
 	} else {
 		key, err = r.shape.Render(values)

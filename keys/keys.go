@@ -30,7 +30,7 @@ type part struct{ name, value string }
 func format(parts ...part) (string, error) {
 	for _, p := range parts {
 		if err := CheckToken(p.value); err != nil {
-			return "", fmt.Errorf("%w: %s %q %v", ErrInvalidPart, p.name, p.value, err)
+			return "", fmt.Errorf("%w: %s %q %w", ErrInvalidPart, p.name, p.value, err)
 		}
 	}
 	var b strings.Builder
@@ -51,7 +51,7 @@ func split(key string, names ...string) ([]string, error) {
 	}
 	for i, tok := range tokens {
 		if err := CheckToken(tok); err != nil {
-			return nil, fmt.Errorf("%w: %q: token %d (<%s>) %v", ErrMalformedKey, key, i+1, names[i], err)
+			return nil, fmt.Errorf("%w: %q: token %d (<%s>) %w", ErrMalformedKey, key, i+1, names[i], err)
 		}
 	}
 	return tokens, nil
@@ -74,7 +74,7 @@ func ParseNeedKey(key string) (NeedKey, error) {
 	}
 	name, err := Unescape(t[3])
 	if err != nil {
-		return NeedKey{}, fmt.Errorf("%w: %q: token 4 (<name>) %v", ErrMalformedKey, key, err)
+		return NeedKey{}, fmt.Errorf("%w: %q: token 4 (<name>) %w", ErrMalformedKey, key, err)
 	}
 	return NeedKey{Node: t[0], Module: t[1], Kind: t[2], Name: name}, nil
 }
@@ -112,7 +112,7 @@ func ParseCollectKey(key string) (CollectKey, error) {
 	}
 	collection, err := Unescape(t[1])
 	if err != nil {
-		return CollectKey{}, fmt.Errorf("%w: %q: token 2 (<collection>) %v", ErrMalformedKey, key, err)
+		return CollectKey{}, fmt.Errorf("%w: %q: token 2 (<collection>) %w", ErrMalformedKey, key, err)
 	}
 	return CollectKey{Node: t[0], Collection: collection, Contributor: t[2]}, nil
 }
@@ -136,7 +136,7 @@ func ParseRegistryKey(key string) (string, error) {
 // bucket: "<node>.>".
 func NodeFilter(node string) (string, error) {
 	if err := CheckToken(node); err != nil {
-		return "", fmt.Errorf("%w: node %q %v", ErrInvalidPart, node, err)
+		return "", fmt.Errorf("%w: node %q %w", ErrInvalidPart, node, err)
 	}
 	return node + ".>", nil
 }

@@ -78,7 +78,7 @@ func parseShapeTokens(shape, part string) ([]shapeToken, error) {
 			continue
 		}
 		if err := keys.CheckToken(raw); err != nil {
-			return nil, fmt.Errorf("%w: %q: literal token %q %v", ErrInvalid, shape, raw, err)
+			return nil, fmt.Errorf("%w: %q: literal token %q %w", ErrInvalid, shape, raw, err)
 		}
 		tokens = append(tokens, shapeToken{literal: raw})
 	}
@@ -169,9 +169,9 @@ func (k Shape) render(values *Values, wildcards bool) (string, error) {
 		}
 	}
 	tokens := k.required
-	switch placeholders := countPlaceholders(k.optional); {
-	case tail == 0:
-	case tail == placeholders:
+	switch tail {
+	case 0:
+	case countPlaceholders(k.optional):
 		tokens = k.all
 	default:
 		return "", fmt.Errorf("%w: %s: the optional tail needs all of its values or none", ErrCannotRender, k)
@@ -194,7 +194,7 @@ func (k Shape) render(values *Values, wildcards bool) (string, error) {
 				v = keys.Escape(v)
 			default:
 				if err := keys.CheckToken(v); err != nil {
-					return "", fmt.Errorf("%w: %s: <%s> %q %v", ErrCannotRender, k, tok.placeholder, v, err)
+					return "", fmt.Errorf("%w: %s: <%s> %q %w", ErrCannotRender, k, tok.placeholder, v, err)
 				}
 			}
 		}

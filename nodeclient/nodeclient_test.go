@@ -79,6 +79,7 @@ func TestClientWritesItsNodesKeys(t *testing.T) {
 	}
 }
 
+//nolint:tparallel // each step checks the streams the steps before it left empty.
 func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()

@@ -103,7 +103,7 @@ func Node(node string) (Permissions, error) {
 // cannot delete its consumer, which the server removes once it is inactive.
 func Provider(module string) (Permissions, error) {
 	if err := keys.CheckToken(module); err != nil {
-		return Permissions{}, fmt.Errorf("permissions for provider: module %q %v", module, err)
+		return Permissions{}, fmt.Errorf("permissions for provider: module %q %w", module, err)
 	}
 	needs := wire.StreamOf(keys.NeedsBucket)
 	bound := module + "_bound"

@@ -1,9 +1,11 @@
 package registry_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -128,6 +130,7 @@ func kindsOf(table []*provisionerv1.RegistryEntry) []string {
 	return kinds
 }
 
+//nolint:tparallel // the steps share one bucket and build on each other.
 func TestReconcile(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -230,5 +233,63 @@ func assertBucketHolds(t *testing.T, kv jetstream.KeyValue, table []*provisioner
 		if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 			t.Errorf("entry %s (-want +got):\n%s", want.GetKind(), diff)
 		}
+	}
+}
+
+// Run reconciles at once, again every interval, and returns nil once its
+// context is done.
+func TestReconcilerRunsEveryInterval(t *testing.T) {
+	t.Parallel()
+	kv := registryBucket(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	r := &registry.Reconciler{KV: kv, Interval: 50 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+
+	port := func() (jetstream.KeyValueEntry, error) {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			e, err := kv.Get(ctx, "port")
+			if err == nil || time.Now().After(deadline) {
+				return e, err
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if _, err := port(); err != nil {
+		t.Fatalf("the first run did not write the registry: %v", err)
+	}
+	tampered, _ := proto.Marshal(&provisionerv1.RegistryEntry{Kind: "port", Owner: "intruder"})
+	at, err := kv.Put(ctx, "port", tampered)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		e, err := port()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Revision() > at {
+			var entry provisionerv1.RegistryEntry
+			if err := proto.Unmarshal(e.Value(), &entry); err != nil || entry.GetOwner() == "intruder" {
+				t.Fatalf("after the tamper: %v, %v", &entry, err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a tampered entry was not restored by a later interval")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run returned %v after its context ended, want nil", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its context ended")
 	}
 }

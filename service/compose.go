@@ -200,9 +200,11 @@ func composeNeeds(m *mirror.Mirror, in *provisionerv1.ComposeRequest, needs []*m
 // chunk continues is extended, not repeated.
 func merge(out, part *provisionerv1.ComposeResponse) {
 	plans := part.GetPlans()
-	if n := len(out.Plans); n > 0 && len(plans) > 0 && out.Plans[n-1].GetModule() == plans[0].GetModule() {
-		last := out.Plans[n-1]
-		last.Items = append(last.Items[:len(last.Items):len(last.Items)], plans[0].GetItems()...)
+	if n := len(out.GetPlans()); n > 0 && len(plans) > 0 && out.GetPlans()[n-1].GetModule() == plans[0].GetModule() {
+		last := out.GetPlans()[n-1]
+		items := last.GetItems()
+		// A fresh array: the chunk's items are a window on one shared array.
+		last.Items = append(items[:len(items):len(items)], plans[0].GetItems()...)
 		plans = plans[1:]
 	}
 	out.Plans = append(out.Plans, plans...)

@@ -153,7 +153,6 @@ func BenchmarkComposeMesh(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	capture = nil // let the encoded copy go: the replay holds the mesh
 	// One pass first: a node's first composition after a change orders its
 	// keys, which the watched copy does once per change, not per composition.
 	for _, n := range nodes {

@@ -117,6 +117,7 @@ func bucketKey(bucket, key string) *provisionerv1.PlanItem_Bucket {
 	return &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: bucket, Key: key}}
 }
 
+//nolint:tparallel // the steps write to one mesh in turn.
 func TestComposeNode(t *testing.T) {
 	t.Parallel()
 	m := newComposeMesh(t)

@@ -120,7 +120,7 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 		return want == "" || i >= len(tokens) || tokens[i] == want
 	}
 	var next string
-	switch out.What {
+	switch out.GetWhat() {
 	case provisionerv1.What_WHAT_REGISTRY:
 		out.Registry, out.Malformed, out.Revision, next, werr = fill(m.Registry, p, token.After, "", nil, nil)
 	case provisionerv1.What_WHAT_NEEDS:

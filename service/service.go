@@ -181,6 +181,9 @@ func (s *Service) WaitReady(ctx context.Context) error {
 // Info returns the micro service's discovery information.
 func (s *Service) Info() micro.Info { return s.micro.Info() }
 
+// Stats returns the micro service's statistics, as $SRV.STATS reports them.
+func (s *Service) Stats() micro.Stats { return s.micro.Stats() }
+
 // Stop stops answering: the endpoints' subscriptions are drained, answers in
 // progress are sent (those waiting for a revision get a 503), and the
 // watchers stop. The connection stays open. Stop returns once everything

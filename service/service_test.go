@@ -340,6 +340,7 @@ func raw(t *testing.T, nc *nats.Conn, contentType string, body []byte) *nats.Msg
 	return reply
 }
 
+//nolint:tparallel // the refusals run in parallel in their group; the check after them must not.
 func TestProvisioningRefusesBadRequests(t *testing.T) {
 	t.Parallel()
 	m := newMesh(t)
@@ -365,28 +366,29 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 		{"node that no key can hold", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace.web"}), `filter node "ace.web" can match no key`},
 		{"wildcard module", "", []byte(`{"what":"WHAT_NEEDS","module":">"}`), `filter module ">" can match no key`},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			reply := raw(t, m.nc, tt.contentType, tt.body)
-			err := wire.ErrorOf(reply)
-			var serr *wire.Error
-			if !errors.As(err, &serr) || serr.Code() != wire.CodeBadRequest {
-				t.Fatalf("reply error = %v, want a 400", err)
-			}
-			if !strings.Contains(serr.Sentence(), tt.says) {
-				t.Errorf("sentence %q does not say %q", serr.Sentence(), tt.says)
-			}
-		})
-	}
-	t.Run("the service still serves", func(t *testing.T) {
-		// Runs after the parallel subtests above have finished.
-		t.Cleanup(func() {
-			if got := len(m.ask(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS}).GetNeeds()); got != 4 {
-				t.Errorf("after bad requests, needs answered %d records, want 4", got)
-			}
-		})
+	// The group returns once its parallel subtests have all finished.
+	t.Run("refused", func(t *testing.T) {
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				reply := raw(t, m.nc, tt.contentType, tt.body)
+				err := wire.ErrorOf(reply)
+				var serr *wire.Error
+				if !errors.As(err, &serr) || serr.Code() != wire.CodeBadRequest {
+					t.Fatalf("reply error = %v, want a 400", err)
+				}
+				if !strings.Contains(serr.Sentence(), tt.says) {
+					t.Errorf("sentence %q does not say %q", serr.Sentence(), tt.says)
+				}
+			})
+		}
 	})
+	if got := len(m.ask(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS}).GetNeeds()); got != 4 {
+		t.Errorf("after bad requests, needs answered %d records, want 4", got)
+	}
+	if got := m.svc.Stats().Endpoints[0].NumErrors; got < len(tests) {
+		t.Errorf("micro counted %d errors, want at least the %d refusals", got, len(tests))
+	}
 }
 
 // protowireField returns a varint field with the given number: one no

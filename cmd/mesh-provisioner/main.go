@@ -1,6 +1,8 @@
 // Command mesh-provisioner is the provisioner's server of a NATS mesh: it
 // keeps the registry, watches the provisioning state buckets, and answers the
-// read-only verb mesh-provisioner.provisioning as a NATS micro service.
+// read-only verbs mesh-provisioner.provisioning and mesh-provisioner.compose
+// as a NATS micro service. Its other commands (query, permissions, capture,
+// simulate) are the operator's tools around it.
 //
 // Run with no arguments it serves on an embedded nats-server with JetStream;
 // with --nats-url it joins an existing NATS. See --help.

@@ -38,7 +38,7 @@ var whats = map[string]provisionerv1.What{
 	"collect":  provisionerv1.What_WHAT_COLLECT,
 }
 
-func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
+func query(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mesh-provisioner query", flag.ContinueOnError)
 	var conn connectFlags
 	conn.registerClient(fs)
@@ -61,7 +61,7 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	if !ok && word != "compose" {
 		return fmt.Errorf("query %q: ask registry, needs, applied, collect or compose", word)
 	}
-	if word == "compose" && (req.Contributor != "" || req.Collection != "") {
+	if word == "compose" && (req.GetContributor() != "" || req.Collection != "") {
 		return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
 	}
 	req.What = what
@@ -71,19 +71,19 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	c := client.New(nc)
 	var answer proto.Message
-	var print func() error
+	var show func() error
 	if word == "compose" {
 		var composed *provisionerv1.ComposeResponse
-		composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.Node, Module: req.Module})
-		answer, print = composed, func() error { return printComposition(stdout, composed) }
+		composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.GetNode(), Module: req.GetModule()})
+		answer, show = composed, func() error { return printComposition(stdout, composed) }
 	} else {
 		var provisioning *provisionerv1.ProvisioningResponse
 		provisioning, err = c.ProvisioningAll(ctx, &req)
-		answer, print = provisioning, func() error { return printTable(stdout, provisioning) }
+		answer, show = provisioning, func() error { return printTable(stdout, provisioning) }
 	}
 	var werr *wire.Error
 	switch {
@@ -102,7 +102,7 @@ func query(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		_, err = fmt.Fprintln(stdout, string(b))
 		return err
 	}
-	return print()
+	return show()
 }
 
 // printTable writes an answer as aligned columns, its malformed keys in a

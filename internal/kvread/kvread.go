@@ -20,7 +20,7 @@ func Live(ctx context.Context, kv jetstream.KeyValue) ([]jetstream.KeyValueEntry
 	if err != nil {
 		return nil, err
 	}
-	defer w.Stop()
+	defer func() { _ = w.Stop() }()
 	var entries []jetstream.KeyValueEntry
 	for {
 		select {

@@ -30,9 +30,9 @@ func Capture(ctx context.Context, js jetstream.JetStream) (*provisionerv1.Captur
 		captured := &provisionerv1.CapturedBucket{Bucket: bucket}
 		for _, e := range live {
 			captured.Entries = append(captured.Entries, &provisionerv1.CapturedEntry{Key: e.Key(), Value: e.Value(), Revision: e.Revision()})
-			captured.Revision = max(captured.Revision, e.Revision())
+			captured.Revision = max(captured.GetRevision(), e.Revision())
 		}
-		slices.SortFunc(captured.Entries, func(a, b *provisionerv1.CapturedEntry) int { return strings.Compare(a.GetKey(), b.GetKey()) })
+		slices.SortFunc(captured.GetEntries(), func(a, b *provisionerv1.CapturedEntry) int { return strings.Compare(a.GetKey(), b.GetKey()) })
 		out.Buckets = append(out.Buckets, captured)
 	}
 	return out, nil

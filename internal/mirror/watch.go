@@ -22,8 +22,12 @@ type Watchers struct {
 	logger *slog.Logger
 }
 
-// Open binds the four buckets; Run then watches them.
+// Open binds the four buckets; Run then watches them. A nil logger means
+// slog.Default().
 func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) (*Watchers, error) {
+	if logger == nil {
+		logger = slog.Default()
+	}
 	w := &Watchers{mirror: m, logger: logger}
 	for _, c := range m.Copies() {
 		kv, err := js.KeyValue(ctx, c.Bucket())

@@ -168,7 +168,7 @@ func (m *Mesh) Capture(registry []*provisionerv1.RegistryEntry) (*provisionerv1.
 	add := func(bucket, key string, value []byte) {
 		b := buckets[bucket]
 		b.Revision++
-		b.Entries = append(b.Entries, &provisionerv1.CapturedEntry{Key: key, Value: value, Revision: b.Revision})
+		b.Entries = append(b.Entries, &provisionerv1.CapturedEntry{Key: key, Value: value, Revision: b.GetRevision()})
 	}
 	marshal := proto.MarshalOptions{Deterministic: true}
 	for _, e := range registry {

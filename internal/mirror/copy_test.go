@@ -1,0 +1,140 @@
+package mirror
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+func keysOf[R proto.Message](entries []*Entry[R]) []string {
+	out := make([]string, len(entries))
+	for i, e := range entries {
+		out[i] = e.Key
+	}
+	return out
+}
+
+func need(t *testing.T) []byte {
+	t.Helper()
+	b, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestCopyKeepsKeyOrder(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	// "a" alone is out of shape, and sorts between group a-b and group a.
+	for i, key := range []string{"a.web.port.http", "a-b.web.port.http", "a", "b.db.dir.x", "a.api.port.http"} {
+		c.Apply(key, need(t), uint64(i+1), false)
+	}
+	all, revision := c.All()
+	want := []string{"a", "a-b.web.port.http", "a.api.port.http", "a.web.port.http", "b.db.dir.x"}
+	if diff := cmp.Diff(want, keysOf(all)); diff != "" || revision != 5 {
+		t.Errorf("All() at revision %d (-want +got):\n%s", revision, diff)
+	}
+	if all[0].Malformed == nil || all[1].Malformed != nil {
+		t.Errorf("a lone token should be malformed, a full key not: %v %v", all[0].Malformed, all[1].Malformed)
+	}
+	group, changedAt, _ := c.Group("a")
+	if diff := cmp.Diff([]string{"a", "a.api.port.http", "a.web.port.http"}, keysOf(group)); diff != "" || changedAt != 5 {
+		t.Errorf("Group(a) changed at %d (-want +got):\n%s", changedAt, diff)
+	}
+
+	// A delete leaves the group, which remembers when it changed.
+	c.Apply("a.web.port.http", nil, 6, true)
+	group, changedAt, _ = c.Group("a")
+	if diff := cmp.Diff([]string{"a", "a.api.port.http"}, keysOf(group)); diff != "" || changedAt != 6 {
+		t.Errorf("after a delete, Group(a) changed at %d (-want +got):\n%s", changedAt, diff)
+	}
+	if _, ok := c.Get("a", "a.web.port.http"); ok {
+		t.Error("a deleted key is still held")
+	}
+	if all, _ := c.All(); len(all) != 4 {
+		t.Errorf("All() after a delete holds %d keys, want 4", len(all))
+	}
+}
+
+func TestWaitFor(t *testing.T) {
+	t.Parallel()
+	c := New().Applied
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if c.WaitFor(ctx, 1) {
+		t.Fatal("WaitFor(1) of an empty copy returned true")
+	}
+	done := make(chan bool)
+	go func() { done <- c.WaitFor(t.Context(), 2) }()
+	c.Apply("ace.web", nil, 1, false)
+	c.Apply("ace.db", nil, 2, false)
+	if !<-done {
+		t.Error("WaitFor(2) did not see revision 2")
+	}
+}
+
+// A watcher started again drops the keys deleted while none ran.
+func TestWatchersStartedAgainDropDeletedKeys(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"ace.web.port.http", "ace.web.port.admin", "novox.web.port.http"} {
+		if _, err := kv.Put(t.Context(), key, need(t)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := New()
+	watch := func(until func() bool) {
+		t.Helper()
+		w, err := m.Open(t.Context(), js, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); w.Run(ctx) }()
+		deadline := time.Now().Add(5 * time.Second)
+		for !until() && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+		<-done
+	}
+	watch(func() bool { all, _ := m.Needs.All(); return len(all) == 3 })
+	if all, _ := m.Needs.All(); len(all) != 3 {
+		t.Fatalf("first watcher loaded %d keys, want 3", len(all))
+	}
+
+	// One key deleted and one written again while no watcher runs.
+	if err := kv.Delete(t.Context(), "ace.web.port.admin"); err != nil {
+		t.Fatal(err)
+	}
+	last, err := kv.Put(t.Context(), "novox.web.port.http", need(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	watch(func() bool { return m.Needs.Revision() >= last })
+	if diff := cmp.Diff([]string{"ace.web.port.http", "novox.web.port.http"}, func() []string { all, _ := m.Needs.All(); return keysOf(all) }()); diff != "" {
+		t.Errorf("after the second watcher (-want +got):\n%s", diff)
+	}
+}

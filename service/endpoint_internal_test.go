@@ -1,0 +1,125 @@
+package service
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// No more answers are built at once than Config.Concurrency.
+func TestWorkersAreBounded(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	s := start(t, nc, Config{Concurrency: 2})
+	var running, most atomic.Int32
+	release := make(chan struct{})
+	blocking := endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
+		name: "blocking", subject: "test.blocking",
+		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
+		check:      func(*provisionerv1.ProvisioningRequest) *wire.Error { return nil },
+		waits:      func(*provisionerv1.ProvisioningRequest) []revisionWait { return nil },
+		answer: func(*provisionerv1.ProvisioningRequest, encoding, int, time.Duration) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+			n := running.Add(1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			<-release
+			running.Add(-1)
+			return &provisionerv1.ProvisioningResponse{}, nil
+		},
+	}
+	if err := blocking.register(s); err != nil {
+		t.Fatal(err)
+	}
+	const requests = 5
+	replies := make(chan error, requests)
+	for range requests {
+		go func() {
+			_, err := nc.Request("test.blocking", nil, 10*time.Second)
+			replies <- err
+		}()
+	}
+	// Wait until the workers are busy, and a little more for any extra.
+	for deadline := time.Now().Add(5 * time.Second); running.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	for range requests {
+		if err := <-replies; err != nil {
+			t.Error(err)
+		}
+	}
+	if got := most.Load(); got != 2 {
+		t.Errorf("at most %d answers were built at once, want 2 (Concurrency)", got)
+	}
+}
+
+// Stop answers the requests that wait for a revision with a 503, and
+// returns once they are answered.
+func TestStopAnswersWaitingRequests(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	s := start(t, nc, Config{RevisionWait: time.Minute})
+	asked := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: 1 << 40})
+		asked <- err
+	}()
+	for deadline := time.Now().Add(5 * time.Second); len(s.waiting) == 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if len(s.waiting) != 1 {
+		t.Fatal("the request never waited")
+	}
+	stopped := make(chan struct{})
+	go func() { s.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not return within 5s of a waiting request")
+	}
+	err := <-asked
+	if wire.CodeOf(err) != wire.CodeUnavailable {
+		t.Errorf("the waiting request got %v, want a 503 saying the server is stopping", err)
+	}
+	// The connection stays open, and nothing answers any more.
+	if _, err := nc.Request(wire.ProvisioningSubject, nil, 200*time.Millisecond); err == nil || nc.IsClosed() {
+		t.Errorf("after Stop: %v (closed %v), want no answer on an open connection", err, nc.IsClosed())
+	}
+}
+
+// start runs the service on nc's server with cfg, its buckets created, and
+// stops it when the test ends. (servicetest imports this package.)
+func start(t *testing.T, nc *nats.Conn, cfg Config) *Service {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Conn = nc
+	s, err := Start(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	if err := s.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
