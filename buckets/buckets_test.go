@@ -53,3 +53,39 @@ func TestEnsureRefusesRollups(t *testing.T) {
 		t.Errorf("novox's need after the rollup attempt: %v", err)
 	}
 }
+
+// The size limits are nats-server's to enforce, on every writer: a put over
+// the value size is refused, and an existing bucket takes the limits too.
+func TestEnsureSetsSizeLimits(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, _ := jetstream.New(nc)
+	// A state bucket made before without limits.
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: keys.CollectBucket}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := buckets.Config{MaxValueSize: 1024, MaxBytes: 1 << 20}
+	if err := buckets.Ensure(ctx, js, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, bucket := range keys.StateBuckets() {
+		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := stream.CachedInfo().Config; c.MaxMsgSize != 1024 || c.MaxBytes != 1<<20 {
+			t.Errorf("bucket %s: max value size %d, max bytes %d; want 1024 and %d", bucket, c.MaxMsgSize, c.MaxBytes, 1<<20)
+		}
+	}
+	needs, _ := js.KeyValue(ctx, keys.NeedsBucket)
+	if _, err := needs.Put(ctx, "ace.web.port.http", make([]byte, 1000)); err != nil {
+		t.Errorf("a put under the value size: %v", err)
+	}
+	if _, err := needs.Put(ctx, "ace.web.port.big", make([]byte, 2000)); err == nil {
+		t.Error("a put over the value size was accepted")
+	}
+	if _, err := needs.Get(ctx, "ace.web.port.big"); err == nil {
+		t.Error("the refused put is in the bucket")
+	}
+}

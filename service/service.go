@@ -46,6 +46,12 @@ type Config struct {
 	// MaxWaiting bounds the requests waiting for revisions at once; more
 	// are refused with a 503 rather than held. Zero means 1024.
 	MaxWaiting int
+	// NodeMaxKeys and NodeMaxBytes bound what the copy holds of one node in
+	// one state bucket: keys beyond them are not decoded nor held, and are
+	// reported as malformed with a reason that names the budget. Zero means
+	// DefaultNodeMaxKeys and DefaultNodeMaxBytes; negative, unbounded.
+	NodeMaxKeys  int
+	NodeMaxBytes int
 }
 
 // Defaults of Config.
@@ -53,6 +59,10 @@ const (
 	DefaultRevisionWait = 5 * time.Second
 	DefaultSlowCompose  = 100 * time.Millisecond
 	DefaultMaxWaiting   = 1024
+	// A node of a real mesh has tens of modules with tens of needs each:
+	// 10,000 keys and 4 MiB of values a bucket leave it ample room.
+	DefaultNodeMaxKeys  = 10_000
+	DefaultNodeMaxBytes = 4 << 20
 )
 
 // Service is a running mesh-provisioner micro service.
@@ -111,6 +121,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxWaiting <= 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.NodeMaxKeys == 0 {
+		cfg.NodeMaxKeys = DefaultNodeMaxKeys
+	}
+	if cfg.NodeMaxBytes == 0 {
+		cfg.NodeMaxBytes = DefaultNodeMaxBytes
+	}
 	js, err := jetstream.New(cfg.Conn)
 	if err != nil {
 		return nil, err
@@ -126,6 +142,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		counters:     map[string]*counters{},
 		failures:     rate.Sometimes{Interval: time.Second},
 	}
+	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
 	if err != nil {
 		return nil, err
@@ -223,5 +240,17 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		"answer_errors": c.answerErrors.Load(),
 		"loading":       append([]string{}, s.mirror.Loading()...),
 		"behind":        append([]string{}, s.mirror.Behind()...),
+		"over_budget":   s.mirror.OverBudget(),
 	}
+}
+
+// logBudget logs once when a node goes over its budget in a bucket, and
+// once when it comes back under.
+func (s *Service) logBudget(x mirror.Excess) {
+	if x.Over {
+		s.logger.Warn("node over its budget: its further keys are not held and are reported as malformed",
+			"bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes, "keys_refused", x.Refused)
+		return
+	}
+	s.logger.Info("node back within its budget", "bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes)
 }

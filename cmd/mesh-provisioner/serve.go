@@ -43,6 +43,10 @@ type serveFlags struct {
 	readyTimeout     time.Duration
 	slowCompose      time.Duration
 	revisionWait     time.Duration
+	maxValueSize     int
+	bucketMaxBytes   int64
+	nodeMaxKeys      int
+	nodeMaxBytes     int
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -57,6 +61,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
 	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")
 	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
+	fs.IntVar(&f.maxValueSize, "max-value-size", buckets.DefaultMaxValueSize, "largest value a state bucket takes, in bytes; nats-server refuses a larger put from any node (a need, applied record or collection item is a few hundred bytes)")
+	fs.Int64Var(&f.bucketMaxBytes, "bucket-max-bytes", buckets.DefaultMaxBytes, "most bytes each state bucket holds; a put that would grow it further is refused")
+	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
+	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
 	if err := parseFlags(fs, args, stderr, serveSynopsis); err != nil {
 		return err
 	}
@@ -65,6 +73,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if f.registryInterval < time.Second {
 		return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
+	}
+	if f.maxValueSize < 1 || f.maxValueSize > 64<<20 || f.bucketMaxBytes < int64(f.maxValueSize) {
+		return fmt.Errorf("--max-value-size %d and --bucket-max-bytes %d: the value size is 1 byte to 64 MiB, and a bucket holds at least one value", f.maxValueSize, f.bucketMaxBytes)
+	}
+	if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 {
+		return fmt.Errorf("--node-max-keys and --node-max-bytes must be positive, or -1 for no limit")
 	}
 	if f.slowCompose <= 0 || f.revisionWait <= 0 {
 		return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
@@ -116,7 +130,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: f.replicas}); err != nil {
+	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes}); err != nil {
 		return err
 	}
 	registryKV, err := js.KeyValue(ctx, keys.RegistryBucket)
@@ -131,6 +145,8 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		Logger:       logger,
 		SlowCompose:  f.slowCompose,
 		RevisionWait: f.revisionWait,
+		NodeMaxKeys:  f.nodeMaxKeys,
+		NodeMaxBytes: f.nodeMaxBytes,
 	})
 	if err != nil {
 		return err

@@ -24,12 +24,21 @@ type Entry[R proto.Message] struct {
 	Malformed *provisionerv1.MalformedKey
 	// Tokens are a malformed key's tokens, which filters read.
 	Tokens []string
+	// size is the value's size, counted against the node's budget; zero
+	// for a key held only as over the budget.
+	size int
+	// overBudget says the key is not held: its node was over its budget.
+	overBudget bool
 }
 
 // group holds the keys that share a first token: a node's keys, or one kind
 // of the registry.
 type group[R proto.Message] struct {
 	byKey map[string]*Entry[R]
+	// held and bytes count the keys held and their values' size, which
+	// the budget bounds; refused counts the keys over the budget that are
+	// not even listed (past maxListedOverBudget).
+	held, bytes, refused int
 	// changedAt is the revision of the group's last change.
 	changedAt uint64
 	// sorted is the group in key order, built on the first read after a
@@ -54,6 +63,12 @@ type Copy[R proto.Message] struct {
 	// all is every entry in key order, built on the first unfiltered read
 	// after a change; nil while stale.
 	all atomic.Pointer[[]*Entry[R]]
+
+	// budget bounds what one group (one node) may hold; onBudget hears
+	// when a group goes over it or comes back under.
+	budget   Budget
+	onBudget func(Excess)
+	overSet  map[string]*Excess // groups over their budget, by first token
 }
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
@@ -116,18 +131,16 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 	}
 }
 
-// Apply takes one change into the copy: a put, or a delete or purge.
+// Apply takes one change into the copy: a put, or a delete or purge. One
+// goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
 	first, _, _ := strings.Cut(key, ".")
 	var e *Entry[R]
 	if !deleted {
-		e = &Entry[R]{Key: key}
-		record, err := c.decode(key, value, revision)
-		if err != nil {
-			e.Tokens = strings.Split(key, ".")
-			e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
+		if c.fits(first, key, len(value)) {
+			e = c.decoded(key, value, revision)
 		} else {
-			e.Record = record
+			e = c.overBudgetEntry(key, revision)
 		}
 	}
 	c.mu.Lock()
@@ -148,11 +161,38 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	g.changedAt = revision
 	g.sorted.Store(nil)
 	c.all.Store(nil)
-	if deleted {
+	if old := g.byKey[key]; old != nil {
+		g.forget(old)
 		delete(g.byKey, key)
-		return // an empty group stays: it remembers when it changed
+	} else if deleted && g.refused > 0 {
+		g.refused-- // most likely one of the keys refused unlisted
 	}
-	g.byKey[key] = e
+	if e != nil && (e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget) {
+		g.refused++ // counted, not listed: the listing is bounded too
+		e = nil
+	}
+	if e != nil {
+		g.byKey[key] = e
+		if !e.overBudget {
+			g.held++
+			g.bytes += e.size
+		}
+	}
+	c.checkBudget(first, g)
+	// An empty group stays: it remembers when it changed.
+}
+
+// decoded returns the entry of a key held in the copy.
+func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
+	e := &Entry[R]{Key: key, size: len(value)}
+	record, err := c.decode(key, value, revision)
+	if err != nil {
+		e.Tokens = strings.Split(key, ".")
+		e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
+	} else {
+		e.Record = record
+	}
+	return e
 }
 
 // keepOnly drops the keys not in live: they were deleted while no watcher
@@ -161,14 +201,16 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for first, g := range c.groups {
-		for key := range g.byKey {
+		for key, e := range g.byKey {
 			if !live[key] {
+				g.forget(e)
 				delete(g.byKey, key)
 				g.sorted.Store(nil)
 				c.all.Store(nil)
 				g.changedAt = c.revision
 			}
 		}
+		c.checkBudget(first, g)
 		if len(g.byKey) == 0 {
 			delete(c.groups, first)
 		}

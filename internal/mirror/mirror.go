@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"slices"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
@@ -70,6 +71,20 @@ func (m *Mirror) Behind() []string {
 		}
 	}
 	return buckets
+}
+
+// SetBudget bounds what the copy holds of each node in each state bucket;
+// onChange hears when a node goes over its budget in a bucket or comes back
+// under. Call it before the mirror is loaded.
+func (m *Mirror) SetBudget(b Budget, onChange func(Excess)) {
+	m.Needs.SetBudget(b, onChange)
+	m.Applied.SetBudget(b, onChange)
+	m.Collect.SetBudget(b, onChange)
+}
+
+// OverBudget returns the nodes over their budget, bucket by bucket.
+func (m *Mirror) OverBudget() []Excess {
+	return slices.Concat(m.Needs.OverBudget(), m.Applied.OverBudget(), m.Collect.OverBudget())
 }
 
 // RegistryEntry returns the entry that answers kind, or nil.

@@ -1,0 +1,136 @@
+package mirror
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
+
+// Budget bounds what the copy holds of one node in one bucket, so that no
+// node can grow the server's memory beyond it, whatever it writes. Zero
+// fields are unbounded.
+type Budget struct {
+	// Keys is the most keys held of a node.
+	Keys int
+	// Bytes is the most value bytes held of a node.
+	Bytes int
+}
+
+// maxListedOverBudget bounds how many keys over a node's budget are listed
+// (as malformed keys, with a reason that names the budget); the rest are
+// only counted, so the listing cannot grow without bound either.
+const maxListedOverBudget = 100
+
+// Excess describes a node over its budget in one bucket.
+type Excess struct {
+	Bucket string `json:"bucket"`
+	Node   string `json:"node"`
+	// Over is true while the node is over its budget; false in the report
+	// that it came back under.
+	Over bool `json:"-"`
+	// Keys and Bytes are what the node has held, at most the budget;
+	// Refused is how many of its keys are not held.
+	Keys    int `json:"keys"`
+	Bytes   int `json:"bytes"`
+	Refused int `json:"refused"`
+}
+
+// SetBudget sets the budget of each node and the function told when a node
+// goes over it or comes back under (called with the copy locked: it must
+// not read the copy). Call it before the copy is loaded.
+func (c *Copy[R]) SetBudget(b Budget, onChange func(Excess)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.budget, c.onBudget = b, onChange
+}
+
+// fits reports whether a put of size bytes to key may be held: its node
+// stays within its budget once the key's old value, if held, is replaced.
+func (c *Copy[R]) fits(first, key string, size int) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.budget == (Budget{}) {
+		return true
+	}
+	keys, bytes := 1, size
+	if g := c.groups[first]; g != nil {
+		keys, bytes = g.held+1, g.bytes+size
+		if old := g.byKey[key]; old != nil && !old.overBudget {
+			keys, bytes = keys-1, bytes-old.size
+		}
+	}
+	return (c.budget.Keys <= 0 || keys <= c.budget.Keys) && (c.budget.Bytes <= 0 || bytes <= c.budget.Bytes)
+}
+
+// overBudgetEntry reports a key that is not held: its node is over budget.
+// The value is neither decoded nor kept.
+func (c *Copy[R]) overBudgetEntry(key string, revision uint64) *Entry[R] {
+	first, _, _ := strings.Cut(key, ".")
+	return &Entry[R]{
+		Key:        key,
+		Tokens:     strings.Split(key, "."),
+		overBudget: true,
+		Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Revision: revision, Reason: fmt.Sprintf(
+			"not held: node %s is over its budget of %s in this bucket; delete some of its keys, or raise the server's --node-max-keys/--node-max-bytes", first, c.budget)},
+	}
+}
+
+// String says a budget in a sentence's words.
+func (b Budget) String() string {
+	var parts []string
+	if b.Keys > 0 {
+		parts = append(parts, fmt.Sprintf("%d keys", b.Keys))
+	}
+	if b.Bytes > 0 {
+		parts = append(parts, fmt.Sprintf("%d bytes", b.Bytes))
+	}
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, " and ")
+}
+
+// forget takes an entry out of the group's counts.
+func (g *group[R]) forget(e *Entry[R]) {
+	if !e.overBudget {
+		g.held--
+		g.bytes -= e.size
+	}
+}
+
+// checkBudget tells onBudget when a group went over its budget or came back
+// under. The caller holds c.mu.
+func (c *Copy[R]) checkBudget(first string, g *group[R]) {
+	refused := len(g.byKey) - g.held + g.refused
+	_, wasOver := c.overSet[first]
+	switch {
+	case refused > 0:
+		x := &Excess{Bucket: c.bucket, Node: first, Over: true, Keys: g.held, Bytes: g.bytes, Refused: refused}
+		if c.overSet == nil {
+			c.overSet = map[string]*Excess{}
+		}
+		c.overSet[first] = x
+		if !wasOver && c.onBudget != nil {
+			c.onBudget(*x)
+		}
+	case wasOver:
+		delete(c.overSet, first)
+		if c.onBudget != nil {
+			c.onBudget(Excess{Bucket: c.bucket, Node: first, Keys: g.held, Bytes: g.bytes})
+		}
+	}
+}
+
+// OverBudget returns the nodes over their budget, by node.
+func (c *Copy[R]) OverBudget() []Excess {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]Excess, 0, len(c.overSet))
+	for _, x := range c.overSet {
+		out = append(out, *x)
+	}
+	slices.SortFunc(out, func(a, b Excess) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}
