@@ -93,6 +93,10 @@ fuzz: ## Fuzz the key parsers and the collection escape (FUZZTIME each, default 
 bench: ## Compose benchmarks: a node (vs a by-key composer) and a 1,000-node mesh; MESH_COMPOSE_CAPTURE=file to replay a capture
 	go test ./service -run '^$$' -bench 'BenchmarkCompose' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
 
+.PHONY: bench-verb
+bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requesters; copy bytes a key; cold start (BENCHVERB_ARGS="-nodes 1000 ...")
+	go run ./internal/benchverb $(BENCHVERB_ARGS)
+
 .PHONY: ci
 ci: test checkgenerate lint breaking ## What .ci/run runs
 

@@ -37,15 +37,54 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			}
 			return waits
 		},
-		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int, waited time.Duration) (*provisionerv1.ComposeResponse, *wire.Error) {
-			start := time.Now()
-			out, werr := composeFrom(s.mirror, in, enc, budget, waited)
-			if werr == nil {
-				s.logSlow(in, out, waited+time.Since(start))
+		keyOf: func(in *provisionerv1.ComposeRequest) string {
+			least := in.GetMinRevisions()
+			in.MinRevisions = nil
+			defer func() { in.MinRevisions = least }()
+			return requestKey(in)
+		},
+		stamp: func(in *provisionerv1.ComposeRequest) stamp {
+			registry, _ := s.mirror.Registry.Stamp("")
+			needs, _ := s.mirror.Needs.Stamp(in.GetNode())
+			items, _ := s.mirror.Collect.Stamp(in.GetNode())
+			return stamp{registry, needs, items, behindBits(s.mirror)}
+		},
+		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
+			return composeFrom(s.mirror, in, enc, budget)
+		},
+		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
+			tail := &provisionerv1.ComposeResponse{
+				Revisions: &provisionerv1.Revisions{Registry: revs[0], Needs: revs[1], Applied: revs[2], Collect: revs[3]},
+				Phases:    phasesOf(t),
 			}
-			return out, werr
+			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)
+			return tail
 		},
 	}
+}
+
+// revisionsOf returns the revisions a mirror's copies have reached.
+func revisionsOf(m *mirror.Mirror) *provisionerv1.Revisions {
+	return &provisionerv1.Revisions{
+		Registry: m.Registry.Revision(),
+		Needs:    m.Needs.Revision(),
+		Applied:  m.Applied.Revision(),
+		Collect:  m.Collect.Revision(),
+	}
+}
+
+// phasesOf returns the phases of a composition: wait, read, resolve and
+// items if it was built; wait and "reused" (taking no time worth timing) if
+// it was reused from the cache.
+func phasesOf(t timings) []*provisionerv1.Phase {
+	phases := []*provisionerv1.Phase{{Name: "wait", Duration: durationpb.New(t.waited)}}
+	if !t.built {
+		return append(phases, &provisionerv1.Phase{Name: "reused", Duration: durationpb.New(0)})
+	}
+	return append(phases,
+		&provisionerv1.Phase{Name: "read", Duration: durationpb.New(t.read)},
+		&provisionerv1.Phase{Name: "resolve", Duration: durationpb.New(t.resolve)},
+		&provisionerv1.Phase{Name: "items", Duration: durationpb.New(t.items)})
 }
 
 func checkCompose(in *provisionerv1.ComposeRequest) *wire.Error {
@@ -70,11 +109,11 @@ func composeDigest(in *provisionerv1.ComposeRequest) string {
 }
 
 // logSlow logs a composition slower than Config.SlowCompose, with its phases.
-func (s *Service) logSlow(in *provisionerv1.ComposeRequest, out *provisionerv1.ComposeResponse, took time.Duration) {
+func (s *Service) logSlow(in *provisionerv1.ComposeRequest, phases []*provisionerv1.Phase, took time.Duration) {
 	if took <= s.slowCompose {
 		return
 	}
-	s.logger.Warn("slow composition", "node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(out.GetPhases()))
+	s.logger.Warn("slow composition", "node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(phases))
 }
 
 func phasesLog(phases []*provisionerv1.Phase) slog.Value {
@@ -90,11 +129,12 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 const composeChunk = 64
 
 // composeFrom composes one page of a node from a mirror: the needs after
-// the token's key, in key order, chunk by chunk while they fit the page.
-func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, waited time.Duration) (*provisionerv1.ComposeResponse, *wire.Error) {
+// the token's key, in key order, chunk by chunk while they fit the page. The
+// answer lacks its revisions and phases, which are added as it is sent.
+func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), composeDigest(in))
 	if werr != nil {
-		return nil, werr
+		return nil, timings{}, werr
 	}
 	start := time.Now()
 	entries, _, needsRevision := m.Needs.Group(in.GetNode())
@@ -121,7 +161,7 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 	}
 	read := time.Since(start)
 
-	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule(), Revisions: revisions, Behind: m.Behind()}
+	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule(), Behind: m.Behind()}
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	var resolve, collect time.Duration
 	done := 0
@@ -153,7 +193,7 @@ chunks:
 				continue
 			}
 			if p.count == 0 {
-				return nil, wire.Errorf(wire.CodeInternal, "need %s alone composes to %d bytes, more than one answer carries (max_payload)", needs[done].Key, size)
+				return nil, timings{}, wire.Errorf(wire.CodeInternal, "need %s alone composes to %d bytes, more than one answer carries (max_payload)", needs[done].Key, size)
 			}
 			break chunks
 		}
@@ -163,13 +203,7 @@ chunks:
 			Revisions: []uint64{revisions.GetRegistry(), revisions.GetNeeds(), revisions.GetApplied(), revisions.GetCollect()}}
 		out.NextPageToken = t.encode()
 	}
-	out.Phases = []*provisionerv1.Phase{
-		{Name: "wait", Duration: durationpb.New(waited)},
-		{Name: "read", Duration: durationpb.New(read)},
-		{Name: "resolve", Duration: durationpb.New(resolve)},
-		{Name: "items", Duration: durationpb.New(collect)},
-	}
-	return out, nil
+	return out, timings{read: read, resolve: resolve, items: collect}, nil
 }
 
 // moduleOf returns the module token of a need key, well formed or not.

@@ -251,7 +251,7 @@ func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv
 			m.Registry.Apply(entry.Key(), entry.Value(), entry.Revision(), false)
 		}
 	}
-	out, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, 0)
+	out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
 	if werr != nil {
 		return nil, werr
 	}

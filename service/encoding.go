@@ -69,6 +69,26 @@ func (e encoding) marshal(msg proto.Message) ([]byte, error) {
 	return proto.MarshalOptions{Deterministic: true}.Marshal(msg)
 }
 
+// join appends an encoded message's fields to another encoded message of
+// the same type: in binary a concatenation, which protobuf reads as one
+// message; in JSON the fields of both objects in one.
+func (e encoding) join(data, tail []byte) []byte {
+	if !e.json {
+		return append(data[:len(data):len(data)], tail...)
+	}
+	data, tail = bytes.TrimSpace(data), bytes.TrimSpace(tail)
+	if len(tail) <= 2 { // {}
+		return data
+	}
+	if len(data) <= 2 {
+		return tail
+	}
+	out := make([]byte, 0, len(data)+len(tail))
+	out = append(out, data[:len(data)-1]...) // without its closing brace
+	out = append(out, ',')
+	return append(out, tail[1:]...) // without its opening brace
+}
+
 func (e encoding) headers() micro.Headers {
 	return micro.Headers{"Content-Type": {e.contentType()}}
 }

@@ -26,10 +26,27 @@ type endpoint[Req, Res proto.Message] struct {
 	check func(Req) *wire.Error
 	// waits are the revisions the request asks the copy to reach first.
 	waits func(Req) []revisionWait
-	// answer builds the answer of a checked request on a worker; waited is
-	// how long it waited for revisions, and budget the most bytes the
-	// encoded answer may take.
-	answer func(req Req, enc encoding, budget int, waited time.Duration) (Res, *wire.Error)
+	// keyOf returns the request as the answer cache knows it: without its
+	// minimum revisions, which decide when it is answered, not what.
+	keyOf func(Req) string
+	// stamp identifies what the request's answer reads: an answer is reused
+	// while its stamp is unchanged.
+	stamp func(Req) stamp
+	// answer builds the answer of a checked request on a worker, but for
+	// the fields tail adds; budget is the most bytes the answer may take
+	// once encoded as sizing says.
+	answer func(req Req, enc encoding, budget int) (Res, timings, *wire.Error)
+	// tail returns the fields added to every answer as it is sent, reused
+	// or not: the revisions given, and the phases. It depends on nothing
+	// else, so that an answer reused with the same revisions is the same.
+	tail func(req Req, t timings, revs revisions) Res
+}
+
+// timings are where an answer's time went.
+type timings struct {
+	waited, read, resolve, items time.Duration
+	// built is false for an answer reused from the cache.
+	built bool
 }
 
 // registrar is what Start needs of an endpoint, whatever its types.
@@ -94,14 +111,21 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 			pending = append(pending, w)
 		}
 	}
+	// A reused answer costs a lookup: it is sent from the callback, with
+	// no worker to wait for.
+	if len(pending) == 0 {
+		if data, ok := ep.reuse(s, in, enc); ok {
+			s.send(r, enc, count, data, nil)
+			return
+		}
+	}
 	if !s.admit() {
 		s.refuse(r, enc, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
 		return
 	}
 	respond := func(waited time.Duration) {
-		budget := int(s.conn.MaxPayload()) - answerHeadroom
-		out, werr := ep.answer(in, enc, budget, waited)
-		s.send(r, enc, count, out, werr)
+		data, werr := ep.respond(s, in, enc, waited)
+		s.send(r, enc, count, data, werr)
 	}
 	if len(pending) == 0 {
 		s.slots <- struct{}{} // backpressure: the callback waits for a worker
@@ -133,6 +157,91 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 
 // answerHeadroom is what an answer leaves of max_payload for its headers.
 const answerHeadroom = 1024
+
+// reuse returns the answer kept in the cache for a request that waited for
+// nothing, if what it read is unchanged: as it was last sent while the
+// revisions it names are unchanged (no encoding, no copy), or with a new
+// tail.
+func (ep endpoint[Req, Res]) reuse(s *Service, in Req, enc encoding) ([]byte, bool) {
+	key := cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}
+	cached, hit := s.cache.get(key, ep.stamp(in))
+	if !hit {
+		return nil, false
+	}
+	// Read after the stamp: the answer names revisions at least as new as
+	// what it holds.
+	revs := revisionsNow(s.mirror)
+	if sent := cached.sent.Load(); sent != nil && sent.revisions == revs {
+		return sent.data, true
+	}
+	whole, werr := ep.withTail(s, in, enc, cached.data, timings{}, revs)
+	if werr != nil {
+		return nil, false
+	}
+	cached.sent.Store(&sentAnswer{revisions: revs, data: whole})
+	return whole, true
+}
+
+// respond builds the encoded answer of a checked request on a worker, keeps
+// it in the cache, and adds its tail.
+func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited time.Duration) ([]byte, *wire.Error) {
+	key := cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}
+	st := ep.stamp(in)
+	if cached, hit := s.cache.get(key, st); hit {
+		// Built meanwhile, or asked after a wait.
+		return ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revisionsNow(s.mirror))
+	}
+	data, t, werr := ep.build(s, in, enc)
+	if werr != nil {
+		return nil, werr
+	}
+	t.waited, t.built = waited, true
+	s.cache.put(key, st, data)
+	// Read after the build: the answer names revisions at least as new as
+	// what it holds.
+	return ep.withTail(s, in, enc, data, t, revisionsNow(s.mirror))
+}
+
+// withTail adds an encoded answer's tail to it.
+func (ep endpoint[Req, Res]) withTail(s *Service, in Req, enc encoding, data []byte, t timings, revs revisions) ([]byte, *wire.Error) {
+	tail, err := enc.marshal(ep.tail(in, t, revs))
+	if err != nil {
+		s.logger.Error("encoding an answer failed", "endpoint", ep.name, "err", err)
+		return nil, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
+	}
+	return enc.join(data, tail), nil
+}
+
+// build builds and encodes the answer of a checked request, without its
+// tail. A page is filled measuring its items in binary, which is cheap; the
+// rare JSON page whose text would not fit is filled again, measuring each
+// item's text.
+func (ep endpoint[Req, Res]) build(s *Service, in Req, enc encoding) ([]byte, timings, *wire.Error) {
+	budget := int(s.conn.MaxPayload()) - answerHeadroom
+	var data []byte
+	var t timings
+	for _, sizing := range []encoding{{}, enc} {
+		out, built, werr := ep.answer(in, sizing, budget)
+		if werr != nil {
+			return nil, t, werr
+		}
+		var err error
+		if data, err = enc.marshal(out); err != nil {
+			s.logger.Error("encoding an answer failed", "endpoint", ep.name, "err", err)
+			return nil, t, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
+		}
+		t = built
+		if len(data) <= budget || sizing == enc {
+			break
+		}
+	}
+	return data, t, nil
+}
+
+// revisionsNow returns the revisions the copies have reached.
+func revisionsNow(m *mirror.Mirror) revisions {
+	return revisions{m.Registry.Revision(), m.Needs.Revision(), m.Applied.Revision(), m.Collect.Revision()}
+}
 
 // waitRevisions waits, at most RevisionWait, until every copy has reached
 // the revision asked of it.
@@ -167,19 +276,14 @@ func (s *Service) admit() bool {
 // subject on the service's connection. Workers do not call req.Respond or
 // req.Error: micro reads what those record when the callback returns, which
 // for a worker is before they run; send's own counters stand in for it.
-func (s *Service) send(r micro.Request, enc encoding, count *counters, answer proto.Message, werr *wire.Error) {
+func (s *Service) send(r micro.Request, enc encoding, count *counters, data []byte, werr *wire.Error) {
 	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header{"Content-Type": {enc.contentType()}}}
 	if werr == nil {
-		data, err := enc.marshal(answer)
-		switch {
-		case err != nil:
-			s.logger.Error("encoding an answer failed", "subject", r.Subject(), "err", err)
-			werr = wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
-		case int64(len(data)+headerLen(msg.Header)) > s.conn.MaxPayload():
+		if int64(len(data)+headerLen(msg.Header)) > s.conn.MaxPayload() {
 			// The page budget keeps answers under max_payload; reaching this
 			// is a bug in that budget.
 			werr = wire.Errorf(wire.CodeInternal, "the answer is %d bytes, more than the %d the NATS server carries (max_payload); ask with a smaller page_size", len(data), s.conn.MaxPayload())
-		default:
+		} else {
 			msg.Data = data
 		}
 	}

@@ -29,13 +29,20 @@ func TestWorkersAreBounded(t *testing.T) {
 		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
 		check:      func(*provisionerv1.ProvisioningRequest) *wire.Error { return nil },
 		waits:      func(*provisionerv1.ProvisioningRequest) []revisionWait { return nil },
-		answer: func(*provisionerv1.ProvisioningRequest, encoding, int, time.Duration) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+		keyOf:      func(*provisionerv1.ProvisioningRequest) string { return "" },
+		stamp: func(*provisionerv1.ProvisioningRequest) stamp {
+			return stamp{uint64(time.Now().UnixNano())} // never reused
+		},
+		tail: func(*provisionerv1.ProvisioningRequest, timings, revisions) *provisionerv1.ProvisioningResponse {
+			return &provisionerv1.ProvisioningResponse{}
+		},
+		answer: func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, *wire.Error) {
 			n := running.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}
 			<-release
 			running.Add(-1)
-			return &provisionerv1.ProvisioningResponse{}, nil
+			return &provisionerv1.ProvisioningResponse{}, timings{}, nil
 		},
 	}
 	if err := blocking.register(s); err != nil {

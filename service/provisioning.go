@@ -30,8 +30,24 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 			}
 			return waits
 		},
-		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int, _ time.Duration) (*provisionerv1.ProvisioningResponse, *wire.Error) {
-			return provisioningFrom(s.mirror, in, enc, budget)
+		keyOf: func(in *provisionerv1.ProvisioningRequest) string {
+			least := in.GetMinRevision()
+			in.MinRevision = 0
+			defer func() { in.MinRevision = least }()
+			return requestKey(in)
+		},
+		stamp: func(in *provisionerv1.ProvisioningRequest) stamp {
+			st, _ := copyOf(s.mirror, whatOf(in)).Stamp(in.GetNode())
+			return stamp{st, behindBits(s.mirror)}
+		},
+		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, *wire.Error) {
+			start := time.Now()
+			out, werr := provisioningFrom(s.mirror, in, enc, budget)
+			return out, timings{read: time.Since(start)}, werr
+		},
+		tail: func(in *provisionerv1.ProvisioningRequest, _ timings, revs revisions) *provisionerv1.ProvisioningResponse {
+			// revisions are in What order: registry, needs, applied, collect.
+			return &provisionerv1.ProvisioningResponse{Revision: revs[whatOf(in)-1]}
 		},
 	}
 }
@@ -106,7 +122,8 @@ func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
 }
 
 // provisioningFrom answers a checked request from a mirror: one page of it,
-// at most budget bytes once encoded.
+// at most budget bytes once encoded, without the revision, which is added as
+// the answer is sent.
 func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), provisioningDigest(in))
 	if werr != nil {
@@ -122,13 +139,13 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 	var next string
 	switch out.GetWhat() {
 	case provisionerv1.What_WHAT_REGISTRY:
-		out.Registry, out.Malformed, out.Revision, next, werr = fill(m.Registry, p, token.After, "", nil, nil)
+		out.Registry, out.Malformed, next, werr = fill(m.Registry, p, token.After, "", nil, nil)
 	case provisionerv1.What_WHAT_NEEDS:
-		out.Needs, out.Malformed, out.Revision, next, werr = fill(m.Needs, p, token.After, in.GetNode(),
+		out.Needs, out.Malformed, next, werr = fill(m.Needs, p, token.After, in.GetNode(),
 			func(r *provisionerv1.NeedRecord) bool { return in.GetModule() == "" || r.GetModule() == in.GetModule() },
 			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
 	case provisionerv1.What_WHAT_APPLIED:
-		out.Applied, out.Malformed, out.Revision, next, werr = fill(m.Applied, p, token.After, in.GetNode(),
+		out.Applied, out.Malformed, next, werr = fill(m.Applied, p, token.After, in.GetNode(),
 			func(r *provisionerv1.AppliedRecord) bool {
 				return in.GetModule() == "" || r.GetModule() == in.GetModule()
 			},
@@ -138,7 +155,7 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 		if in.GetCollection() != "" {
 			collection = keys.Escape(in.GetCollection())
 		}
-		out.Collect, out.Malformed, out.Revision, next, werr = fill(m.Collect, p, token.After, in.GetNode(),
+		out.Collect, out.Malformed, next, werr = fill(m.Collect, p, token.After, in.GetNode(),
 			func(r *provisionerv1.CollectRecord) bool {
 				return (in.GetCollection() == "" || r.GetCollection() == in.GetCollection()) &&
 					(in.GetContributor() == "" || r.GetContributor() == in.GetContributor())
@@ -151,7 +168,7 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 		return nil, werr
 	}
 	if next != "" {
-		out.NextPageToken = pageToken{Request: provisioningDigest(in), After: next, Revisions: []uint64{out.GetRevision()}}.encode()
+		out.NextPageToken = pageToken{Request: provisioningDigest(in), After: next, Revisions: []uint64{copyOf(m, out.GetWhat()).Revision()}}.encode()
 	}
 	return out, nil
 }
@@ -163,13 +180,13 @@ const pageOverhead = 512
 // fill reads the entries after the key after, of the group first (every
 // group when empty), keeps those the filters keep, and adds them to the page
 // while they fit. It returns the page's records and malformed keys, the
-// copy's revision, and the last key of the page when more entries follow.
-func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep func(R) bool, keepMalformed func([]string) bool) (records []R, malformed []*provisionerv1.MalformedKey, revision uint64, next string, werr *wire.Error) {
+// last key of the page when more entries follow.
+func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep func(R) bool, keepMalformed func([]string) bool) (records []R, malformed []*provisionerv1.MalformedKey, next string, werr *wire.Error) {
 	var entries []*mirror.Entry[R]
 	if first != "" {
-		entries, _, revision = c.Group(first)
+		entries, _, _ = c.Group(first)
 	} else {
-		entries, revision = c.All()
+		entries, _ = c.All()
 	}
 	start := sort.Search(len(entries), func(i int) bool { return entries[i].Key > after })
 	last := ""
@@ -185,9 +202,9 @@ func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep
 		}
 		if !p.fits(p.sizeOf(item)) {
 			if p.count == 0 {
-				return nil, nil, revision, "", wire.Errorf(wire.CodeInternal, "key %s alone is %d bytes, more than one answer carries (max_payload); the bucket's value size limit should not allow it", e.Key, p.sizeOf(item))
+				return nil, nil, "", wire.Errorf(wire.CodeInternal, "key %s alone is %d bytes, more than one answer carries (max_payload); the bucket's value size limit should not allow it", e.Key, p.sizeOf(item))
 			}
-			return records, malformed, revision, last, nil
+			return records, malformed, last, nil
 		}
 		if e.Malformed != nil {
 			malformed = append(malformed, e.Malformed)
@@ -196,5 +213,22 @@ func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep
 		}
 		last = e.Key
 	}
-	return records, malformed, revision, "", nil
+	return records, malformed, "", nil
+}
+
+// requestKey is a request's bytes, as a map key.
+func requestKey(req proto.Message) string {
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	return string(b)
+}
+
+// behindBits says which copies are behind, one bit each.
+func behindBits(m *mirror.Mirror) uint64 {
+	var bits uint64
+	for i, c := range m.Copies() {
+		if c.Behind() {
+			bits |= 1 << i
+		}
+	}
+	return bits
 }

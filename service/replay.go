@@ -34,7 +34,9 @@ const unpaged = 1 << 62
 // Compose composes a node as the compose verb would, in one page; it does
 // not check the request, nor wait for revisions.
 func (r *Replay) Compose(in *provisionerv1.ComposeRequest) *provisionerv1.ComposeResponse {
-	out, _ := composeFrom(r.mirror, in, encoding{}, unpaged, 0)
+	out, t, _ := composeFrom(r.mirror, in, encoding{}, unpaged)
+	t.built = true
+	out.Revisions, out.Phases = revisionsOf(r.mirror), phasesOf(t)
 	return out
 }
 
@@ -42,5 +44,6 @@ func (r *Replay) Compose(in *provisionerv1.ComposeRequest) *provisionerv1.Compos
 // not check the request, nor wait for revisions.
 func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
 	out, _ := provisioningFrom(r.mirror, in, encoding{}, unpaged)
+	out.Revision = copyOf(r.mirror, whatOf(in)).Revision()
 	return out
 }

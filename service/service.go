@@ -52,6 +52,9 @@ type Config struct {
 	// DefaultNodeMaxKeys and DefaultNodeMaxBytes; negative, unbounded.
 	NodeMaxKeys  int
 	NodeMaxBytes int
+	// AnswerCacheBytes bounds the encoded answers kept for reuse; zero means
+	// DefaultAnswerCacheBytes, negative keeps none.
+	AnswerCacheBytes int
 }
 
 // Defaults of Config.
@@ -63,6 +66,8 @@ const (
 	// 10,000 keys and 4 MiB of values a bucket leave it ample room.
 	DefaultNodeMaxKeys  = 10_000
 	DefaultNodeMaxBytes = 4 << 20
+	// Enough for the answers of a few thousand nodes asked again and again.
+	DefaultAnswerCacheBytes = 64 << 20
 )
 
 // Service is a running mesh-provisioner micro service.
@@ -89,6 +94,7 @@ type Service struct {
 	answers sync.WaitGroup
 
 	counters map[string]*counters // by endpoint name
+	cache    *answerCache
 	// failures rate-limits the warning logged for each 5xx answer, so that a
 	// flood of them cannot flood the log.
 	failures rate.Sometimes
@@ -121,6 +127,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxWaiting <= 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.AnswerCacheBytes == 0 {
+		cfg.AnswerCacheBytes = DefaultAnswerCacheBytes
+	}
 	if cfg.NodeMaxKeys == 0 {
 		cfg.NodeMaxKeys = DefaultNodeMaxKeys
 	}
@@ -141,6 +150,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{},
 		failures:     rate.Sometimes{Interval: time.Second},
+		cache:        newAnswerCache(cfg.AnswerCacheBytes),
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
@@ -241,6 +251,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		"loading":       append([]string{}, s.mirror.Loading()...),
 		"behind":        append([]string{}, s.mirror.Behind()...),
 		"over_budget":   s.mirror.OverBudget(),
+		"answer_cache":  s.cache.stats(),
 	}
 }
 

@@ -328,7 +328,14 @@ func TestProvisioningFollowsTheBuckets(t *testing.T) {
 // raw sends a request as bytes, with an optional Content-Type.
 func raw(t *testing.T, nc *nats.Conn, contentType string, body []byte) *nats.Msg {
 	t.Helper()
-	msg := nats.NewMsg(wire.ProvisioningSubject)
+	return rawTo(t, nc, wire.ProvisioningSubject, contentType, body)
+}
+
+// rawTo sends body to a verb's subject as it is, with the content type
+// given, if any.
+func rawTo(t *testing.T, nc *nats.Conn, subject, contentType string, body []byte) *nats.Msg {
+	t.Helper()
+	msg := nats.NewMsg(subject)
 	msg.Data = body
 	if contentType != "" {
 		msg.Header.Set("Content-Type", contentType)
@@ -518,8 +525,15 @@ func TestDiscovery(t *testing.T) {
 		t.Errorf("PING answered by %s, want %s", ping.ID, before.ID)
 	}
 
+	// micro counts a request once its callback returns, which may be just
+	// after the answer arrived.
 	var stats micro.Stats
-	requestJSON(t, m.nc, micro.StatsVerb, &stats)
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		requestJSON(t, m.nc, micro.StatsVerb, &stats)
+		if stats.Endpoints[0].NumErrors >= 3 || time.Now().After(deadline) {
+			break
+		}
+	}
 	st := stats.Endpoints[0]
 	// newMesh asked until its copy caught up: at least one good request.
 	if st.NumErrors != 3 || st.NumRequests < 4 {

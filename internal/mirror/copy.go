@@ -41,6 +41,10 @@ type group[R proto.Message] struct {
 	held, bytes, refused int
 	// changedAt is the revision of the group's last change.
 	changedAt uint64
+	// gen is the copy's generation at the group's last change: unlike
+	// revisions, generations never repeat, even when a new watcher brings
+	// older revisions again.
+	gen uint64
 	// sorted is the group in key order, built on the first read after a
 	// change; nil while stale.
 	sorted atomic.Pointer[[]*Entry[R]]
@@ -59,6 +63,10 @@ type Copy[R proto.Message] struct {
 	mu       sync.RWMutex
 	groups   map[string]*group[R]
 	revision uint64
+	// reached is revision, for readers that need nothing else: one atomic
+	// load rather than the lock.
+	reached  atomic.Uint64
+	gen      uint64        // counts the changes applied
 	advanced chan struct{} // closed and replaced whenever revision moves
 	// all is every entry in key order, built on the first unfiltered read
 	// after a change; nil while stale.
@@ -107,11 +115,7 @@ func (c *Copy[R]) MarkLoaded() {
 func (c *Copy[R]) setBehind(behind bool) { c.behind.Store(behind) }
 
 // Revision returns the revision the copy has reached.
-func (c *Copy[R]) Revision() uint64 {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.revision
-}
+func (c *Copy[R]) Revision() uint64 { return c.reached.Load() }
 
 // WaitFor returns true once the copy has reached revision, or false when
 // ctx is done first.
@@ -147,6 +151,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	defer c.mu.Unlock()
 	if revision > c.revision {
 		c.revision = revision
+		c.reached.Store(revision)
 		close(c.advanced)
 		c.advanced = make(chan struct{})
 	}
@@ -158,7 +163,8 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		g = &group[R]{byKey: map[string]*Entry[R]{}}
 		c.groups[first] = g
 	}
-	g.changedAt = revision
+	c.gen++
+	g.changedAt, g.gen = revision, c.gen
 	g.sorted.Store(nil)
 	c.all.Store(nil)
 	if old := g.byKey[key]; old != nil {
@@ -207,7 +213,8 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 				delete(g.byKey, key)
 				g.sorted.Store(nil)
 				c.all.Store(nil)
-				g.changedAt = c.revision
+				c.gen++
+				g.changedAt, g.gen = c.revision, c.gen
 			}
 		}
 		c.checkBudget(first, g)
@@ -276,6 +283,21 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	}
 	c.all.Store(&all)
 	return all, c.revision
+}
+
+// Stamp identifies what the group first holds now (every group, for an
+// empty first): it changes whenever the group does, and never takes a value
+// it had before. It returns the copy's revision too.
+func (c *Copy[R]) Stamp(first string) (stamp, revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if first == "" {
+		return c.gen, c.revision
+	}
+	if g := c.groups[first]; g != nil {
+		return g.gen, c.revision
+	}
+	return 0, c.revision
 }
 
 // Get returns the record of a key whose first token is first, if the copy

@@ -34,6 +34,7 @@ type Watched interface {
 	Ready() bool
 	Behind() bool
 	Revision() uint64
+	Stamp(first string) (stamp, revision uint64)
 	WaitFor(ctx context.Context, revision uint64) bool
 	Apply(key string, value []byte, revision uint64, deleted bool)
 	MarkLoaded()

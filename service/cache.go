@@ -1,0 +1,129 @@
+package service
+
+import (
+	"container/list"
+	"sync"
+	"sync/atomic"
+)
+
+// stamp identifies what an answer read: the stamps of the copies' groups it
+// read (see mirror.Copy.Stamp) and whether each copy was behind. Equal
+// stamps mean an equal answer, but for its revisions and phases, which are
+// added to it as it is sent.
+type stamp [4]uint64
+
+// cacheKey is a request as the cache knows it: the endpoint, the encoding,
+// and the request itself without its minimum revisions (which decide when
+// it is answered, not what).
+type cacheKey struct {
+	endpoint string
+	json     bool
+	request  string
+}
+
+type cachedAnswer struct {
+	key   cacheKey
+	stamp stamp
+	data  []byte
+	// used is set by each hit; eviction spares a used entry once, clearing
+	// it (the CLOCK approximation of least recently used, so that a hit
+	// takes only a read lock).
+	used atomic.Bool
+	// sent is the answer as last sent whole, with the tail of the
+	// revisions it names: reused as it is while they are unchanged.
+	sent atomic.Pointer[sentAnswer]
+}
+
+// sentAnswer is an answer with its tail, for the revisions it names.
+type sentAnswer struct {
+	revisions revisions
+	data      []byte
+}
+
+// revisions are the revisions the four copies had reached.
+type revisions [4]uint64
+
+// answerCache keeps encoded answers for reuse, within a byte budget, the
+// least recently used out first: a repeated request costs a lookup and a
+// send.
+type answerCache struct {
+	limit int
+
+	mu      sync.RWMutex
+	entries map[cacheKey]*list.Element
+	order   list.List // of *cachedAnswer, the newest first
+	bytes   int
+
+	hits, misses atomic.Uint64
+}
+
+func newAnswerCache(limit int) *answerCache {
+	return &answerCache{limit: limit, entries: map[cacheKey]*list.Element{}}
+}
+
+// get returns the answer kept for key, if it was built from what st
+// identifies.
+func (c *answerCache) get(key cacheKey, st stamp) (*cachedAnswer, bool) {
+	if c.limit <= 0 {
+		return nil, false
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if el, ok := c.entries[key]; ok {
+		if a := el.Value.(*cachedAnswer); a.stamp == st {
+			a.used.Store(true)
+			c.hits.Add(1)
+			return a, true
+		}
+	}
+	c.misses.Add(1)
+	return nil, false
+}
+
+// put keeps an answer, replacing the key's older one and making room. It
+// returns the entry, or nil when the answer is too large to keep.
+func (c *answerCache) put(key cacheKey, st stamp, data []byte) *cachedAnswer {
+	a := &cachedAnswer{key: key, stamp: st, data: data}
+	if a.size() > c.limit/8 {
+		return nil // one answer must not push out most of the others
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if el, ok := c.entries[key]; ok {
+		c.remove(el)
+	}
+	c.entries[key] = c.order.PushFront(a)
+	c.bytes += a.size()
+	for c.bytes > c.limit {
+		oldest := c.order.Back()
+		if old := oldest.Value.(*cachedAnswer); old != a && old.used.Swap(false) {
+			c.order.MoveToFront(oldest) // a second chance
+			continue
+		}
+		c.remove(oldest)
+	}
+	return a
+}
+
+// size is what an entry holds: its answer twice (bare and as last sent),
+// and its bookkeeping, roughly.
+func (a *cachedAnswer) size() int { return 2*len(a.data) + len(a.key.request) + 256 }
+
+func (c *answerCache) remove(el *list.Element) {
+	a := c.order.Remove(el).(*cachedAnswer)
+	delete(c.entries, a.key)
+	c.bytes -= a.size()
+}
+
+// stats is the cache's part of the endpoint stats.
+func (c *answerCache) stats() map[string]any {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return map[string]any{
+		"entries": len(c.entries),
+		"bytes":   c.bytes,
+		"limit":   c.limit,
+		"hits":    c.hits.Load(),
+		"misses":  c.misses.Load(),
+	}
+}
