@@ -3,6 +3,7 @@ package service
 import (
 	"log/slog"
 	"sort"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -211,10 +212,9 @@ func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
 	if e.Malformed == nil {
 		return e.Record.GetModule()
 	}
-	if len(e.Tokens) > 1 {
-		return e.Tokens[1]
-	}
-	return ""
+	_, rest, _ := strings.Cut(e.Key, ".")
+	module, _, _ := strings.Cut(rest, ".")
+	return module
 }
 
 // composeNeeds composes some of a node's needs, in key order.

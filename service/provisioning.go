@@ -193,7 +193,7 @@ func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep
 	for _, e := range entries[start:] {
 		var item proto.Message
 		switch {
-		case e.Malformed != nil && (keepMalformed == nil || keepMalformed(e.Tokens)):
+		case e.Malformed != nil && (keepMalformed == nil || keepMalformed(e.Tokens())):
 			item = e.Malformed
 		case e.Malformed == nil && (keep == nil || keep(e.Record)):
 			item = e.Record

@@ -62,7 +62,7 @@ func main() {
 	flag.IntVar(&cfg.hot, "hot", 16, "nodes the requests go to, in turn")
 	flag.DurationVar(&cfg.round, "round", time.Second, "length of one round")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of each side (real and echo) at each requester count")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the requests' rounds to this file")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the cold start and the rounds to this file")
 	only := flag.String("only", "", "measure only the request kinds whose name holds this")
 	flag.Parse()
 	cfg.only = *only
@@ -138,6 +138,12 @@ func run(cfg config) error {
 	// Memory: the heap with the nats-server and the mesh in its store, then
 	// with the service's copy loaded too.
 	baseline := heap()
+	if cfg.profile != nil { // the load and the rounds (-only NONE: the load alone)
+		if err := pprof.StartCPUProfile(cfg.profile); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	started := time.Now()
 	svc, err := service.Start(ctx, service.Config{Conn: nc, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: -1, NodeMaxBytes: -1})
 	if err != nil {
@@ -176,12 +182,6 @@ func run(cfg config) error {
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "request\trequesters\techo req/s\tverb req/s\tratio\techo p99\tverb p99\tp99 ratio\t")
-	if cfg.profile != nil {
-		if err := pprof.StartCPUProfile(cfg.profile); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
 	for _, k := range kinds {
 		if !strings.Contains(k.name, cfg.only) {
 			continue

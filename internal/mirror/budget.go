@@ -58,7 +58,7 @@ func (c *Copy[R]) fits(first, key string, size int) bool {
 	if g := c.groups[first]; g != nil {
 		keys, bytes = g.held+1, g.bytes+size
 		if old := g.byKey[key]; old != nil && !old.overBudget {
-			keys, bytes = keys-1, bytes-old.size
+			keys, bytes = keys-1, bytes-int(old.size)
 		}
 	}
 	return (c.budget.Keys <= 0 || keys <= c.budget.Keys) && (c.budget.Bytes <= 0 || bytes <= c.budget.Bytes)
@@ -70,7 +70,6 @@ func (c *Copy[R]) overBudgetEntry(key string, revision uint64) *Entry[R] {
 	first, _, _ := strings.Cut(key, ".")
 	return &Entry[R]{
 		Key:        key,
-		Tokens:     strings.Split(key, "."),
 		overBudget: true,
 		Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Revision: revision, Reason: fmt.Sprintf(
 			"not held: node %s is over its budget of %s in this bucket; delete some of its keys, or raise the server's --node-max-keys/--node-max-bytes", first, c.budget)},
@@ -96,7 +95,7 @@ func (b Budget) String() string {
 func (g *group[R]) forget(e *Entry[R]) {
 	if !e.overBudget {
 		g.held--
-		g.bytes -= e.size
+		g.bytes -= int(e.size)
 	}
 }
 

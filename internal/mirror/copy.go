@@ -22,14 +22,15 @@ type Entry[R proto.Message] struct {
 	Record R
 	// Malformed reports a key out of shape or a value that does not decode.
 	Malformed *provisionerv1.MalformedKey
-	// Tokens are a malformed key's tokens, which filters read.
-	Tokens []string
 	// size is the value's size, counted against the node's budget; zero
 	// for a key held only as over the budget.
-	size int
+	size int32
 	// overBudget says the key is not held: its node was over its budget.
 	overBudget bool
 }
+
+// Tokens returns the key's tokens: what filters read of a malformed key.
+func (e *Entry[R]) Tokens() []string { return strings.Split(e.Key, ".") }
 
 // group holds the keys that share a first token: a node's keys, or one kind
 // of the registry.
@@ -138,6 +139,10 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // Apply takes one change into the copy: a put, or a delete or purge. One
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
+	// The key given is often a window on a longer string (a message's
+	// subject): the copy holds a key of its own, and the record's parts are
+	// windows on it.
+	key = strings.Clone(key)
 	first, _, _ := strings.Cut(key, ".")
 	var e *Entry[R]
 	if !deleted {
@@ -181,7 +186,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		g.byKey[key] = e
 		if !e.overBudget {
 			g.held++
-			g.bytes += e.size
+			g.bytes += int(e.size)
 		}
 	}
 	c.checkBudget(first, g)
@@ -190,10 +195,9 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 
 // decoded returns the entry of a key held in the copy.
 func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
-	e := &Entry[R]{Key: key, size: len(value)}
+	e := &Entry[R]{Key: key, size: int32(len(value))}
 	record, err := c.decode(key, value, revision)
 	if err != nil {
-		e.Tokens = strings.Split(key, ".")
 		e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
 	} else {
 		e.Record = record
