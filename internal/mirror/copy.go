@@ -258,17 +258,14 @@ func (c *Copy[R]) Group(first string) (entries []*Entry[R], changedAt, revision 
 }
 
 // All returns every entry of the copy in key order, and the copy's revision.
-// The order is built once after each change and shared by later reads.
+// The order is built once after each change and shared by later reads; it
+// is built outside the lock, which the watcher needs.
 func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
 	if s := c.all.Load(); s != nil {
+		defer c.mu.RUnlock()
 		return *s, c.revision
 	}
-	// Groups' well-formed keys never interleave (each starts with the
-	// group's token and a dot): sorting groups by their first key and
-	// concatenating gives key order, but for malformed keys such as a lone
-	// token, which a last check catches.
 	groups := make([][]*Entry[R], 0, len(c.groups))
 	n := 0
 	for _, g := range c.groups {
@@ -277,6 +274,13 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 			n += len(s)
 		}
 	}
+	gen, revision := c.gen, c.revision
+	c.mu.RUnlock()
+
+	// Groups' well-formed keys never interleave (each starts with the
+	// group's token and a dot): sorting groups by their first key and
+	// concatenating gives key order, but for malformed keys such as a lone
+	// token, which a last check catches.
 	slices.SortFunc(groups, func(a, b []*Entry[R]) int { return cmp.Compare(a[0].Key, b[0].Key) })
 	all := make([]*Entry[R], 0, n)
 	for _, s := range groups {
@@ -285,8 +289,12 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	if !slices.IsSortedFunc(all, byKey) {
 		slices.SortFunc(all, byKey)
 	}
-	c.all.Store(&all)
-	return all, c.revision
+	c.mu.Lock()
+	if c.gen == gen { // nothing changed meanwhile: later reads share it
+		c.all.Store(&all)
+	}
+	c.mu.Unlock()
+	return all, revision
 }
 
 // Stamp identifies what the group first holds now (every group, for an
