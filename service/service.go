@@ -165,6 +165,10 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		Version:      cfg.Version,
 		Description:  "Says which module answers each kind of placeholder, what nodes need, have applied and collect, and composes each node's plan.",
 		StatsHandler: s.stats,
+		DoneHandler: func(micro.Service) {
+			// After Stop, or when micro stopped itself on a fatal error.
+			s.logger.Info("micro service stopped", "service", wire.ServiceName)
+		},
 		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
 			// A slow consumer or permission error on a subscription: the
 			// service keeps serving, and the operator is told.
