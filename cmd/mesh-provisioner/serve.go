@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -31,7 +30,8 @@ It creates the four provisioning buckets if they are missing, writes the
 registry at start and every --registry-interval, and stops cleanly on
 SIGINT or SIGTERM.
 
-Other commands (each with --help): query, permissions, capture, simulate, version`
+Other commands (each with --help): query, status, permissions, capture,
+simulate, version`
 
 type serveFlags struct {
 	connect          connectFlags
@@ -43,52 +43,68 @@ type serveFlags struct {
 	readyTimeout     time.Duration
 	slowCompose      time.Duration
 	revisionWait     time.Duration
+	connectRetry     bool
 }
 
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mesh-provisioner serve", flag.ContinueOnError)
+func defineServe(fs *flag.FlagSet) action {
 	var f serveFlags
-	f.connect.register(fs, "", "URL of an existing NATS to join; empty embeds a nats-server")
-	f.log.register(fs)
+	f.connect.register(fs, "", "URL of an existing NATS to join (a comma-separated list: any of them); empty embeds a nats-server")
+	f.log.register(fs, slog.LevelInfo)
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "host:port the embedded nats-server listens on (port 0 picks a free one)")
-	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store")
+	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store, locked by one instance at a time (mesh-provisioner.lock holds its PID)")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
 	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
 	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")
 	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
-	if err := parseFlags(fs, args, stderr, serveSynopsis); err != nil {
-		return err
+	fs.BoolVar(&f.connectRetry, "connect-retry", true, "with --nats-url, keep trying (a line per attempt) while NATS cannot be reached at start; false exits at once")
+	return func(ctx context.Context, inv invocation) error {
+		if f.replicas < 1 || f.replicas > 5 {
+			return fmt.Errorf("--replicas %d: use 1 to 5 (3 on a cluster)", f.replicas)
+		}
+		if f.registryInterval < time.Second {
+			return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
+		}
+		if f.slowCompose <= 0 || f.revisionWait <= 0 {
+			return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
+		}
+		logger, err := f.log.logger(inv.stderr)
+		if err != nil {
+			return err
+		}
+		warnAll(logger, inv.warnings)
+		return f.run(ctx, logger)
 	}
-	if f.replicas < 1 || f.replicas > 5 {
-		return fmt.Errorf("--replicas %d: use 1 to 5 (3 on a cluster)", f.replicas)
+}
+
+// ErrJetStreamNotEnabled: the NATS joined has no JetStream for this
+// identity's account, so there are no buckets to keep.
+var ErrJetStreamNotEnabled = errors.New("JetStream is not enabled on this NATS")
+
+// jetStreamEnabled says so, in one sentence, when the NATS joined has no
+// JetStream: otherwise the first bucket call fails with "no responders".
+func jetStreamEnabled(ctx context.Context, js jetstream.JetStream, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := js.AccountInfo(ctx)
+	switch {
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return fmt.Errorf("%w at %s; enable it in the server's configuration (jetstream {...}) or join one that has it", ErrJetStreamNotEnabled, redactURL(url))
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return fmt.Errorf("%w for this identity's account at %s; enable JetStream for the account (jetstream: enabled) or use another", ErrJetStreamNotEnabled, redactURL(url))
 	}
-	if f.registryInterval < time.Second {
-		return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
-	}
-	if f.slowCompose <= 0 || f.revisionWait <= 0 {
-		return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
-	}
-	logger, err := f.log.logger(stderr)
-	if err != nil {
-		return err
-	}
-	return f.run(ctx, logger)
+	return nil // any other failure shows, with its own words, where the buckets are made
 }
 
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	url := f.connect.url
 	var opts []nats.Option
-	var embedded *server.Server
 	if url == "" {
-		var err error
-		if embedded, err = startEmbedded(f.listen, f.stateDir, logger); err != nil {
+		embedded, err := startEmbedded(f.listen, f.stateDir, logger)
+		if err != nil {
 			return err
 		}
-		defer func() {
-			embedded.Shutdown()
-			embedded.WaitForShutdown()
-		}()
+		defer embedded.stop()
 		url = embedded.ClientURL()
 		opts = append(opts, nats.InProcessServer(embedded))
 		logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
@@ -97,9 +113,10 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	opts = append(opts,
 		// Replies arrive on the server's own inbox, which its permissions
 		// (mesh-provisioner permissions --server) grant.
-		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	nc, err := f.connect.connect(url, wire.ServerIdentity, logger, opts...)
+		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)))
+	joining := f.connect.url != ""
+	nc, err := f.connect.connect(url, wire.ServerIdentity, logger,
+		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
 	if err != nil {
 		return err
 	}
@@ -112,9 +129,17 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		<-closed
 	}()
 
+	if err := waitConnected(ctx, nc); err != nil {
+		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
+	}
+	if joining {
+		if err := jetStreamEnabled(ctx, js, url); err != nil {
+			return err
+		}
 	}
 	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: f.replicas}); err != nil {
 		return err
