@@ -180,4 +180,3 @@ func TestBadSettingsExitWithOneLine(t *testing.T) {
 		})
 	}
 }
-
