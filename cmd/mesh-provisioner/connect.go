@@ -175,7 +175,10 @@ func waitConnected(ctx context.Context, nc *nats.Conn) error {
 		select {
 		case <-status:
 			if nc.IsClosed() {
-				return errors.New("the NATS connection closed before it connected")
+				if err := nc.LastError(); err != nil {
+					return fmt.Errorf("gave up connecting: %w", err)
+				}
+				return errors.New("the connection closed before it connected")
 			}
 		case <-ctx.Done():
 			return ctx.Err()

@@ -19,7 +19,8 @@ var (
 	// permissions do not grant.
 	ErrInboxRefused = errors.New("NATS refused this identity's subscription to its reply inbox")
 	// ErrVerbRefused: NATS refused the publish of the request; the
-	// identity's permissions do not grant the verb.
+	// identity's permissions do not grant its subject (a verb, or $SRV for
+	// discovery).
 	ErrVerbRefused = errors.New("NATS refused this identity's request on")
 )
 
@@ -93,8 +94,10 @@ func (v *violations) explain(err error) error {
 			}
 			return fmt.Errorf("%w %s; its permissions do not grant --inbox-prefix %s: connect with the one they grant, %s for node <node>",
 				ErrInboxRefused, subject, v.inbox, prefix)
+		case verb == "Publish" && (subject == wire.ProvisioningSubject || subject == wire.ComposeSubject):
+			return fmt.Errorf("%w %s: its permissions do not grant the verb (mesh-provisioner permissions --node <node> prints a set that does)", ErrVerbRefused, subject)
 		case verb == "Publish":
-			return fmt.Errorf("%w %s: its permissions do not grant it (mesh-provisioner permissions --node <node> prints a set that does)", ErrVerbRefused, subject)
+			return fmt.Errorf("%w %s: its permissions do not grant it; use an identity that may", ErrVerbRefused, subject)
 		}
 	}
 	return err
