@@ -87,13 +87,12 @@ func (v *violations) explain(err error) error {
 		verb, subject := m[1], m[2]
 		switch {
 		case verb == "Subscription" && strings.HasPrefix(subject, "_INBOX"):
-			prefix := wire.InboxPrefix(wire.RoleNode, "<node>")
-			if v.inbox == "" {
-				return fmt.Errorf("%w %s (nats.go's default, as no --inbox-prefix was given); connect with --inbox-prefix %s (the prefix its permissions grant; %s for a provider)",
-					ErrInboxRefused, subject, prefix, wire.InboxPrefix(wire.RoleProvider, "<module>"))
+			given := "nats.go's default, as no --inbox-prefix was given"
+			if v.inbox != "" {
+				given = "its permissions do not grant --inbox-prefix " + v.inbox
 			}
-			return fmt.Errorf("%w %s; its permissions do not grant --inbox-prefix %s: connect with the one they grant, %s for node <node>",
-				ErrInboxRefused, subject, v.inbox, prefix)
+			return fmt.Errorf("%w %s (%s); connect with --inbox-prefix %s (the prefix a node's permissions grant; %s for a provider's)",
+				ErrInboxRefused, subject, given, wire.InboxPrefix(wire.RoleNode, "<node>"), wire.InboxPrefix(wire.RoleProvider, "<module>"))
 		case verb == "Publish" && (subject == wire.ProvisioningSubject || subject == wire.ComposeSubject):
 			return fmt.Errorf("%w %s: its permissions do not grant the verb (mesh-provisioner permissions --node <node> prints a set that does)", ErrVerbRefused, subject)
 		case verb == "Publish":
