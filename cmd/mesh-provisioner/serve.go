@@ -189,6 +189,13 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
+	if !nc.IsConnected() {
+		// NATS is gone: stopping need not wait for answers from it (the
+		// watchers' consumers, the drain), which would each time out.
+		logger.Info("shutting down while NATS is unreachable: closing the connection")
+		nc.Close()
+		return nil
+	}
 	logger.Info("shutting down: draining the service and the connection")
 	return nil
 }

@@ -20,8 +20,9 @@ func Start(t testing.TB) *server.Server {
 }
 
 // StartWithConfig runs a nats-server from configuration text, as an operator
-// would write it in a file (authorization blocks included). The listen port
-// and store directory are set by the helper.
+// would write it in a file (authorization blocks included). The store
+// directory is set by the helper, and the listen address unless the text
+// gives one.
 func StartWithConfig(t testing.TB, config string) *server.Server {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "nats-server.conf")
@@ -37,8 +38,12 @@ func StartWithConfig(t testing.TB, config string) *server.Server {
 
 func run(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
-	opts.Host = "127.0.0.1"
-	opts.Port = -1
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Port == 0 {
+		opts.Port = -1 // a free one
+	}
 	opts.JetStream = true
 	opts.StoreDir = t.TempDir()
 	opts.NoLog = true
