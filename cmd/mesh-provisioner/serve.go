@@ -25,10 +25,13 @@ Serves the mesh's provisioning registry and the read-only verbs
 mesh-provisioner.provisioning and mesh-provisioner.compose as one NATS micro
 service, answered from a watched copy of the buckets. With no --nats-url it
 embeds a nats-server with JetStream, listening on --listen, its store in
---state-dir; with --nats-url it connects to that NATS and embeds nothing.
-It creates the four provisioning buckets if they are missing, writes the
-registry at start and every --registry-interval, and stops cleanly on
-SIGINT or SIGTERM.
+--state-dir, which one instance at a time may own (a second exits at once,
+naming the PID that holds it); with --nats-url it connects to that NATS and
+embeds nothing, and while it cannot be reached at start keeps trying, a log
+line per attempt (--connect-retry=false exits instead). It creates the four
+provisioning buckets if they are missing, writes the registry at start and
+every --registry-interval, and stops cleanly on SIGINT or SIGTERM. nats.go's
+and nats-server's messages go through its log, passwords redacted.
 
 Other commands (each with --help): query, status, permissions, capture,
 simulate, version`
