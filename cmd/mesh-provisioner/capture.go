@@ -35,18 +35,20 @@ func defineCapture(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, _, err := conn.connectClient("mesh-provisioner capture", logger)
+		nc, watch, err := conn.connectClient("mesh-provisioner capture", logger)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
+		ctx, stop := watch.whileWatching(ctx)
+		defer stop()
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return err
 		}
 		capture, err := service.Capture(ctx, js)
 		if err != nil {
-			return err
+			return watch.explain(err)
 		}
 		data, err := proto.Marshal(capture)
 		if err != nil {

@@ -442,23 +442,28 @@ func TestANodeOnARealServer(t *testing.T) {
 	t.Run("query says which inbox prefix to use, at once", func(t *testing.T) {
 		tests := []struct {
 			name  string
+			args  []string
 			inbox []string
 			says  string
 		}{
-			{"no prefix", nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
-			{"another node's", []string{"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "novox")}, "its permissions do not grant --inbox-prefix _INBOX_MESH.node.novox"},
-			{"a provider's", []string{"--inbox-prefix", wire.InboxPrefix(wire.RoleProvider, "ace")}, "its permissions do not grant --inbox-prefix _INBOX_MESH.provider.ace"},
+			{"no prefix", []string{"query", "registry"}, nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
+			{"another node's", []string{"query", "compose", "--node", "ace"}, []string{"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "novox")}, "its permissions do not grant --inbox-prefix _INBOX_MESH.node.novox"},
+			{"a provider's", []string{"query", "needs"}, []string{"--inbox-prefix", wire.InboxPrefix(wire.RoleProvider, "ace")}, "its permissions do not grant --inbox-prefix _INBOX_MESH.provider.ace"},
+			{"status, no prefix", []string{"status"}, nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
+			{"capture, no prefix", []string{"capture", "--out", filepath.Join(t.TempDir(), "capture.pb")}, nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				t.Parallel()
 				start := time.Now()
-				err := run(ctx, append([]string{"query", "registry", "--nats-url", aceURL, "--timeout", "20s"}, tt.inbox...), &bytes.Buffer{}, &bytes.Buffer{})
+				ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				err := run(ctx, append(append(tt.args, "--nats-url", aceURL), tt.inbox...), &bytes.Buffer{}, &bytes.Buffer{})
 				if !errors.Is(err, ErrInboxRefused) || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "--inbox-prefix _INBOX_MESH.node.<node>") {
 					t.Errorf("error %v, want ErrInboxRefused saying %q and naming --inbox-prefix _INBOX_MESH.node.<node>", err, tt.says)
 				}
 				if took := time.Since(start); took > 5*time.Second {
-					t.Errorf("took %s of the 20s timeout, want to fail as soon as NATS refuses", took)
+					t.Errorf("took %s of 20s, want to fail as soon as NATS refuses", took)
 				}
 			})
 		}

@@ -42,11 +42,13 @@ func defineSimulate(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, _, err := conn.connectClient("mesh-provisioner simulate", logger)
+		nc, watch, err := conn.connectClient("mesh-provisioner simulate", logger)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
+		ctx, stop := watch.whileWatching(ctx)
+		defer stop()
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return err
@@ -54,7 +56,7 @@ func defineSimulate(fs *flag.FlagSet) action {
 		start := time.Now()
 		mesh := synth.Generate(cfg)
 		if err := mesh.Write(ctx, js, *parallel, nil); err != nil {
-			return err
+			return watch.explain(err)
 		}
 		_, err = fmt.Fprintf(inv.stdout, "wrote %d nodes x %d modules x %d needs (with collection items, applied records and malformed keys) in %s\n",
 			cfg.Nodes, cfg.Modules, cfg.Needs, time.Since(start).Round(time.Millisecond))

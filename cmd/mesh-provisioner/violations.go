@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 
@@ -79,6 +81,14 @@ func (v *violations) explain(err error) error {
 	v.mu.Lock()
 	seen := append([]string{}, v.seen...)
 	v.mu.Unlock()
+	// A refused inbox explains everything after it: no answer can arrive.
+	subscriptionFirst := func(text string) int {
+		if strings.Contains(text, "for Subscription") {
+			return 0
+		}
+		return 1
+	}
+	slices.SortStableFunc(seen, func(a, b string) int { return cmp.Compare(subscriptionFirst(a), subscriptionFirst(b)) })
 	for _, text := range seen {
 		m := violationSubject.FindStringSubmatch(text)
 		if m == nil {
@@ -86,7 +96,7 @@ func (v *violations) explain(err error) error {
 		}
 		verb, subject := m[1], m[2]
 		switch {
-		case verb == "Subscription" && strings.HasPrefix(subject, "_INBOX"):
+		case verb == "Subscription" && (strings.HasPrefix(subject, "_INBOX") || v.inbox != "" && strings.HasPrefix(subject, v.inbox+".")):
 			given := "nats.go's default, as no --inbox-prefix was given"
 			if v.inbox != "" {
 				given = "its permissions do not grant --inbox-prefix " + v.inbox
