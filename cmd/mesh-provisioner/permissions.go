@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 
 	"github.com/novox/mesh-provisioner/permissions"
 )
@@ -33,9 +34,7 @@ func definePermissions(fs *flag.FlagSet) action {
 	provider := fs.String("provider", "", "the provider module the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
 	return func(_ context.Context, inv invocation) error {
-		for _, w := range inv.warnings {
-			fmt.Fprintf(inv.stderr, "mesh-provisioner: warning: %s\n", w)
-		}
+		warnAll(slog.New(slog.NewTextHandler(inv.stderr, nil)), inv.warnings)
 		var chosen int
 		for _, set := range []bool{*node != "", *server, *provider != ""} {
 			if set {
