@@ -35,14 +35,15 @@ func defineCapture(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, watch, err := conn.connectClient("mesh-provisioner capture", logger)
+		nc, err := conn.connectClient("mesh-provisioner capture", logger)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
+		defer nc.close()
+		watch := nc.violations
 		ctx, stop := watch.whileWatching(ctx)
 		defer stop()
-		js, err := jetstream.New(nc)
+		js, err := jetstream.New(nc.Conn)
 		if err != nil {
 			return err
 		}

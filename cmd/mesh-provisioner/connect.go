@@ -38,16 +38,35 @@ func (c *connectFlags) registerClient(fs *flag.FlagSet) {
 	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty uses nats.go's _INBOX")
 }
 
+// clientConn is a client command's connection: the connection, the
+// permission violations NATS reported on it, and close.
+type clientConn struct {
+	*nats.Conn
+	violations *violations
+	closed     chan struct{}
+}
+
+// close closes the connection and waits for nats.go's last event, so that
+// no log line follows the command's end.
+func (c *clientConn) close() {
+	c.Conn.Close()
+	select {
+	case <-c.closed:
+	case <-time.After(time.Second):
+	}
+}
+
 // connectClient connects a client command: one attempt, failures returned
 // as its error, nats.go's events logged, and permission violations watched
 // so that a refused request can say why.
-func (c *connectFlags) connectClient(name string, logger *slog.Logger) (*nats.Conn, *violations, error) {
-	watch := newViolations(c.inbox)
-	nc, err := c.connect(c.url, name, logger, connectEvents{onViolation: watch.record})
+func (c *connectFlags) connectClient(name string, logger *slog.Logger) (*clientConn, error) {
+	conn := &clientConn{violations: newViolations(c.inbox), closed: make(chan struct{})}
+	nc, err := c.connect(c.url, name, logger, connectEvents{onViolation: conn.violations.record, onClosed: func() { close(conn.closed) }})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return nc, watch, nil
+	conn.Conn = nc
+	return conn, nil
 }
 
 // connectEvents are what a connection's owner learns besides the log.

@@ -70,16 +70,17 @@ func defineQuery(fs *flag.FlagSet) action {
 		}
 		warnAll(logger, inv.warnings)
 
-		nc, watch, err := conn.connectClient("mesh-provisioner query", logger)
+		nc, err := conn.connectClient("mesh-provisioner query", logger)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
+		defer nc.close()
+		watch := nc.violations
 		ctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
 		ctx, stop := watch.whileWatching(ctx)
 		defer stop()
-		c := client.New(nc)
+		c := client.New(nc.Conn)
 		var answer proto.Message
 		var print func() error
 		if word == "compose" {

@@ -164,12 +164,20 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer svc.Stop()
+	defer func() {
+		if !nc.IsConnected() {
+			// NATS is gone: stopping need not wait for answers from it (the
+			// watchers' consumers, the drain), which would each time out.
+			logger.Info("NATS is unreachable: closing the connection rather than draining it")
+			nc.Close()
+		}
+	}()
 
 	// The reconciler and the service run side by side; the first to fail
 	// ends both, and shutdown waits for each.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := reconciler.Run(gctx); err != nil {
+		if err := reconciler.Run(gctx); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
 			return fmt.Errorf("reconcile registry: %w", err)
 		}
 		return nil
@@ -191,13 +199,6 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	})
 	if err := g.Wait(); err != nil {
 		return err
-	}
-	if !nc.IsConnected() {
-		// NATS is gone: stopping need not wait for answers from it (the
-		// watchers' consumers, the drain), which would each time out.
-		logger.Info("shutting down while NATS is unreachable: closing the connection")
-		nc.Close()
-		return nil
 	}
 	logger.Info("shutting down: draining the service and the connection")
 	return nil

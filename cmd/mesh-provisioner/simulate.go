@@ -42,14 +42,15 @@ func defineSimulate(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, watch, err := conn.connectClient("mesh-provisioner simulate", logger)
+		nc, err := conn.connectClient("mesh-provisioner simulate", logger)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
+		defer nc.close()
+		watch := nc.violations
 		ctx, stop := watch.whileWatching(ctx)
 		defer stop()
-		js, err := jetstream.New(nc)
+		js, err := jetstream.New(nc.Conn)
 		if err != nil {
 			return err
 		}

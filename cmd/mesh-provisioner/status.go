@@ -134,16 +134,17 @@ func defineStatus(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, watch, err := conn.connectClient("mesh-provisioner status", logger)
+		nc, err := conn.connectClient("mesh-provisioner status", logger)
 		if err != nil {
 			return err
 		}
-		defer nc.Close()
+		defer nc.close()
+		watch := nc.violations
 		ctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
 		ctx, stop := watch.whileWatching(ctx)
 		defer stop()
-		report, err := gatherStatus(ctx, nc, *discoveryWait, *composeNodes)
+		report, err := gatherStatus(ctx, nc.Conn, *discoveryWait, *composeNodes)
 		if err != nil {
 			return requestError(err, watch, conn.url)
 		}
