@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/url"
 	"strings"
 	"time"
@@ -32,29 +34,134 @@ func (c *connectFlags) register(fs *flag.FlagSet, defaultURL, urlUsage string) {
 // mesh: its URL, credentials, and the inbox prefix of the identity it
 // connects as.
 func (c *connectFlags) registerClient(fs *flag.FlagSet) {
-	c.register(fs, defaultClientURL, "URL of the mesh's NATS")
-	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, such as _INBOX_ace for node ace's credentials")
+	c.register(fs, defaultClientURL, "URL of the mesh's NATS (a comma-separated list tries each)")
+	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty uses nats.go's _INBOX")
 }
 
-// connectClient connects a client command, quietly: it reports failures as
-// its error.
-func (c *connectFlags) connectClient(name string) (*nats.Conn, error) {
-	return c.connect(c.url, name, slog.New(slog.DiscardHandler))
+// clientConn is a client command's connection: the connection, the
+// permission violations NATS reported on it, and close.
+type clientConn struct {
+	*nats.Conn
+	violations *violations
+	closed     chan struct{}
 }
 
-// connect opens a connection to url with the credentials given, failing
-// within a few seconds when the server cannot be reached.
-func (c *connectFlags) connect(url, name string, logger *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+// close closes the connection and waits for nats.go's last event, so that
+// no log line follows the command's end.
+func (c *clientConn) close() {
+	c.Conn.Close()
+	select {
+	case <-c.closed:
+	case <-time.After(time.Second):
+	}
+}
+
+// connectClient connects a client command: one attempt, failures returned
+// as its error, nats.go's events logged, and permission violations watched
+// so that a refused request can say why.
+func (c *connectFlags) connectClient(name string, logger *slog.Logger) (*clientConn, error) {
+	conn := &clientConn{violations: newViolations(c.inbox), closed: make(chan struct{})}
+	nc, err := c.connect(c.url, name, logger, connectEvents{onViolation: conn.violations.record, onClosed: func() { close(conn.closed) }})
+	if err != nil {
+		return nil, err
+	}
+	conn.Conn = nc
+	return conn, nil
+}
+
+// connectEvents are what a connection's owner learns besides the log.
+type connectEvents struct {
+	// onViolation receives each permission violation the server reports; it
+	// is logged at debug when set (its owner says what it means), else at
+	// error.
+	onViolation func(error)
+	// onClosed runs once the connection is closed for good.
+	onClosed func()
+	// retry keeps trying to connect, logging each attempt, instead of
+	// failing when no server of the URL answers at first.
+	retry bool
+}
+
+// Reconnect pacing: a short, jittered wait after each round through the URL
+// list, growing to at most reconnectMaxWait, so that a NATS that comes back
+// is rejoined within about a second and a NATS restarting under many
+// clients is not met by all of them at once.
+const (
+	reconnectFirstWait = 100 * time.Millisecond
+	reconnectMaxWait   = time.Second
+	reconnectJitter    = 500 * time.Millisecond
+)
+
+// reconnectDelay is the wait after the rounds-th round through the URL list
+// found no server.
+func reconnectDelay(rounds int) time.Duration {
+	wait := reconnectFirstWait << min(rounds-1, 8)
+	return min(wait, reconnectMaxWait) + rand.N(reconnectJitter)
+}
+
+// connect opens a connection to url (a comma-separated list: any of them)
+// with the credentials given. nats.go's events go to logger: disconnections
+// and asynchronous errors at warn or error, reconnections at info. Without
+// events.retry it fails within a few seconds when no server can be reached.
+func (c *connectFlags) connect(url, name string, logger *slog.Logger, events connectEvents, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.CustomReconnectDelay(reconnectDelay),
+		nats.RetryOnFailedConnect(events.retry),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			level := slog.LevelDebug
+			if nc.Stats().Reconnects > 0 {
+				level = slog.LevelInfo // after failed attempts, each of them logged
+			}
+			logger.Log(context.Background(), level, "connected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if err != nil {
 				logger.Warn("disconnected from NATS; reconnecting", "err", err)
 			}
 		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if errors.Is(err, nats.ErrNoServers) {
+				return // the first failure at start, already logged below
+			}
+			logger.Warn("NATS not reachable; trying again shortly", "url", redactURL(url), "err", err)
+		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { logger.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted()) }),
+		nats.DiscoveredServersHandler(func(nc *nats.Conn) {
+			logger.Info("NATS announced more servers", "servers", redactURL(strings.Join(nc.DiscoveredServers(), ",")))
+		}),
+		nats.LameDuckModeHandler(func(nc *nats.Conn) {
+			logger.Warn("the NATS server is shutting down (lame duck mode); moving to another", "url", nc.ConnectedUrlRedacted())
+		}),
+		nats.ClosedHandler(func(nc *nats.Conn) {
+			if err := nc.LastError(); err != nil {
+				logger.Warn("NATS connection closed", "err", err)
+			} else {
+				logger.Debug("NATS connection closed")
+			}
+			if events.onClosed != nil {
+				events.onClosed()
+			}
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			attrs := []any{"err", err}
+			if sub != nil {
+				attrs = append(attrs, "subject", sub.Subject)
+			}
+			switch {
+			case errors.Is(err, nats.ErrPermissionViolation) && events.onViolation != nil:
+				events.onViolation(err)
+				logger.Debug("NATS refused a publish or subscription", attrs...)
+			case errors.Is(err, nats.ErrPermissionViolation):
+				logger.Error("NATS refused a publish or subscription: check this identity's permissions", attrs...)
+			case errors.Is(err, nats.ErrSlowConsumer):
+				logger.Warn("slow consumer: NATS dropped messages this process did not read in time", attrs...)
+			default:
+				logger.Warn("NATS reported an error", attrs...)
+			}
+		}),
 	}, extra...)
 	if c.creds != "" {
 		opts = append(opts, nats.UserCredentials(c.creds))
@@ -67,9 +174,59 @@ func (c *connectFlags) connect(url, name string, logger *slog.Logger, extra ...n
 		if errors.Is(err, nats.ErrNoServers) {
 			return nil, fmt.Errorf("cannot reach NATS at %s: %w", redactURL(url), err)
 		}
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(url), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redactURL(url), scrubbed(err, url))
+	}
+	if !nc.IsConnected() {
+		logger.Warn("NATS not reachable; trying again until it is", "url", redactURL(url))
 	}
 	return nc, nil
+}
+
+// waitConnected waits until nc has connected, for a connection made with
+// retries, or ctx ends.
+func waitConnected(ctx context.Context, nc *nats.Conn) error {
+	if nc.IsConnected() {
+		return nil
+	}
+	status := nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	defer nc.RemoveStatusListener(status)
+	for !nc.IsConnected() {
+		select {
+		case <-status:
+			if nc.IsClosed() {
+				if err := nc.LastError(); err != nil {
+					return fmt.Errorf("gave up connecting: %w", err)
+				}
+				return errors.New("the connection closed before it connected")
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second): // a status change before the listener was added
+		}
+	}
+	return nil
+}
+
+// scrubbed returns err with any password or token of urls replaced: an
+// error from nats.go may quote the URL it was given.
+func scrubbed(err error, urls string) error {
+	text := err.Error()
+	clean := text
+	for _, part := range strings.Split(urls, ",") {
+		u, perr := url.Parse(strings.TrimSpace(part))
+		if perr != nil || u.User == nil {
+			continue
+		}
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			clean = strings.ReplaceAll(clean, pw, "xxxxx")
+		} else if tok := u.User.Username(); tok != "" && !ok {
+			clean = strings.ReplaceAll(clean, tok, "xxxxx")
+		}
+	}
+	if clean == text {
+		return err
+	}
+	return errors.New(clean) // not wrapped: the original holds the secret
 }
 
 // redactURL returns a NATS URL, or a comma-separated list of them, with any

@@ -1,16 +1,23 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
+
+// ErrListenAddressInUse: something already listens on --listen.
+var ErrListenAddressInUse = errors.New("the listen address is in use")
 
 // defaultStateDir is a mesh-provisioner folder in the user's state
 // directory: $XDG_STATE_HOME, or ~/.local/state.
@@ -24,9 +31,23 @@ func defaultStateDir() string {
 	return "mesh-provisioner-state"
 }
 
+// embedded is a running nats-server and the lock of its state directory.
+type embedded struct {
+	*server.Server
+	lock *stateLock
+}
+
+// stop shuts the server down, then gives the state directory up.
+func (e *embedded) stop() {
+	e.Shutdown()
+	e.WaitForShutdown()
+	e.lock.release()
+}
+
 // startEmbedded runs a nats-server with JetStream listening on listen
-// (host:port; port 0 picks a free one), its store under stateDir.
-func startEmbedded(listen, stateDir string, logger *slog.Logger) (*server.Server, error) {
+// (host:port; port 0 picks a free one), its store under stateDir, which it
+// locks first: a second instance on the same directory fails at once.
+func startEmbedded(listen, stateDir string, logger *slog.Logger) (*embedded, error) {
 	host, portText, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("--listen %q: want host:port, such as 127.0.0.1:4222", listen)
@@ -35,11 +56,28 @@ func startEmbedded(listen, stateDir string, logger *slog.Logger) (*server.Server
 	if err != nil || port < 0 || port > 65535 {
 		return nil, fmt.Errorf("--listen %q: the port must be a number from 0 to 65535", listen)
 	}
-	if port == 0 {
-		port = server.RANDOM_PORT
-	}
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("--state-dir %q: %w", stateDir, err)
+	}
+	lock, err := lockStateDir(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	e, err := startLocked(host, port, listen, stateDir, logger)
+	if err != nil {
+		lock.release()
+		return nil, err
+	}
+	e.lock = lock
+	return e, nil
+}
+
+func startLocked(host string, port int, listen, stateDir string, logger *slog.Logger) (*embedded, error) {
+	if port == 0 {
+		port = server.RANDOM_PORT
+	} else if err := probeListen(listen); err != nil {
+		// nats-server would retry the bind for seconds, logging each try.
+		return nil, err
 	}
 	s, err := server.NewServer(&server.Options{
 		ServerName: "mesh-provisioner",
@@ -52,21 +90,46 @@ func startEmbedded(listen, stateDir string, logger *slog.Logger) (*server.Server
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
-	s.SetLoggerV2(serverLogger{logger.With("component", "nats-server")}, false, false, false)
+	sl := &serverLogger{logger: logger.With("component", "nats-server")}
+	s.SetLoggerV2(sl, logger.Enabled(context.Background(), slog.LevelDebug), false, false)
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()
-		return nil, fmt.Errorf("embedded nats-server did not start listening on %s within 10s (is the port taken?)", listen)
+		return nil, fmt.Errorf("embedded nats-server did not start listening on %s within 10s", listen)
 	}
-	return s, nil
+	sl.started.Store(true)
+	return &embedded{Server: s}, nil
 }
 
-// serverLogger hands nats-server's log lines to slog.
-type serverLogger struct{ *slog.Logger }
+// probeListen fails with ErrListenAddressInUse when listen cannot be bound.
+func probeListen(listen string) error {
+	l, err := net.Listen("tcp", listen)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("--listen %s: %w (another mesh-provisioner or nats-server?); stop it or give another --listen", listen, ErrListenAddressInUse)
+		}
+		return fmt.Errorf("--listen %s: %w", listen, err)
+	}
+	return l.Close()
+}
 
-func (l serverLogger) Noticef(format string, v ...any) { l.Info(fmt.Sprintf(format, v...)) }
-func (l serverLogger) Warnf(format string, v ...any)   { l.Warn(fmt.Sprintf(format, v...)) }
-func (l serverLogger) Fatalf(format string, v ...any)  { l.Error(fmt.Sprintf(format, v...)) }
-func (l serverLogger) Errorf(format string, v ...any)  { l.Error(fmt.Sprintf(format, v...)) }
-func (l serverLogger) Debugf(format string, v ...any)  { l.Debug(fmt.Sprintf(format, v...)) }
-func (l serverLogger) Tracef(format string, v ...any)  { l.Debug(fmt.Sprintf(format, v...)) }
+// serverLogger hands nats-server's log lines to slog. Its notices while
+// starting (the banner: version, store, limits) go at debug; after, at info.
+// Warnings and errors keep their level.
+type serverLogger struct {
+	logger  *slog.Logger
+	started atomic.Bool
+}
+
+func (l *serverLogger) Noticef(format string, v ...any) {
+	level := slog.LevelInfo
+	if !l.started.Load() {
+		level = slog.LevelDebug
+	}
+	l.logger.Log(context.Background(), level, fmt.Sprintf(format, v...))
+}
+func (l *serverLogger) Warnf(format string, v ...any)  { l.logger.Warn(fmt.Sprintf(format, v...)) }
+func (l *serverLogger) Fatalf(format string, v ...any) { l.logger.Error(fmt.Sprintf(format, v...)) }
+func (l *serverLogger) Errorf(format string, v ...any) { l.logger.Error(fmt.Sprintf(format, v...)) }
+func (l *serverLogger) Debugf(format string, v ...any) { l.logger.Debug(fmt.Sprintf(format, v...)) }
+func (l *serverLogger) Tracef(format string, v ...any) { l.logger.Debug(fmt.Sprintf(format, v...)) }

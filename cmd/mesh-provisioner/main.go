@@ -37,32 +37,75 @@ func main() {
 	}
 }
 
+// command is one subcommand: its usage, and its flags with what runs it.
+type command struct {
+	synopsis string
+	// define registers the command's flags on fs and returns what runs the
+	// command once they are parsed. Tests call it to see every flag.
+	define func(fs *flag.FlagSet) action
+	// word says the command takes a leading word before its flags, as
+	// query takes what to ask.
+	word bool
+}
+
+// action runs a command whose flags are parsed.
+type action func(ctx context.Context, inv invocation) error
+
+// invocation is what a command runs with besides its flags.
+type invocation struct {
+	word           string
+	stdout, stderr io.Writer
+	// warnings are about the environment (variables no longer read), for
+	// the command to log once its logger is built.
+	warnings []string
+}
+
 // commands are the subcommands; the first argument picks one, and anything
 // else (a flag, or nothing) means serve.
-var commands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
-	"serve":       serve,
-	"permissions": permissionsCommand,
-	"query":       query,
-	"capture":     captureCommand,
-	"simulate":    simulate,
-	"version": func(_ context.Context, _ []string, stdout, _ io.Writer) error {
-		_, err := fmt.Fprintln(stdout, buildVersion())
-		return err
-	},
+var commands = map[string]command{
+	"serve":       {synopsis: serveSynopsis, define: defineServe},
+	"permissions": {synopsis: permissionsSynopsis, define: definePermissions},
+	"query":       {synopsis: querySynopsis, define: defineQuery, word: true},
+	"status":      {synopsis: statusSynopsis, define: defineStatus},
+	"capture":     {synopsis: captureSynopsis, define: defineCapture},
+	"simulate":    {synopsis: simulateSynopsis, define: defineSimulate},
+	"version": {synopsis: "Usage: mesh-provisioner version\n\nPrints the version micro discovery shows.", define: func(*flag.FlagSet) action {
+		return func(_ context.Context, inv invocation) error {
+			_, err := fmt.Fprintln(inv.stdout, buildVersion())
+			return err
+		}
+	}},
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runWithEnv(ctx, args, os.LookupEnv, stdout, stderr)
+}
+
+// runWithEnv runs a command with its variables read through lookupEnv.
+func runWithEnv(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "help" {
 		args = []string{"--help"} // the serve usage, which names the commands
 	}
+	name := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, ok := commands[args[0]]
-		if !ok {
-			return fmt.Errorf("unknown command %q; run mesh-provisioner --help", args[0])
-		}
-		return cmd(ctx, args[1:], stdout, stderr)
+		name, args = args[0], args[1:]
 	}
-	return serve(ctx, args, stdout, stderr)
+	cmd, ok := commands[name]
+	if !ok {
+		return fmt.Errorf("unknown command %q; run mesh-provisioner --help", name)
+	}
+	inv := invocation{stdout: stdout, stderr: stderr}
+	if cmd.word && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		inv.word, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("mesh-provisioner "+name, flag.ContinueOnError)
+	act := cmd.define(fs)
+	warnings, err := parseFlags(fs, name, args, lookupEnv, stderr, cmd.synopsis)
+	if err != nil {
+		return err
+	}
+	inv.warnings = warnings
+	return act(ctx, inv)
 }
 
 // buildVersion returns the semantic version micro discovery shows.

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
+	"log/slog"
 
 	"github.com/novox/mesh-provisioner/permissions"
 )
@@ -23,44 +23,45 @@ configuration (or as JSON with --json, which nats-server reads too):
   --provider MODULE  a provider module: reads the needs, writes its own
                      bucket MODULE_bound, writes no provisioning bucket
 
-Each identity connects with the inbox prefix _INBOX_<identity>. See
+Each identity connects with the inbox prefix _INBOX_MESH.<role>.<name>
+(_INBOX_MESH.node.NAME, _INBOX_MESH.server.mesh-provisioner,
+_INBOX_MESH.provider.MODULE). See
 docs/security.md for a worked example.`
 
-func permissionsCommand(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mesh-provisioner permissions", flag.ContinueOnError)
+func definePermissions(fs *flag.FlagSet) action {
 	node := fs.String("node", "", "the node whose client the permissions are for")
 	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server")
 	provider := fs.String("provider", "", "the provider module the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
-	if err := parseFlags(fs, args, stderr, permissionsSynopsis); err != nil {
-		return err
-	}
-	var chosen int
-	for _, set := range []bool{*node != "", *server, *provider != ""} {
-		if set {
-			chosen++
+	return func(_ context.Context, inv invocation) error {
+		warnAll(slog.New(slog.NewTextHandler(inv.stderr, nil)), inv.warnings)
+		var chosen int
+		for _, set := range []bool{*node != "", *server, *provider != ""} {
+			if set {
+				chosen++
+			}
 		}
-	}
-	if chosen != 1 {
-		return errors.New("permissions: give exactly one of --node NAME, --server or --provider MODULE")
-	}
-	var p permissions.Permissions
-	var err error
-	switch {
-	case *server:
-		p = permissions.Server()
-	case *node != "":
-		p, err = permissions.Node(*node)
-	default:
-		p, err = permissions.Provider(*provider)
-	}
-	if err != nil {
+		if chosen != 1 {
+			return errors.New("permissions: give exactly one of --node NAME, --server or --provider MODULE")
+		}
+		var p permissions.Permissions
+		var err error
+		switch {
+		case *server:
+			p = permissions.Server()
+		case *node != "":
+			p, err = permissions.Node(*node)
+		default:
+			p, err = permissions.Provider(*provider)
+		}
+		if err != nil {
+			return err
+		}
+		text := p.Config()
+		if *asJSON {
+			text = p.JSON()
+		}
+		_, err = fmt.Fprintln(inv.stdout, text)
 		return err
 	}
-	text := p.Config()
-	if *asJSON {
-		text = p.JSON()
-	}
-	_, err = fmt.Fprintln(stdout, text)
-	return err
 }

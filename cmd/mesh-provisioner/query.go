@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -38,71 +39,91 @@ var whats = map[string]provisionerv1.What{
 	"collect":  provisionerv1.What_WHAT_COLLECT,
 }
 
-func query(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mesh-provisioner query", flag.ContinueOnError)
+func defineQuery(fs *flag.FlagSet) action {
 	var conn connectFlags
 	conn.registerClient(fs)
-	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
+	var logs logFlags
+	logs.register(fs, slog.LevelWarn)
+	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the whole answer, every page")
 	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
 	var req provisionerv1.ProvisioningRequest
 	fs.StringVar(&req.Node, "node", "", "only records of this node; for compose, the node composed")
 	fs.StringVar(&req.Module, "module", "", "only records of this module (needs, applied, compose)")
 	fs.StringVar(&req.Contributor, "contributor", "", "only items of this contributor (collect)")
 	fs.StringVar(&req.Collection, "collection", "", "only items of this collection, by its readable name (collect)")
-
-	word := "registry"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		word, args = args[0], args[1:]
-	}
-	if err := parseFlags(fs, args, stderr, querySynopsis); err != nil {
-		return err
-	}
-	what, ok := whats[word]
-	if !ok && word != "compose" {
-		return fmt.Errorf("query %q: ask registry, needs, applied, collect or compose", word)
-	}
-	if word == "compose" && (req.GetContributor() != "" || req.Collection != "") {
-		return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
-	}
-	req.What = what
-
-	nc, err := conn.connectClient("mesh-provisioner query")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	c := client.New(nc)
-	var answer proto.Message
-	var show func() error
-	if word == "compose" {
-		var composed *provisionerv1.ComposeResponse
-		composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.GetNode(), Module: req.GetModule()})
-		answer, show = composed, func() error { return printComposition(stdout, composed) }
-	} else {
-		var provisioning *provisionerv1.ProvisioningResponse
-		provisioning, err = c.ProvisioningAll(ctx, &req)
-		answer, show = provisioning, func() error { return printTable(stdout, provisioning) }
-	}
-	var werr *wire.Error
-	switch {
-	case errors.As(err, &werr):
-		return fmt.Errorf("the service refused: %d %s", werr.Code(), werr.Sentence())
-	case errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("no mesh-provisioner service answers at %s", conn.url)
-	case err != nil:
-		return err
-	}
-	if *asJSON {
-		b, err := protojson.MarshalOptions{Multiline: true}.Marshal(answer)
+	return func(ctx context.Context, inv invocation) error {
+		word := inv.word
+		if word == "" {
+			word = "registry"
+		}
+		what, ok := whats[word]
+		if !ok && word != "compose" {
+			return fmt.Errorf("query %q: ask registry, needs, applied, collect or compose", word)
+		}
+		if word == "compose" && (req.Contributor != "" || req.Collection != "") {
+			return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
+		}
+		req.What = what
+		logger, err := logs.logger(inv.stderr)
 		if err != nil {
 			return err
 		}
-		_, err = fmt.Fprintln(stdout, string(b))
-		return err
+		warnAll(logger, inv.warnings)
+
+		nc, err := conn.connectClient("mesh-provisioner query", logger)
+		if err != nil {
+			return err
+		}
+		defer nc.close()
+		watch := nc.violations
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		ctx, stop := watch.whileWatching(ctx)
+		defer stop()
+		c := client.New(nc.Conn)
+		var answer proto.Message
+		var print func() error
+		if word == "compose" {
+			var composed *provisionerv1.ComposeResponse
+			composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.Node, Module: req.Module})
+			answer, print = composed, func() error { return printComposition(inv.stdout, composed) }
+		} else {
+			var provisioning *provisionerv1.ProvisioningResponse
+			provisioning, err = c.ProvisioningAll(ctx, &req)
+			answer, print = provisioning, func() error { return printTable(inv.stdout, provisioning) }
+		}
+		if err := requestError(err, watch, conn.url); err != nil {
+			return err
+		}
+		if *asJSON {
+			b, err := protojson.MarshalOptions{Multiline: true}.Marshal(answer)
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(inv.stdout, string(b))
+			return err
+		}
+		return print()
 	}
-	return show()
+}
+
+// requestError says why a request of a client command failed, in one
+// sentence: the service's refusal, NATS's refusal of this identity, or no
+// instance answering.
+func requestError(err error, watch *violations, url string) error {
+	if err == nil {
+		return nil
+	}
+	if werr, ok := errors.AsType[*wire.Error](err); ok {
+		return fmt.Errorf("the service refused: %d %s", werr.Code(), werr.Sentence())
+	}
+	if explained := watch.explain(err); explained != err {
+		return explained
+	}
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("no mesh-provisioner service answers at %s", redactURL(url))
+	}
+	return err
 }
 
 // printTable writes an answer as aligned columns, its malformed keys in a

@@ -18,12 +18,15 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
@@ -78,8 +81,12 @@ func connectAs(t *testing.T, s *server.Server, role wire.Role, name string) *ide
 
 // violated waits for the server to report a publish to subject as a
 // permission violation of this identity.
-func (id *identity) violated(subject string) bool {
-	want := fmt.Sprintf("Permissions Violation for Publish to %q", subject)
+func (id *identity) violated(subject string) bool { return id.refused("Publish", subject) }
+
+// refused waits for the server to report a "Publish" or "Subscription" to
+// subject as a permission violation of this identity.
+func (id *identity) refused(verb, subject string) bool {
+	want := fmt.Sprintf("Permissions Violation for %s to %q", verb, subject)
 	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		id.mu.Lock()
 		found := slices.ContainsFunc(id.violations, func(v string) bool { return strings.Contains(v, want) })
@@ -112,10 +119,13 @@ func snapshot(t *testing.T, admin jetstream.JetStream) map[string]string {
 	return out
 }
 
-func TestPermissionsOnARealServer(t *testing.T) {
-	t.Parallel()
-	// The server's authorization is exactly what the command prints.
-	s := natstest.StartWithConfig(t, fmt.Sprintf(`
+// authorizedServer starts a nats-server whose authorization is exactly what
+// the permissions command prints, for users mesh-provisioner, ace, novox
+// (nodes), pg (a provider) and admin (everything); each user's password is
+// its name and "-secret".
+func authorizedServer(t *testing.T) *server.Server {
+	t.Helper()
+	return natstest.StartWithConfig(t, fmt.Sprintf(`
 authorization {
   users = [
     { user: "mesh-provisioner", password: "mesh-provisioner-secret", permissions: %s }
@@ -125,6 +135,21 @@ authorization {
     { user: "admin", password: "admin-secret" }
   ]
 }`, printed(t, "--server"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json")))
+}
+
+// serveAuthorized starts the service on s as the server's identity, the
+// buckets created and the registry written, and returns once it is ready.
+func serveAuthorized(t *testing.T, s *server.Server) {
+	t.Helper()
+	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	// The 5 MB answer of TestANodeOnARealServer is one node's: more than
+	// its default budget.
+	servicetest.Start(t, srv.nc, func(c *service.Config) { c.NodeMaxBytes = 16 << 20 })
+}
+
+func TestPermissionsOnARealServer(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -370,4 +395,118 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 	if len(opts.Users) != 4 {
 		t.Errorf("the example has %d users, want 4", len(opts.Users))
 	}
+}
+
+func TestANodeOnARealServer(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
+	serveAuthorized(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	aceURL := "nats://ace:ace-secret@" + strings.TrimPrefix(s.ClientURL(), "nats://")
+
+	t.Run("composes its own plan", func(t *testing.T) {
+		nodeClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		revision, err := nodeClient.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := client.New(ace.nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: revision}})
+		if err != nil {
+			t.Fatalf("ace composes its plan: %v (violations %v)", err, ace.violations)
+		}
+		if len(plan.GetPlans()) != 1 || plan.GetPlans()[0].GetItems()[0].GetOwner() != "mesh-controller" {
+			t.Errorf("ace's plan: %v, want web's port:http resolved to mesh-controller", plan)
+		}
+	})
+
+	t.Run("reads no other identity's inbox", func(t *testing.T) {
+		for _, inbox := range []string{
+			wire.InboxPrefix(wire.RoleProvider, "pg") + ".>",
+			wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".>",
+			wire.InboxPrefix(wire.RoleNode, "novox") + ".>",
+			"_INBOX.>",
+			"_INBOX_MESH.>",
+		} {
+			if _, err := ace.nc.SubscribeSync(inbox); err != nil {
+				t.Fatal(err)
+			}
+			if !ace.refused("Subscription", inbox) {
+				t.Errorf("ace subscribed to %s with no permission violation", inbox)
+			}
+		}
+	})
+
+	t.Run("query says which inbox prefix to use, at once", func(t *testing.T) {
+		tests := []struct {
+			name  string
+			args  []string
+			inbox []string
+			says  string
+		}{
+			{"no prefix", []string{"query", "registry"}, nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
+			{"another node's", []string{"query", "compose", "--node", "ace"}, []string{"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "novox")}, "its permissions do not grant --inbox-prefix _INBOX_MESH.node.novox"},
+			{"a provider's", []string{"query", "needs"}, []string{"--inbox-prefix", wire.InboxPrefix(wire.RoleProvider, "ace")}, "its permissions do not grant --inbox-prefix _INBOX_MESH.provider.ace"},
+			{"status, no prefix", []string{"status"}, nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
+			{"capture, no prefix", []string{"capture", "--out", filepath.Join(t.TempDir(), "capture.pb")}, nil, "NATS refused this identity's subscription to its reply inbox _INBOX."},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+				defer cancel()
+				err := run(ctx, append(append(tt.args, "--nats-url", aceURL), tt.inbox...), &bytes.Buffer{}, &bytes.Buffer{})
+				if !errors.Is(err, ErrInboxRefused) || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "--inbox-prefix _INBOX_MESH.node.<node>") {
+					t.Errorf("error %v, want ErrInboxRefused saying %q and naming --inbox-prefix _INBOX_MESH.node.<node>", err, tt.says)
+				}
+				if took := time.Since(start); took > 5*time.Second {
+					t.Errorf("took %s of 20s, want to fail as soon as NATS refuses", took)
+				}
+			})
+		}
+	})
+
+	t.Run("a 5 MB answer arrives whole through query", func(t *testing.T) {
+		nodeClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		const needs = 5000
+		padding := strings.Repeat("x", 1100)
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(8)
+		revisions := make([]uint64, needs)
+		for i := range needs {
+			g.Go(func() (err error) {
+				revisions[i], err = nodeClient.PutNeed(gctx, fmt.Sprintf("m%02d", i%50), "config", fmt.Sprintf("n%04d", i), &provisionerv1.Need{Placeholder: "${config:" + padding + "}"})
+				return err
+			})
+		}
+		if err := g.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		// Once the copy holds every write, query asks for all of it.
+		if _, err := client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", MinRevision: slices.Max(revisions), PageSize: 1}); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := run(ctx, []string{"query", "needs", "--node", "ace", "--json", "--nats-url", aceURL, "--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "ace")}, &out, &bytes.Buffer{}); err != nil {
+			t.Fatalf("query needs as ace: %v", err)
+		}
+		var answer provisionerv1.ProvisioningResponse
+		if err := protojson.Unmarshal(out.Bytes(), &answer); err != nil {
+			t.Fatal(err)
+		}
+		if got := len(answer.GetNeeds()); got != needs+1 { // and port:http
+			t.Errorf("query answered %d needs, want %d", got, needs+1)
+		}
+		if size := proto.Size(&answer); size < 5<<20 || int64(size) < 4*ace.nc.MaxPayload() {
+			t.Errorf("the answer is %d bytes, want over 5 MB and several times max_payload (%d) so that it took pages", size, ace.nc.MaxPayload())
+		}
+	})
 }

@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -26,12 +25,16 @@ Serves the mesh's provisioning registry and the read-only verbs
 mesh-provisioner.provisioning and mesh-provisioner.compose as one NATS micro
 service, answered from a watched copy of the buckets. With no --nats-url it
 embeds a nats-server with JetStream, listening on --listen, its store in
---state-dir; with --nats-url it connects to that NATS and embeds nothing.
-It creates the four provisioning buckets if they are missing, writes the
-registry at start and every --registry-interval, and stops cleanly on
-SIGINT or SIGTERM.
+--state-dir, which one instance at a time may own (a second exits at once,
+naming the PID that holds it); with --nats-url it connects to that NATS and
+embeds nothing, and while it cannot be reached at start keeps trying, a log
+line per attempt (--connect-retry=false exits instead). It creates the four
+provisioning buckets if they are missing, writes the registry at start and
+every --registry-interval, and stops cleanly on SIGINT or SIGTERM. nats.go's
+and nats-server's messages go through its log, passwords redacted.
 
-Other commands (each with --help): query, permissions, capture, simulate, version`
+Other commands (each with --help): query, status, permissions, capture,
+simulate, version`
 
 type serveFlags struct {
 	connect          connectFlags
@@ -47,15 +50,15 @@ type serveFlags struct {
 	bucketMaxBytes   int64
 	nodeMaxKeys      int
 	nodeMaxBytes     int
+	connectRetry     bool
 }
 
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mesh-provisioner serve", flag.ContinueOnError)
+func defineServe(fs *flag.FlagSet) action {
 	var f serveFlags
-	f.connect.register(fs, "", "URL of an existing NATS to join; empty embeds a nats-server")
-	f.log.register(fs)
+	f.connect.register(fs, "", "URL of an existing NATS to join (a comma-separated list: any of them); empty embeds a nats-server")
+	f.log.register(fs, slog.LevelInfo)
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "host:port the embedded nats-server listens on (port 0 picks a free one)")
-	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store")
+	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store, locked by one instance at a time (mesh-provisioner.lock holds its PID)")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
 	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
@@ -65,44 +68,60 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Int64Var(&f.bucketMaxBytes, "bucket-max-bytes", buckets.DefaultMaxBytes, "most bytes each state bucket holds; a put that would grow it further is refused")
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
-	if err := parseFlags(fs, args, stderr, serveSynopsis); err != nil {
-		return err
+	fs.BoolVar(&f.connectRetry, "connect-retry", true, "with --nats-url, keep trying (a line per attempt) while NATS cannot be reached at start; false exits at once")
+	return func(ctx context.Context, inv invocation) error {
+		if f.replicas < 1 || f.replicas > 5 {
+			return fmt.Errorf("--replicas %d: use 1 to 5 (3 on a cluster)", f.replicas)
+		}
+		if f.registryInterval < time.Second {
+			return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
+		}
+		if f.maxValueSize < 1 || f.maxValueSize > 64<<20 || f.bucketMaxBytes < int64(f.maxValueSize) {
+			return fmt.Errorf("--max-value-size %d and --bucket-max-bytes %d: the value size is 1 byte to 64 MiB, and a bucket holds at least one value", f.maxValueSize, f.bucketMaxBytes)
+		}
+		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 {
+			return fmt.Errorf("--node-max-keys and --node-max-bytes must be positive, or -1 for no limit")
+		}
+		if f.slowCompose <= 0 || f.revisionWait <= 0 {
+			return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
+		}
+		logger, err := f.log.logger(inv.stderr)
+		if err != nil {
+			return err
+		}
+		warnAll(logger, inv.warnings)
+		return f.run(ctx, logger)
 	}
-	if f.replicas < 1 || f.replicas > 5 {
-		return fmt.Errorf("--replicas %d: use 1 to 5 (3 on a cluster)", f.replicas)
+}
+
+// ErrJetStreamNotEnabled: the NATS joined has no JetStream for this
+// identity's account, so there are no buckets to keep.
+var ErrJetStreamNotEnabled = errors.New("JetStream is not enabled on this NATS")
+
+// jetStreamEnabled says so, in one sentence, when the NATS joined has no
+// JetStream: otherwise the first bucket call fails with "no responders".
+func jetStreamEnabled(ctx context.Context, js jetstream.JetStream, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err := js.AccountInfo(ctx)
+	switch {
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return fmt.Errorf("%w at %s; enable it in the server's configuration (jetstream {...}) or join one that has it", ErrJetStreamNotEnabled, redactURL(url))
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		return fmt.Errorf("%w for this identity's account at %s; enable JetStream for the account (jetstream: enabled) or use another", ErrJetStreamNotEnabled, redactURL(url))
 	}
-	if f.registryInterval < time.Second {
-		return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
-	}
-	if f.maxValueSize < 1 || f.maxValueSize > 64<<20 || f.bucketMaxBytes < int64(f.maxValueSize) {
-		return fmt.Errorf("--max-value-size %d and --bucket-max-bytes %d: the value size is 1 byte to 64 MiB, and a bucket holds at least one value", f.maxValueSize, f.bucketMaxBytes)
-	}
-	if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 {
-		return fmt.Errorf("--node-max-keys and --node-max-bytes must be positive, or -1 for no limit")
-	}
-	if f.slowCompose <= 0 || f.revisionWait <= 0 {
-		return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
-	}
-	logger, err := f.log.logger(stderr)
-	if err != nil {
-		return err
-	}
-	return f.run(ctx, logger)
+	return nil // any other failure shows, with its own words, where the buckets are made
 }
 
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	url := f.connect.url
 	var opts []nats.Option
-	var embedded *server.Server
 	if url == "" {
-		var err error
-		if embedded, err = startEmbedded(f.listen, f.stateDir, logger); err != nil {
+		embedded, err := startEmbedded(f.listen, f.stateDir, logger)
+		if err != nil {
 			return err
 		}
-		defer func() {
-			embedded.Shutdown()
-			embedded.WaitForShutdown()
-		}()
+		defer embedded.stop()
 		url = embedded.ClientURL()
 		opts = append(opts, nats.InProcessServer(embedded))
 		logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
@@ -111,9 +130,10 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	opts = append(opts,
 		// Replies arrive on the server's own inbox, which its permissions
 		// (mesh-provisioner permissions --server) grant.
-		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)),
-		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
-	nc, err := f.connect.connect(url, wire.ServerIdentity, logger, opts...)
+		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)))
+	joining := f.connect.url != ""
+	nc, err := f.connect.connect(url, wire.ServerIdentity, logger,
+		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
 	if err != nil {
 		return err
 	}
@@ -126,9 +146,17 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		<-closed
 	}()
 
+	if err := waitConnected(ctx, nc); err != nil {
+		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
+	}
+	if joining {
+		if err := jetStreamEnabled(ctx, js, url); err != nil {
+			return err
+		}
 	}
 	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes}); err != nil {
 		return err
@@ -152,12 +180,20 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer svc.Stop()
+	defer func() {
+		if !nc.IsConnected() {
+			// NATS is gone: stopping need not wait for answers from it (the
+			// watchers' consumers, the drain), which would each time out.
+			logger.Info("NATS is unreachable: closing the connection rather than draining it")
+			nc.Close()
+		}
+	}()
 
 	// The reconciler and the service run side by side; the first to fail
 	// ends both, and shutdown waits for each.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := reconciler.Run(gctx); err != nil {
+		if err := reconciler.Run(gctx); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
 			return fmt.Errorf("reconcile registry: %w", err)
 		}
 		return nil

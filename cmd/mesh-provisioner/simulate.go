@@ -4,7 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
+	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,37 +22,45 @@ applied, and each node has a few malformed keys. The same flags write the
 same mesh. The buckets must exist: start mesh-provisioner first. For demos,
 load and benchmarks (capture it with mesh-provisioner capture).`
 
-func simulate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("mesh-provisioner simulate", flag.ContinueOnError)
+func defineSimulate(fs *flag.FlagSet) action {
 	var conn connectFlags
 	conn.registerClient(fs)
+	var logs logFlags
+	logs.register(fs, slog.LevelWarn)
 	var cfg synth.Config
 	fs.IntVar(&cfg.Nodes, "nodes", 4, "how many nodes")
 	fs.IntVar(&cfg.Modules, "modules", 60, "modules per node")
 	fs.IntVar(&cfg.Needs, "needs", 25, "needs per module")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "another seed makes another mesh of the same size")
 	parallel := fs.Int("parallel", 8, "how many node clients write at once")
-	if err := parseFlags(fs, args, stderr, simulateSynopsis); err != nil {
+	return func(ctx context.Context, inv invocation) error {
+		if cfg.Nodes < 1 || cfg.Modules < 1 || cfg.Needs < 1 {
+			return fmt.Errorf("simulate: --nodes, --modules and --needs must be at least 1")
+		}
+		logger, err := logs.logger(inv.stderr)
+		if err != nil {
+			return err
+		}
+		warnAll(logger, inv.warnings)
+		nc, err := conn.connectClient("mesh-provisioner simulate", logger)
+		if err != nil {
+			return err
+		}
+		defer nc.close()
+		watch := nc.violations
+		ctx, stop := watch.whileWatching(ctx)
+		defer stop()
+		js, err := jetstream.New(nc.Conn)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		mesh := synth.Generate(cfg)
+		if err := mesh.Write(ctx, js, *parallel, nil); err != nil {
+			return watch.explain(err)
+		}
+		_, err = fmt.Fprintf(inv.stdout, "wrote %d nodes x %d modules x %d needs (with collection items, applied records and malformed keys) in %s\n",
+			cfg.Nodes, cfg.Modules, cfg.Needs, time.Since(start).Round(time.Millisecond))
 		return err
 	}
-	if cfg.Nodes < 1 || cfg.Modules < 1 || cfg.Needs < 1 {
-		return fmt.Errorf("simulate: --nodes, --modules and --needs must be at least 1")
-	}
-	nc, err := conn.connectClient("mesh-provisioner simulate")
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	mesh := synth.Generate(cfg)
-	if err := mesh.Write(ctx, js, *parallel, nil); err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(stdout, "wrote %d nodes x %d modules x %d needs (with collection items, applied records and malformed keys) in %s\n",
-		cfg.Nodes, cfg.Modules, cfg.Needs, time.Since(start).Round(time.Millisecond))
-	return err
 }

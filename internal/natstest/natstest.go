@@ -20,8 +20,9 @@ func Start(t testing.TB) *server.Server {
 }
 
 // StartWithConfig runs a nats-server from configuration text, as an operator
-// would write it in a file (authorization blocks included). The listen port
-// and store directory are set by the helper.
+// would write it in a file (authorization blocks included). The store
+// directory is set by the helper, and the listen address unless the text
+// gives one.
 func StartWithConfig(t testing.TB, config string) *server.Server {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "nats-server.conf")
@@ -37,8 +38,12 @@ func StartWithConfig(t testing.TB, config string) *server.Server {
 
 func run(t testing.TB, opts *server.Options) *server.Server {
 	t.Helper()
-	opts.Host = "127.0.0.1"
-	opts.Port = -1
+	if opts.Host == "" {
+		opts.Host = "127.0.0.1"
+	}
+	if opts.Port == 0 {
+		opts.Port = -1 // a free one
+	}
 	opts.JetStream = true
 	opts.StoreDir = t.TempDir()
 	opts.NoLog = true
@@ -68,4 +73,24 @@ func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// StartWithoutJetStream runs a nats-server with no JetStream, as a NATS a
+// program might be pointed at by mistake.
+func StartWithoutJetStream(t testing.TB) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatalf("nats-server: %v", err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		s.Shutdown()
+		t.Fatal("nats-server did not become ready in 10s")
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return s
 }

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go/micro"
+)
+
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	url := queryMesh(t)
+	tests := []struct {
+		golden string
+		args   []string
+	}{
+		{"status", nil},
+		{"status_compose_one", []string{"--compose-nodes", "1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.golden, func(t *testing.T) {
+			t.Parallel()
+			var out, errOut bytes.Buffer
+			if err := run(context.Background(), append([]string{"status", "--json", "--nats-url", url}, tt.args...), &out, &errOut); err != nil {
+				t.Fatalf("status: %v\n%s", err, errOut.String())
+			}
+			var report statusReport
+			if err := json.Unmarshal(out.Bytes(), &report); err != nil {
+				t.Fatalf("--json does not decode: %v\n%s", err, out.String())
+			}
+			if len(report.Instances) != 1 {
+				t.Fatalf("%d instances, want the one serving", len(report.Instances))
+			}
+			in := &report.Instances[0]
+			if len(in.ID) == 0 || in.Version != "1.2.3" || time.Since(in.Started) > time.Minute || len(in.Endpoints) != 2 {
+				t.Errorf("instance %+v, want an id, version 1.2.3, started just now and two endpoints", in)
+			}
+			// What changes from run to run is set aside; the rest is golden.
+			in.ID, in.Started = "<id>", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+			for i := range in.Endpoints {
+				e := &in.Endpoints[i]
+				if e.Requests == 0 && e.Name == "provisioning" {
+					t.Errorf("the provisioning endpoint counted no requests: %+v", e)
+				}
+				e.Requests, e.Errors, e.Answered, e.AnswerErrors, e.averageTimeRaw = 0, 0, 0, 0, 0
+			}
+			var text bytes.Buffer
+			if err := printStatus(&text, &report); err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", tt.golden+".golden")
+			if *update {
+				if err := os.WriteFile(golden, text.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./cmd/mesh-provisioner -run TestStatus -update)", err)
+			}
+			if diff := cmp.Diff(string(want), text.String()); diff != "" {
+				t.Errorf("status (-golden +got):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("as text", func(t *testing.T) {
+		t.Parallel()
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{"status", "--nats-url", url}, &out, &bytes.Buffer{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"Instances (1) serving mesh-provisioner\n", "\nBuckets (", "mesh-provisioner_needs ", "\nNodes (2) with 6 needs\n", "\nMalformed keys (2)\n"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("status does not say %q:\n%s", want, out.String())
+			}
+		}
+	})
+}
+
+func TestStatusShowsTheSeat(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, data, seat string
+	}{
+		{"held", `{"answered":3,"loading":[],"behind":["mesh-provisioner_needs"],"seat":"held","seat_since":"2026-01-02T03:04:05Z"}`, "held since 2026-01-02T03:04:05Z"},
+		{"standby", `{"seat":"standby"}`, "standby"},
+		{"no seat reported", `{"answered":3,"loading":[],"behind":[]}`, "-"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			in := instanceOf(micro.Stats{ServiceIdentity: micro.ServiceIdentity{ID: "abc", Version: "1.2.3"},
+				Endpoints: []*micro.EndpointStats{{Name: "provisioning", Data: json.RawMessage(tt.data)}}})
+			var out bytes.Buffer
+			if err := printStatus(&out, &statusReport{Instances: []instanceStatus{in}}); err != nil {
+				t.Fatal(err)
+			}
+			row := strings.Split(out.String(), "\n")[2]
+			// ID, VERSION, STARTED, then SEAT.
+			if fields := strings.Fields(row); len(fields) < 4 || fields[3] != strings.Fields(tt.seat)[0] || !strings.Contains(row, " "+tt.seat+" ") {
+				t.Errorf("instance row %q does not show seat %q", row, tt.seat)
+			}
+		})
+	}
+}
