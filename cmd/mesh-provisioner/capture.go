@@ -35,7 +35,7 @@ func defineCapture(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, err := conn.connectClient("mesh-provisioner capture", logger)
+		nc, err := conn.connectClient(ctx, "mesh-provisioner capture", logger)
 		if err != nil {
 			return err
 		}

@@ -49,7 +49,7 @@ type clientConn struct {
 // close closes the connection and waits for nats.go's last event, so that
 // no log line follows the command's end.
 func (c *clientConn) close() {
-	c.Conn.Close()
+	c.Close()
 	select {
 	case <-c.closed:
 	case <-time.After(time.Second):
@@ -59,9 +59,9 @@ func (c *clientConn) close() {
 // connectClient connects a client command: one attempt, failures returned
 // as its error, nats.go's events logged, and permission violations watched
 // so that a refused request can say why.
-func (c *connectFlags) connectClient(name string, logger *slog.Logger) (*clientConn, error) {
+func (c *connectFlags) connectClient(ctx context.Context, name string, logger *slog.Logger) (*clientConn, error) {
 	conn := &clientConn{violations: newViolations(c.inbox), closed: make(chan struct{})}
-	nc, err := c.connect(c.url, name, logger, connectEvents{onViolation: conn.violations.record, onClosed: func() { close(conn.closed) }})
+	nc, err := c.connect(ctx, c.url, name, logger, connectEvents{onViolation: conn.violations.record, onClosed: func() { close(conn.closed) }})
 	if err != nil {
 		return nil, err
 	}
@@ -103,7 +103,7 @@ func reconnectDelay(rounds int) time.Duration {
 // with the credentials given. nats.go's events go to logger: disconnections
 // and asynchronous errors at warn or error, reconnections at info. Without
 // events.retry it fails within a few seconds when no server can be reached.
-func (c *connectFlags) connect(url, name string, logger *slog.Logger, events connectEvents, extra ...nats.Option) (*nats.Conn, error) {
+func (c *connectFlags) connect(ctx context.Context, url, name string, logger *slog.Logger, events connectEvents, extra ...nats.Option) (*nats.Conn, error) {
 	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.Timeout(5 * time.Second),
@@ -115,7 +115,7 @@ func (c *connectFlags) connect(url, name string, logger *slog.Logger, events con
 			if nc.Stats().Reconnects > 0 {
 				level = slog.LevelInfo // after failed attempts, each of them logged
 			}
-			logger.Log(context.Background(), level, "connected to NATS", "url", nc.ConnectedUrlRedacted())
+			logger.Log(ctx, level, "connected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
 			if err != nil {

@@ -47,7 +47,7 @@ func (e *embedded) stop() {
 // startEmbedded runs a nats-server with JetStream listening on listen
 // (host:port; port 0 picks a free one), its store under stateDir, which it
 // locks first: a second instance on the same directory fails at once.
-func startEmbedded(listen, stateDir string, logger *slog.Logger) (*embedded, error) {
+func startEmbedded(ctx context.Context, listen, stateDir string, logger *slog.Logger) (*embedded, error) {
 	host, portText, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("--listen %q: want host:port, such as 127.0.0.1:4222", listen)
@@ -63,7 +63,7 @@ func startEmbedded(listen, stateDir string, logger *slog.Logger) (*embedded, err
 	if err != nil {
 		return nil, err
 	}
-	e, err := startLocked(host, port, listen, stateDir, logger)
+	e, err := startLocked(ctx, host, port, listen, stateDir, logger)
 	if err != nil {
 		lock.release()
 		return nil, err
@@ -72,7 +72,7 @@ func startEmbedded(listen, stateDir string, logger *slog.Logger) (*embedded, err
 	return e, nil
 }
 
-func startLocked(host string, port int, listen, stateDir string, logger *slog.Logger) (*embedded, error) {
+func startLocked(ctx context.Context, host string, port int, listen, stateDir string, logger *slog.Logger) (*embedded, error) {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	} else if err := probeListen(listen); err != nil {
@@ -91,7 +91,7 @@ func startLocked(host string, port int, listen, stateDir string, logger *slog.Lo
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
 	}
 	sl := &serverLogger{logger: logger.With("component", "nats-server")}
-	s.SetLoggerV2(sl, logger.Enabled(context.Background(), slog.LevelDebug), false, false)
+	s.SetLoggerV2(sl, logger.Enabled(ctx, slog.LevelDebug), false, false)
 	go s.Start()
 	if !s.ReadyForConnections(10 * time.Second) {
 		s.Shutdown()

@@ -141,7 +141,7 @@ func serveInProcess(t *testing.T, args []string, env map[string]string) *serving
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-s.done:
+		case <-s.done: //nolint:errcheck // the tests that care read serve's error themselves
 		case <-time.After(20 * time.Second):
 			t.Error("serve still running 20s after it was stopped")
 		}

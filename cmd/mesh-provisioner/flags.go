@@ -48,7 +48,7 @@ func parseFlags(fs *flag.FlagSet, command string, args []string, lookupEnv func(
 		name := envName(command, f.Name)
 		if v, ok := lookupEnv(name); ok {
 			if serr := fs.Set(f.Name, v); serr != nil {
-				err = fmt.Errorf("$%s=%q: %v", name, v, serr)
+				err = fmt.Errorf("$%s=%q: %w", name, v, serr)
 			}
 		}
 	})
@@ -60,7 +60,7 @@ func parseFlags(fs *flag.FlagSet, command string, args []string, lookupEnv func(
 		printUsage(fs, command, stderr, synopsis)
 		return warnings, err
 	case err != nil:
-		return warnings, fmt.Errorf("%v; run with --help", err)
+		return warnings, fmt.Errorf("%w; run with --help", err)
 	}
 	if fs.NArg() > 0 {
 		return warnings, fmt.Errorf("unexpected argument %q; run with --help", fs.Arg(0))

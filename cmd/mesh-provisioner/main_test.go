@@ -33,11 +33,11 @@ func TestMain(m *testing.M) {
 	}
 	binary = filepath.Join(dir, "mesh-provisioner")
 	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		panic(fmt.Sprintf("go build: %v\n%s", err, out))
 	}
 	code := m.Run()
-	os.RemoveAll(dir)
+	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }
 
@@ -47,7 +47,7 @@ func freePort(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port
 }
 
@@ -139,7 +139,7 @@ func TestBadSettingsExitWithOneLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { occupied.Close() })
+	t.Cleanup(func() { _ = occupied.Close() })
 	tests := []struct {
 		name string
 		args []string

@@ -60,7 +60,7 @@ func defineQuery(fs *flag.FlagSet) action {
 		if !ok && word != "compose" {
 			return fmt.Errorf("query %q: ask registry, needs, applied, collect or compose", word)
 		}
-		if word == "compose" && (req.Contributor != "" || req.Collection != "") {
+		if word == "compose" && (req.GetContributor() != "" || req.GetCollection() != "") {
 			return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
 		}
 		req.What = what
@@ -70,7 +70,7 @@ func defineQuery(fs *flag.FlagSet) action {
 		}
 		warnAll(logger, inv.warnings)
 
-		nc, err := conn.connectClient("mesh-provisioner query", logger)
+		nc, err := conn.connectClient(ctx, "mesh-provisioner query", logger)
 		if err != nil {
 			return err
 		}
@@ -82,15 +82,15 @@ func defineQuery(fs *flag.FlagSet) action {
 		defer stop()
 		c := client.New(nc.Conn)
 		var answer proto.Message
-		var print func() error
+		var show func() error
 		if word == "compose" {
 			var composed *provisionerv1.ComposeResponse
-			composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.Node, Module: req.Module})
-			answer, print = composed, func() error { return printComposition(inv.stdout, composed) }
+			composed, err = c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: req.GetNode(), Module: req.GetModule()})
+			answer, show = composed, func() error { return printComposition(inv.stdout, composed) }
 		} else {
 			var provisioning *provisionerv1.ProvisioningResponse
 			provisioning, err = c.ProvisioningAll(ctx, &req)
-			answer, print = provisioning, func() error { return printTable(inv.stdout, provisioning) }
+			answer, show = provisioning, func() error { return printTable(inv.stdout, provisioning) }
 		}
 		if err := requestError(err, watch, conn.url); err != nil {
 			return err
@@ -103,7 +103,7 @@ func defineQuery(fs *flag.FlagSet) action {
 			_, err = fmt.Fprintln(inv.stdout, string(b))
 			return err
 		}
-		return print()
+		return show()
 	}
 }
 
@@ -117,7 +117,7 @@ func requestError(err error, watch *violations, url string) error {
 	if werr, ok := errors.AsType[*wire.Error](err); ok {
 		return fmt.Errorf("the service refused: %d %s", werr.Code(), werr.Sentence())
 	}
-	if explained := watch.explain(err); explained != err {
+	if explained := watch.explain(err); explained != err { //nolint:errorlint // explain returns err itself when it has nothing to add
 		return explained
 	}
 	if errors.Is(err, nats.ErrNoResponders) {

@@ -150,8 +150,8 @@ func serveAuthorized(t *testing.T, s *server.Server) {
 func TestPermissionsOnARealServer(t *testing.T) {
 	t.Parallel()
 	s := authorizedServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
 
 	// The server's identity creates the buckets, reconciles the registry
 	// and serves.
@@ -397,6 +397,7 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 	}
 }
 
+//nolint:tparallel // the steps share one node's connection and keys.
 func TestANodeOnARealServer(t *testing.T) {
 	t.Parallel()
 	s := authorizedServer(t)

@@ -117,7 +117,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	url := f.connect.url
 	var opts []nats.Option
 	if url == "" {
-		embedded, err := startEmbedded(f.listen, f.stateDir, logger)
+		embedded, err := startEmbedded(ctx, f.listen, f.stateDir, logger)
 		if err != nil {
 			return err
 		}
@@ -132,7 +132,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		// (mesh-provisioner permissions --server) grant.
 		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)))
 	joining := f.connect.url != ""
-	nc, err := f.connect.connect(url, wire.ServerIdentity, logger,
+	nc, err := f.connect.connect(ctx, url, wire.ServerIdentity, logger,
 		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
 	if err != nil {
 		return err

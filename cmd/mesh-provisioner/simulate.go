@@ -42,7 +42,7 @@ func defineSimulate(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, err := conn.connectClient("mesh-provisioner simulate", logger)
+		nc, err := conn.connectClient(ctx, "mesh-provisioner simulate", logger)
 		if err != nil {
 			return err
 		}

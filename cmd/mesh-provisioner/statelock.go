@@ -33,7 +33,7 @@ func lockStateDir(dir string) (*stateLock, error) {
 		return nil, fmt.Errorf("--state-dir %s: %w", dir, err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		defer f.Close()
+		defer func() { _ = f.Close() }()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			holder := "another process"
 			if b, rerr := os.ReadFile(path); rerr == nil {

@@ -134,7 +134,7 @@ func defineStatus(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
-		nc, err := conn.connectClient("mesh-provisioner status", logger)
+		nc, err := conn.connectClient(ctx, "mesh-provisioner status", logger)
 		if err != nil {
 			return err
 		}
@@ -245,7 +245,7 @@ func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration) (
 	if err != nil {
 		return nil, err
 	}
-	defer sub.Unsubscribe()
+	defer func() { _ = sub.Unsubscribe() }()
 	subject, err := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")
 	if err != nil {
 		return nil, err

@@ -44,7 +44,7 @@ func TestViolationsExplainARefusedRequest(t *testing.T) {
 			}
 			got := v.explain(tt.err)
 			if tt.want == nil {
-				if got != tt.err {
+				if got != tt.err { //nolint:errorlint // explain must return the very error it was given
 					t.Errorf("explain = %v, want %v itself", got, tt.err)
 				}
 				return
