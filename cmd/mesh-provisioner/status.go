@@ -64,6 +64,18 @@ type instanceStatus struct {
 	Seat      string           `json:"seat,omitempty"`
 	SeatSince string           `json:"seat_since,omitempty"`
 	Endpoints []endpointStatus `json:"endpoints"`
+	// OverBudget are the nodes over their budget in this instance's copy.
+	OverBudget []overBudget `json:"over_budget"`
+}
+
+// overBudget is a node over its budget in one state bucket, as an
+// instance's stats report it.
+type overBudget struct {
+	Bucket  string `json:"bucket"`
+	Node    string `json:"node"`
+	Keys    int    `json:"keys"`
+	Bytes   int    `json:"bytes"`
+	Refused int    `json:"refused"`
 }
 
 type endpointStatus struct {
@@ -84,12 +96,13 @@ type endpointStatus struct {
 // endpointData is the part of an endpoint's stats data status reads; the
 // whole of it is kept in endpointStatus.Data.
 type endpointData struct {
-	Answered     uint64   `json:"answered"`
-	AnswerErrors uint64   `json:"answer_errors"`
-	Loading      []string `json:"loading"`
-	Behind       []string `json:"behind"`
-	Seat         string   `json:"seat"`
-	SeatSince    string   `json:"seat_since"`
+	Answered     uint64       `json:"answered"`
+	AnswerErrors uint64       `json:"answer_errors"`
+	Loading      []string     `json:"loading"`
+	Behind       []string     `json:"behind"`
+	Seat         string       `json:"seat"`
+	SeatSince    string       `json:"seat_since"`
+	OverBudget   []overBudget `json:"over_budget"`
 }
 
 type bucketStatus struct {
@@ -283,6 +296,9 @@ func instanceOf(stats micro.Stats) instanceStatus {
 		var data endpointData
 		_ = json.Unmarshal(e.Data, &data) // what does not decode is shown raw in --json
 		in.Seat, in.SeatSince = cmp.Or(in.Seat, data.Seat), cmp.Or(in.SeatSince, data.SeatSince)
+		if in.OverBudget == nil { // every endpoint reports the same copy
+			in.OverBudget = data.OverBudget
+		}
 		in.Endpoints = append(in.Endpoints, endpointStatus{
 			Name: e.Name, Subject: e.Subject, Requests: e.NumRequests, Errors: e.NumErrors, LastError: e.LastError,
 			AverageTime: e.AverageProcessingTime.String(), averageTimeRaw: e.AverageProcessingTime,
@@ -331,6 +347,19 @@ func printStatus(w io.Writer, r *statusReport) error {
 		fmt.Fprintln(w, "none answered discovery: no instance serves on this NATS")
 	}
 
+	for _, in := range r.Instances {
+		if len(in.OverBudget) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\nNodes over their budget in the copy of %s (%d): keys beyond it are not held, and are listed as malformed\n", in.ID, len(in.OverBudget))
+		row("BUCKET", "NODE", "KEYS HELD", "BYTES HELD", "KEYS REFUSED")
+		for _, x := range in.OverBudget {
+			row(x.Bucket, x.Node, strconv.Itoa(x.Keys), strconv.Itoa(x.Bytes), strconv.Itoa(x.Refused))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintln(w, "\nBuckets (copy revision and lag as the answering instance's copy has them)")
 	row("BUCKET", "MESSAGES", "LAST SEQ", "RECORDS", "MALFORMED", "COPY AT", "LAG")
 	for _, b := range r.Buckets {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -109,5 +110,20 @@ func TestStatusShowsTheSeat(t *testing.T) {
 				t.Errorf("instance row %q does not show seat %q", row, tt.seat)
 			}
 		})
+	}
+}
+
+func TestStatusShowsNodesOverBudget(t *testing.T) {
+	t.Parallel()
+	data := `{"answered":3,"over_budget":[{"bucket":"mesh-provisioner_needs","node":"ace","keys":10000,"bytes":4000000,"refused":250}]}`
+	in := instanceOf(micro.Stats{ServiceIdentity: micro.ServiceIdentity{ID: "abc", Version: "1.2.3"},
+		Endpoints: []*micro.EndpointStats{{Name: "provisioning", Data: json.RawMessage(data)}, {Name: "compose", Data: json.RawMessage(data)}}})
+	var out bytes.Buffer
+	if err := printStatus(&out, &statusReport{Instances: []instanceStatus{in}}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "Nodes over their budget in the copy of abc (1)") ||
+		!regexp.MustCompile(`mesh-provisioner_needs\s+ace\s+10000\s+4000000\s+250`).MatchString(out.String()) {
+		t.Errorf("status does not show ace over its budget:\n%s", out.String())
 	}
 }
