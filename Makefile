@@ -105,6 +105,16 @@ test-python: build python-venv ## Type-check the Python client, run its tests an
 	cd $(PY_DIR) && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply \
 		.venv/bin/pytest -v
 
+.PHONY: conformance
+conformance: build python-venv clients/ts/node_modules/.package-lock.json ## Run only the conformance suite, in Go, TypeScript and Python, each case by name
+	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
+	MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner go test -count=1 -v -run '^TestConformance$$' ./internal/conformance \
+		| grep -E '^(    --- |ok|FAIL|panic)|^\s+conformance_test' | grep -vE '^        --- '
+	cd clients/ts && npx tsc -p tsconfig.test.json && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner \
+		MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply node --test --test-reporter=spec build-test/test/conformance.test.js
+	cd $(PY_DIR) && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply \
+		.venv/bin/pytest -v tests/test_conformance.py
+
 .PHONY: fuzz
 fuzz: ## Fuzz the key parsers and the collection escape (FUZZTIME each, default 1m)
 	go test ./keys -run '^$$' -fuzz '^FuzzCollectionEscape$$' -fuzztime $(or $(FUZZTIME),1m)
