@@ -23,6 +23,8 @@ import {
   ComposeRequestSchema,
   ComposeResponseSchema,
   errorOf,
+  joinComposePages,
+  joinProvisioningPages,
   ProvisioningRequestSchema,
   ProvisioningResponseSchema,
 } from "../src/index.js";
@@ -243,6 +245,26 @@ describe("conformance", () => {
         await nc?.close();
         await server.stop();
       }
+    });
+  }
+});
+
+// Joining pages, checked with the suite's own data: the pages a page case
+// expects join to the whole answer its unpaged twin expects.
+describe("joining pages", () => {
+  const expectOf = (name: string) => cases.find((x) => x.name === name)!.c.expect;
+  for (const [paged, whole] of [["page-compose-plan-continues", "compose-node"], ["page-compose-module", "compose-module"]] as const) {
+    it(`${paged} joins to ${whole}`, () => {
+      const pages = expectOf(paged).pages!.map((p) => fromJson(ComposeResponseSchema, p));
+      assert.ok(pages.length > 1);
+      assert.ok(equals(ComposeResponseSchema, joinComposePages(pages), fromJson(ComposeResponseSchema, expectOf(whole).answer!)));
+    });
+  }
+  for (const [paged, whole] of [["page-needs-records-and-malformed", "needs-all"], ["page-registry", "registry-empty-request"]] as const) {
+    it(`${paged} joins to ${whole}`, () => {
+      const pages = expectOf(paged).pages!.map((p) => fromJson(ProvisioningResponseSchema, p));
+      assert.ok(pages.length > 1);
+      assert.ok(equals(ProvisioningResponseSchema, joinProvisioningPages(pages), fromJson(ProvisioningResponseSchema, expectOf(whole).answer!)));
     });
   }
 });

@@ -51,6 +51,8 @@ from .client import (
     ServiceIdentity,
     StatsResponse,
     error_of,
+    join_compose_pages,
+    join_provisioning_pages,
 )
 
 __all__ = [
@@ -97,4 +99,6 @@ __all__ = [
     "VerbSource",
     "What",
     "error_of",
+    "join_compose_pages",
+    "join_provisioning_pages",
 ]

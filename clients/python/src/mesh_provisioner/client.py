@@ -187,29 +187,11 @@ class ProvisionerClient:
         self, request: ProvisioningRequest | None = None, *, timeout: float | None = None
     ) -> ProvisioningResponse:
         """Returns the whole provisioning answer, its pages joined in order."""
-        whole = ProvisioningResponse()
-        async for page in self.provisioning_pages(request, timeout=timeout):
-            _join(whole, page, ("registry", "needs", "applied", "collect", "malformed"))
-            whole.what, whole.revision = page.what, page.revision
-        return whole
+        return join_provisioning_pages([page async for page in self.provisioning_pages(request, timeout=timeout)])
 
     async def compose_all(self, request: ComposeRequest, *, timeout: float | None = None) -> ComposeResponse:
-        """Returns the whole composition, its pages joined: plans,
-        provisions and refusals concatenated, a plan that continues the
-        previous page's last module merged into it; phases are the first
-        page's, revisions the last page's."""
-        whole = ComposeResponse()
-        async for page in self.compose_pages(request, timeout=timeout):
-            plans = list(page.plans)
-            if plans and whole.plans and whole.plans[-1].module == plans[0].module:
-                whole.plans[-1].items.extend(plans.pop(0).items)
-            whole.plans.extend(plans)
-            _join(whole, page, ("provisions", "refusals"))
-            if not whole.phases:  # each page times its own composition: keep the first's
-                whole.phases.extend(page.phases)
-            whole.node, whole.module = page.node, page.module
-            whole.revisions.CopyFrom(page.revisions)
-        return whole
+        """Returns the whole composition, its pages joined (see join_compose_pages)."""
+        return join_compose_pages([page async for page in self.compose_pages(request, timeout=timeout)])
 
     async def _call(self, subject: str, request: Message, answer: _Answer, timeout: float | None) -> _Answer:
         reply = await self._nc.request(
@@ -266,6 +248,34 @@ class ProvisionerClient:
         finally:
             await sub.unsubscribe()
         return answers
+
+
+def join_provisioning_pages(pages: list[ProvisioningResponse]) -> ProvisioningResponse:
+    """Joins the pages of a provisioning answer, in order, into one answer."""
+    whole = ProvisioningResponse()
+    for page in pages:
+        _join(whole, page, ("registry", "needs", "applied", "collect", "malformed"))
+        whole.what, whole.revision = page.what, page.revision
+    return whole
+
+
+def join_compose_pages(pages: list[ComposeResponse]) -> ComposeResponse:
+    """Joins the pages of a composition, in order, into one: plans,
+    provisions and refusals concatenated, a plan that continues the previous
+    page's last module merged into it; phases are the first page's,
+    revisions the last page's."""
+    whole = ComposeResponse()
+    for page in pages:
+        plans = list(page.plans)
+        if plans and whole.plans and whole.plans[-1].module == plans[0].module:
+            whole.plans[-1].items.extend(plans.pop(0).items)
+        whole.plans.extend(plans)
+        _join(whole, page, ("provisions", "refusals"))
+        if not whole.phases:  # each page times its own composition: keep the first's
+            whole.phases.extend(page.phases)
+        whole.node, whole.module = page.node, page.module
+        whole.revisions.CopyFrom(page.revisions)
+    return whole
 
 
 def _join(whole: Message, page: Message, fields: tuple[str, ...]) -> None:
