@@ -10,7 +10,10 @@ BIN      := bin
 BUF      := node_modules/.bin/buf
 VERSION  ?= 0.1.0-dev
 LDFLAGS  := -X main.version=$(VERSION)
-GENERATED := gen clients/ts/src/gen
+PY_DIR   := clients/python
+PY_VENV  := $(PY_DIR)/.venv
+PYTHON   ?= python3
+GENERATED := gen clients/ts/src/gen $(PY_DIR)/src/mesh
 # Arguments for `make run`, such as RUN_ARGS="--listen 127.0.0.1:4333".
 RUN_ARGS ?=
 
@@ -38,9 +41,11 @@ nats: ## Install the nats CLI (natscli v0.5.0) as bin/nats
 	GOBIN=$(CURDIR)/$(BIN) go install github.com/nats-io/natscli/nats@v0.5.0
 
 .PHONY: generate
-generate: tools ## Write gen/ and clients/ts/src/gen from proto/ with buf
+generate: tools python-venv ## Write gen/, clients/ts/src/gen (buf) and clients/python/src/mesh (protoc of grpcio-tools) from proto/
 	rm -rf $(GENERATED)
 	$(BUF) generate
+	$(PY_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=$(PY_DIR)/src --pyi_out=$(PY_DIR)/src $$(find proto -name '*.proto' | sort)
+	touch $(PY_DIR)/src/mesh/provisioner/v1/py.typed
 
 .PHONY: checkgenerate
 checkgenerate: generate ## Fail if generated code differs from what is committed
@@ -69,7 +74,7 @@ breaking: tools ## buf breaking against main and against the parent commit
 	else echo "buf breaking: no parent commit with a buf.yaml; nothing to compare"; fi
 
 .PHONY: test
-test: test-go test-ts ## Run every test: Go, then the TypeScript client against the real binary
+test: test-go test-ts test-python ## Run every test: Go, then the TypeScript and Python clients against the real binary
 
 .PHONY: test-go
 test-go: ## Run the Go tests (race detector on)
@@ -80,9 +85,40 @@ clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/p
 	@touch $@
 
 .PHONY: test-ts
-test-ts: build clients/ts/node_modules/.package-lock.json ## Run the TypeScript client's tests against bin/mesh-provisioner
+test-ts: build clients/ts/node_modules/.package-lock.json ## Run the TypeScript client's tests and the conformance suite against bin/mesh-provisioner
 	go build -o $(BIN)/e2e-seed ./internal/e2e/seed
-	cd clients/ts && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_SEED_BIN=$(CURDIR)/$(BIN)/e2e-seed npm test
+	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
+	cd clients/ts && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_SEED_BIN=$(CURDIR)/$(BIN)/e2e-seed \
+		MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply npm test
+
+# The venv is rebuilt whole when the lock changes, so that it holds exactly
+# what the lock pins.
+$(PY_VENV)/.installed: $(PY_DIR)/requirements-dev.lock $(PY_DIR)/pyproject.toml
+	rm -rf $(PY_VENV)
+	$(PYTHON) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r $(PY_DIR)/requirements-dev.lock
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e $(PY_DIR)
+	@touch $@
+
+.PHONY: python-venv
+python-venv: $(PY_VENV)/.installed ## Create clients/python/.venv with the packages pinned in requirements-dev.lock
+
+.PHONY: test-python
+test-python: build python-venv ## Type-check the Python client, run its tests and the conformance suite against bin/mesh-provisioner
+	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
+	cd $(PY_DIR) && .venv/bin/mypy --strict src/mesh_provisioner tests
+	cd $(PY_DIR) && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply \
+		.venv/bin/pytest -v
+
+.PHONY: conformance
+conformance: build python-venv clients/ts/node_modules/.package-lock.json ## Run only the conformance suite, in Go, TypeScript and Python, each case by name
+	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
+	MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner go test -count=1 -v -run '^TestConformance$$' ./internal/conformance \
+		| grep -E '^(    --- |ok|FAIL|panic)|^\s+conformance_test' | grep -vE '^        --- '
+	cd clients/ts && npx tsc -p tsconfig.test.json && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner \
+		MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply node --test --test-reporter=spec build-test/test/conformance.test.js
+	cd $(PY_DIR) && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply \
+		.venv/bin/pytest -v tests/test_conformance.py
 
 .PHONY: fuzz
 fuzz: ## Fuzz the key parsers and the collection escape (FUZZTIME each, default 1m)

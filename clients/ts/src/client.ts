@@ -231,6 +231,68 @@ export class ProvisionerClient {
     return this.#call(this.#composeSubject, ComposeRequestSchema, ComposeResponseSchema, request, opts);
   }
 
+  /**
+   * Yields every page of a provisioning answer, asking with each page's
+   * next_page_token until a page has none.
+   */
+  async *provisioningPages(
+    request: MessageInitShape<typeof ProvisioningRequestSchema> = {},
+    opts: RequestOptions = {},
+  ): AsyncGenerator<ProvisioningResponse> {
+    const next = create(ProvisioningRequestSchema, request);
+    for (;;) {
+      const page = await this.provisioning(next, opts);
+      yield page;
+      if (page.nextPageToken === "") {
+        return;
+      }
+      next.pageToken = page.nextPageToken;
+    }
+  }
+
+  /**
+   * Yields every page of a composition. A module's plan may continue on the
+   * next page: {@link composeAll} joins them.
+   */
+  async *composePages(
+    request: MessageInitShape<typeof ComposeRequestSchema>,
+    opts: RequestOptions = {},
+  ): AsyncGenerator<ComposeResponse> {
+    const next = create(ComposeRequestSchema, request);
+    for (;;) {
+      const page = await this.compose(next, opts);
+      yield page;
+      if (page.nextPageToken === "") {
+        return;
+      }
+      next.pageToken = page.nextPageToken;
+    }
+  }
+
+  /** Returns the whole provisioning answer, its pages joined in order. */
+  async provisioningAll(
+    request: MessageInitShape<typeof ProvisioningRequestSchema> = {},
+    opts: RequestOptions = {},
+  ): Promise<ProvisioningResponse> {
+    const pages: ProvisioningResponse[] = [];
+    for await (const page of this.provisioningPages(request, opts)) {
+      pages.push(page);
+    }
+    return joinProvisioningPages(pages);
+  }
+
+  /** Returns the whole composition, its pages joined (see {@link joinComposePages}). */
+  async composeAll(
+    request: MessageInitShape<typeof ComposeRequestSchema>,
+    opts: RequestOptions = {},
+  ): Promise<ComposeResponse> {
+    const pages: ComposeResponse[] = [];
+    for await (const page of this.composePages(request, opts)) {
+      pages.push(page);
+    }
+    return joinComposePages(pages);
+  }
+
   /** Sends a request in protobuf binary and decodes the answer. */
   async #call<Req extends DescMessage, Res extends DescMessage>(
     subject: string,
@@ -309,4 +371,47 @@ export function errorOf(reply: Msg): ProvisionerError | undefined {
     return undefined;
   }
   return new ProvisionerError(Number.parseInt(code, 10) || 0, description);
+}
+
+/** Joins the pages of a provisioning answer, in order, into one answer. */
+export function joinProvisioningPages(pages: ProvisioningResponse[]): ProvisioningResponse {
+  const whole = create(ProvisioningResponseSchema);
+  for (const page of pages) {
+    whole.what = page.what;
+    whole.revision = page.revision;
+    whole.registry.push(...page.registry);
+    whole.needs.push(...page.needs);
+    whole.applied.push(...page.applied);
+    whole.collect.push(...page.collect);
+    whole.malformed.push(...page.malformed);
+    whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
+  }
+  return whole;
+}
+
+/**
+ * Joins the pages of a composition, in order, into one: plans, provisions
+ * and refusals concatenated, a plan that continues the previous page's last
+ * module merged into it; phases are the first page's, revisions the last's.
+ */
+export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
+  const whole = create(ComposeResponseSchema);
+  for (const page of pages) {
+    const plans = [...page.plans];
+    const last = whole.plans.at(-1);
+    if (last !== undefined && plans[0]?.module === last.module) {
+      last.items.push(...plans.shift()!.items);
+    }
+    whole.plans.push(...plans);
+    whole.provisions.push(...page.provisions);
+    whole.refusals.push(...page.refusals);
+    if (whole.phases.length === 0) {
+      whole.phases = page.phases;
+    }
+    whole.node = page.node;
+    whole.module = page.module;
+    whole.revisions = page.revisions;
+    whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
+  }
+  return whole;
 }

@@ -853,6 +853,25 @@ describe("discovery", () => {
   });
 });
 
+describe("pages", () => {
+  it("the pages of an answer, asked one by one or joined, make the whole answer", async () => {
+    const whole = await client.provisioning({ what: What.NEEDS });
+    const pages: ProvisioningResponse[] = [];
+    for await (const page of client.provisioningPages({ what: What.NEEDS, pageSize: 3 })) {
+      pages.push(page);
+    }
+    assert.ok(pages.slice(0, -1).every((p) => p.nextPageToken !== "") && pages.at(-1)!.nextPageToken === "");
+    assert.equal(pages.reduce((n, p) => n + p.needs.length + p.malformed.length, 0), whole.needs.length + whole.malformed.length);
+    assert.ok(equals(ProvisioningResponseSchema, await client.provisioningAll({ what: What.NEEDS, pageSize: 3 }), whole));
+
+    const composed = await client.compose({ node: "ace" });
+    const joined = await client.composeAll({ node: "ace", pageSize: 2 });
+    composed.phases = [];
+    joined.phases = [];
+    assert.ok(equals(ComposeResponseSchema, joined, composed), "the joined pages differ from the whole composition");
+  });
+});
+
 // Last: the final test writes a need, which the tests above do not expect.
 describe("read your writes", () => {
   it("compose and provisioning answer at once a revision the copy has reached", async () => {

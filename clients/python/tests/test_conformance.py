@@ -1,0 +1,153 @@
+"""The Python runner of the conformance suite: every case of
+conformance/cases against the real binary, each on a fresh server, reported
+by the case's name. conformance/README.md describes the cases."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+import pytest
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from mesh_provisioner import ComposeRequest, ComposeResponse, ProvisioningRequest, ProvisioningResponse, error_of
+from server import CASES, apply, serve
+
+MESSAGES: dict[str, tuple[type[Message], type[Message]]] = {
+    "provisioning": (ProvisioningRequest, ProvisioningResponse),
+    "compose": (ComposeRequest, ComposeResponse),
+}
+CONTENT_TYPES = {"binary": "application/protobuf", "json": "application/json"}
+CASE_FILES = sorted(CASES.glob("*.json"))
+
+
+class Reply:
+    """What a request got: an answer, or a refusal's code and sentence."""
+
+    def __init__(self, answer: Message | None, content_type: str, code: int = 0, sentence: str = "") -> None:
+        self.answer, self.content_type, self.code, self.sentence = answer, content_type, code, sentence
+
+
+async def ask(nc: NATS, verb: str, body: bytes, content_type: str | None) -> Reply:
+    headers = {"Content-Type": content_type} if content_type else None
+    msg = await nc.request(f"mesh-provisioner.{verb}", body, timeout=10, headers=headers)
+    reply_type = (msg.headers or {}).get("Content-Type", "")
+    refusal = error_of(msg.headers)
+    if refusal is not None:
+        return Reply(None, reply_type, refusal.code, refusal.description)
+    answer = MESSAGES[verb][1]()
+    if reply_type == "application/json":
+        json_format.Parse(msg.data, answer)
+    else:
+        answer.ParseFromString(msg.data)
+    return Reply(answer, reply_type)
+
+
+def parse_request(verb: str, fields: dict[str, Any] | None, page_token: str = "") -> Message:
+    request = MESSAGES[verb][0]()
+    json_format.ParseDict(fields or {}, request)
+    if page_token:
+        request.page_token = page_token  # type: ignore[attr-defined]
+    return request
+
+
+def encode(request: Message, encoding: str) -> bytes:
+    if encoding == "json":
+        return json_format.MessageToJson(request).encode()
+    return request.SerializeToString(deterministic=True)
+
+
+def comparable(answer: Message) -> Message:
+    """The answer without what the suite does not compare: the opaque page
+    token (only whether it is empty counts) and compose's timings."""
+    copy = type(answer)()
+    copy.CopyFrom(answer)
+    copy.ClearField("next_page_token")
+    if isinstance(copy, ComposeResponse):
+        copy.ClearField("phases")
+    return copy
+
+
+def check(verb: str, expect: dict[str, Any], got: list[Reply], more: bool = False) -> None:
+    """Compares what a request got with what the case expects; more says
+    the last page expected is followed by others (a case with "then")."""
+    if "error" in expect:
+        want, reply = expect["error"], got[0]
+        assert reply.answer is None, f"answered, want error {want['code']}"
+        assert reply.code == want["code"], f"code {reply.code} ({reply.sentence}), want {want['code']}"
+        if "sentence" in want:
+            assert reply.sentence == want["sentence"]
+        if "sentence_prefix" in want:
+            assert reply.sentence.startswith(want["sentence_prefix"]), reply.sentence
+        return
+    pages = expect.get("pages", [expect.get("answer")])
+    for i, reply in enumerate(got):
+        assert reply.answer is not None, f"page {i + 1}: refused with {reply.code}: {reply.sentence}"
+    assert len(got) == len(pages), f"{len(got)} pages, want {len(pages)}"
+    for i, (reply, want) in enumerate(zip(got, pages)):
+        assert reply.answer is not None
+        last = i == len(pages) - 1 and not more
+        token = reply.answer.next_page_token  # type: ignore[attr-defined]
+        assert (token == "") == last, f"page {i + 1} of {len(pages)}: next_page_token {token!r}"
+        expected = json_format.ParseDict(want, MESSAGES[verb][1]())
+        actual = comparable(reply.answer)
+        if comparable(expected) != actual:
+            assert json_format.MessageToDict(actual) == json_format.MessageToDict(comparable(expected)), f"page {i + 1}"
+
+
+async def run_request(nc: NATS, case: dict[str, Any], encoding: str) -> None:
+    verb = case["verb"]
+    expect = case["expect"]
+    request = parse_request(verb, case.get("request"))
+    got: list[Reply] = []
+    while True:
+        reply = await ask(nc, verb, encode(request, encoding), CONTENT_TYPES[encoding])
+        assert reply.content_type == CONTENT_TYPES[encoding], f"{encoding}: answered with Content-Type {reply.content_type!r}"
+        got.append(reply)
+        token = reply.answer.next_page_token if reply.answer is not None else ""  # type: ignore[attr-defined]
+        if "pages" not in expect or not token or len(got) > len(expect["pages"]) or "then" in case:
+            break
+        request = parse_request(verb, case.get("request"), token)
+    check(verb, expect, got, more="then" in case)
+    if "then" in case:
+        token = got[0].answer.next_page_token if got[0].answer is not None else ""  # type: ignore[attr-defined]
+        assert token, "then: the first page has no next_page_token"
+        then = parse_request(verb, case["then"]["request"], token)
+        check(verb, case["then"]["expect"], [await ask(nc, verb, encode(then, encoding), CONTENT_TYPES[encoding])])
+
+
+async def run_raw(nc: NATS, case: dict[str, Any]) -> None:
+    body = case["body"]
+    data = body["text"].encode() if "text" in body else base64.b64decode(body["base64"])
+    reply = await ask(nc, case["verb"], data, body.get("content_type"))
+    if "content_type" in case["expect"]:
+        assert reply.content_type == case["expect"]["content_type"]
+    check(case["verb"], case["expect"], [reply])
+
+
+@pytest.mark.parametrize("case_file", CASE_FILES, ids=[f.stem for f in CASE_FILES])
+async def test_case(case_file: Path) -> None:
+    case = json.loads(case_file.read_text())
+    if case.get("pending") and not os.environ.get("CONFORMANCE_RUN_PENDING"):
+        pytest.skip(f"pending: {case['pending']}")
+    async with serve() as url:
+        await apply(url, case_file)
+        nc = await nats.connect(url, name=f"mesh-provisioner conformance {case_file.stem}")
+        try:
+            if "body" in case:
+                await run_raw(nc, case)
+            else:
+                for encoding in ("binary", "json"):
+                    await run_request(nc, case, encoding)
+        finally:
+            await nc.close()
+
+
+def test_suite_has_cases() -> None:
+    assert len(CASE_FILES) >= 40
