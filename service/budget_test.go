@@ -44,10 +44,14 @@ func TestNodeBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := client.New(nc)
-	if _, err := novox.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+	rev, err := novox.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
 		t.Fatal(err)
 	}
-	novoxBefore := askNeeds(ctx, t, c, "novox", 0)
+	novoxBefore := askNeeds(ctx, t, c, "novox", rev)
+	if len(novoxBefore.GetNeeds()) != 1 {
+		t.Fatalf("novox's needs: %v, want its one", novoxBefore.GetNeeds())
+	}
 
 	var last uint64
 	for i := range written {

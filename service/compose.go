@@ -38,6 +38,12 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			}
 			return waits
 		},
+		unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
+			if s.mirror.Registry.Empty() {
+				return wire.NewError(wire.CodeUnavailable, "the registry is empty: the instance that holds the provisioner seat has not written it yet; ask again shortly")
+			}
+			return nil
+		},
 		keyOf: func(in *provisionerv1.ComposeRequest) string {
 			least := in.GetMinRevisions()
 			in.MinRevisions = nil

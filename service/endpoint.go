@@ -26,6 +26,9 @@ type endpoint[Req, Res proto.Message] struct {
 	check func(Req) *wire.Error
 	// waits are the revisions the request asks the copy to reach first.
 	waits func(Req) []revisionWait
+	// unavailable, if set, refuses a request the copy cannot answer yet
+	// with a 503, on the micro callback.
+	unavailable func(Req) *wire.Error
 	// keyOf returns the request as the answer cache knows it: without its
 	// minimum revisions, which decide when it is answered, not what.
 	keyOf func(Req) string
@@ -104,6 +107,12 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	if !s.mirror.Ready() {
 		s.refuse(r, enc, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", ")))
 		return
+	}
+	if ep.unavailable != nil {
+		if werr := ep.unavailable(in); werr != nil {
+			s.refuse(r, enc, werr)
+			return
+		}
 	}
 	var pending []revisionWait
 	for _, w := range ep.waits(in) {

@@ -209,6 +209,15 @@ func (s *Service) WaitReady(ctx context.Context) error {
 	return nil
 }
 
+// WaitRegistry returns once the copy holds the registry (some instance
+// wrote it), or ctx's error: until then, compose answers 503.
+func (s *Service) WaitRegistry(ctx context.Context) error {
+	if !s.mirror.Registry.WaitFilled(ctx) {
+		return fmt.Errorf("the registry is still empty: %w", ctx.Err())
+	}
+	return nil
+}
+
 // Info returns the micro service's discovery information.
 func (s *Service) Info() micro.Info { return s.micro.Info() }
 

@@ -207,6 +207,14 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			}
 			return err
 		}
+		// Serving means answering right: compositions need the registry,
+		// which the seat's holder (maybe this instance) writes.
+		if err := svc.WaitRegistry(readyCtx); err != nil {
+			if gctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
 		info := svc.Info()
 		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
 			"subjects", []string{wire.ProvisioningSubject, wire.ComposeSubject}, "nats_url", redactURL(url))

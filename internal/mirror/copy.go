@@ -297,6 +297,36 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	return all, revision
 }
 
+// Empty reports whether the copy holds no key.
+func (c *Copy[R]) Empty() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, g := range c.groups {
+		if len(g.byKey) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// WaitFilled returns true once the copy holds a key, or false when ctx is
+// done first.
+func (c *Copy[R]) WaitFilled(ctx context.Context) bool {
+	for {
+		c.mu.RLock()
+		advanced := c.advanced
+		c.mu.RUnlock()
+		if !c.Empty() {
+			return true
+		}
+		select {
+		case <-advanced:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // Stamp identifies what the group first holds now (every group, for an
 // empty first): it changes whenever the group does, and never takes a value
 // it had before. It returns the copy's revision too.
