@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -129,4 +130,25 @@ func start(t *testing.T, nc *nats.Conn, cfg Config) *Service {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// Until some instance has written the registry, a composition would refuse
+// every need: compose answers 503 instead, and provisioning answers.
+func TestComposeWaitsForTheRegistry(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	s := start(t, nc, Config{})
+	c := client.New(nc)
+	_, err := c.Compose(t.Context(), &provisionerv1.ComposeRequest{Node: "ace"})
+	if wire.CodeOf(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), "registry is empty") {
+		t.Errorf("compose with an empty registry: %v, want a 503 saying so", err)
+	}
+	if _, err := c.Provisioning(t.Context(), &provisionerv1.ProvisioningRequest{}); err != nil {
+		t.Errorf("provisioning with an empty registry: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := s.WaitRegistry(ctx); err == nil {
+		t.Error("WaitRegistry returned with the registry empty")
+	}
 }
