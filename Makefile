@@ -77,8 +77,10 @@ breaking: tools ## buf breaking against main and against the parent commit
 test: test-go test-ts test-python ## Run every test: Go, then the TypeScript and Python clients against the real binary
 
 .PHONY: test-go
-test-go: ## Run the Go tests (race detector on)
-	go test -race -count=1 ./...
+test-go: ## Run the Go tests (race detector on); the conformance suite's cases by name
+	go test -race -count=1 $$(go list ./... | grep -v '/internal/conformance$$')
+	go test -race -count=1 -v -run '^TestConformance$$' ./internal/conformance \
+		| grep -E '^(    --- |ok|FAIL|panic|PASS)|^\s+conformance_test' | grep -vE '^        --- '
 
 clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund
