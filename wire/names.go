@@ -30,3 +30,9 @@ const (
 
 // StreamOf returns the name of the JetStream stream that holds a KV bucket.
 func StreamOf(bucket string) string { return "KV_" + bucket }
+
+// SeatSubject is where the provisioner seat's lease is kept: a subject of the
+// registry bucket's stream outside its keys ($KV.<bucket>.>), so that KV
+// watchers of the registry never see it, and so that every registry write can
+// be made conditional on the lease's sequence in the same stream.
+const SeatSubject = "$SEAT." + ServiceName
