@@ -46,6 +46,10 @@ type Config struct {
 	// MaxWaiting bounds the requests waiting for revisions at once; more
 	// are refused with a 503 rather than held. Zero means 1024.
 	MaxWaiting int
+	// Seat reports the provisioner seat for the endpoints' stats: whether
+	// this instance holds it, since when it holds it or stands by, and who
+	// holds it as far as it knows. Nil leaves the seat out of the stats.
+	Seat func() (held bool, since time.Time, holder string)
 }
 
 // Defaults of Config.
@@ -79,6 +83,7 @@ type Service struct {
 	answers sync.WaitGroup
 
 	counters map[string]*counters // by endpoint name
+	seat     func() (held bool, since time.Time, holder string)
 	// failures rate-limits the warning logged for each 5xx answer, so that a
 	// flood of them cannot flood the log.
 	failures rate.Sometimes
@@ -125,6 +130,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{},
 		failures:     rate.Sometimes{Interval: time.Second},
+		seat:         cfg.Seat,
 	}
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
 	if err != nil {
@@ -215,10 +221,20 @@ type counters struct {
 // stats is an endpoint's "data" in $SRV.STATS.
 func (s *Service) stats(e *micro.Endpoint) any {
 	c := s.counters[e.Name]
-	return map[string]any{
+	data := map[string]any{
 		"answered":      c.answered.Load(),
 		"answer_errors": c.answerErrors.Load(),
 		"loading":       append([]string{}, s.mirror.Loading()...),
 		"behind":        append([]string{}, s.mirror.Behind()...),
 	}
+	if s.seat != nil {
+		held, since, holder := s.seat()
+		data["seat"] = "standby"
+		if held {
+			data["seat"] = "held"
+		}
+		data["seat_since"] = since.UTC().Format(time.RFC3339)
+		data["seat_holder"] = holder
+	}
+	return data
 }
