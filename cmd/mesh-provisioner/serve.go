@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -27,9 +28,11 @@ mesh-provisioner.provisioning and mesh-provisioner.compose as one NATS micro
 service, answered from a watched copy of the buckets. With no --nats-url it
 embeds a nats-server with JetStream, listening on --listen, its store in
 --state-dir; with --nats-url it connects to that NATS and embeds nothing.
-It creates the four provisioning buckets if they are missing, writes the
-registry at start and every --registry-interval, and stops cleanly on
-SIGINT or SIGTERM.
+It creates the four provisioning buckets if they are missing. Any number
+of instances may serve one mesh; the one that holds the provisioner seat
+writes the registry, at the start of its tenure, every --registry-interval
+and whenever an entry is changed by anyone else. It stops cleanly on SIGINT
+or SIGTERM, handing the seat to a standby.
 
 Other commands (each with --help): query, permissions, capture, simulate, version`
 
@@ -123,7 +126,13 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("open registry bucket: %w", err)
 	}
-	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, Logger: logger}
+	// Of all instances on the mesh, the one that holds the seat writes the
+	// registry, each write fenced by its lease; the others stand by.
+	provisionerSeat, err := seat.New(ctx, seat.Config{JS: js, Logger: logger})
+	if err != nil {
+		return err
+	}
+	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, Publisher: provisionerSeat, Logger: logger}
 
 	svc, err := service.Start(ctx, service.Config{
 		Conn:         nc,
@@ -131,17 +140,22 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		Logger:       logger,
 		SlowCompose:  f.slowCompose,
 		RevisionWait: f.revisionWait,
+		Seat: func() (bool, time.Time, string) {
+			st := provisionerSeat.Status()
+			return st.Held, st.Since, st.Holder
+		},
 	})
 	if err != nil {
 		return err
 	}
 	defer svc.Stop()
 
-	// The reconciler and the service run side by side; the first to fail
-	// ends both, and shutdown waits for each.
+	// The seat (its holder reconciling) and the service run side by side;
+	// the first to fail ends both, and shutdown waits for each: the seat is
+	// handed back before the connection drains.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := reconciler.Run(gctx); err != nil {
+		if err := provisionerSeat.Run(gctx, reconciler.Run); err != nil {
 			return fmt.Errorf("reconcile registry: %w", err)
 		}
 		return nil
@@ -156,7 +170,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			return err
 		}
 		info := svc.Info()
-		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
+		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID, "seat_id", provisionerSeat.ID(),
 			"subjects", []string{wire.ProvisioningSubject, wire.ComposeSubject}, "nats_url", redactURL(url))
 		<-gctx.Done()
 		return nil
