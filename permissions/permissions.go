@@ -63,7 +63,7 @@ var adminDenied = []string{
 //   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
 //     writes and the answers to its requests.
 //
-// It is denied the registry's subjects, every other node's keys (by not being
+// It is denied the registry's subjects and the seat's, every other node's keys (by not being
 // allowed them), and every stream and consumer administration subject.
 func Node(node string) (Permissions, error) {
 	if _, err := keys.NodeFilter(node); err != nil {
@@ -77,7 +77,7 @@ func Node(node string) (Permissions, error) {
 		p.Publish.Allow = append(p.Publish.Allow, jsAPI("STREAM.INFO", wire.StreamOf(bucket)))
 	}
 	p.Publish.Allow = append(p.Publish.Allow, verbs...)
-	p.Publish.Deny = append([]string{kvSubjects(keys.RegistryBucket, "")}, adminDenied...)
+	p.Publish.Deny = append([]string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject}, adminDenied...)
 	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
 	return p, nil
@@ -120,6 +120,7 @@ func Provider(module string) (Permissions, error) {
 	for _, bucket := range keys.Buckets() {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
+	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleProvider, module) + ".>"}
 	return p, nil
@@ -128,6 +129,9 @@ func Provider(module string) (Permissions, error) {
 // Server returns the permissions of the mesh-provisioner server:
 //
 //   - publish $KV.mesh-provisioner_registry.>: write the registry;
+//   - publish $SEAT.mesh-provisioner and
+//     $JS.API.DIRECT.GET.KV_mesh-provisioner_registry.$SEAT.mesh-provisioner:
+//     take, renew, hand back and read the provisioner seat (package seat);
 //   - publish $JS.API.INFO: the KV client reads the account's JetStream
 //     information before it creates a bucket;
 //   - for each of the four buckets, publish $JS.API.STREAM.INFO, .CREATE and
@@ -141,7 +145,9 @@ func Provider(module string) (Permissions, error) {
 // It is denied the state buckets' keys: it reads them and never writes them.
 func Server() Permissions {
 	var p Permissions
-	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), "$JS.API.INFO"}
+	registry := wire.StreamOf(keys.RegistryBucket)
+	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject,
+		jsAPI("DIRECT.GET", registry) + "." + wire.SeatSubject, "$JS.API.INFO"}
 	for _, bucket := range keys.Buckets() {
 		stream := wire.StreamOf(bucket)
 		p.Publish.Allow = append(p.Publish.Allow,
