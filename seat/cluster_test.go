@@ -111,6 +111,10 @@ func TestSeatOnAThreeServerCluster(t *testing.T) {
 		}
 	}
 
+	holder.seat.mu.Lock()
+	heldRev := holder.seat.rev
+	holder.seat.mu.Unlock()
+
 	// The holder's server dies, and the holder with it.
 	servers[at].Shutdown()
 	holder.nc.Close()
@@ -131,5 +135,24 @@ func TestSeatOnAThreeServerCluster(t *testing.T) {
 			t.Fatalf("the new holder's fenced write %s after takeover: %v", time.Since(start), err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The former holder wakes up, on a surviving server, still holding
+	// its lease: its write is refused by the replicated stream.
+	survivor := servers[(at+1)%3]
+	snc, err := nats.Connect(survivor.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(snc.Close)
+	sjs, _ := jetstream.New(snc)
+	stalled, err := New(ctx, Config{JS: sjs, ID: holder.seat.ID(), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stalled.held, stalled.rev = true, heldRev
+	_, err = stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("stale")})
+	if !errors.Is(err, ErrFenced) {
+		t.Errorf("the former holder's write on the cluster: %v, want ErrFenced", err)
 	}
 }
