@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -33,8 +34,9 @@ const (
 	DefaultMaxBytes     = 1 << 30
 )
 
-// Ensure creates each provisioning bucket that is missing and makes sure
-// every state bucket refuses rollups and has the size limits of cfg,
+// Ensure creates each provisioning bucket that is missing, makes sure
+// every state bucket refuses rollups and has the size limits of cfg, and
+// that the registry's stream keeps the provisioner seat (configureRegistry),
 // updating buckets that already exist. It leaves the rest of an existing
 // bucket's configuration alone.
 //
@@ -74,6 +76,31 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		if err := configureState(ctx, js, bucket, cfg); err != nil {
 			return err
 		}
+	}
+	return configureRegistry(ctx, js)
+}
+
+// configureRegistry makes the registry bucket's stream hold the provisioner
+// seat as well (package seat): it adds wire.SeatSubject to the stream's
+// subjects, outside the bucket's keys so that no KV watcher sees it, and
+// allows per-message TTLs, which the seat's lease carries. The seat lives in
+// the registry's stream so that each registry write can be made conditional
+// on the lease in one publish.
+func configureRegistry(ctx context.Context, js jetstream.JetStream) error {
+	stream, err := js.Stream(ctx, wire.StreamOf(keys.RegistryBucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", keys.RegistryBucket, err)
+	}
+	sc := stream.CachedInfo().Config
+	if sc.AllowMsgTTL && slices.Contains(sc.Subjects, wire.SeatSubject) {
+		return nil
+	}
+	sc.AllowMsgTTL = true
+	if !slices.Contains(sc.Subjects, wire.SeatSubject) {
+		sc.Subjects = append(sc.Subjects, wire.SeatSubject)
+	}
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: keep the provisioner seat: %w", keys.RegistryBucket, err)
 	}
 	return nil
 }

@@ -1,7 +1,9 @@
 package buckets_test
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -87,5 +89,48 @@ func TestEnsureSetsSizeLimits(t *testing.T) {
 	}
 	if _, err := needs.Get(ctx, "ace.web.port.big"); err == nil {
 		t.Error("the refused put is in the bucket")
+	}
+}
+
+func TestEnsureKeepsTheSeatInTheRegistryStream(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, _ := jetstream.New(nc)
+	// A registry bucket made before the seat existed.
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: keys.RegistryBucket}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream, err := js.Stream(ctx, wire.StreamOf(keys.RegistryBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := stream.CachedInfo().Config
+	if !sc.AllowMsgTTL || !slices.Contains(sc.Subjects, wire.SeatSubject) {
+		t.Errorf("registry stream: AllowMsgTTL %v, subjects %v; want TTLs and %s", sc.AllowMsgTTL, sc.Subjects, wire.SeatSubject)
+	}
+	// The seat's message is not a key of the bucket: its watchers never see it.
+	if _, err := js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"x"}`), jetstream.WithMsgTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	registryKV, _ := js.KeyValue(ctx, keys.RegistryBucket)
+	if _, err := registryKV.Put(ctx, "port", []byte("entry")); err != nil {
+		t.Fatal(err)
+	}
+	lister, err := registryKV.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for k := range lister.Keys() {
+		got = append(got, k)
+	}
+	if !slices.Equal(got, []string{"port"}) {
+		t.Errorf("registry keys %v, want [port]", got)
 	}
 }

@@ -26,6 +26,12 @@ type Config struct {
 	Conn *nats.Conn
 	// Node is the node this client writes for. Required.
 	Node string
+	// APIPrefix is where the provisioner's JetStream is reached when the
+	// server runs in an account of its own (runs-as): wire.RunsAsAPIPrefix,
+	// under which the mesh account imports the provisioner's (see
+	// permissions.RunsAs). Empty means the node's own account holds the
+	// buckets.
+	APIPrefix string
 }
 
 // Client writes one node's keys of the state buckets.
@@ -43,7 +49,13 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if _, err := keys.NodeFilter(cfg.Node); err != nil {
 		return nil, fmt.Errorf("nodeclient: %w", err)
 	}
-	js, err := jetstream.New(cfg.Conn)
+	var js jetstream.JetStream
+	var err error
+	if cfg.APIPrefix == "" {
+		js, err = jetstream.New(cfg.Conn)
+	} else {
+		js, err = jetstream.NewWithAPIPrefix(cfg.Conn, cfg.APIPrefix)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -63,21 +63,46 @@ var adminDenied = []string{
 //   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
 //     writes and the answers to its requests.
 //
-// It is denied the registry's subjects, every other node's keys (by not being
+// It is denied the registry's subjects and the seat's, every other node's keys (by not being
 // allowed them), and every stream and consumer administration subject.
 func Node(node string) (Permissions, error) {
+	return nodePermissions(node, "")
+}
+
+// NodeRunsAs returns the permissions of node's provisioner client in the mesh
+// account when the server runs in an account of its own (RunsAs): those of
+// Node, with the state buckets' key and stream information subjects under
+// wire.RunsAsAPIPrefix, where the mesh account imports the provisioner
+// account's. Its client binds the buckets with nodeclient.Config.APIPrefix.
+func NodeRunsAs(node string) (Permissions, error) {
+	return nodePermissions(node, wire.RunsAsAPIPrefix)
+}
+
+// nodePermissions are Node's, the state buckets reached under apiPrefix
+// (empty: in the node's own account).
+func nodePermissions(node, apiPrefix string) (Permissions, error) {
 	if _, err := keys.NodeFilter(node); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for node: %w", err)
 	}
+	under := func(subject string) string { return subject }
+	info := func(stream string) string { return jsAPI("STREAM.INFO", stream) }
+	if apiPrefix != "" {
+		under = func(subject string) string { return apiPrefix + "." + subject }
+		info = func(stream string) string { return apiPrefix + ".STREAM.INFO." + stream }
+	}
 	var p Permissions
 	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Allow = append(p.Publish.Allow, kvSubjects(bucket, node))
+		p.Publish.Allow = append(p.Publish.Allow, under(kvSubjects(bucket, node)))
 	}
 	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Allow = append(p.Publish.Allow, jsAPI("STREAM.INFO", wire.StreamOf(bucket)))
+		p.Publish.Allow = append(p.Publish.Allow, info(wire.StreamOf(bucket)))
 	}
 	p.Publish.Allow = append(p.Publish.Allow, verbs...)
-	p.Publish.Deny = append([]string{kvSubjects(keys.RegistryBucket, "")}, adminDenied...)
+	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject}
+	if apiPrefix != "" {
+		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")))
+	}
+	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
 	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
 	return p, nil
@@ -120,6 +145,7 @@ func Provider(module string) (Permissions, error) {
 	for _, bucket := range keys.Buckets() {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
+	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleProvider, module) + ".>"}
 	return p, nil
@@ -128,6 +154,9 @@ func Provider(module string) (Permissions, error) {
 // Server returns the permissions of the mesh-provisioner server:
 //
 //   - publish $KV.mesh-provisioner_registry.>: write the registry;
+//   - publish $SEAT.mesh-provisioner and
+//     $JS.API.DIRECT.GET.KV_mesh-provisioner_registry.$SEAT.mesh-provisioner:
+//     take, renew, hand back and read the provisioner seat (package seat);
 //   - publish $JS.API.INFO: the KV client reads the account's JetStream
 //     information before it creates a bucket;
 //   - for each of the four buckets, publish $JS.API.STREAM.INFO, .CREATE and
@@ -141,7 +170,9 @@ func Provider(module string) (Permissions, error) {
 // It is denied the state buckets' keys: it reads them and never writes them.
 func Server() Permissions {
 	var p Permissions
-	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), "$JS.API.INFO"}
+	registry := wire.StreamOf(keys.RegistryBucket)
+	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject,
+		jsAPI("DIRECT.GET", registry) + "." + wire.SeatSubject, "$JS.API.INFO"}
 	for _, bucket := range keys.Buckets() {
 		stream := wire.StreamOf(bucket)
 		p.Publish.Allow = append(p.Publish.Allow,

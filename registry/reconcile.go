@@ -1,12 +1,14 @@
 package registry
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -23,6 +25,10 @@ type Report struct {
 	Deleted []string
 	// Unchanged are the kinds that already held their entry.
 	Unchanged []string
+	// Revision is the bucket's revision once the run's last write was
+	// acknowledged, or the newest revision of the entries it left alone: a
+	// copy that reached it holds the whole registry.
+	Revision uint64
 }
 
 // LogValue reports the counts and the keys that changed.
@@ -31,6 +37,7 @@ func (r Report) LogValue() slog.Value {
 		slog.Any("written", r.Written),
 		slog.Any("deleted", r.Deleted),
 		slog.Int("unchanged", len(r.Unchanged)),
+		slog.Uint64("revision", r.Revision),
 	)
 }
 
@@ -39,6 +46,63 @@ func (r Report) LogValue() slog.Value {
 // answers, and leaves equal entries alone, so a run that changes nothing
 // writes nothing. The table must be valid.
 func Reconcile(ctx context.Context, kv jetstream.KeyValue, table []*provisionerv1.RegistryEntry) (Report, error) {
+	return reconcile(ctx, kv, nil, table)
+}
+
+// Publisher publishes a registry write and waits for the stream's
+// acknowledgement: a jetstream.JetStream, or the provisioner seat
+// (seat.Seat), which makes each write conditional on the lease it holds.
+type Publisher interface {
+	PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// writer writes and deletes a bucket's keys: through the KV client, or as
+// the KV client's own messages through a Publisher.
+type writer struct {
+	kv  jetstream.KeyValue
+	pub Publisher
+}
+
+// put writes a key and returns the revision it was written at.
+func (w writer) put(ctx context.Context, key string, value []byte) (uint64, error) {
+	if w.pub == nil {
+		return w.kv.Put(ctx, key, value)
+	}
+	ack, err := w.pub.PublishMsg(ctx, &nats.Msg{Subject: kvSubject(w.kv, key), Data: value})
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// delete writes a key's delete marker and returns its revision, where the
+// KV client tells it (zero otherwise).
+func (w writer) delete(ctx context.Context, key string) (uint64, error) {
+	if w.pub == nil {
+		return 0, w.kv.Delete(ctx, key)
+	}
+	msg := nats.NewMsg(kvSubject(w.kv, key))
+	msg.Header.Set(kvOperation, kvDelete) // what the KV client sends for Delete
+	ack, err := w.pub.PublishMsg(ctx, msg)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// The KV client's delete marker.
+const (
+	kvOperation = "KV-Operation"
+	kvDelete    = "DEL"
+)
+
+// kvSubject is the subject of a key of a bucket that is no mirror.
+func kvSubject(kv jetstream.KeyValue, key string) string {
+	return "$KV." + kv.Bucket() + "." + key
+}
+
+func reconcile(ctx context.Context, kv jetstream.KeyValue, pub Publisher, table []*provisionerv1.RegistryEntry) (Report, error) {
+	w := writer{kv: kv, pub: pub}
 	if err := Validate(table); err != nil {
 		return Report{}, err
 	}
@@ -58,6 +122,7 @@ func Reconcile(ctx context.Context, kv jetstream.KeyValue, table []*provisionerv
 			var have provisionerv1.RegistryEntry
 			if proto.Unmarshal(old.Value(), &have) == nil && proto.Equal(&have, entry) {
 				report.Unchanged = append(report.Unchanged, key)
+				report.Revision = max(report.Revision, old.Revision())
 				continue
 			}
 		}
@@ -65,19 +130,23 @@ func Reconcile(ctx context.Context, kv jetstream.KeyValue, table []*provisionerv
 		if err != nil {
 			return report, fmt.Errorf("encode registry entry %q: %w", key, err)
 		}
-		if _, err := kv.Put(ctx, key, value); err != nil {
+		revision, err := w.put(ctx, key, value)
+		if err != nil {
 			return report, fmt.Errorf("write registry entry %q: %w", key, err)
 		}
 		report.Written = append(report.Written, key)
+		report.Revision = max(report.Revision, revision)
 	}
 	for key := range stored {
 		if wanted[key] {
 			continue
 		}
-		if err := kv.Delete(ctx, key); err != nil {
+		revision, err := w.delete(ctx, key)
+		if err != nil {
 			return report, fmt.Errorf("delete stale registry key %q: %w", key, err)
 		}
 		report.Deleted = append(report.Deleted, key)
+		report.Revision = max(report.Revision, revision)
 	}
 	slices.Sort(report.Written)
 	slices.Sort(report.Deleted)
@@ -98,8 +167,8 @@ func readAll(ctx context.Context, kv jetstream.KeyValue) (map[string]jetstream.K
 	return entries, nil
 }
 
-// Reconciler keeps a registry bucket equal to a table: at start and then on
-// an interval.
+// Reconciler keeps a registry bucket equal to a table: at start, on an
+// interval, and whenever the bucket changes away from the table.
 type Reconciler struct {
 	// KV is the registry bucket. Required.
 	KV jetstream.KeyValue
@@ -107,45 +176,135 @@ type Reconciler struct {
 	Table []*provisionerv1.RegistryEntry
 	// Interval between runs; zero means one hour.
 	Interval time.Duration
+	// RestoreDelay is how long a change by anyone else stands before it is
+	// undone: a burst of changes is undone by one run, and two writers at
+	// odds (a misconfigured instance) cannot make a storm of writes. Zero
+	// means DefaultRestoreDelay.
+	RestoreDelay time.Duration
+	// Publisher sends the writes; nil means the KV client's own. Serve
+	// passes the provisioner seat, so that each write is fenced by its lease.
+	Publisher Publisher
 	// Logger receives a line for each run; nil means slog.Default().
 	Logger *slog.Logger
+	// Reconciled, if set, hears each run's report once it succeeded.
+	Reconciled func(Report)
 }
 
-// DefaultInterval is how often a Reconciler runs when Interval is zero.
-const DefaultInterval = time.Hour
+// Defaults of Reconciler.
+const (
+	// DefaultInterval is how often a Reconciler runs when Interval is zero.
+	DefaultInterval = time.Hour
+	// DefaultRestoreDelay is how long a change stands when RestoreDelay is
+	// zero: well within the 5 s in which a changed entry is restored.
+	DefaultRestoreDelay = 2 * time.Second
+)
 
-// Run reconciles at once, then every Interval until ctx is done, and returns
+// retryChange is how soon a run caused by a change is tried again after it
+// failed.
+const retryChange = time.Second
+
+// Run watches the bucket, reconciles at once, then every Interval and
+// RestoreDelay after any change of the bucket that leaves a key different
+// from the table (a write or delete by anyone else), until ctx is done, and returns
 // then. The first run's error ends Run: a registry that cannot be written at
-// start is a configuration to fix. A later run that fails is logged and
-// tried again at the next tick.
+// start is a configuration to fix (or, through a seat, a seat lost). A later
+// run that fails is logged and tried again.
 func (r *Reconciler) Run(ctx context.Context) error {
-	if _, err := r.runOnce(ctx); err != nil {
+	table := r.table()
+	if err := Validate(table); err != nil {
+		return err
+	}
+	wanted, err := encodeTable(table)
+	if err != nil {
+		return err
+	}
+	// Watch before the first run, so that no change after it is missed.
+	watcher, err := r.KV.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		return fmt.Errorf("watch registry bucket %s: %w", r.KV.Bucket(), err)
+	}
+	defer func() { _ = watcher.Stop() }()
+	if _, err := r.runOnce(ctx, "start"); err != nil {
 		return err
 	}
 	interval := r.Interval
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	delay := r.RestoreDelay
+	if delay <= 0 {
+		delay = DefaultRestoreDelay
+	}
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
+	var changed <-chan time.Time // set when a change awaits its run
 	for {
+		var err error
+		cause := ""
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-ticker.C:
-			if _, err := r.runOnce(ctx); err != nil && ctx.Err() == nil {
-				r.logger().Error("registry reconcile failed; trying again at the next interval", "err", err, "interval", interval)
+			cause = "interval"
+			_, err = r.runOnce(ctx, cause)
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				return fmt.Errorf("watch registry bucket %s: %w", r.KV.Bucket(), kvread.ErrWatcherStopped)
 			}
+			if e != nil && changed == nil && differs(wanted, e) {
+				r.logger().Info("registry entry changed by someone else; restoring it", "key", e.Key(), "op", e.Operation().String(), "revision", e.Revision(), "in", delay)
+				changed = time.After(delay)
+			}
+			continue
+		case <-changed:
+			changed = nil
+			cause = "change"
+			if _, err = r.runOnce(ctx, cause); err != nil {
+				changed = time.After(retryChange)
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			r.logger().Error("registry reconcile failed; trying again", "cause", cause, "err", err, "interval", interval)
 		}
 	}
 }
 
-func (r *Reconciler) runOnce(ctx context.Context) (Report, error) {
-	table := r.Table
-	if table == nil {
-		table = Table()
+// encodeTable returns each entry's value as Reconcile writes it, by key.
+func encodeTable(table []*provisionerv1.RegistryEntry) (map[string][]byte, error) {
+	wanted := make(map[string][]byte, len(table))
+	for _, entry := range table {
+		key, err := keys.RegistryKey(entry.GetKind())
+		if err != nil {
+			return nil, err
+		}
+		if wanted[key], err = (proto.MarshalOptions{Deterministic: true}).Marshal(entry); err != nil {
+			return nil, fmt.Errorf("encode registry entry %q: %w", key, err)
+		}
 	}
-	report, err := Reconcile(ctx, r.KV, table)
+	return wanted, nil
+}
+
+// differs reports whether a change leaves its key other than the table holds:
+// a value other than the table's (an equal value in another encoding
+// included, which the run then finds equal and leaves), a key the table does
+// not have, or a table key deleted.
+func differs(wanted map[string][]byte, e jetstream.KeyValueEntry) bool {
+	want, ok := wanted[e.Key()]
+	if e.Operation() != jetstream.KeyValuePut {
+		return ok
+	}
+	return !ok || !bytes.Equal(want, e.Value())
+}
+
+func (r *Reconciler) table() []*provisionerv1.RegistryEntry {
+	if r.Table == nil {
+		return Table()
+	}
+	return r.Table
+}
+
+func (r *Reconciler) runOnce(ctx context.Context, cause string) (Report, error) {
+	report, err := reconcile(ctx, r.KV, r.Publisher, r.table())
 	if err != nil {
 		return report, err
 	}
@@ -153,7 +312,10 @@ func (r *Reconciler) runOnce(ctx context.Context) (Report, error) {
 	if len(report.Written)+len(report.Deleted) > 0 {
 		level = slog.LevelInfo
 	}
-	r.logger().Log(ctx, level, "registry reconciled", "report", report)
+	r.logger().Log(ctx, level, "registry reconciled", "cause", cause, "report", report)
+	if r.Reconciled != nil {
+		r.Reconciled(report)
+	}
 	return report, nil
 }
 

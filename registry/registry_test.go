@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -291,5 +292,91 @@ func TestReconcilerRunsEveryInterval(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+// TestReconcilerRestoresChangedEntries: whatever anyone else does to the
+// registry, the running reconciler undoes it within moments, long before its
+// interval; its own writes and equal values start no run.
+func TestReconcilerRestoresChangedEntries(t *testing.T) {
+	t.Parallel()
+	other, _ := proto.Marshal(&provisionerv1.RegistryEntry{Kind: "port", Owner: "intruder"})
+	tests := []struct {
+		name   string
+		tamper func(ctx context.Context, kv jetstream.KeyValue) error
+	}{
+		{"entry overwritten", func(ctx context.Context, kv jetstream.KeyValue) error {
+			_, err := kv.Put(ctx, "port", other)
+			return err
+		}},
+		{"entry deleted", func(ctx context.Context, kv jetstream.KeyValue) error { return kv.Delete(ctx, "port") }},
+		{"entry purged", func(ctx context.Context, kv jetstream.KeyValue) error { return kv.Purge(ctx, "port") }},
+		{"unknown kind added", func(ctx context.Context, kv jetstream.KeyValue) error {
+			_, err := kv.Put(ctx, "bogus", other)
+			return err
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			kv := registryBucket(t)
+			table := registry.Table()
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			r := &registry.Reconciler{KV: kv, Interval: time.Hour, RestoreDelay: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
+			go func() { done <- r.Run(ctx) }()
+			defer func() { cancel(); <-done }()
+			waitUntil(t, 5*time.Second, func() bool { return holds(t, kv, table) })
+			settled := lastRevision(t, kv)
+			time.Sleep(200 * time.Millisecond)
+			if after := lastRevision(t, kv); after != settled {
+				t.Fatalf("the reconciler kept writing after the registry was equal: revision %d → %d", settled, after)
+			}
+
+			start := time.Now()
+			if err := tt.tamper(t.Context(), kv); err != nil {
+				t.Fatal(err)
+			}
+			waitUntil(t, 5*time.Second, func() bool { return lastRevision(t, kv) > settled+1 && holds(t, kv, table) })
+			t.Logf("%s: restored after %s", tt.name, time.Since(start))
+			assertBucketHolds(t, kv, table)
+		})
+	}
+}
+
+// holds reports whether kv holds exactly table.
+func holds(t *testing.T, kv jetstream.KeyValue, table []*provisionerv1.RegistryEntry) bool {
+	t.Helper()
+	lister, err := kv.ListKeys(t.Context())
+	if err != nil {
+		return false
+	}
+	n := 0
+	for k := range lister.Keys() {
+		n++
+		e, err := kv.Get(t.Context(), k)
+		if err != nil {
+			return false
+		}
+		var got provisionerv1.RegistryEntry
+		found := false
+		for _, want := range table {
+			if want.GetKind() == k && proto.Unmarshal(e.Value(), &got) == nil && proto.Equal(want, &got) {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return n == len(table)
+}
+
+func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !ok(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s", within)
+		}
 	}
 }

@@ -148,7 +148,7 @@ func TestComposeWaitsForTheRegistry(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
-	if err := s.WaitRegistry(ctx); err == nil {
+	if err := s.WaitRegistry(ctx, 0); err == nil {
 		t.Error("WaitRegistry returned with the registry empty")
 	}
 }

@@ -55,6 +55,10 @@ type Config struct {
 	// AnswerCacheBytes bounds the encoded answers kept for reuse; zero means
 	// DefaultAnswerCacheBytes, negative keeps none.
 	AnswerCacheBytes int
+	// Seat reports the provisioner seat for the endpoints' stats: whether
+	// this instance holds it, since when it holds it or stands by, and who
+	// holds it as far as it knows. Nil leaves the seat out of the stats.
+	Seat func() (held bool, since time.Time, holder string)
 }
 
 // Defaults of Config.
@@ -95,6 +99,7 @@ type Service struct {
 
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
+	seat     func() (held bool, since time.Time, holder string)
 	// failures rate-limits the warning logged for each 5xx answer, so that a
 	// flood of them cannot flood the log.
 	failures rate.Sometimes
@@ -151,6 +156,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		counters:     map[string]*counters{},
 		failures:     rate.Sometimes{Interval: time.Second},
 		cache:        newAnswerCache(cfg.AnswerCacheBytes),
+		seat:         cfg.Seat,
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
@@ -209,14 +215,18 @@ func (s *Service) WaitReady(ctx context.Context) error {
 	return nil
 }
 
-// WaitRegistry returns once the copy holds the registry (some instance
-// wrote it), or ctx's error: until then, compose answers 503.
-func (s *Service) WaitRegistry(ctx context.Context) error {
-	if !s.mirror.Registry.WaitFilled(ctx) {
-		return fmt.Errorf("the registry is still empty: %w", ctx.Err())
+// WaitRegistry returns once the copy holds a registry (some instance wrote
+// it) at revision atLeast or later, or ctx's error. Until it holds one,
+// compose answers 503.
+func (s *Service) WaitRegistry(ctx context.Context, atLeast uint64) error {
+	if !s.mirror.Registry.WaitFilled(ctx) || !s.mirror.Registry.WaitFor(ctx, atLeast) {
+		return fmt.Errorf("the registry is not in the copy yet: %w", ctx.Err())
 	}
 	return nil
 }
+
+// HasRegistry reports whether the copy holds a registry.
+func (s *Service) HasRegistry() bool { return !s.mirror.Registry.Empty() }
 
 // Info returns the micro service's discovery information.
 func (s *Service) Info() micro.Info { return s.micro.Info() }
@@ -258,7 +268,7 @@ type counters struct {
 // stats is an endpoint's "data" in $SRV.STATS.
 func (s *Service) stats(e *micro.Endpoint) any {
 	c := s.counters[e.Name]
-	return map[string]any{
+	data := map[string]any{
 		"answered":      c.answered.Load(),
 		"answer_errors": c.answerErrors.Load(),
 		"loading":       append([]string{}, s.mirror.Loading()...),
@@ -266,6 +276,16 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		"over_budget":   s.mirror.OverBudget(),
 		"answer_cache":  s.cache.stats(),
 	}
+	if s.seat != nil {
+		held, since, holder := s.seat()
+		data["seat"] = "standby"
+		if held {
+			data["seat"] = "held"
+		}
+		data["seat_since"] = since.UTC().Format(time.RFC3339)
+		data["seat_holder"] = holder
+	}
+	return data
 }
 
 // logBudget logs once when a node goes over its budget in a bucket, and

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/novox/mesh-provisioner/permissions"
 )
@@ -23,6 +24,13 @@ configuration (or as JSON with --json, which nats-server reads too):
   --provider MODULE  a provider module: reads the needs, writes its own
                      bucket MODULE_bound, writes no provisioning bucket
 
+  --runs-as NODES    the nats-server "accounts" block of a mesh whose server
+                     runs in an account of its own (PROVISIONER), the nodes
+                     (comma-separated) in the mesh account (MESH), which
+                     imports both verbs and the state buckets' subjects under
+                     $PROVISIONER.API; passwords are read from the
+                     environment ($ACE_PASSWORD for node ace)
+
 Each identity connects with the inbox prefix _INBOX_MESH.<role>.<name>
 (_INBOX_MESH.node.NAME, _INBOX_MESH.server.mesh-provisioner,
 _INBOX_MESH.provider.MODULE). See
@@ -33,16 +41,28 @@ func definePermissions(fs *flag.FlagSet) action {
 	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server")
 	provider := fs.String("provider", "", "the provider module the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
+	runsAs := fs.String("runs-as", "", "the accounts configuration of a mesh whose server runs in its own account, for these nodes (comma-separated)")
 	return func(_ context.Context, inv invocation) error {
 		warnAll(slog.New(slog.NewTextHandler(inv.stderr, nil)), inv.warnings)
 		var chosen int
-		for _, set := range []bool{*node != "", *server, *provider != ""} {
+		for _, set := range []bool{*node != "", *server, *provider != "", *runsAs != ""} {
 			if set {
 				chosen++
 			}
 		}
 		if chosen != 1 {
-			return errors.New("permissions: give exactly one of --node NAME, --server or --provider MODULE")
+			return errors.New("permissions: give exactly one of --node NAME, --server, --provider MODULE or --runs-as NODES")
+		}
+		if *runsAs != "" {
+			if *asJSON {
+				return errors.New("permissions: --runs-as prints configuration text only")
+			}
+			text, err := permissions.RunsAs{Nodes: strings.Split(*runsAs, ",")}.Config()
+			if err != nil {
+				return err
+			}
+			_, err = fmt.Fprintln(inv.stdout, text)
+			return err
 		}
 		var p permissions.Permissions
 		var err error

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -30,6 +31,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -163,8 +165,30 @@ func TestPermissionsOnARealServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if report, err := registry.Reconcile(ctx, registryKV, registry.Table()); err != nil || len(report.Written) != len(registry.Table()) {
-		t.Fatalf("server identity reconciles the registry: %+v, %v", report, err)
+	// It takes the seat and reconciles the registry through it, as serve does.
+	provisionerSeat, err := seat.New(ctx, seat.Config{JS: srv.js, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconciler := &registry.Reconciler{KV: registryKV, Publisher: provisionerSeat, Logger: slog.New(slog.DiscardHandler)}
+	seatCtx, stopSeat := context.WithCancel(context.Background())
+	seatDone := make(chan error, 1)
+	go func() { seatDone <- provisionerSeat.Run(seatCtx, reconciler.Run) }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		// The stream holds the table's entries and the seat's lease.
+		st, _ := registryKV.Status(ctx)
+		if held, _ := provisionerSeat.Held(); held && st != nil && st.Values() == uint64(len(registry.Table())+1) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server identity takes the seat and reconciles the registry (violations %v)", srv.violations)
+		}
+	}
+	// It hands the seat back, so that the streams hold still for the
+	// attempts below.
+	stopSeat()
+	if err := <-seatDone; err != nil {
+		t.Fatalf("the server identity's seat: %v", err)
 	}
 	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
 	if err != nil {
@@ -295,6 +319,14 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			_, err := ace.js.Publish(ctx, "$KV.mesh-provisioner_registry.port", registryEntry)
 			return err
 		}, permissionViolation, "$KV.mesh-provisioner_registry.port"},
+		{ace, "take the provisioner seat", func(ctx context.Context) error {
+			_, err := ace.js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"ace"}`))
+			return err
+		}, permissionViolation, wire.SeatSubject},
+		{pg, "take the provisioner seat", func(ctx context.Context) error {
+			_, err := pg.js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"pg"}`))
+			return err
+		}, permissionViolation, wire.SeatSubject},
 		{ace, "delete novox's need", func(ctx context.Context) error { return aceNeeds.Delete(ctx, "novox.web.port.http") },
 			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
 		{ace, "purge novox's need", func(ctx context.Context) error { return aceNeeds.Purge(ctx, "novox.web.port.http") },

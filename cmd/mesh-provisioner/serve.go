@@ -15,6 +15,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -29,9 +30,12 @@ embeds a nats-server with JetStream, listening on --listen, its store in
 naming the PID that holds it); with --nats-url it connects to that NATS and
 embeds nothing, and while it cannot be reached at start keeps trying, a log
 line per attempt (--connect-retry=false exits instead). It creates the four
-provisioning buckets if they are missing, writes the registry at start and
-every --registry-interval, and stops cleanly on SIGINT or SIGTERM. nats.go's
-and nats-server's messages go through its log, passwords redacted.
+provisioning buckets if they are missing. Any number of instances may serve
+one mesh; the one that holds the provisioner seat writes the registry, at the
+start of its tenure, every --registry-interval and whenever an entry is
+changed by anyone else. It stops cleanly on SIGINT or SIGTERM, handing the
+seat to a standby. nats.go's and nats-server's messages go through its log,
+passwords redacted.
 
 Other commands (each with --help): query, status, permissions, capture,
 simulate, version`
@@ -43,6 +47,7 @@ type serveFlags struct {
 	stateDir         string
 	replicas         int
 	registryInterval time.Duration
+	restoreDelay     time.Duration
 	readyTimeout     time.Duration
 	slowCompose      time.Duration
 	revisionWait     time.Duration
@@ -61,6 +66,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store, locked by one instance at a time (mesh-provisioner.lock holds its PID)")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
 	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
+	fs.DurationVar(&f.restoreDelay, "registry-restore-delay", registry.DefaultRestoreDelay, "how long a registry entry changed by anyone else stands before the seat's holder restores it (a burst is restored once)")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
 	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")
 	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
@@ -75,6 +81,9 @@ func defineServe(fs *flag.FlagSet) action {
 		}
 		if f.registryInterval < time.Second {
 			return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
+		}
+		if f.restoreDelay <= 0 || f.restoreDelay > 4*time.Second {
+			return fmt.Errorf("--registry-restore-delay %s: use a positive duration of at most 4s, so that a changed entry is restored within 5s", f.restoreDelay)
 		}
 		if f.maxValueSize < 1 || f.maxValueSize > 64<<20 || f.bucketMaxBytes < int64(f.maxValueSize) {
 			return fmt.Errorf("--max-value-size %d and --bucket-max-bytes %d: the value size is 1 byte to 64 MiB, and a bucket holds at least one value", f.maxValueSize, f.bucketMaxBytes)
@@ -91,6 +100,26 @@ func defineServe(fs *flag.FlagSet) action {
 		}
 		warnAll(logger, inv.warnings)
 		return f.run(ctx, logger)
+	}
+}
+
+// waitForRegistry returns once the service's copy holds the whole registry:
+// up to the first reconciliation's revision if this instance holds the seat,
+// or, for a standby, the registry the holder wrote.
+func waitForRegistry(ctx context.Context, svc *service.Service, provisionerSeat *seat.Seat, reconciled <-chan uint64) error {
+	poll := time.NewTicker(50 * time.Millisecond)
+	defer poll.Stop()
+	for {
+		select {
+		case revision := <-reconciled:
+			return svc.WaitRegistry(ctx, revision)
+		case <-poll.C:
+			if held, _ := provisionerSeat.Held(); !held && svc.HasRegistry() {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("the registry is not in the copy yet: %w", ctx.Err())
+		}
 	}
 }
 
@@ -165,7 +194,20 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("open registry bucket: %w", err)
 	}
-	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, Logger: logger}
+	// Of all instances on the mesh, the one that holds the seat writes the
+	// registry, each write fenced by its lease; the others stand by.
+	provisionerSeat, err := seat.New(ctx, seat.Config{JS: js, Logger: logger})
+	if err != nil {
+		return err
+	}
+	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
+	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, RestoreDelay: f.restoreDelay, Publisher: provisionerSeat, Logger: logger,
+		Reconciled: func(r registry.Report) {
+			select {
+			case reconciled <- r.Revision:
+			default:
+			}
+		}}
 
 	svc, err := service.Start(ctx, service.Config{
 		Conn:         nc,
@@ -175,6 +217,10 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		RevisionWait: f.revisionWait,
 		NodeMaxKeys:  f.nodeMaxKeys,
 		NodeMaxBytes: f.nodeMaxBytes,
+		Seat: func() (bool, time.Time, string) {
+			st := provisionerSeat.Status()
+			return st.Held, st.Since, st.Holder
+		},
 	})
 	if err != nil {
 		return err
@@ -189,11 +235,12 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		}
 	}()
 
-	// The reconciler and the service run side by side; the first to fail
-	// ends both, and shutdown waits for each.
+	// The seat (its holder reconciling) and the service run side by side;
+	// the first to fail ends both, and shutdown waits for each: the seat is
+	// handed back before the connection drains.
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := reconciler.Run(gctx); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
+		if err := provisionerSeat.Run(gctx, reconciler.Run); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
 			return fmt.Errorf("reconcile registry: %w", err)
 		}
 		return nil
@@ -207,16 +254,17 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			}
 			return err
 		}
-		// Serving means answering right: compositions need the registry,
-		// which the seat's holder (maybe this instance) writes.
-		if err := svc.WaitRegistry(readyCtx); err != nil {
+		// Serving means answering right: compositions need the registry
+		// whole, as this instance wrote it if it took the seat, or as the
+		// holder wrote it before.
+		if err := waitForRegistry(readyCtx, svc, provisionerSeat, reconciled); err != nil {
 			if gctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
 		info := svc.Info()
-		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID,
+		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID, "seat_id", provisionerSeat.ID(),
 			"subjects", []string{wire.ProvisioningSubject, wire.ComposeSubject}, "nats_url", redactURL(url))
 		<-gctx.Done()
 		return nil

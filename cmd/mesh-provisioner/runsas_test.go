@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/seat"
+	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// TestRunsAsOnARealServer proves the runs-as set-up: a nats-server whose
+// accounts are exactly what `permissions --runs-as` prints. The server's
+// identity lives in PROVISIONER, owns the buckets, holds the seat and
+// serves; nodes in MESH write their own keys and ask both verbs through the
+// imports, and nothing else of PROVISIONER is within reach of MESH, not even
+// for a MESH user without any permission restriction.
+func TestRunsAsOnARealServer(t *testing.T) {
+	t.Parallel()
+	config := printed(t, "--runs-as", "ace,novox")
+	// Each user's password is "<user>-secret" here; the printed text reads
+	// them from the environment.
+	config = regexp.MustCompile(`user: "([^"]+)", password: \$[A-Z0-9_]+`).ReplaceAllString(config, `user: "$1", password: "$1-secret"`)
+	// Unrestricted users beside: an operator of each account.
+	config = strings.Replace(config, "users = [\n", "users = [\n      { user: \"admin\", password: \"admin-secret\" }\n", 1)
+	_, meshAccount, _ := strings.Cut(config, `"MESH" {`)
+	config = strings.Replace(config, meshAccount, strings.Replace(meshAccount, "users = [\n", "users = [\n      { user: \"meshadmin\", password: \"meshadmin-secret\" }\n", 1), 1)
+	s := natstest.StartWithConfig(t, config)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// The server's identity creates the buckets in its account, takes the
+	// seat, reconciles the registry and serves.
+	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
+		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
+	}
+	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	provisionerSeat, err := seat.New(ctx, seat.Config{JS: srv.js, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconciler := &registry.Reconciler{KV: registryKV, Publisher: provisionerSeat, Logger: slog.New(slog.DiscardHandler)}
+	seatCtx, stopSeat := context.WithCancel(context.Background())
+	seatDone := make(chan error, 1)
+	go func() { seatDone <- provisionerSeat.Run(seatCtx, reconciler.Run) }()
+	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Stop)
+	if err := svc.WaitReady(ctx); err != nil {
+		t.Fatalf("server identity watches the buckets: %v", err)
+	}
+
+	// Nodes in MESH write their own state through the imports.
+	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
+	for _, id := range []*identity{ace, novox} {
+		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name, APIPrefix: wire.RunsAsAPIPrefix})
+		if err != nil {
+			t.Fatalf("%s binds the state buckets across accounts: %v (violations %v)", id.name, err, id.violations)
+		}
+		if _, err := nc.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+			t.Fatalf("%s puts its need: %v", id.name, err)
+		}
+		if _, err := nc.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + id.name}); err != nil {
+			t.Fatalf("%s puts its applied record: %v", id.name, err)
+		}
+		if _, err := nc.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export A=1"}); err != nil {
+			t.Fatalf("%s puts its collection item: %v", id.name, err)
+		}
+		if err := nc.DeleteCollectItem(ctx, "shell:zsh:normal", "web"); err != nil {
+			t.Fatalf("%s deletes its collection item: %v", id.name, err)
+		}
+	}
+
+	// ace asks both verbs, across the accounts, and sees the registry the
+	// server's seat wrote and its own writes.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		answer, err := client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"})
+		if err != nil {
+			t.Fatalf("ace asks the provisioning verb: %v (violations %v)", err, ace.violations)
+		}
+		if len(answer.GetNeeds()) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ace's needs through the verb: %v", answer)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		answer, err := client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_REGISTRY})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(answer.GetRegistry()) == len(registry.Table()) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the registry through the verb has %d entries, want %d", len(answer.GetRegistry()), len(registry.Table()))
+		}
+	}
+	plan, err := client.New(ace.nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace"})
+	if err != nil {
+		t.Fatalf("ace asks the compose verb: %v", err)
+	}
+	if plan == nil {
+		t.Fatal("no plan")
+	}
+
+	// The seat is handed back so that the streams hold still below.
+	stopSeat()
+	if err := <-seatDone; err != nil {
+		t.Fatalf("the server identity's seat: %v", err)
+	}
+	admin := connectAs(t, s, "", "admin")
+	baseline := snapshot(t, admin.js)
+	if _, ok := baseline[wire.StreamOf(keys.NeedsBucket)]; !ok || len(baseline) != 4 {
+		t.Fatalf("streams of PROVISIONER: %v, want the four buckets", baseline)
+	}
+	meshadmin := connectAs(t, s, "", "meshadmin")
+	if names := snapshot(t, meshadmin.js); len(names) != 0 {
+		t.Fatalf("MESH sees streams %v of its own", names)
+	}
+
+	publish := func(id *identity, subject string, header nats.Header) func(context.Context) error {
+		return func(ctx context.Context) error {
+			msg := &nats.Msg{Subject: subject, Header: header, Data: []byte("x")}
+			reply, err := id.nc.RequestMsgWithContext(ctx, msg)
+			if err == nil && strings.Contains(string(reply.Data), `"error"`) {
+				return errors.New(string(reply.Data)) // refused by JetStream
+			}
+			return err
+		}
+	}
+	rollup := nats.Header{"Nats-Rollup": []string{"all"}}
+	type outcome int
+	const (
+		permissionViolation outcome = iota // the user's permissions refuse it
+		noResponders                       // MESH has no such subject: nothing of PROVISIONER is reached
+		refusedByJetStream                 // reached the stream, which refuses it
+	)
+	novoxNeed := wire.RunsAsAPIPrefix + ".$KV.mesh-provisioner_needs.novox.web.port.http"
+	registryEntry := wire.RunsAsAPIPrefix + ".$KV.mesh-provisioner_registry.port"
+	purgeNeeds := wire.RunsAsAPIPrefix + ".STREAM.PURGE.KV_mesh-provisioner_needs"
+	tests := []struct {
+		who     *identity
+		action  string
+		attempt func(context.Context) error
+		want    outcome
+		subject string // of the violation
+	}{
+		{ace, "put novox's need", publish(ace, novoxNeed, nil), permissionViolation, novoxNeed},
+		{ace, "put a registry entry", publish(ace, registryEntry, nil), permissionViolation, registryEntry},
+		{ace, "take the seat", publish(ace, wire.SeatSubject, nil), permissionViolation, wire.SeatSubject},
+		{ace, "purge the needs through the provisioner's API", publish(ace, purgeNeeds, nil), permissionViolation, purgeNeeds},
+		{ace, "roll up the needs on its own key", publish(ace, wire.RunsAsAPIPrefix+".$KV.mesh-provisioner_needs.ace.web.port.http", rollup), refusedByJetStream, ""},
+		{meshadmin, "put a registry entry", publish(meshadmin, "$KV.mesh-provisioner_registry.port", nil), noResponders, ""},
+		{meshadmin, "put a registry entry under the prefix", publish(meshadmin, registryEntry, nil), noResponders, ""},
+		{meshadmin, "take the seat", publish(meshadmin, wire.SeatSubject, nil), noResponders, ""},
+		{meshadmin, "purge the needs under the prefix", publish(meshadmin, purgeNeeds, nil), noResponders, ""},
+		{meshadmin, "create a consumer on the needs under the prefix", publish(meshadmin, wire.RunsAsAPIPrefix+".CONSUMER.CREATE.KV_mesh-provisioner_needs", nil), noResponders, ""},
+		{meshadmin, "delete the needs stream", func(ctx context.Context) error { return meshadmin.js.DeleteStream(ctx, "KV_mesh-provisioner_needs") }, refusedByJetStream, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.who.name+" may not "+tt.action, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			err := tt.attempt(ctx)
+			switch tt.want {
+			case permissionViolation:
+				if err == nil {
+					t.Fatal("the attempt succeeded")
+				}
+				if !tt.who.violated(tt.subject) {
+					t.Errorf("no permission violation for %s (the attempt failed with %v)", tt.subject, err)
+				}
+			case noResponders:
+				if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+					t.Errorf("error %v, want no responders: MESH reaches nothing there", err)
+				}
+			case refusedByJetStream:
+				if err == nil {
+					t.Fatal("the attempt succeeded")
+				}
+				if !strings.Contains(err.Error(), "rollup not permitted") && !errors.Is(err, jetstream.ErrStreamNotFound) {
+					t.Errorf("error %v, want the stream to refuse it", err)
+				}
+			}
+			if diff := cmp.Diff(baseline, snapshot(t, admin.js)); diff != "" {
+				t.Errorf("the streams changed (-before +after):\n%s", diff)
+			}
+		})
+	}
+}

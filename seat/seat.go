@@ -1,0 +1,419 @@
+package seat
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// Errors of the seat.
+var (
+	// ErrNotHeld is returned by PublishMsg when this instance does not hold
+	// the seat, and wrapped by ErrFenced.
+	ErrNotHeld = errors.New("the provisioner seat is not held")
+	// ErrFenced is returned by PublishMsg when the stream refused the write
+	// because the lease it was conditional on is no longer the seat's: the
+	// seat expired or was taken over. It wraps ErrNotHeld.
+	ErrFenced = fmt.Errorf("write refused by the seat's fence: %w", ErrNotHeld)
+)
+
+// Config says which seat to hold and how.
+type Config struct {
+	// JS is the JetStream context the lease is kept and the fenced writes
+	// published through. Required.
+	JS jetstream.JetStream
+	// Stream holds the lease; empty means the registry bucket's stream, so
+	// that registry writes can be fenced by it.
+	Stream string
+	// Subject of the lease in Stream; empty means wire.SeatSubject.
+	Subject string
+	// ID names this instance in the lease; empty means a fresh unique id.
+	ID string
+	// TTL is the lease's life without renewal: a holder that dies loses the
+	// seat this long after its last renewal. Zero means DefaultTTL; at least
+	// one second (the stream's TTL granularity).
+	TTL time.Duration
+	// Poll is how often a standby reads the seat; zero means DefaultPoll.
+	Poll time.Duration
+	// Logger receives the seat's changes; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Config. A holder renews every TTL/3, so a renewal may fail
+// twice (a leader election of the stream) before the lease runs out; a
+// standby sees a lease gone within Poll, so a dead holder is replaced within
+// TTL + Poll and about a second of the stream's expiry timer.
+const (
+	DefaultTTL  = 6 * time.Second
+	DefaultPoll = 250 * time.Millisecond
+)
+
+// Status is what an instance knows of the seat.
+type Status struct {
+	// Held is true while this instance holds the seat.
+	Held bool
+	// Since is when this instance took the seat (Held) or last became a
+	// standby.
+	Since time.Time
+	// Holder is the id of the holder as last seen, this instance's own when
+	// Held; empty when the seat was last seen vacant.
+	Holder string
+	// HolderSince is when Holder took the seat, as its lease says.
+	HolderSince time.Time
+}
+
+// lease is the value of the seat's message; an empty message is a vacant seat.
+type lease struct {
+	Holder string    `json:"holder"`
+	Since  time.Time `json:"since"`
+}
+
+// Seat is one instance's part in holding the seat. Run campaigns for it;
+// PublishMsg is a registry write fenced by it.
+type Seat struct {
+	cfg    Config
+	stream jetstream.Stream
+	logger *slog.Logger
+
+	// mu orders fenced writes against renewals: a write carries the sequence
+	// of the lease as it stands, never one being replaced.
+	mu      sync.Mutex
+	held    bool
+	rev     uint64    // the lease's sequence in the stream, while held
+	since   time.Time // when this tenure began
+	renewed time.Time // when the last renewal that succeeded was sent
+	// endTenure ends the running tenure's context; set while held.
+	endTenure context.CancelFunc
+
+	status atomic.Pointer[Status]
+}
+
+// New binds the seat's stream, which must exist (buckets.Ensure creates it
+// with message TTLs allowed and the seat's subject).
+func New(ctx context.Context, cfg Config) (*Seat, error) {
+	if cfg.JS == nil {
+		return nil, errors.New("seat: Config.JS is required")
+	}
+	if cfg.Stream == "" {
+		cfg.Stream = wire.StreamOf(keys.RegistryBucket)
+	}
+	if cfg.Subject == "" {
+		cfg.Subject = wire.SeatSubject
+	}
+	if cfg.ID == "" {
+		cfg.ID = rand.Text()
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.TTL < time.Second {
+		return nil, fmt.Errorf("seat: TTL %s: use at least 1s", cfg.TTL)
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = DefaultPoll
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("seat: stream %s: %w", cfg.Stream, err)
+	}
+	s := &Seat{cfg: cfg, stream: stream, logger: cfg.Logger.With("seat_id", cfg.ID)}
+	s.status.Store(&Status{Since: time.Now()})
+	return s, nil
+}
+
+// ID is this instance's id in the lease.
+func (s *Seat) ID() string { return s.cfg.ID }
+
+// Status returns what this instance knows of the seat now. It never waits.
+func (s *Seat) Status() Status { return *s.status.Load() }
+
+// Held reports whether this instance holds the seat, and since when it holds
+// it or has been a standby.
+func (s *Seat) Held() (bool, time.Time) {
+	st := s.Status()
+	return st.Held, st.Since
+}
+
+// Run campaigns for the seat until ctx is done. Each time it takes the seat
+// it calls tenure with a context that ends when the seat is lost or ctx is
+// done, and renews the lease until then. When ctx is done it waits for
+// tenure to return and hands the seat back, so that a standby takes it at
+// once, then returns nil.
+//
+// A tenure that returns an error wrapping ErrNotHeld, or after its context
+// ended, has lost the seat: Run stands by again. Any other error from tenure
+// is handed back with the seat and ends Run.
+func (s *Seat) Run(ctx context.Context, tenure func(ctx context.Context) error) error {
+	poll := time.NewTicker(s.cfg.Poll)
+	defer poll.Stop()
+	for {
+		if s.tryAcquire(ctx) {
+			if err := s.hold(ctx, tenure); err != nil || ctx.Err() != nil {
+				return err
+			}
+			continue // lost: stand by again at once
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-poll.C:
+		}
+	}
+}
+
+// hold runs one tenure: tenure beside the renewals, until the seat is lost
+// (nil) or ctx is done (nil, the seat handed back), or tenure fails (its
+// error, the seat handed back).
+func (s *Seat) hold(ctx context.Context, tenure func(ctx context.Context) error) error {
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.mu.Lock()
+	s.endTenure = cancel
+	s.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- tenure(tctx) }()
+	renew := time.NewTicker(s.cfg.TTL / 3)
+	defer renew.Stop()
+	for {
+		select {
+		case err := <-done:
+			switch {
+			case ctx.Err() != nil:
+				s.release()
+				return nil
+			case tctx.Err() != nil || errors.Is(err, ErrNotHeld):
+				s.stepDown("the tenure ended on a lost seat", err)
+				return nil
+			case err != nil:
+				s.release()
+				return err
+			}
+			done = nil // tenure is done with its work; keep the seat
+		case <-renew.C:
+			if !s.renew(ctx) {
+				cancel()
+				if done != nil {
+					<-done
+				}
+				return nil
+			}
+		case <-ctx.Done():
+			cancel()
+			if done != nil {
+				<-done
+			}
+			s.release()
+			return nil
+		}
+	}
+}
+
+// read returns the seat's last message: its lease (zero when vacant) and its
+// sequence (zero when there is none).
+func (s *Seat) read(ctx context.Context) (lease, uint64, error) {
+	msg, err := s.stream.GetLastMsgForSubject(ctx, s.cfg.Subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return lease{}, 0, nil
+	}
+	if err != nil {
+		return lease{}, 0, err
+	}
+	var l lease
+	if len(msg.Data) > 0 {
+		if err := json.Unmarshal(msg.Data, &l); err != nil || l.Holder == "" {
+			// Not a lease of ours: treat it as held by someone unknown
+			// rather than take it over; it expires if it has a TTL.
+			l = lease{Holder: "?", Since: msg.Time}
+		}
+	}
+	return l, msg.Sequence, nil
+}
+
+// tryAcquire takes the seat if it is vacant, and reports whether it did.
+func (s *Seat) tryAcquire(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/3)
+	defer cancel()
+	current, seq, err := s.read(rctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.logger.Debug("reading the provisioner seat failed", "err", err)
+		}
+		return false
+	}
+	previous := s.Status()
+	if current.Holder != "" {
+		if current.Holder != previous.Holder || !current.Since.Equal(previous.HolderSince) {
+			s.logger.Info("the provisioner seat is held", "holder", current.Holder, "holder_since", current.Since)
+			s.status.Store(&Status{Since: previous.Since, Holder: current.Holder, HolderSince: current.Since})
+		}
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	mine := lease{Holder: s.cfg.ID, Since: now.UTC()}
+	ack, err := s.publishLease(rctx, mine, seq)
+	if err != nil {
+		if !isWrongLastSequence(err) && ctx.Err() == nil {
+			s.logger.Warn("taking the vacant provisioner seat failed", "err", err)
+		}
+		return false
+	}
+	s.held, s.rev, s.since, s.renewed = true, ack.Sequence, now, now
+	s.status.Store(&Status{Held: true, Since: now, Holder: s.cfg.ID, HolderSince: mine.Since})
+	s.logger.Info("took the provisioner seat", "previous_holder", previous.Holder, "lease_sequence", ack.Sequence)
+	return true
+}
+
+// publishLease publishes l on the seat's subject, expecting the subject's
+// last sequence to be seq (zero: no message).
+func (s *Seat) publishLease(ctx context.Context, l lease, seq uint64) (*jetstream.PubAck, error) {
+	data, err := json.Marshal(l)
+	if err != nil {
+		return nil, err
+	}
+	return s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject, Data: data},
+		jetstream.WithExpectLastSequencePerSubject(seq), jetstream.WithMsgTTL(s.cfg.TTL))
+}
+
+// renew renews the lease, and reports whether the seat is still held.
+func (s *Seat) renew(ctx context.Context) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.held {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/3)
+	defer cancel()
+	sent := time.Now()
+	ack, err := s.publishLease(rctx, lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
+	switch {
+	case err == nil:
+		s.rev, s.renewed = ack.Sequence, sent
+		return true
+	case isWrongLastSequence(err) && s.adoptLocked(ctx):
+		return true // a renewal whose answer was lost had gone through
+	case isWrongLastSequence(err):
+		s.loseLocked("the lease was taken over or expired", err)
+		return false
+	case time.Since(s.renewed) >= s.cfg.TTL:
+		s.loseLocked("the lease could not be renewed within its TTL", err)
+		return false
+	default:
+		if ctx.Err() == nil {
+			s.logger.Warn("renewing the provisioner seat failed; trying again", "err", err)
+		}
+		return true
+	}
+}
+
+// adoptLocked reads the seat after a refused compare-and-set: if the lease
+// there is this tenure's own (an earlier publish went through but its answer
+// was lost), it adopts its sequence and reports true.
+func (s *Seat) adoptLocked(ctx context.Context) bool {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/3)
+	defer cancel()
+	current, seq, err := s.read(rctx)
+	if err != nil || current.Holder != s.cfg.ID || !current.Since.Equal(s.since.UTC()) {
+		return false
+	}
+	s.rev = seq
+	return true
+}
+
+// PublishMsg publishes a registry write conditional on the lease held: the
+// stream stores it only if the seat's subject still ends with this holder's
+// lease. It returns ErrNotHeld when the seat is not held, and ErrFenced when
+// the stream refused the write; the seat is then lost.
+//
+// It has the shape of jetstream.JetStream.PublishMsg, so a registry writer
+// takes either.
+func (s *Seat) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.held {
+		return nil, ErrNotHeld
+	}
+	opts = append(opts, jetstream.WithExpectLastSequenceForSubject(s.rev, s.cfg.Subject))
+	ack, err := s.cfg.JS.PublishMsg(ctx, msg, opts...)
+	if isWrongLastSequence(err) {
+		if s.adoptLocked(ctx) {
+			opts[len(opts)-1] = jetstream.WithExpectLastSequenceForSubject(s.rev, s.cfg.Subject)
+			if ack, err = s.cfg.JS.PublishMsg(ctx, msg, opts...); !isWrongLastSequence(err) {
+				return ack, err
+			}
+		}
+		s.loseLocked("a registry write was refused by the seat's fence", err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrFenced, msg.Subject, err)
+	}
+	return ack, err
+}
+
+// loseLocked records that the seat is no longer held.
+func (s *Seat) loseLocked(why string, err error) {
+	if !s.held {
+		return
+	}
+	s.held = false
+	if s.endTenure != nil {
+		s.endTenure() // the tenure ends at once, not at the next renewal
+	}
+	now := time.Now()
+	s.status.Store(&Status{Since: now})
+	s.logger.Warn("lost the provisioner seat", "why", why, "err", err, "held_for", now.Sub(s.since).Round(time.Millisecond))
+}
+
+// stepDown records a lost seat found by the tenure.
+func (s *Seat) stepDown(why string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loseLocked(why, err)
+}
+
+// release hands the seat back: an empty message, published only if the
+// seat's subject still ends with this holder's lease, so a standby takes the
+// seat at its next read instead of waiting for the TTL.
+func (s *Seat) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.held {
+		return
+	}
+	s.held = false
+	now := time.Now()
+	s.status.Store(&Status{Since: now})
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL/3)
+	defer cancel()
+	_, err := s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject}, jetstream.WithExpectLastSequencePerSubject(s.rev))
+	if err != nil {
+		s.logger.Warn("handing the provisioner seat back failed; a standby takes it when the lease expires", "err", err, "ttl", s.cfg.TTL)
+		return
+	}
+	s.logger.Info("handed the provisioner seat back", "held_for", now.Sub(s.since).Round(time.Millisecond))
+}
+
+// isWrongLastSequence reports whether err is the stream's refusal of a
+// compare-and-set: code 10071, or 10164 on a replicated stream.
+func isWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}

@@ -1,0 +1,259 @@
+package seat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// instance is one campaigner on its own connection.
+type instance struct {
+	nc   *nats.Conn
+	seat *Seat
+	stop context.CancelFunc
+	done chan struct{} // closed when Run returned
+	err  error         // what Run returned
+}
+
+// quiet is a logger for the seats; -v shows nothing of them unless asked.
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// campaign starts a seat on a new connection to url that runs until the test
+// ends or stop is called; its tenure waits for its context.
+func campaign(t *testing.T, url string, cfg Config) *instance {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cfg.JS, _ = jetstream.New(nc)
+	if cfg.Logger == nil {
+		cfg.Logger = quiet()
+	}
+	s, err := New(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	in := &instance{nc: nc, seat: s, stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(in.done)
+		in.err = s.Run(ctx, func(ctx context.Context) error { <-ctx.Done(); return nil })
+	}()
+	t.Cleanup(func() { cancel(); <-in.done })
+	return in
+}
+
+// holders returns the instances that hold the seat now.
+func holders(ins []*instance) []*instance {
+	var out []*instance
+	for _, in := range ins {
+		if held, _ := in.seat.Held(); held {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// waitForOneHolder waits until exactly one of ins holds the seat, and
+// returns it and how long that took.
+func waitForOneHolder(t *testing.T, ins []*instance, within time.Duration) (*instance, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < within {
+		if h := holders(ins); len(h) == 1 {
+			return h[0], time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no single holder among %d instances within %s (holders: %d)", len(ins), within, len(holders(ins)))
+	return nil, 0
+}
+
+func startWithBuckets(t *testing.T) (*server.Server, jetstream.JetStream) {
+	t.Helper()
+	s := natstest.Start(t)
+	js, _ := jetstream.New(natstest.Connect(t, s))
+	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	return s, js
+}
+
+func without(ins []*instance, gone *instance) []*instance {
+	var out []*instance
+	for _, in := range ins {
+		if in != gone {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
+			t.Parallel()
+			s, _ := startWithBuckets(t)
+			cfg := Config{TTL: 2 * time.Second, Poll: 50 * time.Millisecond}
+			var ins []*instance
+			for range n {
+				ins = append(ins, campaign(t, s.ClientURL(), cfg))
+			}
+			holder, _ := waitForOneHolder(t, ins, 5*time.Second)
+			// For several renewals, never two holders, never none.
+			for deadline := time.Now().Add(2 * cfg.TTL); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if h := holders(ins); len(h) != 1 || h[0] != holder {
+					t.Fatalf("holders changed to %d while the holder lived", len(h))
+				}
+			}
+			// Standbys know who holds it.
+			for _, in := range without(ins, holder) {
+				if st := in.seat.Status(); st.Held || st.Holder != holder.seat.ID() {
+					t.Errorf("standby status %+v, want holder %s", st, holder.seat.ID())
+				}
+			}
+
+			// The holder dies without a word: its connection is gone.
+			holder.nc.Close()
+			rest := without(ins, holder)
+			next, took := waitForOneHolder(t, rest, 10*time.Second)
+			t.Logf("abrupt death: %s took the seat after %s (TTL %s)", next.seat.ID(), took, cfg.TTL)
+			if took > cfg.TTL+2*time.Second {
+				t.Errorf("takeover after %s, want within TTL %s + 2s", took, cfg.TTL)
+			}
+
+			// A clean stop hands the seat over at once.
+			if len(rest) > 1 {
+				next.stop()
+				<-next.done
+				after, took := waitForOneHolder(t, without(rest, next), 5*time.Second)
+				t.Logf("clean stop: %s took the seat after %s", after.seat.ID(), took)
+				if took > time.Second {
+					t.Errorf("takeover after a clean stop took %s, want under 1s", took)
+				}
+			}
+		})
+	}
+}
+
+// TestAStalledHolderCannotWrite proves the fence: a holder that stopped
+// renewing (paused, partitioned) and writes after it lost the seat is refused
+// by the stream, whether its lease expired or another instance took it.
+func TestAStalledHolderCannotWrite(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		takeOver bool
+	}{
+		{"lease expired, seat vacant", false},
+		{"seat taken over", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			s, js := startWithBuckets(t)
+			ctx := t.Context()
+			registry, _ := js.KeyValue(ctx, keys.RegistryBucket)
+			stalled, err := New(ctx, Config{JS: js, TTL: time.Second, Logger: quiet()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// It takes the seat and writes, then stalls: no Run, no renewals.
+			if !stalled.tryAcquire(ctx) {
+				t.Fatal("the vacant seat was not taken")
+			}
+			if _, err := stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("holder's")}); err != nil {
+				t.Fatalf("the holder's write: %v", err)
+			}
+			if tt.takeOver {
+				other := campaign(t, s.ClientURL(), Config{TTL: time.Second, Poll: 50 * time.Millisecond})
+				waitForOneHolder(t, []*instance{other}, 5*time.Second)
+			} else {
+				// The stream removes the lease once its TTL has run out.
+				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+					l, _, err := stalled.read(ctx)
+					if err == nil && l.Holder == "" {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("the lease did not expire")
+					}
+				}
+			}
+			// It wakes up still believing it holds the seat, and writes.
+			if held, _ := stalled.Held(); !held {
+				t.Fatal("the stalled holder noticed; the test proves nothing")
+			}
+			_, err = stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("stale")})
+			if !errors.Is(err, ErrFenced) || !errors.Is(err, ErrNotHeld) {
+				t.Fatalf("stalled write: %v, want ErrFenced", err)
+			}
+			if e, err := registry.Get(ctx, "port"); err != nil || string(e.Value()) != "holder's" {
+				t.Errorf("registry key after the stalled write: %v %v, want the holder's write", e, err)
+			}
+			if held, _ := stalled.Held(); held {
+				t.Error("the refused holder still believes it holds the seat")
+			}
+			if _, err := stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port"}); !errors.Is(err, ErrNotHeld) {
+				t.Errorf("a write after the seat is known lost: %v, want ErrNotHeld", err)
+			}
+		})
+	}
+}
+
+// TestRenewalsKeepFencedWritesValid: writes and renewals interleave for
+// several TTLs; no write is refused while the seat is held.
+func TestRenewalsKeepFencedWritesValid(t *testing.T) {
+	t.Parallel()
+	_, js := startWithBuckets(t)
+	s, err := New(t.Context(), Config{JS: js, TTL: time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	var writes int
+	var writeErr error
+	err = s.Run(ctx, func(ctx context.Context) error {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if _, err := s.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("x")}); err != nil && ctx.Err() == nil {
+					writeErr = err
+					return
+				}
+				writes++
+			}
+		})
+		<-ctx.Done()
+		wg.Wait()
+		return nil
+	})
+	if err != nil || writeErr != nil {
+		t.Fatalf("run %v, write %v", err, writeErr)
+	}
+	if writes < 10 {
+		t.Errorf("%d writes in 3s", writes)
+	}
+	// Handed back on the way out.
+	l, seq, err := s.read(t.Context())
+	if err != nil || l.Holder != "" || seq == 0 {
+		t.Errorf("after Run: lease %+v at %d (%v), want the seat handed back", l, seq, err)
+	}
+}
