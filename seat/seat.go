@@ -397,6 +397,11 @@ func (s *Seat) release() {
 	s.held = false
 	now := time.Now()
 	s.status.Store(&Status{Since: now})
+	if !s.cfg.JS.Conn().IsConnected() {
+		// Waiting for an unreachable NATS would only delay the stop.
+		s.logger.Warn("NATS is unreachable: not handing the provisioner seat back; a standby takes it when the lease expires", "ttl", s.cfg.TTL)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL/3)
 	defer cancel()
 	_, err := s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject}, jetstream.WithExpectLastSequencePerSubject(s.rev))
