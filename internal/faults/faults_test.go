@@ -9,6 +9,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
@@ -82,6 +83,9 @@ func TestFaultRestart(t *testing.T) {
 	}
 }
 
+// serviceServer is the server the service connects to first in a cluster.
+const serviceServer = 2
+
 func TestFaultLeaderLoss(t *testing.T) {
 	needsStream := wire.StreamOf(keys.NeedsBucket)
 	for _, tc := range []struct {
@@ -93,11 +97,12 @@ func TestFaultLeaderLoss(t *testing.T) {
 		{"stream leader, graceful", streamLeader, false},
 		{"stream leader, killed", streamLeader, true},
 		{"watchers' consumer, killed", consumerHolder, true},
-		{"service's server, killed", func(*testing.T, *natstest.Cluster, jetstream.JetStream) int { return 0 }, true},
+		{"meta leader holding the watchers' consumer, not the stream leader, killed", metaConsumerHolder, true},
+		{"service's server, killed", func(*testing.T, *natstest.Cluster, jetstream.JetStream) int { return serviceServer }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := natstest.StartCluster(t, 3)
-			startService(t, c.Connect(0), 3)
+			startService(t, c.Connect(serviceServer), 3)
 			admin := c.Connect(1)
 			js, err := jetstream.New(admin)
 			if err != nil {
@@ -105,10 +110,7 @@ func TestFaultLeaderLoss(t *testing.T) {
 			}
 			c.WaitStreamLeader(needsStream, 10*time.Second)
 			victim := tc.victim(t, c, js)
-			other := (victim + 1) % 3
-			if other == 0 && victim != 0 {
-				other = (victim + 2) % 3
-			}
+			other := (victim + 1) % 3 // the writer's and reader's server
 			reader := c.Connect(other)
 			p := newProbe(t, c.Connect(other), reader, "w")
 			stop := p.run(20*time.Millisecond, 10*time.Millisecond)
@@ -130,7 +132,9 @@ func TestFaultLeaderLoss(t *testing.T) {
 					w.key, w.at.Sub(lost).Round(time.Millisecond), w.lag, freshness)
 			}
 			c.Start(victim)
-			checkCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			c.WaitMetaLeader(30 * time.Second)
+			c.WaitStreamLeader(needsStream, 30*time.Second)
+			checkCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			p.checkCopy(checkCtx, reader)
 		})
@@ -151,4 +155,40 @@ func consumerHolder(t *testing.T, c *natstest.Cluster, js jetstream.JetStream) i
 		t.Fatalf("the needs bucket's consumers: %v %v", holders, err)
 	}
 	return holders[0]
+}
+
+// metaConsumerHolder returns JetStream's meta leader once it holds the
+// needs watcher's consumer and is not the needs stream's leader: the
+// stream's leader is moved away, and the watcher's consumer deleted until
+// the watcher's next one is placed there. Killing it loses the watcher's
+// consumer while writes go on being acked, and a new consumer waits for a
+// new meta leader.
+func metaConsumerHolder(t *testing.T, c *natstest.Cluster, js jetstream.JetStream) int {
+	t.Helper()
+	victim := c.WaitMetaLeader(10 * time.Second)
+	stream := wire.StreamOf(keys.NeedsBucket)
+	if c.StreamLeader(stream) == victim {
+		c.MoveStreamLeader(js.Conn(), stream, (victim+1)%3)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ctx.Err() == nil {
+		holders, err := c.ConsumerHolders(ctx, js, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(holders, victim) {
+			return victim
+		}
+		for name := range s.ConsumerNames(ctx).Name() {
+			_ = s.DeleteConsumer(ctx, name)
+		}
+		time.Sleep(300 * time.Millisecond) // the watcher makes a new one
+	}
+	t.Fatal("the needs watcher's consumer was never placed on the meta leader")
+	return -1
 }

@@ -198,21 +198,30 @@ func worst(lags []lag, from time.Time) (lag, int) {
 // exactly the bucket's keys at their revisions, and every acked write.
 func (p *probe) checkCopy(ctx context.Context, reader *nats.Conn) {
 	p.t.Helper()
-	live, err := kvread.Live(ctx, p.needs)
-	if err != nil {
-		p.t.Fatalf("read the needs bucket: %v", err)
+	// A read through a consumer on a replica that is still catching up (a
+	// server just restarted) may miss the last writes: read until it holds
+	// the stream's last revision, as its leader says.
+	var live []jetstream.KeyValueEntry
+	var last uint64
+	for {
+		status, err := p.needs.Status(ctx)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		last = status.(interface{ StreamInfo() *jetstream.StreamInfo }).StreamInfo().State.LastSeq
+		live, err = kvread.Live(ctx, p.needs)
+		if err != nil {
+			p.t.Fatalf("read the needs bucket: %v", err)
+		}
+		if slices.ContainsFunc(live, func(e jetstream.KeyValueEntry) bool { return e.Revision() == last }) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	want := map[string]uint64{}
-	var last uint64
 	for _, e := range live {
 		want[e.Key()] = e.Revision()
-		last = max(last, e.Revision())
 	}
-	status, err := p.needs.Status(ctx)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	last = max(last, status.(interface{ StreamInfo() *jetstream.StreamInfo }).StreamInfo().State.LastSeq)
 	res, err := client.New(reader).ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last})
 	if err != nil {
 		p.t.Fatalf("ask for every need at revision %d: %v", last, err)

@@ -44,6 +44,11 @@ const (
 	// from watchRetryMin to watchRetryMax, and cut short by a reconnect.
 	watchRetryMin = 50 * time.Millisecond
 	watchRetryMax = time.Second
+	// pollEvery is how often a copy that is behind asks its bucket for the
+	// changes after its revision, one by one with direct gets, while no
+	// consumer can be made (a consumer needs JetStream's meta leader; a
+	// direct get is answered by any replica).
+	pollEvery = 50 * time.Millisecond
 )
 
 // Watchers keep a mirror's copies up to date, one consumer per bucket.
@@ -77,6 +82,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 			conn:      w.conn,
 			logger:    logger.With("bucket", c.Bucket()),
 			kick:      make(chan struct{}, 1),
+			wake:      make(chan struct{}, 1),
 		})
 	}
 	return w, nil
@@ -93,6 +99,7 @@ func (w *Watchers) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, f := range w.followers {
 		wg.Go(func() { f.run(ctx) })
+		wg.Go(func() { f.pollWhileBehind(ctx) })
 	}
 	wg.Go(func() {
 		for {
@@ -118,6 +125,11 @@ type follower struct {
 	conn      *nats.Conn
 	logger    *slog.Logger
 	kick      chan struct{} // resume now: the connection is back
+	wake      chan struct{} // the copy fell behind: poll
+
+	// applying orders the changes applied by the consumer and by the
+	// poller: each is applied once, in revision order.
+	applying sync.Mutex
 
 	mu     sync.Mutex
 	cancel context.CancelFunc // of the consumer being followed
@@ -140,9 +152,11 @@ func (f *follower) connectionChanged(status nats.Status) {
 	}
 	f.mu.Unlock()
 	if status == nats.CONNECTED {
-		select {
-		case f.kick <- struct{}{}:
-		default:
+		for _, ch := range []chan struct{}{f.kick, f.wake} {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
@@ -211,6 +225,10 @@ func (f *follower) fellBehind(why string) {
 	f.behindSince = time.Now()
 	f.behindFrom = f.copy.Revision()
 	f.copy.setBehind(true)
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
 	f.logger.Warn("bucket copy may be behind: its watcher was lost; resuming from the copy's revision",
 		"reason", why, "revision", f.behindFrom)
 }
@@ -324,11 +342,7 @@ func (f *follower) follow(ctx context.Context) error {
 		if live != nil && !deleted {
 			live[key] = true
 		}
-		// Each change is applied once: a resumed consumer starts after the
-		// copy's revision, and a full read skips what the copy holds.
-		if applyAll || meta.Sequence.Stream > f.copy.Revision() {
-			f.copy.Apply(key, msg.Data(), meta.Sequence.Stream, deleted)
-		}
+		f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
 		if !caught && meta.NumPending == 0 {
 			if live != nil {
 				f.copy.keepOnly(live)
@@ -355,4 +369,55 @@ func isDelete(h nats.Header) bool {
 		return true
 	}
 	return false
+}
+
+// apply takes one change into the copy, unless the copy already holds it:
+// a resumed consumer starts after the copy's revision, but the poller may
+// have applied some of what it delivers, and a full read delivers what the
+// copy holds. applyAll applies it whatever its revision.
+func (f *follower) apply(key string, value []byte, revision uint64, deleted, applyAll bool) {
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	if applyAll || revision > f.copy.Revision() {
+		f.copy.Apply(key, value, revision, deleted)
+	}
+}
+
+func (f *follower) behind() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.behindSince.IsZero()
+}
+
+// pollWhileBehind keeps a copy that is behind fresh while its consumer is
+// being made again: every pollEvery it asks the bucket, by direct gets, for
+// each change after the copy's revision. It does not end the copy's being
+// behind; only a consumer that has caught up does.
+func (f *follower) pollWhileBehind(ctx context.Context) {
+	for {
+		if !f.behind() || !f.conn.IsConnected() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-f.wake:
+			}
+			continue
+		}
+		for ctx.Err() == nil && f.behind() {
+			getCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+			msg, err := f.stream.GetMsg(getCtx, f.copy.Revision()+1, jetstream.WithGetMsgSubject(f.prefix+">"))
+			cancel()
+			if err != nil {
+				break // not found: nothing more for now; or no answer
+			}
+			if key, ok := strings.CutPrefix(msg.Subject, f.prefix); ok {
+				f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pollEvery):
+		}
+	}
 }

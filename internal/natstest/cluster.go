@@ -2,6 +2,7 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
 	"strings"
 	"sync"
@@ -314,3 +315,53 @@ func (c *Cluster) ServerOf(nc *nats.Conn) int {
 	return -1
 }
 
+// MoveMetaLeader asks JetStream's meta leader to hand its leadership to
+// server to, and waits until it has.
+func (c *Cluster) MoveMetaLeader(nc *nats.Conn, to int) {
+	c.t.Helper()
+	if c.Server(to).JetStreamIsLeader() {
+		return
+	}
+	c.stepdown(nc, "$JS.API.META.LEADER.STEPDOWN", to)
+	deadline := time.Now().Add(10 * time.Second)
+	for !c.Server(to).JetStreamIsLeader() {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("server %d did not become the meta leader", to)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// MoveStreamLeader asks stream's leader to hand its leadership to server
+// to, and waits until it has.
+func (c *Cluster) MoveStreamLeader(nc *nats.Conn, stream string, to int) {
+	c.t.Helper()
+	if c.StreamLeader(stream) == to {
+		return
+	}
+	c.stepdown(nc, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, to)
+	deadline := time.Now().Add(10 * time.Second)
+	for c.StreamLeader(stream) != to {
+		if time.Now().After(deadline) {
+			c.t.Fatalf("server %d did not become the leader of %s", to, stream)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) stepdown(nc *nats.Conn, subject string, to int) {
+	c.t.Helper()
+	body, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": c.Name(to)}})
+	msg, err := nc.Request(subject, body, 5*time.Second)
+	if err != nil {
+		c.t.Fatalf("%s: %v", subject, err)
+	}
+	var res struct {
+		Error *struct {
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &res); err != nil || res.Error != nil {
+		c.t.Fatalf("%s: %s %v", subject, msg.Data, err)
+	}
+}
