@@ -43,6 +43,7 @@ type serveFlags struct {
 	readyTimeout     time.Duration
 	slowCompose      time.Duration
 	revisionWait     time.Duration
+	maxQueueWait     time.Duration
 }
 
 func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -57,6 +58,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
 	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")
 	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
+	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
 	if err := parseFlags(fs, args, stderr, serveSynopsis); err != nil {
 		return err
 	}
@@ -66,8 +68,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if f.registryInterval < time.Second {
 		return fmt.Errorf("--registry-interval %s: use at least 1s", f.registryInterval)
 	}
-	if f.slowCompose <= 0 || f.revisionWait <= 0 {
-		return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
+	if f.slowCompose <= 0 || f.revisionWait <= 0 || f.maxQueueWait <= 0 {
+		return fmt.Errorf("--slow-compose, --revision-wait and --max-queue-wait must be positive durations")
 	}
 	logger, err := f.log.logger(stderr)
 	if err != nil {
@@ -131,6 +133,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		Logger:       logger,
 		SlowCompose:  f.slowCompose,
 		RevisionWait: f.revisionWait,
+		MaxQueueWait: f.maxQueueWait,
 	})
 	if err != nil {
 		return err
