@@ -71,8 +71,8 @@ test-go: ## Run the Go tests (race detector on)
 	go test -race -count=1 ./...
 
 .PHONY: test-faults
-test-faults: ## Fault tests (build tag faults): NATS restarts, leader loss in a 3-server cluster, a flood; about 2 minutes
-	go test -race -count=1 -tags faults -run 'Fault' -v ./internal/faults/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|\s+\S+_test\.go:)'
+test-faults: ## Fault tests (build tag faults): NATS restarts, leader loss in a 3-server cluster, a flood; about 2 minutes. RACE=-race to add the race detector
+	go test $(RACE) -count=1 -tags faults -run 'Fault' -v ./internal/faults/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|\s+\S+_test\.go:)'
 
 clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund

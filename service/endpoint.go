@@ -77,6 +77,13 @@ type revisionWait struct {
 func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request) {
 	arrived := time.Now()
 	enc := encodingOf(r)
+	if len(s.queue) == cap(s.queue) {
+		// Overloaded: refuse before decoding, so that a backlog drains as
+		// fast as the callback can read it.
+		count.queueFull.Add(1)
+		s.refuse(r, enc, s.overloaded())
+		return
+	}
 	in := ep.newRequest()
 	if werr := enc.unmarshal(r.Data(), in); werr != nil {
 		s.refuse(r, enc, werr)
