@@ -137,6 +137,10 @@ type follower struct {
 	// behindSince is zero while it is known to be current.
 	behindSince time.Time
 	behindFrom  uint64
+	// reloading is set during a full read, whose end drops the keys it did
+	// not deliver: the poller stands aside, lest a key it applies after the
+	// read began be dropped.
+	reloading bool
 }
 
 // connectionChanged ends the consumer being followed when the connection is
@@ -276,6 +280,8 @@ func (f *follower) follow(ctx context.Context) error {
 	if reload {
 		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 		live = map[string]bool{}
+		f.setReloading(true)
+		defer f.setReloading(false)
 		if f.copy.Ready() {
 			f.logger.Warn("the bucket no longer holds every change after the copy's revision; reading every key again",
 				"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
@@ -298,7 +304,7 @@ func (f *follower) follow(ctx context.Context) error {
 	caught := false
 	if consumer.CachedInfo().NumPending == 0 {
 		if live != nil {
-			f.copy.keepOnly(live)
+			f.keepOnly(live)
 			live = nil
 		}
 		f.caughtUp(max(revision, state.LastSeq))
@@ -345,8 +351,9 @@ func (f *follower) follow(ctx context.Context) error {
 		f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
 		if !caught && meta.NumPending == 0 {
 			if live != nil {
-				f.copy.keepOnly(live)
+				f.keepOnly(live)
 				live = nil
+				f.setReloading(false)
 			}
 			f.caughtUp(meta.Sequence.Stream)
 			caught = true
@@ -383,10 +390,25 @@ func (f *follower) apply(key string, value []byte, revision uint64, deleted, app
 	}
 }
 
+// keepOnly ends a full read: the keys it did not deliver are dropped.
+func (f *follower) keepOnly(live map[string]bool) {
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	f.copy.keepOnly(live)
+}
+
+func (f *follower) setReloading(reloading bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reloading = reloading
+}
+
+// behind reports whether the copy may lag the bucket, and the poller may
+// apply changes to it.
 func (f *follower) behind() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return !f.behindSince.IsZero()
+	return !f.behindSince.IsZero() && !f.reloading
 }
 
 // pollWhileBehind keeps a copy that is behind fresh while its consumer is
