@@ -282,13 +282,18 @@ func (p *probe) report(name string, from time.Time) lag {
 	lags := p.lags()
 	w, n := worst(lags, from)
 	p.mu.Lock()
-	answers, errs := len(p.answers), len(p.errs)
+	answers, errs, behind := len(p.answers), len(p.errs), 0
+	for _, a := range p.answers {
+		if len(a.behind) > 0 {
+			behind++
+		}
+	}
 	var firstErr error
 	if errs > 0 {
 		firstErr = p.errs[0].err
 	}
 	p.mu.Unlock()
-	p.t.Logf("%s: %d writes acked after the fault; worst lag from ack to answer %s (%s at revision %d); %d answers, %d failed requests (first: %v)",
-		name, n, w.lag.Round(time.Millisecond), w.key, w.revision, answers, errs, firstErr)
+	p.t.Logf("%s: %d writes acked after the fault; worst lag from ack to answer %s (%s at revision %d); %d answers (%d saying a copy may be behind), %d failed requests (first: %v)",
+		name, n, w.lag.Round(time.Millisecond), w.key, w.revision, answers, behind, errs, firstErr)
 	return w
 }

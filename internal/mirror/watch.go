@@ -306,6 +306,7 @@ func (f *follower) follow(ctx context.Context) error {
 		if live != nil {
 			f.keepOnly(live)
 			live = nil
+			f.setReloading(false)
 		}
 		f.caughtUp(max(revision, state.LastSeq))
 		caught = true
@@ -403,12 +404,12 @@ func (f *follower) setReloading(reloading bool) {
 	f.reloading = reloading
 }
 
-// behind reports whether the copy may lag the bucket, and the poller may
-// apply changes to it.
-func (f *follower) behind() bool {
+// state reports whether the copy may lag the bucket, and whether a full
+// read is in progress.
+func (f *follower) state() (behind, reloading bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return !f.behindSince.IsZero() && !f.reloading
+	return !f.behindSince.IsZero(), f.reloading
 }
 
 // pollWhileBehind keeps a copy that is behind fresh while its consumer is
@@ -417,29 +418,44 @@ func (f *follower) behind() bool {
 // behind; only a consumer that has caught up does.
 func (f *follower) pollWhileBehind(ctx context.Context) {
 	for {
-		if !f.behind() || !f.conn.IsConnected() {
-			select {
-			case <-ctx.Done():
-				return
-			case <-f.wake:
-			}
-			continue
-		}
-		for ctx.Err() == nil && f.behind() {
-			getCtx, cancel := context.WithTimeout(ctx, apiTimeout)
-			msg, err := f.stream.GetMsg(getCtx, f.copy.Revision()+1, jetstream.WithGetMsgSubject(f.prefix+">"))
-			cancel()
-			if err != nil {
-				break // not found: nothing more for now; or no answer
-			}
-			if key, ok := strings.CutPrefix(msg.Subject, f.prefix); ok {
-				f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
-			}
+		behind, reloading := f.state()
+		var wait <-chan time.Time
+		switch {
+		case !behind:
+			// Idle until the copy falls behind.
+		case reloading || !f.conn.IsConnected():
+			wait = time.After(pollEvery) // look again shortly
+		default:
+			f.pollOnce(ctx)
+			wait = time.After(pollEvery)
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(pollEvery):
+		case <-f.wake:
+		case <-wait:
+		}
+	}
+}
+
+// pollOnce applies every change after the copy's revision that a direct get
+// returns, until none is left or the copy is no longer behind.
+func (f *follower) pollOnce(ctx context.Context) {
+	for ctx.Err() == nil {
+		if behind, reloading := f.state(); !behind || reloading {
+			return
+		}
+		getCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+		msg, err := f.stream.GetMsg(getCtx, f.copy.Revision()+1, jetstream.WithGetMsgSubject(f.prefix+">"))
+		cancel()
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgNotFound) {
+				f.logger.Debug("reading the bucket's changes by direct get failed", "err", err)
+			}
+			return // nothing more for now, or no answer
+		}
+		if key, ok := strings.CutPrefix(msg.Subject, f.prefix); ok {
+			f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
 		}
 	}
 }
