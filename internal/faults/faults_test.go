@@ -72,6 +72,8 @@ func TestFaultRestart(t *testing.T) {
 			time.Sleep(4 * time.Second)
 			stop()
 			w := p.report("NATS restarted", back)
+			t.Logf("the first answer came %s after NATS was back; the first write acked after it was in answers %s after its ack",
+				p.firstAnswer(back).Round(time.Millisecond), firstLag(p.lags(), back).Round(time.Millisecond))
 			if w.lag < 0 || w.lag > freshness {
 				t.Errorf("write %s acked %s after NATS was back reached answers after %s, more than %s",
 					w.key, w.at.Sub(back).Round(time.Millisecond), w.lag, freshness)
@@ -190,5 +192,15 @@ func metaConsumerHolder(t *testing.T, c *natstest.Cluster, js jetstream.JetStrea
 		time.Sleep(300 * time.Millisecond) // the watcher makes a new one
 	}
 	t.Fatal("the needs watcher's consumer was never placed on the meta leader")
+	return -1
+}
+
+// firstLag is the lag of the first write acked at or after from.
+func firstLag(lags []lag, from time.Time) time.Duration {
+	for _, l := range lags {
+		if !l.at.Before(from) {
+			return l.lag
+		}
+	}
 	return -1
 }

@@ -297,3 +297,15 @@ func (p *probe) report(name string, from time.Time) lag {
 		name, n, w.lag.Round(time.Millisecond), w.key, w.revision, answers, behind, errs, firstErr)
 	return w
 }
+
+// firstAnswer returns how long after from the first answer came.
+func (p *probe) firstAnswer(from time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.answers {
+		if !a.at.Before(from) {
+			return a.at.Sub(from)
+		}
+	}
+	return -1
+}
