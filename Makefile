@@ -82,6 +82,10 @@ test-go: ## Run the Go tests (race detector on); the conformance suite's cases b
 	go test -race -count=1 -v -run '^TestConformance$$' ./internal/conformance \
 		| grep -E '^(    --- |ok|FAIL|panic|PASS)|^\s+conformance_test' | grep -vE '^        --- '
 
+.PHONY: test-faults
+test-faults: ## Fault tests (build tag faults): NATS restarts, leader loss in a 3-server cluster, a flood; about 2 minutes. RACE=-race to add the race detector
+	go test $(RACE) -count=1 -tags faults -run 'Fault' -v ./internal/faults/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|\s+\S+_test\.go:)'
+
 clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund
 	@touch $@

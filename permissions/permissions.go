@@ -164,6 +164,10 @@ func Provider(module string) (Permissions, error) {
 //     state buckets), and $JS.API.CONSUMER.CREATE.<stream>.> with
 //     $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch it,
 //     and remove its watcher's consumer when it stops);
+//   - for each of the four buckets, publish
+//     $JS.API.CONSUMER.MSG.NEXT.<stream>.> (pull from the consumer that
+//     keeps its copy) and $JS.API.DIRECT.GET.<stream> (read the changes
+//     after its copy's revision while that consumer is being made again);
 //   - subscribe mesh-provisioner.> (its verbs), $SRV.> (micro discovery) and
 //     _INBOX_MESH.server.mesh-provisioner.>, and reply to the requests it receives.
 //
@@ -182,6 +186,8 @@ func Server() Permissions {
 			jsAPI("CONSUMER.CREATE", stream)+".>",
 			jsAPI("CONSUMER.DELETE", stream)+".>",
 			"$JS.FC."+stream+".>",
+			jsAPI("CONSUMER.MSG.NEXT", stream)+".>",
+			jsAPI("DIRECT.GET", stream),
 		)
 	}
 	for _, bucket := range keys.StateBuckets() {

@@ -65,10 +65,11 @@ func (s *Service) endpoints() []registrar {
 func (ep endpoint[Req, Res]) register(s *Service) error {
 	req := ep.newRequest()
 	var res Res // a typed nil: its descriptor is all that is read
-	count := &counters{}
+	count := &counters{subject: ep.subject}
 	s.counters[ep.name] = count
 	err := s.micro.AddEndpoint(ep.name, micro.HandlerFunc(func(r micro.Request) { ep.handle(s, count, r) }),
 		micro.WithEndpointSubject(ep.subject),
+		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
 		micro.WithEndpointMetadata(map[string]string{
 			"request":       string(req.ProtoReflect().Descriptor().FullName()),
 			"response":      string(res.ProtoReflect().Descriptor().FullName()),
@@ -94,7 +95,15 @@ type revisionWait struct {
 // asks for revisions the copy has not reached waits for them first, without
 // holding a worker.
 func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request) {
+	arrived := time.Now()
 	enc := encodingOf(r)
+	if len(s.queue) == cap(s.queue) {
+		// Overloaded: refuse before decoding, so that a backlog drains as
+		// fast as the callback can read it.
+		count.queueFull.Add(1)
+		s.refuse(r, enc, s.overloaded())
+		return
+	}
 	in := ep.newRequest()
 	if werr := enc.unmarshal(r.Data(), in); werr != nil {
 		s.refuse(r, enc, werr)
@@ -137,11 +146,13 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		s.send(r, enc, count, data, werr)
 	}
 	if len(pending) == 0 {
-		s.slots <- struct{}{} // backpressure: the callback waits for a worker
-		go func() {
-			defer func() { <-s.slots; s.answers.Done() }()
-			respond(0)
-		}()
+		// The callback never waits for a worker: the request's time in the
+		// queue is measured from here, and a full queue is refused at once.
+		if !s.enqueue(job{queued: arrived, count: count, run: func() { respond(0) }, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }}) {
+			s.answers.Done()
+			count.queueFull.Add(1)
+			s.refuse(r, enc, s.overloaded())
+		}
 		return
 	}
 	select {
@@ -152,16 +163,62 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		return
 	}
 	go func() {
-		defer func() { <-s.waiting; s.answers.Done() }()
+		defer func() { <-s.waiting }()
 		start := time.Now()
 		if werr := s.waitRevisions(pending); werr != nil {
 			s.send(r, enc, count, nil, werr)
+			s.answers.Done()
 			return
 		}
-		s.slots <- struct{}{}
-		defer func() { <-s.slots }()
-		respond(time.Since(start))
+		waited := time.Since(start)
+		shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }
+		if !s.enqueue(job{queued: time.Now(), count: count, run: func() { respond(waited) }, shed: shed}) {
+			count.queueFull.Add(1)
+			shed(s.overloaded())
+			s.answers.Done()
+		}
 	}()
+}
+
+// job is a checked request waiting in the queue for a worker.
+type job struct {
+	queued time.Time // when it entered the queue
+	count  *counters
+	run    func()                 // builds and sends the answer
+	shed   func(werr *wire.Error) // sends an error instead
+}
+
+// enqueue puts a job in the queue for a worker, or reports false when the
+// queue is full.
+func (s *Service) enqueue(j job) bool {
+	select {
+	case s.queue <- j:
+		return true
+	default:
+		return false
+	}
+}
+
+// overloaded is the refusal of a request that finds the queue full.
+func (s *Service) overloaded() *wire.Error {
+	return wire.Errorf(wire.CodeUnavailable, "the server is overloaded: %d requests already queue for an answer; ask again shortly", cap(s.queue))
+}
+
+// work answers queued requests until the queue is closed. A request that
+// waited in the queue longer than MaxQueueWait is not computed: its asker
+// has most likely given up, and answering it would only delay the next. It
+// gets a 503, cheap to send.
+func (s *Service) work() {
+	for j := range s.queue {
+		if waited := time.Since(j.queued); waited > s.maxQueueWait {
+			j.count.shed.Add(1)
+			j.shed(wire.Errorf(wire.CodeUnavailable, "the server is overloaded: the request waited %s in its queue, more than %s; ask again shortly",
+				waited.Round(time.Millisecond), s.maxQueueWait))
+		} else {
+			j.run()
+		}
+		s.answers.Done()
+	}
 }
 
 // answerHeadroom is what an answer leaves of max_payload for its headers.
@@ -262,8 +319,12 @@ func (s *Service) waitRevisions(waits []revisionWait) *wire.Error {
 			if s.stopping.Err() != nil {
 				return wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly")
 			}
-			return wire.Errorf(wire.CodeUnavailable, "the server's copy of %s is at revision %d, behind the %d asked for, after waiting %s; ask again shortly",
-				w.bucket.Bucket(), w.bucket.Revision(), w.revision, s.revisionWait)
+			why := ""
+			if w.bucket.Behind() {
+				why = " (its watcher was lost and is catching up)"
+			}
+			return wire.Errorf(wire.CodeUnavailable, "the server's copy of %s is at revision %d%s, behind the %d asked for, after waiting %s; ask again shortly",
+				w.bucket.Bucket(), w.bucket.Revision(), why, w.revision, s.revisionWait)
 		}
 	}
 	return nil

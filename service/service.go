@@ -35,8 +35,14 @@ type Config struct {
 	// Logger receives the service's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Concurrency is how many answers are built at once; zero means twice
-	// GOMAXPROCS. Further requests wait in the subscription's pending queue.
+	// GOMAXPROCS. Further requests wait in a queue of QueuePerWorker
+	// requests a worker; a request that finds it full is refused (503).
 	Concurrency int
+	// MaxQueueWait is how long a request may wait in the queue for a
+	// worker: one that waited longer is answered 503 without being
+	// computed, since its asker has most likely given up. Zero means
+	// DefaultMaxQueueWait.
+	MaxQueueWait time.Duration
 	// RevisionWait bounds how long a request that asks for a revision the
 	// copy has not reached waits before a 503; zero means 5s.
 	RevisionWait time.Duration
@@ -72,6 +78,26 @@ const (
 	DefaultNodeMaxBytes = 4 << 20
 	// Enough for the answers of a few thousand nodes asked again and again.
 	DefaultAnswerCacheBytes = 64 << 20
+	// DefaultMaxQueueWait is under the 2s that NATS clients commonly give a
+	// request (nats.go's own default timeout) and well under the nats
+	// CLI's 5s: an answer computed after it still reaches such a client.
+	DefaultMaxQueueWait = time.Second
+)
+
+// Load shedding. Requests wait in two places: the endpoint subscription's
+// pending buffer, before the micro callback reads them, and the service's
+// queue, between the callback and a worker. The callback only decodes and
+// checks, so the buffer drains fast; it is bounded so that a flood is
+// dropped there (counted, and logged once per burst) rather than held in
+// memory: a request dropped there gets no answer, and its asker's timeout
+// fires.
+const (
+	// PendingMsgsLimit and PendingBytesLimit bound each endpoint's pending
+	// buffer (nats.go's defaults are 512Ki messages and 64MiB).
+	PendingMsgsLimit  = 4096
+	PendingBytesLimit = 16 << 20
+	// QueuePerWorker is the length of the queue for workers, per worker.
+	QueuePerWorker = 128
 )
 
 // Service is a running mesh-provisioner micro service.
@@ -85,11 +111,13 @@ type Service struct {
 	slowCompose  time.Duration
 
 	// stopping is cancelled by Stop: watchers and waiting requests end.
-	stopping context.Context
-	stop     context.CancelFunc
-	watchers sync.WaitGroup
-	slots    chan struct{} // a worker each
-	waiting  chan struct{} // a request waiting for a revision each
+	stopping     context.Context
+	stop         context.CancelFunc
+	watchers     sync.WaitGroup
+	queue        chan job // checked requests, for the workers
+	workers      sync.WaitGroup
+	maxQueueWait time.Duration
+	waiting      chan struct{} // a request waiting for a revision each
 
 	// gate orders admit against Stop: once closed, nothing is admitted, so
 	// answers.Wait sees every request that was.
@@ -103,6 +131,8 @@ type Service struct {
 	// failures rate-limits the warning logged for each 5xx answer, so that a
 	// flood of them cannot flood the log.
 	failures rate.Sometimes
+	// slow logs the bursts of requests dropped by a full pending buffer.
+	slow     *burstLog
 	stopOnce sync.Once
 }
 
@@ -141,6 +171,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.NodeMaxBytes == 0 {
 		cfg.NodeMaxBytes = DefaultNodeMaxBytes
 	}
+	if cfg.MaxQueueWait <= 0 {
+		cfg.MaxQueueWait = DefaultMaxQueueWait
+	}
 	js, err := jetstream.New(cfg.Conn)
 	if err != nil {
 		return nil, err
@@ -149,7 +182,8 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		conn:         cfg.Conn,
 		mirror:       mirror.New(),
 		logger:       cfg.Logger,
-		slots:        make(chan struct{}, cfg.Concurrency),
+		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
+		maxQueueWait: cfg.MaxQueueWait,
 		waiting:      make(chan struct{}, cfg.MaxWaiting),
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
@@ -165,6 +199,10 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.watchers.Go(func() { watchers.Run(s.stopping) })
+	for range cfg.Concurrency {
+		s.workers.Go(s.work)
+	}
+	s.slow = newBurstLog(s.logger, "requests dropped: an endpoint's pending buffer is full (slow consumer)", burstQuiet)
 
 	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
 		Name:         wire.ServiceName,
@@ -177,7 +215,15 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		},
 		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
 			// A slow consumer or permission error on a subscription: the
-			// service keeps serving, and the operator is told.
+			// service keeps serving, and the operator is told; a flood's
+			// drops once per burst.
+			if errors.Is(err, nats.ErrSlowConsumer) {
+				if c := s.counterOf(err.Subject); c != nil {
+					c.slowConsumer.Add(1)
+				}
+				s.slow.event(err.Subject)
+				return
+			}
 			s.logger.Error("service subscription error", "subject", err.Subject, "err", err.Description)
 		},
 	})
@@ -248,21 +294,42 @@ func (s *Service) Stop() {
 		s.closed = true
 		s.gate.Unlock()
 		s.answers.Wait()
+		close(s.queue)
+		s.workers.Wait()
 		s.watchers.Wait()
+		s.slow.stop()
 	})
 }
 
-// stopWatchers ends the watchers of a service that never served.
+// stopWatchers ends the watchers and workers of a service that never
+// served.
 func (s *Service) stopWatchers() {
 	s.stop()
+	close(s.queue)
+	s.workers.Wait()
 	s.watchers.Wait()
+	s.slow.stop()
 }
 
 // counters count what an endpoint's workers send, which micro does not see:
 // micro counts requests, and the errors sent before an answer is dispatched.
 type counters struct {
+	subject      string
 	answered     atomic.Uint64 // answers sent
 	answerErrors atomic.Uint64 // errors sent by workers, and answers that could not be sent
+	shed         atomic.Uint64 // 503s for requests that waited longer than MaxQueueWait
+	queueFull    atomic.Uint64 // 503s for requests that found the queue full
+	slowConsumer atomic.Uint64 // bursts of requests dropped from the pending buffer
+}
+
+// counterOf returns the counters of the endpoint on subject, or nil.
+func (s *Service) counterOf(subject string) *counters {
+	for _, c := range s.counters {
+		if c.subject == subject {
+			return c
+		}
+	}
+	return nil
 }
 
 // stats is an endpoint's "data" in $SRV.STATS.
@@ -271,6 +338,9 @@ func (s *Service) stats(e *micro.Endpoint) any {
 	data := map[string]any{
 		"answered":      c.answered.Load(),
 		"answer_errors": c.answerErrors.Load(),
+		"shed":          c.shed.Load(),
+		"queue_full":    c.queueFull.Load(),
+		"slow_consumer": c.slowConsumer.Load(),
 		"loading":       append([]string{}, s.mirror.Loading()...),
 		"behind":        append([]string{}, s.mirror.Behind()...),
 		"over_budget":   s.mirror.OverBudget(),

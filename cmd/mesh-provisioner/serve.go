@@ -56,6 +56,7 @@ type serveFlags struct {
 	nodeMaxKeys      int
 	nodeMaxBytes     int
 	connectRetry     bool
+	maxQueueWait     time.Duration
 }
 
 func defineServe(fs *flag.FlagSet) action {
@@ -74,6 +75,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.Int64Var(&f.bucketMaxBytes, "bucket-max-bytes", buckets.DefaultMaxBytes, "most bytes each state bucket holds; a put that would grow it further is refused")
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
+	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
 	fs.BoolVar(&f.connectRetry, "connect-retry", true, "with --nats-url, keep trying (a line per attempt) while NATS cannot be reached at start; false exits at once")
 	return func(ctx context.Context, inv invocation) error {
 		if f.replicas < 1 || f.replicas > 5 {
@@ -91,8 +93,8 @@ func defineServe(fs *flag.FlagSet) action {
 		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 {
 			return fmt.Errorf("--node-max-keys and --node-max-bytes must be positive, or -1 for no limit")
 		}
-		if f.slowCompose <= 0 || f.revisionWait <= 0 {
-			return fmt.Errorf("--slow-compose and --revision-wait must be positive durations")
+		if f.slowCompose <= 0 || f.revisionWait <= 0 || f.maxQueueWait <= 0 {
+			return fmt.Errorf("--slow-compose, --revision-wait and --max-queue-wait must be positive durations")
 		}
 		logger, err := f.log.logger(inv.stderr)
 		if err != nil {
@@ -221,6 +223,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			st := provisionerSeat.Status()
 			return st.Held, st.Since, st.Holder
 		},
+		MaxQueueWait: f.maxQueueWait,
 	})
 	if err != nil {
 		return err

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -15,11 +18,45 @@ import (
 // exist; the buckets package creates them.
 var ErrBucketMissing = errors.New("provisioning bucket missing")
 
-// Watchers keep a mirror's copies up to date, one KV watcher per bucket.
+// ErrWatchGap is why a bucket's watcher is started again when its consumer
+// skipped a delivery: the copy resumes from its own revision rather than
+// miss a change.
+var ErrWatchGap = errors.New("the bucket's consumer skipped a delivery")
+
+// How the watchers follow a bucket. Each bucket is read by an ephemeral,
+// unacknowledged pull consumer of its KV stream that starts just after the
+// copy's revision. A consumer that is lost (its server restarted or was
+// killed, the consumer deleted, the connection moved to another server) is
+// noticed by a missed heartbeat, a terminal status or the connection's
+// reconnect, and a new one resumes from the copy's revision at once.
+const (
+	// DefaultHeartbeat is the idle heartbeat of a watcher's pull requests: a
+	// consumer that sends none for two of them is taken for lost.
+	DefaultHeartbeat = 500 * time.Millisecond
+	// apiTimeout bounds each JetStream API request of a watcher (stream
+	// info, consumer creation): one sent into an election is given up and
+	// sent again rather than waited on for the client's 5s default.
+	apiTimeout = time.Second
+	// consumerInactive is how long the server keeps a consumer no watcher
+	// pulls from.
+	consumerInactive = 10 * time.Second
+	// How long a watcher pauses before it starts again: jittered, doubling
+	// from watchRetryMin to watchRetryMax, and cut short by a reconnect.
+	watchRetryMin = 50 * time.Millisecond
+	watchRetryMax = time.Second
+	// pollEvery is how often a copy that is behind asks its bucket for the
+	// changes after its revision, one by one with direct gets, while no
+	// consumer can be made (a consumer needs JetStream's meta leader; a
+	// direct get is answered by any replica).
+	pollEvery = 50 * time.Millisecond
+)
+
+// Watchers keep a mirror's copies up to date, one consumer per bucket.
 type Watchers struct {
-	mirror *Mirror
-	kvs    []jetstream.KeyValue // in the order of Mirror.Copies
-	logger *slog.Logger
+	mirror    *Mirror
+	conn      *nats.Conn
+	followers []*follower // in the order of Mirror.Copies
+	logger    *slog.Logger
 }
 
 // Open binds the four buckets; Run then watches them. A nil logger means
@@ -28,7 +65,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 	if logger == nil {
 		logger = slog.Default()
 	}
-	w := &Watchers{mirror: m, logger: logger}
+	w := &Watchers{mirror: m, conn: js.Conn(), logger: logger}
 	for _, c := range m.Copies() {
 		kv, err := js.KeyValue(ctx, c.Bucket())
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -37,80 +74,392 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", c.Bucket(), err)
 		}
-		w.kvs = append(w.kvs, kv)
+		stream, err := js.Stream(ctx, kvStream(kv.Bucket()))
+		if err != nil {
+			return nil, fmt.Errorf("open bucket %s: %w", c.Bucket(), err)
+		}
+		w.followers = append(w.followers, &follower{
+			copy:      c,
+			stream:    stream,
+			prefix:    "$KV." + kv.Bucket() + ".",
+			heartbeat: DefaultHeartbeat,
+			conn:      w.conn,
+			logger:    logger.With("bucket", c.Bucket()),
+			kick:      make(chan struct{}, 1),
+			wake:      make(chan struct{}, 1),
+		})
 	}
 	return w, nil
 }
 
-// Run watches every bucket until ctx is done, starting a failed watcher
-// again after a pause; it returns once every watcher has stopped.
+// kvStream is the name of a KV bucket's stream.
+func kvStream(bucket string) string { return "KV_" + bucket }
+
+// Run watches every bucket until ctx is done, starting a lost watcher again
+// from its copy's revision; it returns once every watcher has stopped.
 func (w *Watchers) Run(ctx context.Context) {
+	statuses := w.conn.StatusChanged(nats.RECONNECTING, nats.CONNECTED)
+	defer w.conn.RemoveStatusListener(statuses)
 	var wg sync.WaitGroup
-	for i, c := range w.mirror.Copies() {
-		wg.Go(func() { w.keepWatching(ctx, c, w.kvs[i]) })
+	for _, f := range w.followers {
+		wg.Go(func() { f.run(ctx) })
+		wg.Go(func() { f.pollWhileBehind(ctx) })
 	}
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case status := <-statuses:
+				for _, f := range w.followers {
+					f.connectionChanged(status)
+				}
+			}
+		}
+	})
 	wg.Wait()
 }
 
-// How long keepWatching pauses before it starts a failed watcher again.
-const (
-	watchRetryMin = 250 * time.Millisecond
-	watchRetryMax = 30 * time.Second
-)
+// follower keeps one bucket's copy up to date.
+type follower struct {
+	copy      Watched
+	stream    jetstream.Stream
+	prefix    string // of the bucket's subjects: "$KV.<bucket>."
+	heartbeat time.Duration
+	conn      *nats.Conn
+	logger    *slog.Logger
+	kick      chan struct{} // resume now: the connection is back
+	wake      chan struct{} // the copy fell behind: poll
 
-// keepWatching runs a bucket's watcher until ctx is done, starting it again,
-// after a pause that grows to watchRetryMax, whenever it fails.
-func (w *Watchers) keepWatching(ctx context.Context, c Watched, kv jetstream.KeyValue) {
-	pause := watchRetryMin
-	for {
-		started := time.Now()
-		err := watch(ctx, c, kv)
-		if ctx.Err() != nil {
-			return
+	// applying orders the changes applied by the consumer and by the
+	// poller: each is applied once, in revision order.
+	applying sync.Mutex
+
+	mu     sync.Mutex
+	cancel context.CancelFunc // of the consumer being followed
+	// Since when, and from which revision, the copy may lag the bucket;
+	// behindSince is zero while it is known to be current.
+	behindSince time.Time
+	behindFrom  uint64
+	// reloading is set during a full read, whose end drops the keys it did
+	// not deliver: the poller stands aside, lest a key it applies after the
+	// read began be dropped.
+	reloading bool
+}
+
+// connectionChanged ends the consumer being followed when the connection is
+// lost or comes back: a consumer on the server left may be gone, and the
+// one that replaces it resumes from the copy's revision at once.
+func (f *follower) connectionChanged(status nats.Status) {
+	if status == nats.RECONNECTING {
+		f.fellBehind("the connection to NATS was lost")
+	}
+	f.mu.Lock()
+	if f.cancel != nil {
+		f.cancel()
+	}
+	f.mu.Unlock()
+	if status == nats.CONNECTED {
+		for _, ch := range []chan struct{}{f.kick, f.wake} {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
-		c.setBehind(true)
-		if time.Since(started) > watchRetryMax {
-			pause = watchRetryMin // it had been running well: not a failure streak
-		}
-		w.logger.Error("bucket watcher failed; starting it again", "bucket", c.Bucket(), "err", err, "in", pause)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(pause):
-		}
-		pause = min(2*pause, watchRetryMax)
 	}
 }
 
-// watch keeps a copy up to date until ctx is done or the watcher stops. It
-// may be called again after it returns: the keys a new watcher does not
-// deliver among its initial values are dropped from the copy then.
-func watch(ctx context.Context, c Watched, kv jetstream.KeyValue) error {
-	watcher, err := kv.WatchAll(ctx)
-	if err != nil {
-		return fmt.Errorf("watch bucket %s: %w", c.Bucket(), err)
-	}
-	defer func() { _ = watcher.Stop() }()
-	initial := map[string]bool{}
+// run follows the bucket until ctx is done.
+func (f *follower) run(ctx context.Context) {
+	pause := watchRetryMin
+	loadFailed := false // logged once
 	for {
+		attempt, cancel := context.WithCancel(ctx)
+		f.mu.Lock()
+		f.cancel = cancel
+		f.mu.Unlock()
+		var err error
+		if f.conn.IsConnected() {
+			err = f.follow(attempt)
+		}
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil:
+		case !f.copy.Ready():
+			if !loadFailed {
+				f.logger.Warn("bucket watcher failed while loading the copy; trying again", "err", err)
+				loadFailed = true
+			}
+		default:
+			f.fellBehind(err.Error())
+			f.logger.Debug("bucket watcher stopped; resuming", "err", err, "in", pause)
+		}
+		if errors.Is(err, errFollowed) {
+			pause = watchRetryMin // it had caught up: not a failure streak
+		}
+		var wait <-chan time.Time
+		if f.conn.IsConnected() {
+			wait = time.After(pause/2 + rand.N(pause/2+1))
+		} // else only the reconnect (a kick) resumes it
 		select {
 		case <-ctx.Done():
-			return nil
-		case e, ok := <-watcher.Updates():
-			if !ok {
-				return fmt.Errorf("watcher of bucket %s stopped", c.Bucket())
+			return
+		case <-f.kick:
+			pause = watchRetryMin
+		case <-wait:
+			pause = min(2*pause, watchRetryMax)
+		}
+	}
+}
+
+// errFollowed wraps why a watcher that had caught up with its bucket
+// stopped.
+var errFollowed = errors.New("after catching up")
+
+// fellBehind records that the copy may lag the bucket from now on, and logs
+// it once.
+func (f *follower) fellBehind(why string) {
+	if !f.copy.Ready() {
+		return // still loading: every answer is a 503 anyway
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.behindSince.IsZero() {
+		return
+	}
+	f.behindSince = time.Now()
+	f.behindFrom = f.copy.Revision()
+	f.copy.setBehind(true)
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+	f.logger.Warn("bucket copy may be behind: its watcher was lost; resuming from the copy's revision",
+		"reason", why, "revision", f.behindFrom)
+}
+
+// caughtUp records that the copy holds every change of the bucket up to
+// revision, its last when the consumer was created or later.
+func (f *follower) caughtUp(revision uint64) {
+	f.copy.MarkLoaded()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.behindSince.IsZero() {
+		return
+	}
+	f.copy.setBehind(false)
+	f.logger.Info("bucket copy caught up",
+		"behind_for", time.Since(f.behindSince).Round(time.Millisecond),
+		"from_revision", f.behindFrom, "to_revision", revision, "revisions_behind", revision-min(revision, f.behindFrom))
+	f.behindSince = time.Time{}
+}
+
+// follow creates a consumer that starts just after the copy's revision and
+// applies what it delivers until ctx is done or the consumer is lost. The
+// first time, and when the bucket no longer holds the changes after the
+// copy's revision (purged, or removed by limits), it reads every key's last
+// value instead and drops the keys it does not deliver.
+func (f *follower) follow(ctx context.Context) error {
+	revision := f.copy.Revision()
+	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	info, err := f.stream.Info(apiCtx)
+	if err != nil {
+		return fmt.Errorf("read the bucket's stream state: %w", err)
+	}
+	state := info.State
+	cfg := jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		FilterSubject:     f.prefix + ">",
+		InactiveThreshold: consumerInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	}
+	// live collects the keys of a full read, whose end drops the others.
+	var live map[string]bool
+	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq
+	if reload {
+		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+		live = map[string]bool{}
+		f.setReloading(true)
+		defer f.setReloading(false)
+		if f.copy.Ready() {
+			f.logger.Warn("the bucket no longer holds every change after the copy's revision; reading every key again",
+				"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
+		}
+	} else {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = revision + 1
+	}
+	// A bucket deleted and made again starts its revisions over: apply
+	// everything, though the copy's revision cannot go back.
+	applyAll := revision > state.LastSeq
+	consumer, err := f.stream.CreateConsumer(apiCtx, cfg)
+	if err != nil {
+		return fmt.Errorf("create the bucket's consumer: %w", err)
+	}
+	if f.copy.Ready() {
+		f.logger.Debug("bucket watcher resuming", "from_revision", revision+1,
+			"bucket_last_revision", state.LastSeq, "pending", consumer.CachedInfo().NumPending)
+	}
+	caught := false
+	if consumer.CachedInfo().NumPending == 0 {
+		if live != nil {
+			f.keepOnly(live)
+			live = nil
+			f.setReloading(false)
+		}
+		f.caughtUp(max(revision, state.LastSeq))
+		caught = true
+	}
+	messages, err := consumer.Messages(
+		jetstream.PullHeartbeat(f.heartbeat),
+		jetstream.WithMessagesErrOnMissingHeartbeat(true),
+	)
+	if err != nil {
+		return fmt.Errorf("pull from the bucket's consumer: %w", err)
+	}
+	defer messages.Stop()
+	stop := context.AfterFunc(ctx, messages.Stop)
+	defer stop()
+	var delivered uint64
+	for {
+		msg, err := messages.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
-			if e == nil {
-				c.keepOnly(initial)
-				initial = nil
-				c.MarkLoaded()
-				c.setBehind(false)
-				continue
+			if caught {
+				err = fmt.Errorf("%w: %w", errFollowed, err)
 			}
-			if initial != nil {
-				initial[e.Key()] = true
+			return fmt.Errorf("the bucket's consumer was lost: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("a message of the bucket's consumer: %w", err)
+		}
+		if meta.Sequence.Consumer != delivered+1 {
+			return fmt.Errorf("%w: delivery %d after %d", ErrWatchGap, meta.Sequence.Consumer, delivered)
+		}
+		delivered = meta.Sequence.Consumer
+		key, ok := strings.CutPrefix(msg.Subject(), f.prefix)
+		if !ok {
+			continue
+		}
+		deleted := isDelete(msg.Headers())
+		if live != nil && !deleted {
+			live[key] = true
+		}
+		f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
+		if !caught && meta.NumPending == 0 {
+			if live != nil {
+				f.keepOnly(live)
+				live = nil
+				f.setReloading(false)
 			}
-			c.Apply(e.Key(), e.Value(), e.Revision(), e.Operation() != jetstream.KeyValuePut)
+			f.caughtUp(meta.Sequence.Stream)
+			caught = true
+		}
+	}
+}
+
+// isDelete reports whether a KV message is a delete or purge marker, written
+// by a client (KV-Operation) or by the server (a marker's reason).
+func isDelete(h nats.Header) bool {
+	if len(h) == 0 {
+		return false
+	}
+	switch h.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return true
+	}
+	switch h.Get(jetstream.MarkerReasonHeader) {
+	case "MaxAge", "Purge", "Remove":
+		return true
+	}
+	return false
+}
+
+// apply takes one change into the copy, unless the copy already holds it:
+// a resumed consumer starts after the copy's revision, but the poller may
+// have applied some of what it delivers, and a full read delivers what the
+// copy holds. applyAll applies it whatever its revision.
+func (f *follower) apply(key string, value []byte, revision uint64, deleted, applyAll bool) {
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	if applyAll || revision > f.copy.Revision() {
+		f.copy.Apply(key, value, revision, deleted)
+	}
+}
+
+// keepOnly ends a full read: the keys it did not deliver are dropped.
+func (f *follower) keepOnly(live map[string]bool) {
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	f.copy.keepOnly(live)
+}
+
+func (f *follower) setReloading(reloading bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reloading = reloading
+}
+
+// state reports whether the copy may lag the bucket, and whether a full
+// read is in progress.
+func (f *follower) state() (behind, reloading bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.behindSince.IsZero(), f.reloading
+}
+
+// pollWhileBehind keeps a copy that is behind fresh while its consumer is
+// being made again: every pollEvery it asks the bucket, by direct gets, for
+// each change after the copy's revision. It does not end the copy's being
+// behind; only a consumer that has caught up does.
+func (f *follower) pollWhileBehind(ctx context.Context) {
+	for {
+		behind, reloading := f.state()
+		var wait <-chan time.Time
+		switch {
+		case !behind:
+			// Idle until the copy falls behind.
+		case reloading || !f.conn.IsConnected():
+			wait = time.After(pollEvery) // look again shortly
+		default:
+			f.pollOnce(ctx)
+			wait = time.After(pollEvery)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.wake:
+		case <-wait:
+		}
+	}
+}
+
+// pollOnce applies every change after the copy's revision that a direct get
+// returns, until none is left or the copy is no longer behind.
+func (f *follower) pollOnce(ctx context.Context) {
+	for ctx.Err() == nil {
+		if behind, reloading := f.state(); !behind || reloading {
+			return
+		}
+		getCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+		msg, err := f.stream.GetMsg(getCtx, f.copy.Revision()+1, jetstream.WithGetMsgSubject(f.prefix+">"))
+		cancel()
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgNotFound) {
+				f.logger.Debug("reading the bucket's changes by direct get failed", "err", err)
+			}
+			return // nothing more for now, or no answer
+		}
+		if key, ok := strings.CutPrefix(msg.Subject, f.prefix); ok {
+			f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
 		}
 	}
 }

@@ -1,0 +1,311 @@
+//go:build faults
+
+package faults_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// probe writes needs and asks the service about them side by side, and
+// keeps what happened to each: when a write was acked (or failed), and which
+// revision each answer reflected and when.
+type probe struct {
+	t      *testing.T
+	needs  jetstream.KeyValue // the writer's handle
+	ask    *client.Client     // the reader's
+	writer string             // the node written, so that keys are unique
+
+	mu      sync.Mutex
+	acked   []write
+	failed  []write
+	answers []answer
+	errs    []answer // requests that failed, and when
+}
+
+type write struct {
+	key      string
+	revision uint64
+	at       time.Time
+	err      error
+}
+
+type answer struct {
+	at       time.Time
+	revision uint64
+	behind   []string
+	err      error
+}
+
+func newProbe(t *testing.T, writer, reader *nats.Conn, node string) *probe {
+	t.Helper()
+	js, err := jetstream.New(writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &probe{t: t, needs: kv, ask: client.New(reader), writer: node}
+}
+
+// run writes every writeEvery and asks every askEvery until stop is
+// called; stop ends the writes first, and the asking once an answer
+// reflects the last acked write (or 2*freshness later).
+func (p *probe) run(writeEvery, askEvery time.Duration) (stop func()) {
+	writing, stopWriting := context.WithCancel(context.Background())
+	asking, stopAsking := context.WithCancel(context.Background())
+	var writer, reader sync.WaitGroup
+	writer.Go(func() {
+		for i := 0; writing.Err() == nil; i++ {
+			p.put(writing, fmt.Sprintf("%s.m.port.k%06d", p.writer, i))
+			sleep(writing, writeEvery)
+		}
+	})
+	reader.Go(func() {
+		for asking.Err() == nil {
+			p.poll(asking)
+			sleep(asking, askEvery)
+		}
+	})
+	return func() {
+		stopWriting()
+		writer.Wait()
+		deadline := time.Now().Add(2 * freshness)
+		for time.Now().Before(deadline) && !p.reflectsLast() {
+			time.Sleep(askEvery)
+		}
+		stopAsking()
+		reader.Wait()
+	}
+}
+
+// reflectsLast reports whether an answer reflects the last acked write.
+func (p *probe) reflectsLast() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.acked) == 0 || len(p.answers) == 0 {
+		return len(p.acked) == 0
+	}
+	return p.answers[len(p.answers)-1].revision >= p.acked[len(p.acked)-1].revision
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+var needValue, _ = proto.Marshal(&provisionerv1.Need{Placeholder: "${port:probe}", Required: true})
+
+func (p *probe) put(ctx context.Context, key string) {
+	putCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	rev, err := p.needs.Put(putCtx, key, needValue)
+	if ctx.Err() != nil {
+		return // the test ended: neither acked nor failed
+	}
+	w := write{key: key, revision: rev, at: time.Now(), err: err}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.failed = append(p.failed, w)
+	} else {
+		p.acked = append(p.acked, w)
+	}
+}
+
+func (p *probe) poll(ctx context.Context) {
+	askCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	res, err := p.ask.Provisioning(askCtx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "nobody"})
+	if ctx.Err() != nil {
+		return
+	}
+	a := answer{at: time.Now(), err: err}
+	if err == nil {
+		a.revision, a.behind = res.GetRevision(), res.GetBehind()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.errs = append(p.errs, a)
+	} else {
+		p.answers = append(p.answers, a)
+	}
+}
+
+// lag is, for each acked write, how long after its ack an answer first
+// reflected it; a write no answer reflected yet has lag -1.
+type lag struct {
+	write
+	lag time.Duration
+}
+
+func (p *probe) lags() []lag {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]lag, 0, len(p.acked))
+	for _, w := range p.acked {
+		l := lag{write: w, lag: -1}
+		for _, a := range p.answers {
+			if !a.at.Before(w.at) && a.revision >= w.revision {
+				l.lag = a.at.Sub(w.at)
+				break
+			}
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// worst returns the longest lag of the writes acked at or after from, and
+// the write that had it; a write never reflected counts as forever.
+func worst(lags []lag, from time.Time) (lag, int) {
+	var w lag
+	n := 0
+	for _, l := range lags {
+		if l.at.Before(from) {
+			continue
+		}
+		n++
+		if l.lag < 0 {
+			return l, n
+		}
+		if l.lag > w.lag {
+			w = l
+		}
+	}
+	return w, n
+}
+
+// checkCopy asserts that the service's copy of the needs bucket holds
+// exactly the bucket's keys at their revisions, and every acked write.
+func (p *probe) checkCopy(ctx context.Context, reader *nats.Conn) {
+	p.t.Helper()
+	// A read through a consumer on a replica that is still catching up (a
+	// server just restarted) may miss the last writes: read until it holds
+	// the stream's last revision, as its leader says.
+	var live []jetstream.KeyValueEntry
+	var last uint64
+	for {
+		status, err := p.needs.Status(ctx)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		last = status.(interface{ StreamInfo() *jetstream.StreamInfo }).StreamInfo().State.LastSeq
+		live, err = kvread.Live(ctx, p.needs)
+		if err != nil {
+			p.t.Fatalf("read the needs bucket: %v", err)
+		}
+		if slices.ContainsFunc(live, func(e jetstream.KeyValueEntry) bool { return e.Revision() == last }) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	want := map[string]uint64{}
+	for _, e := range live {
+		want[e.Key()] = e.Revision()
+	}
+	res, err := client.New(reader).ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last})
+	if err != nil {
+		p.t.Fatalf("ask for every need at revision %d: %v", last, err)
+	}
+	got := map[string]uint64{}
+	for _, n := range res.GetNeeds() {
+		key, err := keys.NeedKey{Node: n.GetNode(), Module: n.GetModule(), Kind: n.GetKind(), Name: n.GetName()}.Key()
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		got[key] = n.GetRevision()
+	}
+	for _, m := range res.GetMalformed() {
+		got[m.GetKey()] = m.GetRevision()
+	}
+	var missing, extra, stale []string
+	for k, r := range want {
+		switch g, ok := got[k]; {
+		case !ok:
+			missing = append(missing, k)
+		case g != r:
+			stale = append(stale, fmt.Sprintf("%s@%d (bucket %d)", k, g, r))
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			extra = append(extra, k)
+		}
+	}
+	slices.Sort(missing)
+	slices.Sort(extra)
+	if len(missing)+len(extra)+len(stale) > 0 {
+		p.t.Errorf("the copy differs from the bucket: missing %v, extra %v, other revisions %v", missing, extra, stale)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	lost := 0
+	for _, w := range p.acked {
+		if _, ok := want[w.key]; !ok {
+			lost++
+			p.t.Errorf("acked write %s at revision %d is not in the bucket", w.key, w.revision)
+		}
+	}
+	inBucket := 0
+	for _, w := range p.failed {
+		if _, ok := want[w.key]; ok {
+			inBucket++
+		}
+	}
+	p.t.Logf("copy equals the bucket: %d keys at revision %d; %d acked writes, %d lost; %d writes failed, %d of them in the bucket anyway",
+		len(want), last, len(p.acked), lost, len(p.failed), inBucket)
+}
+
+// report logs the figures of a run: the worst lag after from, and the
+// requests that failed.
+func (p *probe) report(name string, from time.Time) lag {
+	p.t.Helper()
+	lags := p.lags()
+	w, n := worst(lags, from)
+	p.mu.Lock()
+	answers, errs, behind := len(p.answers), len(p.errs), 0
+	for _, a := range p.answers {
+		if len(a.behind) > 0 {
+			behind++
+		}
+	}
+	var firstErr error
+	if errs > 0 {
+		firstErr = p.errs[0].err
+	}
+	p.mu.Unlock()
+	p.t.Logf("%s: %d writes acked after the fault; worst lag from ack to answer %s (%s at revision %d); %d answers (%d saying a copy may be behind), %d failed requests (first: %v)",
+		name, n, w.lag.Round(time.Millisecond), w.key, w.revision, answers, behind, errs, firstErr)
+	return w
+}
+
+// firstAnswer returns how long after from the first answer came.
+func (p *probe) firstAnswer(from time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, a := range p.answers {
+		if !a.at.Before(from) {
+			return a.at.Sub(from)
+		}
+	}
+	return -1
+}

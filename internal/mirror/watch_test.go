@@ -1,0 +1,215 @@
+package mirror_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// syncBuffer is a log sink safe for the watchers' goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type fixture struct {
+	js    jetstream.JetStream
+	needs jetstream.KeyValue
+	m     *mirror.Mirror
+	w     *mirror.Watchers
+	log   *syncBuffer
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	needs, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &syncBuffer{}
+	m := mirror.New()
+	w, err := m.Open(ctx, js, slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{js: js, needs: needs, m: m, w: w, log: log}
+}
+
+// run runs the watchers until the returned stop is called.
+func (f *fixture) run(t *testing.T) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.w.Run(ctx); close(done) }()
+	select {
+	case <-f.m.Needs.Loaded():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy did not load")
+	}
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
+}
+
+func (f *fixture) put(t *testing.T, key string) uint64 {
+	t.Helper()
+	value, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:x}"})
+	rev, err := f.needs.Put(context.Background(), key, value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}
+
+// reached waits until the needs copy reaches revision.
+func (f *fixture) reached(t *testing.T, revision uint64, within time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	if !f.m.Needs.WaitFor(ctx, revision) {
+		t.Fatalf("the copy is at revision %d, not %d, after %s", f.m.Needs.Revision(), revision, within)
+	}
+}
+
+func (f *fixture) keys() []string {
+	entries, _ := f.m.Needs.All()
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Key)
+	}
+	return out
+}
+
+func TestWatcherResumesWhenItsConsumerIsDeleted(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.run(t)
+	f.reached(t, f.put(t, "a.web.port.http"), 5*time.Second)
+
+	stream, err := f.js.Stream(context.Background(), "KV_"+keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range stream.ConsumerNames(context.Background()).Name() {
+		if err := stream.DeleteConsumer(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rev := f.put(t, "b.web.port.http")
+	f.reached(t, rev, 2*time.Second)
+	if got := f.keys(); !slices.Equal(got, []string{"a.web.port.http", "b.web.port.http"}) {
+		t.Errorf("keys %v", got)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the copy is still behind 2s after its consumer was deleted; log:\n%s", f.log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(f.log.String(), "bucket copy may be behind") {
+		t.Errorf("the log does not say the copy fell behind:\n%s", f.log)
+	}
+}
+
+// While no watcher runs, keys are put, deleted and purged: the next
+// watcher resumes from the copy's revision and the copy ends equal to the
+// bucket.
+func TestWatcherResumesFromTheCopysRevision(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	stop := f.run(t)
+	for _, k := range []string{"a.web.port.http", "b.web.port.http", "c.web.port.http"} {
+		f.put(t, k)
+	}
+	f.reached(t, f.put(t, "d.web.port.http"), 5*time.Second)
+	stop()
+
+	ctx := context.Background()
+	if err := f.needs.Delete(ctx, "a.web.port.http"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.needs.Delete(ctx, "b.web.port.http"); err != nil {
+		t.Fatal(err)
+	}
+	f.put(t, "c.web.port.http")
+	last := f.put(t, "e.web.port.http")
+
+	f.run(t)
+	f.reached(t, last, 5*time.Second)
+	if got, want := f.keys(), []string{"c.web.port.http", "d.web.port.http", "e.web.port.http"}; !slices.Equal(got, want) {
+		t.Errorf("keys %v, want %v", got, want)
+	}
+	if strings.Contains(f.log.String(), "reading every key again") {
+		t.Errorf("the watcher read everything again rather than resume:\n%s", f.log)
+	}
+}
+
+// When the bucket no longer holds the changes after the copy's revision
+// (its stream purged meanwhile, after a change the copy never saw), the
+// watcher reads every key again and drops the keys that are gone.
+func TestWatcherReadsEverythingWhenChangesAreGone(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	stop := f.run(t)
+	f.put(t, "a.web.port.http")
+	f.reached(t, f.put(t, "b.web.port.http"), 5*time.Second)
+	stop()
+
+	ctx := context.Background()
+	stream, err := f.js.Stream(ctx, "KV_"+keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.put(t, "c.web.port.http")
+	if err := stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := f.put(t, "d.web.port.http")
+
+	f.run(t)
+	f.reached(t, last, 5*time.Second)
+	deadline := time.Now().Add(2 * time.Second)
+	want := []string{"d.web.port.http"}
+	for !slices.Equal(f.keys(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("keys %v, want %v; log:\n%s", f.keys(), want, f.log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
