@@ -325,7 +325,12 @@ func TestReconcilerRestoresChangedEntries(t *testing.T) {
 			done := make(chan error, 1)
 			r := &registry.Reconciler{KV: kv, Interval: time.Hour, RestoreDelay: 20 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)}
 			go func() { done <- r.Run(ctx) }()
-			defer func() { cancel(); <-done }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
 			waitUntil(t, 5*time.Second, func() bool { return holds(t, kv, table) })
 			settled := lastRevision(t, kv)
 			time.Sleep(200 * time.Millisecond)

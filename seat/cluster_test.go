@@ -28,7 +28,7 @@ func startCluster(t *testing.T) []*server.Server {
 			t.Fatal(err)
 		}
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-		l.Close()
+		_ = l.Close()
 	}
 	var routes []*url.URL
 	for _, p := range ports {

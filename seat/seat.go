@@ -194,13 +194,13 @@ func (s *Seat) hold(ctx context.Context, tenure func(ctx context.Context) error)
 		case err := <-done:
 			switch {
 			case ctx.Err() != nil:
-				s.release()
+				s.release(ctx)
 				return nil
 			case tctx.Err() != nil || errors.Is(err, ErrNotHeld):
 				s.stepDown("the tenure ended on a lost seat", err)
 				return nil
 			case err != nil:
-				s.release()
+				s.release(ctx)
 				return err
 			}
 			done = nil // tenure is done with its work; keep the seat
@@ -208,16 +208,20 @@ func (s *Seat) hold(ctx context.Context, tenure func(ctx context.Context) error)
 			if !s.renew(ctx) {
 				cancel()
 				if done != nil {
-					<-done
+					if err := <-done; err != nil {
+						s.logger.Debug("the tenure ended with the seat lost", "err", err)
+					}
 				}
 				return nil
 			}
 		case <-ctx.Done():
 			cancel()
 			if done != nil {
-				<-done
+				if err := <-done; err != nil {
+					s.logger.Debug("the tenure ended with the stop", "err", err)
+				}
 			}
-			s.release()
+			s.release(ctx)
 			return nil
 		}
 	}
@@ -359,7 +363,7 @@ func (s *Seat) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.
 			}
 		}
 		s.loseLocked("a registry write was refused by the seat's fence", err)
-		return nil, fmt.Errorf("%w: %s: %v", ErrFenced, msg.Subject, err)
+		return nil, fmt.Errorf("%w: %s: %w", ErrFenced, msg.Subject, err)
 	}
 	return ack, err
 }
@@ -388,7 +392,7 @@ func (s *Seat) stepDown(why string, err error) {
 // release hands the seat back: an empty message, published only if the
 // seat's subject still ends with this holder's lease, so a standby takes the
 // seat at its next read instead of waiting for the TTL.
-func (s *Seat) release() {
+func (s *Seat) release(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.held {
@@ -402,7 +406,9 @@ func (s *Seat) release() {
 		s.logger.Warn("NATS is unreachable: not handing the provisioner seat back; a standby takes it when the lease expires", "ttl", s.cfg.TTL)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL/3)
+	// ctx is done when the seat is handed back at shutdown: the hand-back
+	// gets a time of its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL/3)
 	defer cancel()
 	_, err := s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject}, jetstream.WithExpectLastSequencePerSubject(s.rev))
 	if err != nil {

@@ -42,8 +42,8 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	_, meshAccount, _ := strings.Cut(config, `"MESH" {`)
 	config = strings.Replace(config, meshAccount, strings.Replace(meshAccount, "users = [\n", "users = [\n      { user: \"meshadmin\", password: \"meshadmin-secret\" }\n", 1), 1)
 	s := natstest.StartWithConfig(t, config)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
 
 	// The server's identity creates the buckets in its account, takes the
 	// seat, reconciles the registry and serves.

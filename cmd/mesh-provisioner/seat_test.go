@@ -96,7 +96,7 @@ func seats(t *testing.T, nc *nats.Conn, want int) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer sub.Unsubscribe()
+	defer func() { _ = sub.Unsubscribe() }()
 	if err := nc.PublishRequest("$SRV.STATS.mesh-provisioner", inbox, nil); err != nil {
 		t.Fatal(err)
 	}

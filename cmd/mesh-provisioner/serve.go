@@ -229,19 +229,22 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer svc.Stop()
-	defer func() {
-		if !nc.IsConnected() {
-			// NATS is gone: stopping need not wait for answers from it (the
-			// watchers' consumers, the drain), which would each time out.
-			logger.Info("NATS is unreachable: closing the connection rather than draining it")
-			nc.Close()
-		}
-	}()
 
 	// The seat (its holder reconciling) and the service run side by side;
 	// the first to fail ends both, and shutdown waits for each: the seat is
 	// handed back before the connection drains.
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		<-gctx.Done()
+		if !nc.IsConnected() {
+			// NATS is gone: stopping need not wait for answers from it
+			// (consumers deleted, the seat handed back, the drain), which
+			// would each time out; a closed connection fails them at once.
+			logger.Info("NATS is unreachable: closing the connection rather than draining it")
+			nc.Close()
+		}
+		return nil
+	})
 	g.Go(func() error {
 		if err := provisionerSeat.Run(gctx, reconciler.Run); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
 			return fmt.Errorf("reconcile registry: %w", err)

@@ -53,7 +53,7 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		code := m.Run()
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		os.Exit(code)
 	}
 	os.Exit(m.Run())
@@ -289,7 +289,7 @@ func nextPageToken(answer proto.Message) string {
 // comparable returns the answer without what the suite does not compare: the
 // page token (opaque; only whether it is empty counts) and compose's phases
 // (timings).
-func comparable(answer proto.Message) proto.Message {
+func comparableOf(answer proto.Message) proto.Message {
 	answer = proto.Clone(answer)
 	switch a := answer.(type) {
 	case *provisionerv1.ProvisioningResponse:
@@ -342,7 +342,7 @@ func check(t *testing.T, verb string, expect conformance.Expect, got []reply, mo
 		if err := protojson.Unmarshal(want[i], expected); err != nil {
 			t.Fatalf("the case's answer %d: %v", i+1, err)
 		}
-		if diff := cmp.Diff(comparable(expected), comparable(r.answer), protocmp.Transform()); diff != "" {
+		if diff := cmp.Diff(comparableOf(expected), comparableOf(r.answer), protocmp.Transform()); diff != "" {
 			t.Errorf("page %d of %d differs (-want +got):\n%s", i+1, len(want), diff)
 		}
 	}
@@ -361,7 +361,7 @@ func record(t *testing.T, c conformance.Case, encoding string, got []reply) {
 			out = append(out, text)
 			continue
 		}
-		text, err := protojson.Marshal(comparable(r.answer))
+		text, err := protojson.Marshal(comparableOf(r.answer))
 		if err != nil {
 			t.Fatal(err)
 		}
