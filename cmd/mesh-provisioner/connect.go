@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // connectFlags say how to reach an existing NATS.
@@ -84,12 +86,13 @@ type connectEvents struct {
 
 // Reconnect pacing: a short, jittered wait after each round through the URL
 // list, growing to at most reconnectMaxWait, so that a NATS that comes back
-// is rejoined within about a second and a NATS restarting under many
-// clients is not met by all of them at once.
+// is rejoined well within a second (the copy must be fresh within 2 s of
+// it) and a NATS restarting under many clients is not met by all of them
+// at once.
 const (
 	reconnectFirstWait = 100 * time.Millisecond
-	reconnectMaxWait   = time.Second
-	reconnectJitter    = 500 * time.Millisecond
+	reconnectMaxWait   = 500 * time.Millisecond
+	reconnectJitter    = 250 * time.Millisecond
 )
 
 // reconnectDelay is the wait after the rounds-th round through the URL list
@@ -156,6 +159,10 @@ func (c *connectFlags) connect(ctx context.Context, url, name string, logger *sl
 				logger.Debug("NATS refused a publish or subscription", attrs...)
 			case errors.Is(err, nats.ErrPermissionViolation):
 				logger.Error("NATS refused a publish or subscription: check this identity's permissions", attrs...)
+			case errors.Is(err, nats.ErrSlowConsumer) && sub != nil && strings.HasPrefix(sub.Subject, wire.ServiceName+"."):
+				// The service counts a flood's drops and logs them once per
+				// burst; here they would be logged for every report.
+				logger.Debug("slow consumer on a verb's subscription", attrs...)
 			case errors.Is(err, nats.ErrSlowConsumer):
 				logger.Warn("slow consumer: NATS dropped messages this process did not read in time", attrs...)
 			default:
