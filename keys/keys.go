@@ -43,15 +43,29 @@ func format(parts ...part) (string, error) {
 	return b.String(), nil
 }
 
-// split cuts key into exactly len(names) tokens, each a valid token.
-func split(key string, names ...string) ([]string, error) {
-	tokens := strings.Split(key, ".")
-	if len(tokens) != len(names) {
-		return nil, fmt.Errorf("%w: %q has %d tokens, want %d (<%s>)", ErrMalformedKey, key, len(tokens), len(names), strings.Join(names, ">.<"))
+// split cuts key into exactly len(names) tokens, each a valid token. The
+// tokens are windows on key, in an array that stays on the caller's stack:
+// the watched copy parses every key it holds.
+func split(key string, names ...string) ([4]string, error) {
+	var tokens [4]string
+	n, rest := 0, key
+	for {
+		tok, after, more := strings.Cut(rest, ".")
+		if n < len(tokens) {
+			tokens[n] = tok
+		}
+		n++
+		if !more {
+			break
+		}
+		rest = after
 	}
-	for i, tok := range tokens {
+	if n != len(names) {
+		return tokens, fmt.Errorf("%w: %q has %d tokens, want %d (<%s>)", ErrMalformedKey, key, n, len(names), strings.Join(names, ">.<"))
+	}
+	for i, tok := range tokens[:n] {
 		if err := CheckToken(tok); err != nil {
-			return nil, fmt.Errorf("%w: %q: token %d (<%s>) %w", ErrMalformedKey, key, i+1, names[i], err)
+			return tokens, fmt.Errorf("%w: %q: token %d (<%s>) %w", ErrMalformedKey, key, i+1, names[i], err)
 		}
 	}
 	return tokens, nil

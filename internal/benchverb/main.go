@@ -13,11 +13,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -64,7 +67,15 @@ func main() {
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of each side (real and echo) at each requester count")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the cold start and the rounds to this file")
 	only := flag.String("only", "", "measure only the request kinds whose name holds this")
+	natsOnly := flag.String("nats-server", "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
+	if *natsOnly != "" {
+		if err := serveNATS(*natsOnly); err != nil {
+			fmt.Fprintln(os.Stderr, "benchverb:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg.only = *only
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -89,16 +100,14 @@ func run(cfg config) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	// The nats-server runs in a process of its own, as it would on a mesh:
+	// the service's cold start and memory are its own.
+	url, stop, err := startNATS(dir)
 	if err != nil {
 		return err
 	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return fmt.Errorf("nats-server did not start")
-	}
-	nc, err := nats.Connect(ns.ClientURL())
+	defer stop()
+	nc, err := nats.Connect(url)
 	if err != nil {
 		return err
 	}
@@ -193,12 +202,12 @@ func run(cfg config) error {
 		for _, n := range cfg.requesters {
 			var verb, bare []result
 			for range cfg.rounds {
-				r, err := k.round(ns.ClientURL(), needs, wire.ServiceName, n, nodes, cfg.round)
+				r, err := k.round(url, needs, wire.ServiceName, n, nodes, cfg.round)
 				if err != nil {
 					return fmt.Errorf("%s: %w", k.name, err)
 				}
 				verb = append(verb, r)
-				r, err = k.round(ns.ClientURL(), needs, "echo", n, nodes, cfg.round)
+				r, err = k.round(url, needs, "echo", n, nodes, cfg.round)
 				if err != nil {
 					return fmt.Errorf("%s echo: %w", k.name, err)
 				}
@@ -353,4 +362,49 @@ func (k kind) round(url string, needs jetstream.KeyValue, target string, request
 		return result{}, err
 	}
 	return result{took: time.Since(start), latencies: slices.Concat(latencies...)}, nil
+}
+
+// serveNATS runs a nats-server with JetStream on a free loopback port, its
+// store in dir, prints its URL on stdout, and serves until stdin closes.
+func serveNATS(dir string) error {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return fmt.Errorf("nats-server did not start")
+	}
+	fmt.Println(ns.ClientURL())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return nil
+}
+
+// startNATS starts this program as a nats-server in a child process and
+// returns its URL, and how to stop it.
+func startNATS(dir string) (string, func(), error) {
+	cmd := exec.Command(os.Args[0], "-nats-server", dir)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() {
+		_ = stdin.Close()
+		_ = cmd.Wait()
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("the nats-server process: %w", err)
+	}
+	return strings.TrimSpace(line), stop, nil
 }

@@ -68,7 +68,10 @@ type Copy[R proto.Message] struct {
 	// load rather than the lock.
 	reached  atomic.Uint64
 	gen      uint64        // counts the changes applied
-	advanced chan struct{} // closed and replaced whenever revision moves
+	advanced chan struct{} // closed and replaced when revision moves and waited is set
+	// waited says a WaitFor holds advanced: only then is it closed and
+	// made anew, not for every change of a loading copy.
+	waited atomic.Bool
 	// all is every entry in key order, built on the first unfiltered read
 	// after a change; nil while stale.
 	all atomic.Pointer[[]*Entry[R]]
@@ -123,6 +126,7 @@ func (c *Copy[R]) Revision() uint64 { return c.reached.Load() }
 func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 	for {
 		c.mu.RLock()
+		c.waited.Store(true)
 		reached, advanced := c.revision >= revision, c.advanced
 		c.mu.RUnlock()
 		if reached {
@@ -157,8 +161,10 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	if revision > c.revision {
 		c.revision = revision
 		c.reached.Store(revision)
-		close(c.advanced)
-		c.advanced = make(chan struct{})
+		if c.waited.Swap(false) {
+			close(c.advanced)
+			c.advanced = make(chan struct{})
+		}
 	}
 	g := c.groups[first]
 	if g == nil {
@@ -170,8 +176,12 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	}
 	c.gen++
 	g.changedAt, g.gen = revision, c.gen
-	g.sorted.Store(nil)
-	c.all.Store(nil)
+	if g.sorted.Load() != nil { // no needless atomic store while loading
+		g.sorted.Store(nil)
+	}
+	if c.all.Load() != nil {
+		c.all.Store(nil)
+	}
 	if old := g.byKey[key]; old != nil {
 		g.forget(old)
 		delete(g.byKey, key)
@@ -314,6 +324,7 @@ func (c *Copy[R]) Empty() bool {
 func (c *Copy[R]) WaitFilled(ctx context.Context) bool {
 	for {
 		c.mu.RLock()
+		c.waited.Store(true)
 		advanced := c.advanced
 		c.mu.RUnlock()
 		if !c.Empty() {

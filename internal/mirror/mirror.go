@@ -35,6 +35,7 @@ type Watched interface {
 	Behind() bool
 	Revision() uint64
 	Stamp(first string) (stamp, revision uint64)
+	Empty() bool
 	WaitFor(ctx context.Context, revision uint64) bool
 	Apply(key string, value []byte, revision uint64, deleted bool)
 	MarkLoaded()

@@ -49,6 +49,9 @@ const (
 	// consumer can be made (a consumer needs JetStream's meta leader; a
 	// direct get is answered by any replica).
 	pollEvery = 50 * time.Millisecond
+	// pullBatch is how many messages a watcher asks for at once: a full
+	// read of a large bucket takes fewer round trips.
+	pullBatch = 4096
 )
 
 // Watchers keep a mirror's copies up to date, one consumer per bucket.
@@ -283,7 +286,9 @@ func (f *follower) follow(ctx context.Context) error {
 	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq
 	if reload {
 		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
-		live = map[string]bool{}
+		if !f.copy.Empty() { // an empty copy has nothing to drop
+			live = map[string]bool{}
+		}
 		f.setReloading(true)
 		defer f.setReloading(false)
 		if f.copy.Ready() {
@@ -318,6 +323,7 @@ func (f *follower) follow(ctx context.Context) error {
 	messages, err := consumer.Messages(
 		jetstream.PullHeartbeat(f.heartbeat),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
+		jetstream.PullMaxMessages(pullBatch),
 	)
 	if err != nil {
 		return fmt.Errorf("pull from the bucket's consumer: %w", err)
@@ -325,6 +331,15 @@ func (f *follower) follow(ctx context.Context) error {
 	defer messages.Stop()
 	stop := context.AfterFunc(ctx, messages.Stop)
 	defer stop()
+	// A full read is applied by a goroutine of its own, beside the one that
+	// reads the consumer: keys come once each in a full read, so their order
+	// does not matter until it is over, and a large bucket loads on two
+	// cores rather than one.
+	var loading *loader
+	if reload && !caught {
+		loading = newLoader(f, applyAll)
+		defer loading.finish()
+	}
 	var delivered uint64
 	for {
 		msg, err := messages.Next()
@@ -353,8 +368,16 @@ func (f *follower) follow(ctx context.Context) error {
 		if live != nil && !deleted {
 			live[key] = true
 		}
-		f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
+		if loading != nil {
+			loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted})
+		} else {
+			f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
+		}
 		if !caught && meta.NumPending == 0 {
+			if loading != nil {
+				loading.finish()
+				loading = nil
+			}
 			if live != nil {
 				f.keepOnly(live)
 				live = nil
@@ -364,6 +387,58 @@ func (f *follower) follow(ctx context.Context) error {
 			caught = true
 		}
 	}
+}
+
+// change is one message of a bucket, to apply to its copy.
+type change struct {
+	key      string
+	value    []byte
+	revision uint64
+	deleted  bool
+}
+
+// loader applies a full read's changes on a goroutine of its own, in
+// batches.
+type loader struct {
+	batch   []change
+	batches chan []change
+	done    chan struct{}
+	once    sync.Once
+}
+
+// loadBatch is how many changes go to the loader at once.
+const loadBatch = 256
+
+func newLoader(f *follower, applyAll bool) *loader {
+	l := &loader{batches: make(chan []change, 16), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for batch := range l.batches {
+			for _, c := range batch {
+				f.apply(c.key, c.value, c.revision, c.deleted, applyAll)
+			}
+		}
+	}()
+	return l
+}
+
+func (l *loader) add(c change) {
+	l.batch = append(l.batch, c)
+	if len(l.batch) == loadBatch {
+		l.batches <- l.batch
+		l.batch = make([]change, 0, loadBatch)
+	}
+}
+
+// finish applies what is left and returns once every change is applied.
+func (l *loader) finish() {
+	l.once.Do(func() {
+		if len(l.batch) > 0 {
+			l.batches <- l.batch
+		}
+		close(l.batches)
+		<-l.done
+	})
 }
 
 // isDelete reports whether a KV message is a delete or purge marker, written
