@@ -86,7 +86,7 @@ func (m *Mirror) SetBudget(b Budget, onChange func(Excess)) {
 
 // OverBudget returns the nodes over their budget, bucket by bucket.
 func (m *Mirror) OverBudget() []Excess {
-	return slices.Concat(m.Needs.OverBudget(), m.Applied.OverBudget(), m.Collect.OverBudget())
+	return append(slices.Concat(m.Needs.OverBudget(), m.Applied.OverBudget(), m.Collect.OverBudget()), []Excess{}...)
 }
 
 // RegistryEntry returns the entry that answers kind, or nil.
