@@ -58,12 +58,13 @@ type statusReport struct {
 }
 
 type instanceStatus struct {
-	ID        string           `json:"id"`
-	Version   string           `json:"version"`
-	Started   time.Time        `json:"started"`
-	Seat      string           `json:"seat,omitempty"`
-	SeatSince string           `json:"seat_since,omitempty"`
-	Endpoints []endpointStatus `json:"endpoints"`
+	ID         string           `json:"id"`
+	Version    string           `json:"version"`
+	Started    time.Time        `json:"started"`
+	Seat       string           `json:"seat,omitempty"`
+	SeatSince  string           `json:"seat_since,omitempty"`
+	SeatHolder string           `json:"seat_holder,omitempty"`
+	Endpoints  []endpointStatus `json:"endpoints"`
 	// OverBudget are the nodes over their budget in this instance's copy.
 	OverBudget []overBudget `json:"over_budget"`
 }
@@ -102,6 +103,7 @@ type endpointData struct {
 	Behind       []string     `json:"behind"`
 	Seat         string       `json:"seat"`
 	SeatSince    string       `json:"seat_since"`
+	SeatHolder   string       `json:"seat_holder"`
 	OverBudget   []overBudget `json:"over_budget"`
 }
 
@@ -296,6 +298,7 @@ func instanceOf(stats micro.Stats) instanceStatus {
 		var data endpointData
 		_ = json.Unmarshal(e.Data, &data) // what does not decode is shown raw in --json
 		in.Seat, in.SeatSince = cmp.Or(in.Seat, data.Seat), cmp.Or(in.SeatSince, data.SeatSince)
+		in.SeatHolder = cmp.Or(in.SeatHolder, data.SeatHolder)
 		if in.OverBudget == nil { // every endpoint reports the same copy
 			in.OverBudget = data.OverBudget
 		}
@@ -321,6 +324,9 @@ func printStatus(w io.Writer, r *statusReport) error {
 		row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "ERRORS", "ANSWERED", "ANSWER ERRORS", "AVERAGE", "LOADING", "BEHIND")
 		for _, in := range r.Instances {
 			seat := dash(in.Seat)
+			if in.Seat == "standby" && in.SeatHolder != "" {
+				seat += " (held by " + in.SeatHolder + ")"
+			}
 			if in.SeatSince != "" {
 				seat += " since " + in.SeatSince
 			}

@@ -93,6 +93,7 @@ func TestStatusShowsTheSeat(t *testing.T) {
 	}{
 		{"held", `{"answered":3,"loading":[],"behind":["mesh-provisioner_needs"],"seat":"held","seat_since":"2026-01-02T03:04:05Z"}`, "held since 2026-01-02T03:04:05Z"},
 		{"standby", `{"seat":"standby"}`, "standby"},
+		{"standby, the holder known", `{"seat":"standby","seat_holder":"XYZ"}`, "standby (held by XYZ)"},
 		{"no seat reported", `{"answered":3,"loading":[],"behind":[]}`, "-"},
 	}
 	for _, tt := range tests {
