@@ -130,6 +130,27 @@ async def test_pages_join_to_the_whole_answer(nc: NATS) -> None:
     assert joined == composed
 
 
+async def test_five_megabytes_arrive_whole_page_by_page(nc: NATS) -> None:
+    """An answer several times NATS's max_payload comes in pages, each under it."""
+    js = nc.jetstream()
+    needs = await js.key_value("mesh-provisioner_needs")
+    placeholder = "${config:" + "x" * 1000 + "}"
+    revision = 0
+    # Five nodes of 1,000 needs: within each node's budget in the copy.
+    for node in range(5):
+        puts = [needs.put(f"n{node}.m.config.k{i:04d}", Need(placeholder=placeholder).SerializeToString()) for i in range(1000)]
+        revision = max(await asyncio.gather(*puts))
+    client = ProvisionerClient(nc)
+    request = ProvisioningRequest(what=WHAT_NEEDS, min_revision=revision)
+    pages = [page async for page in client.provisioning_pages(request, timeout=10)]
+    assert len(pages) >= 5
+    assert all(page.ByteSize() <= nc.max_payload for page in pages)
+    assert sum(len(page.needs) for page in pages) == 5000
+    assert sum(page.ByteSize() for page in pages) > 5_000_000
+    keys = [(r.node, r.name) for page in pages for r in page.needs]
+    assert keys == sorted(keys) and len(set(keys)) == 5000
+
+
 async def test_discovery_names_the_instance(nc: NATS) -> None:
     client = ProvisionerClient(nc)
     pings = await client.ping()

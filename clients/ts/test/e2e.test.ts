@@ -933,3 +933,35 @@ describe("read your writes", () => {
     })]);
   });
 });
+
+// After every other test: it writes 5,000 needs of nodes of its own.
+describe("an answer of 5 MB", () => {
+  it("arrives whole, page by page, each page under max_payload", async () => {
+    const placeholder = "${config:" + "x".repeat(1000) + "}";
+    const value = toBinary(NeedSchema, create(NeedSchema, { placeholder }));
+    let revision = 0n;
+    // Five nodes of 1,000 needs: within each node's budget in the copy.
+    for (let node = 0; node < 5; node++) {
+      const acks = await Promise.all(Array.from({ length: 1000 }, (_, i) =>
+        nc!.request(`$KV.${NEEDS}.big${node}.m.config.k${String(i).padStart(4, "0")}`, value, { timeout: 10_000 })));
+      for (const ack of acks) {
+        revision = BigInt(Math.max(Number(revision), (ack.json() as { seq: number }).seq));
+      }
+    }
+    const maxPayload = nc!.info!.max_payload;
+    let pages = 0;
+    let bytes = 0;
+    const keys: string[] = [];
+    for await (const page of client.provisioningPages({ what: What.NEEDS, minRevision: revision }, { timeout: 10_000 })) {
+      const size = toBinary(ProvisioningResponseSchema, page).length;
+      assert.ok(size <= maxPayload, `page ${pages + 1} is ${size} bytes, over max_payload ${maxPayload}`);
+      pages++;
+      bytes += size;
+      keys.push(...page.needs.filter((r) => r.node.startsWith("big")).map((r) => `${r.node}.${r.name}`));
+    }
+    assert.ok(pages >= 5, `${pages} pages, want several for ${bytes} bytes`);
+    assert.ok(bytes > 5_000_000, `${bytes} bytes in all, want over 5 MB`);
+    assert.equal(keys.length, 5000);
+    assert.deepStrictEqual(keys, [...keys].sort());
+  });
+});
