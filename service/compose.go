@@ -131,9 +131,6 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 	return slog.GroupValue(attrs...)
 }
 
-// composeChunk is how many needs are composed at once while a page fills:
-// each chunk's answer is measured before it joins the page.
-const composeChunk = 64
 
 // composeFrom composes one page of a node from a mirror: the needs after
 // the token's key, in key order, chunk by chunk while they fit the page. The
@@ -172,20 +169,27 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	var resolve, collect time.Duration
 	done := 0
+	// The needs are composed in chunks, each measured before it joins the
+	// page: first all of them, which is one composition for any node whose
+	// plan fits in a message; a chunk that does not fit is halved, down to
+	// one need, and the next chunk is no larger than the last that fitted.
+	// A page that holds something ends at the first need that does not fit.
+	chunk := len(needs)
 chunks:
 	for done < len(needs) {
-		n := min(composeChunk, len(needs)-done)
+		n := min(chunk, len(needs)-done)
 		if p.size > 0 {
 			n = min(n, p.size-p.count)
 		}
 		if n <= 0 {
 			break
 		}
-		// A chunk that does not fit is halved, down to one need; a page
-		// that holds something ends at the first need that does not fit.
 		for {
 			part := composeNeeds(m, in, needs[done:done+n], records, revisions)
-			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
+			size := 0
+			if p.budget < unpaged { // a replayed answer is never sent: no need to measure it
+				size = p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
+			}
 			if p.used+size <= p.budget {
 				p.used += size
 				p.count += n
@@ -197,6 +201,7 @@ chunks:
 			}
 			if n > 1 {
 				n /= 2
+				chunk = n
 				continue
 			}
 			if p.count == 0 {
