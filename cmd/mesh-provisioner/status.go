@@ -37,7 +37,7 @@ One screen for an operator of a mesh:
     behind on;
   - each bucket: its stream's messages and last sequence, its records and
     malformed keys as the service answers them, the revision the answering
-    instance's copy is at, and the lag (last sequence minus that revision);
+    instance's copy is at, and the lag (the last write's revision minus that);
   - the nodes (first tokens of the needs' keys) with their needs;
   - refusals by reason, from composing at most --compose-nodes nodes (the
     first by name; it says how many of how many);
@@ -200,7 +200,17 @@ func gatherStatus(ctx context.Context, nc *nats.Conn, discoveryWait time.Duratio
 			return nil, fmt.Errorf("stream of %s: %w", bucket, err)
 		}
 		state := stream.CachedInfo().State
-		b := bucketStatus{Bucket: bucket, Messages: state.Msgs, LastSeq: state.LastSeq, CopyAt: answer.GetRevision(),
+		// The bucket's revision is its keys' last write: the registry's
+		// stream holds the seat's lease too, renewed every few seconds.
+		lastSeq := uint64(0)
+		last, err := stream.GetLastMsgForSubject(ctx, "$KV."+bucket+".>")
+		switch {
+		case err == nil:
+			lastSeq = last.Sequence
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			return nil, fmt.Errorf("last write of %s: %w", bucket, err)
+		}
+		b := bucketStatus{Bucket: bucket, Messages: state.Msgs, LastSeq: lastSeq, CopyAt: answer.GetRevision(),
 			Records: len(answer.GetRegistry()) + len(answer.GetNeeds()) + len(answer.GetApplied()) + len(answer.GetCollect())}
 		if b.LastSeq > b.CopyAt {
 			b.Lag = b.LastSeq - b.CopyAt
