@@ -131,7 +131,6 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 	return slog.GroupValue(attrs...)
 }
 
-
 // composeFrom composes one page of a node from a mirror: the needs after
 // the token's key, in key order, chunk by chunk while they fit the page. The
 // answer lacks its revisions and phases, which are added as it is sent.
