@@ -30,19 +30,12 @@ func defineCapture(fs *flag.FlagSet) action {
 		if *out == "" {
 			return fmt.Errorf("capture: --out FILE is required")
 		}
-		logger, err := logs.logger(inv.stderr)
+		nc, ctx, done, err := openClient(ctx, inv, &logs, &conn, "mesh-provisioner capture", 0)
 		if err != nil {
 			return err
 		}
-		warnAll(logger, inv.warnings)
-		nc, err := conn.connectClient(ctx, "mesh-provisioner capture", logger)
-		if err != nil {
-			return err
-		}
-		defer nc.close()
+		defer done()
 		watch := nc.violations
-		ctx, stop := watch.whileWatching(ctx)
-		defer stop()
 		js, err := jetstream.New(nc.Conn)
 		if err != nil {
 			return err

@@ -48,6 +48,28 @@ type clientConn struct {
 	closed     chan struct{}
 }
 
+// openClient starts a client command: its logger, and a connection as name.
+// The context it returns ends when timeout (if any) passes, or at once when
+// NATS refuses the command's reply inbox or verb (see violations); done
+// releases both, the connection last.
+func openClient(ctx context.Context, inv invocation, logs *logFlags, conn *connectFlags, name string, timeout time.Duration) (*clientConn, context.Context, func(), error) {
+	logger, err := logs.logger(inv.stderr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	warnAll(logger, inv.warnings)
+	nc, err := conn.connectClient(ctx, name, logger)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cancel := context.CancelFunc(func() {})
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	}
+	ctx, stop := nc.violations.whileWatching(ctx)
+	return nc, ctx, func() { stop(); cancel(); nc.close() }, nil
+}
+
 // close closes the connection and waits for nats.go's last event, so that
 // no log line follows the command's end.
 func (c *clientConn) close() {

@@ -64,22 +64,12 @@ func defineQuery(fs *flag.FlagSet) action {
 			return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
 		}
 		req.What = what
-		logger, err := logs.logger(inv.stderr)
+		nc, ctx, done, err := openClient(ctx, inv, &logs, &conn, "mesh-provisioner query", *timeout)
 		if err != nil {
 			return err
 		}
-		warnAll(logger, inv.warnings)
-
-		nc, err := conn.connectClient(ctx, "mesh-provisioner query", logger)
-		if err != nil {
-			return err
-		}
-		defer nc.close()
+		defer done()
 		watch := nc.violations
-		ctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		ctx, stop := watch.whileWatching(ctx)
-		defer stop()
 		c := client.New(nc.Conn)
 		var answer proto.Message
 		var show func() error

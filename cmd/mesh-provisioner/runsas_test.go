@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"regexp"
 	"strings"
 	"testing"
@@ -13,14 +12,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
-	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -47,22 +44,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 
 	// The server's identity creates the buckets in its account, takes the
 	// seat, reconciles the registry and serves.
-	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
-	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
-		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
-	}
-	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	provisionerSeat, err := seat.New(ctx, seat.Config{JS: srv.js, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reconciler := &registry.Reconciler{KV: registryKV, Publisher: provisionerSeat, Logger: slog.New(slog.DiscardHandler)}
-	seatCtx, stopSeat := context.WithCancel(context.Background())
-	seatDone := make(chan error, 1)
-	go func() { seatDone <- provisionerSeat.Run(seatCtx, reconciler.Run) }()
+	srv, _, _, stopSeat := startProvisioner(ctx, t, s)
 	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
@@ -129,9 +111,6 @@ func TestRunsAsOnARealServer(t *testing.T) {
 
 	// The seat is handed back so that the streams hold still below.
 	stopSeat()
-	if err := <-seatDone; err != nil {
-		t.Fatalf("the server identity's seat: %v", err)
-	}
 	admin := connectAs(t, s, "", "admin")
 	baseline := snapshot(t, admin.js)
 	if _, ok := baseline[wire.StreamOf(keys.NeedsBucket)]; !ok || len(baseline) != 4 {

@@ -149,6 +149,40 @@ func serveAuthorized(t *testing.T, s *server.Server) {
 	servicetest.Start(t, srv.nc, func(c *service.Config) { c.NodeMaxBytes = 16 << 20 })
 }
 
+// startProvisioner sets the server's identity up on s as serve does: it
+// creates the buckets, takes the seat, and reconciles the registry through
+// it. stopSeat hands the seat back and waits for it.
+func startProvisioner(ctx context.Context, t *testing.T, s *server.Server) (srv *identity, registryKV jetstream.KeyValue, provisionerSeat *seat.Seat, stopSeat func()) {
+	t.Helper()
+	srv = connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
+		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
+	}
+	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	provisionerSeat, err = seat.New(ctx, seat.Config{JS: srv.js, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconciler := &registry.Reconciler{KV: registryKV, Publisher: provisionerSeat, Logger: slog.New(slog.DiscardHandler)}
+	seatCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	seatDone := make(chan error, 1)
+	go func() { seatDone <- provisionerSeat.Run(seatCtx, reconciler.Run) }()
+	var once sync.Once
+	stopSeat = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-seatDone; err != nil {
+				t.Errorf("the server identity's seat: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stopSeat)
+	return srv, registryKV, provisionerSeat, stopSeat
+}
+
 func TestPermissionsOnARealServer(t *testing.T) {
 	t.Parallel()
 	s := authorizedServer(t)
@@ -157,23 +191,7 @@ func TestPermissionsOnARealServer(t *testing.T) {
 
 	// The server's identity creates the buckets, reconciles the registry
 	// and serves.
-	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
-	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
-		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
-	}
-	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// It takes the seat and reconciles the registry through it, as serve does.
-	provisionerSeat, err := seat.New(ctx, seat.Config{JS: srv.js, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reconciler := &registry.Reconciler{KV: registryKV, Publisher: provisionerSeat, Logger: slog.New(slog.DiscardHandler)}
-	seatCtx, stopSeat := context.WithCancel(context.Background())
-	seatDone := make(chan error, 1)
-	go func() { seatDone <- provisionerSeat.Run(seatCtx, reconciler.Run) }()
+	srv, registryKV, provisionerSeat, stopSeat := startProvisioner(ctx, t, s)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		// The stream holds the table's entries and the seat's lease.
 		st, _ := registryKV.Status(ctx)
@@ -187,9 +205,6 @@ func TestPermissionsOnARealServer(t *testing.T) {
 	// It hands the seat back, so that the streams hold still for the
 	// attempts below.
 	stopSeat()
-	if err := <-seatDone; err != nil {
-		t.Fatalf("the server identity's seat: %v", err)
-	}
 	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)

@@ -37,19 +37,12 @@ func defineSimulate(fs *flag.FlagSet) action {
 		if cfg.Nodes < 1 || cfg.Modules < 1 || cfg.Needs < 1 {
 			return fmt.Errorf("simulate: --nodes, --modules and --needs must be at least 1")
 		}
-		logger, err := logs.logger(inv.stderr)
+		nc, ctx, done, err := openClient(ctx, inv, &logs, &conn, "mesh-provisioner simulate", 0)
 		if err != nil {
 			return err
 		}
-		warnAll(logger, inv.warnings)
-		nc, err := conn.connectClient(ctx, "mesh-provisioner simulate", logger)
-		if err != nil {
-			return err
-		}
-		defer nc.close()
+		defer done()
 		watch := nc.violations
-		ctx, stop := watch.whileWatching(ctx)
-		defer stop()
 		js, err := jetstream.New(nc.Conn)
 		if err != nil {
 			return err

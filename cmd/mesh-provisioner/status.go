@@ -144,21 +144,12 @@ func defineStatus(fs *flag.FlagSet) action {
 	composeNodes := fs.Int("compose-nodes", 20, "compose at most this many nodes (the first by name) to count refusals; 0 composes none")
 	asJSON := fs.Bool("json", false, "print the status as JSON")
 	return func(ctx context.Context, inv invocation) error {
-		logger, err := logs.logger(inv.stderr)
+		nc, ctx, done, err := openClient(ctx, inv, &logs, &conn, "mesh-provisioner status", *timeout)
 		if err != nil {
 			return err
 		}
-		warnAll(logger, inv.warnings)
-		nc, err := conn.connectClient(ctx, "mesh-provisioner status", logger)
-		if err != nil {
-			return err
-		}
-		defer nc.close()
+		defer done()
 		watch := nc.violations
-		ctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		ctx, stop := watch.whileWatching(ctx)
-		defer stop()
 		report, err := gatherStatus(ctx, nc.Conn, *discoveryWait, *composeNodes)
 		if err != nil {
 			return requestError(err, watch, conn.url)

@@ -16,7 +16,7 @@ import (
 // in a temporary directory, and stops it when the test ends.
 func Start(t testing.TB) *server.Server {
 	t.Helper()
-	return run(t, &server.Options{})
+	return start(t, &server.Options{}, true)
 }
 
 // StartWithConfig runs a nats-server from configuration text, as an operator
@@ -33,10 +33,10 @@ func StartWithConfig(t testing.TB, config string) *server.Server {
 	if err != nil {
 		t.Fatalf("nats-server configuration: %v\n%s", err, config)
 	}
-	return run(t, opts)
+	return start(t, opts, true)
 }
 
-func run(t testing.TB, opts *server.Options) *server.Server {
+func start(t testing.TB, opts *server.Options, jetStream bool) *server.Server {
 	t.Helper()
 	if opts.Host == "" {
 		opts.Host = "127.0.0.1"
@@ -44,8 +44,9 @@ func run(t testing.TB, opts *server.Options) *server.Server {
 	if opts.Port == 0 {
 		opts.Port = -1 // a free one
 	}
-	opts.JetStream = true
-	opts.StoreDir = t.TempDir()
+	if opts.JetStream = jetStream; jetStream {
+		opts.StoreDir = t.TempDir()
+	}
 	opts.NoLog = true
 	opts.NoSigs = true
 	s, err := server.NewServer(opts)
@@ -79,18 +80,5 @@ func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 // program might be pointed at by mistake.
 func StartWithoutJetStream(t testing.TB) *server.Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatalf("nats-server: %v", err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		s.Shutdown()
-		t.Fatal("nats-server did not become ready in 10s")
-	}
-	t.Cleanup(func() {
-		s.Shutdown()
-		s.WaitForShutdown()
-	})
-	return s
+	return start(t, &server.Options{}, false)
 }
