@@ -185,10 +185,7 @@ chunks:
 		}
 		for {
 			part := composeNeeds(m, in, needs[done:done+n], records, revisions)
-			size := 0
-			if p.budget < unpaged { // a replayed answer is never sent: no need to measure it
-				size = p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
-			}
+			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
 			if p.used+size <= p.budget {
 				p.used += size
 				p.count += n

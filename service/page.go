@@ -119,8 +119,12 @@ func (p *page) fits(n int) bool {
 	return true
 }
 
-// sizeOf returns the encoded size of a message in the page's encoding.
+// sizeOf returns the encoded size of a message in the page's encoding; zero
+// for a replayed answer, which is never sent.
 func (p *page) sizeOf(m proto.Message) int {
+	if p.budget >= unpaged {
+		return 0
+	}
 	if p.enc.json {
 		b, err := protojson.Marshal(m)
 		if err != nil {
