@@ -26,9 +26,14 @@ var ErrBucketMissing = mirror.ErrBucketMissing
 
 // Config holds what Start needs.
 type Config struct {
-	// Conn is the connection the service answers on and watches the
-	// buckets through. Required; the caller owns it.
+	// Conn is the connection the service answers on, and watches the
+	// buckets through unless WatchConn is set. Required; the caller owns it.
 	Conn *nats.Conn
+	// WatchConn, if set, is the connection the bucket watchers read on: one
+	// of their own keeps a flood of requests on Conn from delaying their
+	// heartbeats, which would make them take their consumers for lost. The
+	// caller owns it.
+	WatchConn *nats.Conn
 	// Version is the service's semantic version, as micro discovery shows it.
 	// Empty means "0.0.0-dev".
 	Version string
@@ -174,7 +179,11 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxQueueWait <= 0 {
 		cfg.MaxQueueWait = DefaultMaxQueueWait
 	}
-	js, err := jetstream.New(cfg.Conn)
+	watchConn := cfg.WatchConn
+	if watchConn == nil {
+		watchConn = cfg.Conn
+	}
+	js, err := jetstream.New(watchConn)
 	if err != nil {
 		return nil, err
 	}

@@ -180,7 +180,27 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err := waitConnected(ctx, nc); err != nil {
 		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
 	}
-	js, err := jetstream.New(nc)
+	// The bucket watchers, the seat and the registry's writes go through a
+	// connection of their own: a flood of requests on the service's must
+	// not delay their heartbeats, the lease's renewals or their acks.
+	watchClosed := make(chan struct{})
+	watchNC, err := f.connect.connect(ctx, url, wire.ServerIdentity+" buckets", logger,
+		connectEvents{onClosed: func() { close(watchClosed) }, retry: joining && f.connectRetry}, opts...)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// After the service (deferred later, so run earlier) stopped its
+		// watchers.
+		if err := watchNC.Drain(); err != nil {
+			watchNC.Close()
+		}
+		<-watchClosed
+	}()
+	if err := waitConnected(ctx, watchNC); err != nil {
+		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
+	}
+	js, err := jetstream.New(watchNC)
 	if err != nil {
 		return err
 	}
@@ -213,6 +233,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 
 	svc, err := service.Start(ctx, service.Config{
 		Conn:         nc,
+		WatchConn:    watchNC,
 		Version:      buildVersion(),
 		Logger:       logger,
 		SlowCompose:  f.slowCompose,
@@ -236,12 +257,13 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-gctx.Done()
-		if !nc.IsConnected() {
+		if !nc.IsConnected() || !watchNC.IsConnected() {
 			// NATS is gone: stopping need not wait for answers from it
 			// (consumers deleted, the seat handed back, the drain), which
-			// would each time out; a closed connection fails them at once.
-			logger.Info("NATS is unreachable: closing the connection rather than draining it")
+			// would each time out; closed connections fail them at once.
+			logger.Info("NATS is unreachable: closing the connections rather than draining them")
 			nc.Close()
+			watchNC.Close()
 		}
 		return nil
 	})
