@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -95,13 +96,7 @@ func startWithBuckets(t *testing.T) (*server.Server, jetstream.JetStream) {
 }
 
 func without(ins []*instance, gone *instance) []*instance {
-	var out []*instance
-	for _, in := range ins {
-		if in != gone {
-			out = append(out, in)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(ins), func(x *instance) bool { return x == gone })
 }
 
 func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,13 +159,7 @@ func holderAmong(t *testing.T, nc *nats.Conn, ps []*process, within time.Duratio
 }
 
 func others(ps []*process, gone *process) []*process {
-	var out []*process
-	for _, p := range ps {
-		if p != gone {
-			out = append(out, p)
-		}
-	}
-	return out
+	return slices.DeleteFunc(slices.Clone(ps), func(x *process) bool { return x == gone })
 }
 
 // TestOneSeatManyInstances runs three binaries on one NATS: each serves,

@@ -143,12 +143,14 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // Apply takes one change into the copy: a put, or a delete or purge. One
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
-	// The key given is often a window on a longer string (a message's
-	// subject): the copy holds a key of its own, and the record's parts are
-	// windows on it.
-	key = strings.Clone(key)
-	first, _, _ := strings.Cut(key, ".")
 	var e *Entry[R]
+	if !deleted {
+		// The key given is often a window on a longer string (a message's
+		// subject): the copy holds a key of its own, and the record's parts
+		// are windows on it.
+		key = strings.Clone(key)
+	}
+	first, _, _ := strings.Cut(key, ".")
 	if !deleted {
 		if c.fits(first, key, len(value)) {
 			e = c.decoded(key, value, revision)
