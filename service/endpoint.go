@@ -90,12 +90,19 @@ type revisionWait struct {
 }
 
 // handle reads and checks a request on the micro callback, so that micro
-// counts every refusal, then answers it on a worker: the callback is free for
+// counts every refusal, then answers it on a worker. A request whose reply
+// subject is not an inbox gets no answer at all: the callback is free for
 // the next request while a large answer is built and encoded. A request that
 // asks for revisions the copy has not reached waits for them first, without
 // holding a worker.
 func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request) {
 	arrived := time.Now()
+	// First, before anything can answer: every path below (refusals, 503s,
+	// pages, reused answers) publishes to r.Reply().
+	if !s.answersTo(r.Reply()) {
+		s.refuseReply(r, count)
+		return
+	}
 	enc := encodingOf(r)
 	if len(s.queue) == cap(s.queue) {
 		// Overloaded: refuse before decoding, so that a backlog drains as

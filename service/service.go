@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,13 @@ type Config struct {
 	// AnswerCacheBytes bounds the encoded answers kept for reuse; zero means
 	// DefaultAnswerCacheBytes, negative keeps none.
 	AnswerCacheBytes int
+	// ReplyPrefixes are the subject prefixes the service answers to; nil
+	// means wire.ReplyPrefixes(). A request whose reply subject starts with
+	// none of them gets no answer at all, on any path: it is counted in the
+	// endpoint's stats (refused_replies) and logged at warn, at most once a
+	// second. A prefix must end with "." and may not start with "$", where
+	// JetStream, KV and system subjects are.
+	ReplyPrefixes []string
 	// Seat reports the provisioner seat for the endpoints' stats: whether
 	// this instance holds it, since when it holds it or stands by, and who
 	// holds it as far as it knows. Nil leaves the seat out of the stats.
@@ -130,6 +138,11 @@ type Service struct {
 	closed  bool
 	answers sync.WaitGroup
 
+	replyPrefixes []string
+	// refusedReplies rate-limits the warning logged for a request refused
+	// for its reply subject.
+	refusedReplies rate.Sometimes
+
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
 	seat     func() (held bool, since time.Time, holder string)
@@ -179,6 +192,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxQueueWait <= 0 {
 		cfg.MaxQueueWait = DefaultMaxQueueWait
 	}
+	if cfg.ReplyPrefixes == nil {
+		cfg.ReplyPrefixes = wire.ReplyPrefixes()
+	}
+	if err := checkReplyPrefixes(cfg.ReplyPrefixes); err != nil {
+		return nil, err
+	}
 	watchConn := cfg.WatchConn
 	if watchConn == nil {
 		watchConn = cfg.Conn
@@ -200,6 +219,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		failures:     rate.Sometimes{Interval: time.Second},
 		cache:        newAnswerCache(cfg.AnswerCacheBytes),
 		seat:         cfg.Seat,
+
+		replyPrefixes:  slices.Clone(cfg.ReplyPrefixes),
+		refusedReplies: rate.Sometimes{Interval: time.Second},
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
@@ -329,6 +351,9 @@ type counters struct {
 	shed         atomic.Uint64 // 503s for requests that waited longer than MaxQueueWait
 	queueFull    atomic.Uint64 // 503s for requests that found the queue full
 	slowConsumer atomic.Uint64 // bursts of requests dropped from the pending buffer
+	// refusedReplies are requests left unanswered because their reply
+	// subject is not an inbox (Config.ReplyPrefixes).
+	refusedReplies atomic.Uint64
 }
 
 // counterOf returns the counters of the endpoint on subject, or nil.
@@ -345,15 +370,16 @@ func (s *Service) counterOf(subject string) *counters {
 func (s *Service) stats(e *micro.Endpoint) any {
 	c := s.counters[e.Name]
 	data := map[string]any{
-		"answered":      c.answered.Load(),
-		"answer_errors": c.answerErrors.Load(),
-		"shed":          c.shed.Load(),
-		"queue_full":    c.queueFull.Load(),
-		"slow_consumer": c.slowConsumer.Load(),
-		"loading":       append([]string{}, s.mirror.Loading()...),
-		"behind":        append([]string{}, s.mirror.Behind()...),
-		"over_budget":   s.mirror.OverBudget(),
-		"answer_cache":  s.cache.stats(),
+		"answered":        c.answered.Load(),
+		"answer_errors":   c.answerErrors.Load(),
+		"shed":            c.shed.Load(),
+		"queue_full":      c.queueFull.Load(),
+		"slow_consumer":   c.slowConsumer.Load(),
+		"refused_replies": c.refusedReplies.Load(),
+		"loading":         append([]string{}, s.mirror.Loading()...),
+		"behind":          append([]string{}, s.mirror.Behind()...),
+		"over_budget":     s.mirror.OverBudget(),
+		"answer_cache":    s.cache.stats(),
 	}
 	if s.seat != nil {
 		held, since, holder := s.seat()

@@ -12,10 +12,37 @@ const (
 	RoleNode Role = "node"
 	// RoleProvider is a provider module, which provisions bound needs.
 	RoleProvider Role = "provider"
+	// RoleOperator is a person or tool that reads the whole mesh: status,
+	// query of any node, capture.
+	RoleOperator Role = "operator"
 )
 
-// ServerIdentity is the name of the mesh-provisioner server's identity.
-const ServerIdentity = ServiceName
+// The server runs as two identities, so that the one that answers requests
+// cannot write (docs/security.md, "Reply subjects and the server's two
+// identities").
+const (
+	// ServerIdentity answers the verbs: it subscribes to them and to
+	// micro discovery, and publishes only to ReplyPrefixes.
+	ServerIdentity = ServiceName
+	// WriterIdentity keeps the buckets: it watches them, holds the seat and
+	// writes the registry, and subscribes to nothing but its own inbox.
+	WriterIdentity = ServiceName + "-writer"
+)
+
+// ReplyPrefixes returns the subject prefixes the service answers to by
+// default: the inboxes of every role that asks (nodes, providers,
+// operators), nats.go's and the nats CLI's default "_INBOX.", and "_R_.",
+// under which nats-server hands a request from another account to the
+// exporting one. The server's own role is left out: nothing asks the verbs
+// from there, and its writer's replies must stay its own. A request whose
+// reply subject starts with none of them gets no answer, so that no asker can
+// aim an answer at a JetStream API, KV or system subject.
+func ReplyPrefixes() []string {
+	return []string{
+		InboxPrefix(RoleNode, ""), InboxPrefix(RoleProvider, ""), InboxPrefix(RoleOperator, ""),
+		"_INBOX.", "_R_.",
+	}
+}
 
 // inboxRoot starts every inbox prefix of the mesh's identities. It is not
 // nats.go's default "_INBOX", which permissions never grant.

@@ -1,0 +1,52 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/micro"
+)
+
+// ErrReplyPrefix is returned by Start for a Config.ReplyPrefixes entry that
+// could let an answer reach a subject other than an inbox.
+var ErrReplyPrefix = errors.New("service: a reply prefix must be a subject's leading tokens ending in \".\", not under \"$\"")
+
+// checkReplyPrefixes refuses a prefix that is empty, does not end a token,
+// holds a wildcard or a space, or starts with "$": any of them would let a
+// request aim an answer at JetStream's API, a KV key or a system subject.
+func checkReplyPrefixes(prefixes []string) error {
+	if len(prefixes) == 0 {
+		return fmt.Errorf("%w: no prefix is given, so no request could be answered", ErrReplyPrefix)
+	}
+	for _, p := range prefixes {
+		if !strings.HasSuffix(p, ".") || strings.HasPrefix(p, "$") || strings.HasPrefix(p, ".") ||
+			strings.ContainsAny(p, "*> \t\r\n") || strings.Contains(p, "..") {
+			return fmt.Errorf("%w: %q", ErrReplyPrefix, p)
+		}
+	}
+	return nil
+}
+
+// answersTo reports whether the service may answer on reply: an inbox under
+// one of its reply prefixes. An answer is a publish with the service's
+// rights; aimed anywhere else, it would lend them to whoever asked.
+func (s *Service) answersTo(reply string) bool {
+	for _, p := range s.replyPrefixes {
+		if len(reply) > len(p) && strings.HasPrefix(reply, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// refuseReply counts and logs a request left unanswered for its reply
+// subject; the log line at most once a second, so that a flood of them
+// cannot flood the log.
+func (s *Service) refuseReply(r micro.Request, count *counters) {
+	count.refusedReplies.Add(1)
+	s.refusedReplies.Do(func() {
+		s.logger.Warn("request not answered: its reply subject is not an inbox the service answers to",
+			"reply", r.Reply(), "subject", r.Subject(), "refused_replies", count.refusedReplies.Load())
+	})
+}
