@@ -35,7 +35,7 @@ const (
 )
 
 // Ensure creates each provisioning bucket that is missing, makes sure
-// every state bucket refuses rollups and has the size limits of cfg, and
+// every state bucket refuses rollups and purges and has the size limits of cfg, and
 // that the registry's stream keeps the provisioner seat (configureRegistry),
 // updating buckets that already exist. It leaves the rest of an existing
 // bucket's configuration alone.
@@ -106,20 +106,28 @@ func configureRegistry(ctx context.Context, js jetstream.JetStream) error {
 }
 
 // configureState turns off AllowRollup on a state bucket's stream, which the
-// KV client turns on when it creates a bucket, and sets its size limits.
+// KV client turns on when it creates a bucket, turns on DenyPurge, and sets
+// its size limits.
+//
+// DenyPurge: nothing a bucket needs purges its stream (a node deletes its
+// keys with delete markers; KV's own purge of a key is a rollup, refused
+// already), so a purge, of the whole stream or by subject, can only be an
+// accident or an attack, through the JetStream API or any identity lent to
+// one. An operator who means it edits the stream first (docs/security.md);
+// the next start sets DenyPurge again.
 func configureState(ctx context.Context, js jetstream.JetStream, bucket string, cfg Config) error {
 	stream, err := js.Stream(ctx, wire.StreamOf(bucket))
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bucket, err)
 	}
 	sc := stream.CachedInfo().Config
-	if !sc.AllowRollup && sc.MaxMsgSize == cfg.MaxValueSize && sc.MaxBytes == cfg.MaxBytes {
+	if !sc.AllowRollup && sc.DenyPurge && sc.MaxMsgSize == cfg.MaxValueSize && sc.MaxBytes == cfg.MaxBytes {
 		return nil
 	}
-	sc.AllowRollup = false
+	sc.AllowRollup, sc.DenyPurge = false, true
 	sc.MaxMsgSize, sc.MaxBytes = cfg.MaxValueSize, cfg.MaxBytes
 	if _, err := js.UpdateStream(ctx, sc); err != nil {
-		return fmt.Errorf("bucket %s: refuse rollups and set its limits: %w", bucket, err)
+		return fmt.Errorf("bucket %s: refuse rollups and purges and set its limits: %w", bucket, err)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package buckets_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,5 +133,71 @@ func TestEnsureKeepsTheSeatInTheRegistryStream(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{"port"}) {
 		t.Errorf("registry keys %v, want [port]", got)
+	}
+}
+
+// A state bucket refuses a purge of its stream, whole or by subject, from
+// any identity, the unrestricted one here; what the buckets do still works:
+// puts, delete markers, watches, gets by key. A bucket made before takes
+// DenyPurge too.
+func TestEnsureRefusesPurges(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, _ := jetstream.New(nc)
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: keys.AppliedBucket}); err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bucket := range keys.Buckets() {
+		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := bucket != keys.RegistryBucket
+		if got := stream.CachedInfo().Config.DenyPurge; got != state {
+			t.Errorf("bucket %s: DenyPurge = %v, want %v", bucket, got, state)
+		}
+	}
+
+	needs, _ := js.KeyValue(ctx, keys.NeedsBucket)
+	watcher, err := needs.WatchAll(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = watcher.Stop() }()
+	for _, key := range []string{"ace.web.port.http", "novox.web.port.http"} {
+		if _, err := needs.Put(ctx, key, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := needs.Delete(ctx, "ace.web.port.http"); err != nil {
+		t.Fatalf("a delete marker: %v", err)
+	}
+	stream, _ := js.Stream(ctx, wire.StreamOf(keys.NeedsBucket))
+	for _, opts := range [][]jetstream.StreamPurgeOpt{nil, {jetstream.WithPurgeSubject("$KV." + keys.NeedsBucket + ".novox.>")}} {
+		if err := stream.Purge(ctx, opts...); err == nil || !strings.Contains(err.Error(), "purge not permitted") {
+			t.Errorf("purge %v: %v, want it refused", opts, err)
+		}
+	}
+	if err := needs.PurgeDeletes(ctx); err == nil {
+		t.Error("PurgeDeletes, which purges the stream, was accepted")
+	}
+	if e, err := needs.Get(ctx, "novox.web.port.http"); err != nil || string(e.Value()) != "v" {
+		t.Errorf("novox's need after the purges: %v", err)
+	}
+	var seen []string
+	for e := range watcher.Updates() {
+		if e != nil {
+			seen = append(seen, e.Key()+"="+e.Operation().String())
+		}
+		if len(seen) == 3 {
+			break
+		}
+	}
+	if want := []string{"ace.web.port.http=KeyValuePutOp", "novox.web.port.http=KeyValuePutOp", "ace.web.port.http=KeyValueDeleteOp"}; !slices.Equal(seen, want) {
+		t.Errorf("watched %v, want %v", seen, want)
 	}
 }

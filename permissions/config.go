@@ -15,9 +15,6 @@ func (p Permissions) Config() string {
 	b.WriteString("{\n")
 	writeRule(&b, "publish", p.Publish)
 	writeRule(&b, "subscribe", p.Subscribe)
-	if p.AllowResponses {
-		b.WriteString("  allow_responses: true\n")
-	}
 	b.WriteString("}")
 	return b.String()
 }

@@ -16,9 +16,9 @@ var verbs = []string{wire.ProvisioningSubject, wire.ComposeSubject}
 type Permissions struct {
 	Publish   Rule `json:"publish"`
 	Subscribe Rule `json:"subscribe"`
-	// AllowResponses lets the identity reply to requests it received, on
-	// whatever reply subject they carry: what a service needs.
-	AllowResponses bool `json:"allow_responses,omitempty"`
+	// No identity of the mesh has allow_responses: nats-server honours it
+	// over any deny, so an identity that has it publishes wherever a
+	// request's reply subject points.
 }
 
 // Rule lists the subjects allowed and denied. A denial wins over an allow.
@@ -151,7 +151,31 @@ func Provider(module string) (Permissions, error) {
 	return p, nil
 }
 
-// Server returns the permissions of the mesh-provisioner server:
+// Server returns the permissions of the server's answering identity
+// (wire.ServerIdentity), the connection that answers the verbs:
+//
+//   - subscribe mesh-provisioner.> (its verbs) and $SRV.> (micro discovery);
+//   - publish only to the inboxes it answers to (wire.ReplyPrefixes, each
+//     as "<prefix>>"): the answers.
+//
+// It has no allow_responses, which nats-server honours over any deny, so an
+// answer aimed at anything but an inbox is refused by nats-server whatever
+// the service does; and it is denied, so that no later allow can grant
+// them, JetStream's and KV's subjects, the seat, system subjects and the
+// server role's inboxes, where its writer's replies arrive. It writes
+// nothing: ServerWriter does.
+func Server() Permissions {
+	var p Permissions
+	for _, prefix := range wire.ReplyPrefixes() {
+		p.Publish.Allow = append(p.Publish.Allow, prefix+">")
+	}
+	p.Publish.Deny = []string{"$JS.>", "$KV.>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, ">")}
+	p.Subscribe.Allow = []string{wire.ServiceName + ".>", "$SRV.>"}
+	return p
+}
+
+// ServerWriter returns the permissions of the server's writing identity
+// (wire.WriterIdentity), the connection that keeps the buckets:
 //
 //   - publish $KV.mesh-provisioner_registry.>: write the registry;
 //   - publish $SEAT.mesh-provisioner and
@@ -160,19 +184,21 @@ func Provider(module string) (Permissions, error) {
 //   - publish $JS.API.INFO: the KV client reads the account's JetStream
 //     information before it creates a bucket;
 //   - for each of the four buckets, publish $JS.API.STREAM.INFO, .CREATE and
-//     .UPDATE of its stream (create a missing bucket, refuse rollups on the
-//     state buckets), and $JS.API.CONSUMER.CREATE.<stream>.> with
-//     $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch it,
-//     and remove its watcher's consumer when it stops);
+//     .UPDATE of its stream (create a missing bucket, refuse rollups and
+//     purges on the state buckets), and $JS.API.CONSUMER.CREATE.<stream>.>
+//     with $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch
+//     it, and remove its watcher's consumer when it stops);
 //   - for each of the four buckets, publish
 //     $JS.API.CONSUMER.MSG.NEXT.<stream>.> (pull from the consumer that
 //     keeps its copy) and $JS.API.DIRECT.GET.<stream> (read the changes
 //     after its copy's revision while that consumer is being made again);
-//   - subscribe mesh-provisioner.> (its verbs), $SRV.> (micro discovery) and
-//     _INBOX_MESH.server.mesh-provisioner.>, and reply to the requests it receives.
+//   - subscribe _INBOX_MESH.server.mesh-provisioner-writer.>: its replies.
 //
-// It is denied the state buckets' keys: it reads them and never writes them.
-func Server() Permissions {
+// It subscribes to nothing a node can publish to (the verbs and discovery
+// are denied outright), answers no request (no allow_responses), and is
+// denied the state buckets' keys, which it reads and never writes, and
+// stream deletion and purge.
+func ServerWriter() Permissions {
 	var p Permissions
 	registry := wire.StreamOf(keys.RegistryBucket)
 	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject,
@@ -194,7 +220,7 @@ func Server() Permissions {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, jsAPI("STREAM.DELETE", ">"), jsAPI("STREAM.PURGE", ">"))
-	p.Subscribe.Allow = []string{"mesh-provisioner.>", "$SRV.>", wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".>"}
-	p.AllowResponses = true
+	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
+	p.Subscribe.Deny = []string{wire.ServiceName + ".>", "$SRV.>"}
 	return p
 }

@@ -42,8 +42,11 @@ type RunsAs struct {
 // PasswordVariable is the variable that stands for a user's password in
 // RunsAs.Config: nats-server reads it from the environment.
 func PasswordVariable(user string) string {
-	if user == wire.ServerIdentity {
+	switch user {
+	case wire.ServerIdentity:
 		return "PROVISIONER_PASSWORD"
+	case wire.WriterIdentity:
+		return "PROVISIONER_WRITER_PASSWORD"
 	}
 	upper := strings.Map(func(r rune) rune {
 		switch {
@@ -77,6 +80,7 @@ func (r RunsAs) Config() (string, error) {
 
 	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(server))
 	writeUser(&b, wire.ServerIdentity, Server())
+	writeUser(&b, wire.WriterIdentity, ServerWriter())
 	b.WriteString("    ]\n    exports = [\n")
 	for _, subject := range runsAsServices() {
 		fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(subject), q(mesh))

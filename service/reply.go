@@ -12,10 +12,10 @@ import (
 // could let an answer reach a subject other than an inbox.
 var ErrReplyPrefix = errors.New("service: a reply prefix must be a subject's leading tokens ending in \".\", not under \"$\"")
 
-// checkReplyPrefixes refuses a prefix that is empty, does not end a token,
+// CheckReplyPrefixes refuses a prefix that is empty, does not end a token,
 // holds a wildcard or a space, or starts with "$": any of them would let a
 // request aim an answer at JetStream's API, a KV key or a system subject.
-func checkReplyPrefixes(prefixes []string) error {
+func CheckReplyPrefixes(prefixes []string) error {
 	if len(prefixes) == 0 {
 		return fmt.Errorf("%w: no prefix is given, so no request could be answered", ErrReplyPrefix)
 	}

@@ -195,7 +195,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.ReplyPrefixes == nil {
 		cfg.ReplyPrefixes = wire.ReplyPrefixes()
 	}
-	if err := checkReplyPrefixes(cfg.ReplyPrefixes); err != nil {
+	if err := CheckReplyPrefixes(cfg.ReplyPrefixes); err != nil {
 		return nil, err
 	}
 	watchConn := cfg.WatchConn

@@ -11,7 +11,7 @@ import (
 	"github.com/novox/mesh-provisioner/permissions"
 )
 
-const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --provider MODULE) [--json]
+const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE) [--json]
 
 Prints the NATS permissions of one identity of the mesh, granting the least
 that works, as a block to stand as a user's "permissions" in a nats-server
@@ -19,8 +19,12 @@ configuration (or as JSON with --json, which nats-server reads too):
 
   --node NAME        a node's provisioner client: writes only keys NAME.> of
                      the three state buckets, asks the service
-  --server           the mesh-provisioner server: writes the registry,
-                     creates and watches the buckets, answers its verbs
+  --server           the mesh-provisioner server's answering identity: serve
+                     --nats-url/--creds; subscribes to its verbs and
+                     discovery, publishes only to inboxes, writes nothing
+  --server-writer    the server's writing identity: serve --writer-nats-url/
+                     --writer-creds; creates and watches the buckets, holds
+                     the seat, writes the registry, answers nothing
   --provider MODULE  a provider module: reads the needs, writes its own
                      bucket MODULE_bound, writes no provisioning bucket
 
@@ -32,26 +36,27 @@ configuration (or as JSON with --json, which nats-server reads too):
                      environment ($ACE_PASSWORD for node ace)
 
 Each identity connects with the inbox prefix _INBOX_MESH.<role>.<name>
-(_INBOX_MESH.node.NAME, _INBOX_MESH.server.mesh-provisioner,
-_INBOX_MESH.provider.MODULE). See
+(_INBOX_MESH.node.NAME, _INBOX_MESH.server.mesh-provisioner-writer,
+_INBOX_MESH.provider.MODULE); the answering identity needs none. See
 docs/security.md for a worked example.`
 
 func definePermissions(fs *flag.FlagSet) action {
 	node := fs.String("node", "", "the node whose client the permissions are for")
-	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server")
+	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server's answering identity")
+	writer := fs.Bool("server-writer", false, "the permissions of the mesh-provisioner server's writing identity")
 	provider := fs.String("provider", "", "the provider module the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
 	runsAs := fs.String("runs-as", "", "the accounts configuration of a mesh whose server runs in its own account, for these nodes (comma-separated)")
 	return func(_ context.Context, inv invocation) error {
 		warnAll(slog.New(slog.NewTextHandler(inv.stderr, nil)), inv.warnings)
 		var chosen int
-		for _, set := range []bool{*node != "", *server, *provider != "", *runsAs != ""} {
+		for _, set := range []bool{*node != "", *server, *writer, *provider != "", *runsAs != ""} {
 			if set {
 				chosen++
 			}
 		}
 		if chosen != 1 {
-			return errors.New("permissions: give exactly one of --node NAME, --server, --provider MODULE or --runs-as NODES")
+			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE or --runs-as NODES")
 		}
 		if *runsAs != "" {
 			if *asJSON {
@@ -69,6 +74,8 @@ func definePermissions(fs *flag.FlagSet) action {
 		switch {
 		case *server:
 			p = permissions.Server()
+		case *writer:
+			p = permissions.ServerWriter()
 		case *node != "":
 			p, err = permissions.Node(*node)
 		default:

@@ -45,7 +45,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	// The server's identity creates the buckets in its account, takes the
 	// seat, reconciles the registry and serves.
 	srv, _, _, stopSeat := startProvisioner(ctx, t, s)
-	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
+	svc, err := service.Start(ctx, service.Config{Conn: connectAs(t, s, wire.RoleServer, wire.ServerIdentity).nc, WatchConn: srv.nc, Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -122,39 +122,43 @@ func snapshot(t *testing.T, admin jetstream.JetStream) map[string]string {
 }
 
 // authorizedServer starts a nats-server whose authorization is exactly what
-// the permissions command prints, for users mesh-provisioner, ace, novox
-// (nodes), pg (a provider) and admin (everything); each user's password is
-// its name and "-secret".
+// the permissions command prints, for users mesh-provisioner and
+// mesh-provisioner-writer (the server's two identities), ace, novox (nodes),
+// pg (a provider) and admin (everything); each user's password is its name
+// and "-secret".
 func authorizedServer(t *testing.T) *server.Server {
 	t.Helper()
 	return natstest.StartWithConfig(t, fmt.Sprintf(`
 authorization {
   users = [
     { user: "mesh-provisioner", password: "mesh-provisioner-secret", permissions: %s }
+    { user: "mesh-provisioner-writer", password: "mesh-provisioner-writer-secret", permissions: %s }
     { user: "ace", password: "ace-secret", permissions: %s }
     { user: "novox", password: "novox-secret", permissions: %s }
     { user: "pg", password: "pg-secret", permissions: %s }
     { user: "admin", password: "admin-secret" }
   ]
-}`, printed(t, "--server"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json")))
+}`, printed(t, "--server"), printed(t, "--server-writer"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json")))
 }
 
-// serveAuthorized starts the service on s as the server's identity, the
-// buckets created and the registry written, and returns once it is ready.
+// serveAuthorized starts the service on s as the server's two identities,
+// the buckets created and the registry written, and returns once it is
+// ready.
 func serveAuthorized(t *testing.T, s *server.Server) {
 	t.Helper()
 	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	writer := connectAs(t, s, wire.RoleServer, wire.WriterIdentity)
 	// The 5 MB answer of TestANodeOnARealServer is one node's: more than
 	// its default budget.
-	servicetest.Start(t, srv.nc, func(c *service.Config) { c.NodeMaxBytes = 16 << 20 })
+	servicetest.StartAs(t, srv.nc, writer.nc, func(c *service.Config) { c.NodeMaxBytes = 16 << 20 })
 }
 
-// startProvisioner sets the server's identity up on s as serve does: it
-// creates the buckets, takes the seat, and reconciles the registry through
-// it. stopSeat hands the seat back and waits for it.
+// startProvisioner sets the server's writing identity up on s as serve does:
+// it creates the buckets, takes the seat, and reconciles the registry
+// through it. stopSeat hands the seat back and waits for it.
 func startProvisioner(ctx context.Context, t *testing.T, s *server.Server) (srv *identity, registryKV jetstream.KeyValue, provisionerSeat *seat.Seat, stopSeat func()) {
 	t.Helper()
-	srv = connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	srv = connectAs(t, s, wire.RoleServer, wire.WriterIdentity)
 	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
 		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
 	}
@@ -205,7 +209,7 @@ func TestPermissionsOnARealServer(t *testing.T) {
 	// It hands the seat back, so that the streams hold still for the
 	// attempts below.
 	stopSeat()
-	svc, err := service.Start(ctx, service.Config{Conn: srv.nc, Version: "1.2.3"})
+	svc, err := service.Start(ctx, service.Config{Conn: connectAs(t, s, wire.RoleServer, wire.ServerIdentity).nc, WatchConn: srv.nc, Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -42,6 +43,8 @@ simulate, version`
 
 type serveFlags struct {
 	connect          connectFlags
+	writer           connectFlags // the writing identity's; empty fields fall back to connect's
+	replyPrefixes    string
 	log              logFlags
 	listen           string
 	stateDir         string
@@ -62,6 +65,9 @@ type serveFlags struct {
 func defineServe(fs *flag.FlagSet) action {
 	var f serveFlags
 	f.connect.register(fs, "", "URL of an existing NATS to join (a comma-separated list: any of them); empty embeds a nats-server")
+	fs.StringVar(&f.writer.url, "writer-nats-url", "", "URL the writing connection (watchers, seat, registry writes) joins, as the identity `permissions --server-writer` prints; empty: --nats-url")
+	fs.StringVar(&f.writer.creds, "writer-creds", "", "credentials file of the writing identity; empty: --creds (one identity for both connections)")
+	fs.StringVar(&f.replyPrefixes, "reply-prefixes", strings.Join(wire.ReplyPrefixes(), ","), "comma-separated subject prefixes the service answers to; a request whose reply subject is under none of them is not answered (each ends with '.', none starts with '$')")
 	f.log.register(fs, slog.LevelInfo)
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "host:port the embedded nats-server listens on (port 0 picks a free one)")
 	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store, locked by one instance at a time (mesh-provisioner.lock holds its PID)")
@@ -92,6 +98,9 @@ func defineServe(fs *flag.FlagSet) action {
 		}
 		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 {
 			return fmt.Errorf("--node-max-keys and --node-max-bytes must be positive, or -1 for no limit")
+		}
+		if err := service.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
+			return fmt.Errorf("--reply-prefixes %q: %w", f.replyPrefixes, err)
 		}
 		if f.slowCompose <= 0 || f.revisionWait <= 0 || f.maxQueueWait <= 0 {
 			return fmt.Errorf("--slow-compose, --revision-wait and --max-queue-wait must be positive durations")
@@ -144,6 +153,32 @@ func jetStreamEnabled(ctx context.Context, js jetstream.JetStream, url string) e
 	return nil // any other failure shows, with its own words, where the buckets are made
 }
 
+// writerConnect returns how the writing connection connects: --writer-nats-url
+// and --writer-creds, each empty one as the answering connection's (url, the
+// embedded server's when nothing is joined).
+func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
+	writer := f.writer
+	if writer.url == "" {
+		writer.url = url
+	}
+	if writer.creds == "" {
+		writer.creds = f.connect.creds
+	}
+	return writer, writer.url
+}
+
+// splitList splits a comma-separated flag value, dropping blanks around
+// each item.
+func splitList(value string) []string {
+	var out []string
+	for item := range strings.SplitSeq(value, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	url := f.connect.url
 	var opts []nats.Option
@@ -158,11 +193,8 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
 	}
 	closed := make(chan struct{})
-	opts = append(opts,
-		// Replies arrive on the server's own inbox, which its permissions
-		// (mesh-provisioner permissions --server) grant.
-		nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)))
 	joining := f.connect.url != ""
+	// The answering connection makes no request: it needs no inbox.
 	nc, err := f.connect.connect(ctx, url, wire.ServerIdentity, logger,
 		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
 	if err != nil {
@@ -181,11 +213,15 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
 	}
 	// The bucket watchers, the seat and the registry's writes go through a
-	// connection of their own: a flood of requests on the service's must
-	// not delay their heartbeats, the lease's renewals or their acks.
+	// connection of their own, as the writing identity: a flood of requests
+	// on the service's must not delay their heartbeats, the lease's
+	// renewals or their acks, and the identity that answers requests must
+	// not be able to write.
 	watchClosed := make(chan struct{})
-	watchNC, err := f.connect.connect(ctx, url, wire.ServerIdentity+" buckets", logger,
-		connectEvents{onClosed: func() { close(watchClosed) }, retry: joining && f.connectRetry}, opts...)
+	writer, writerURL := f.writerConnect(url)
+	watchNC, err := writer.connect(ctx, writerURL, wire.WriterIdentity, logger,
+		connectEvents{onClosed: func() { close(watchClosed) }, retry: joining && f.connectRetry},
+		append(opts, nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity)))...)
 	if err != nil {
 		return err
 	}
@@ -198,7 +234,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		<-watchClosed
 	}()
 	if err := waitConnected(ctx, watchNC); err != nil {
-		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
+		return fmt.Errorf("no NATS reached at %s: %w", redactURL(writerURL), err)
 	}
 	js, err := jetstream.New(watchNC)
 	if err != nil {
@@ -244,7 +280,8 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			st := provisionerSeat.Status()
 			return st.Held, st.Since, st.Holder
 		},
-		MaxQueueWait: f.maxQueueWait,
+		MaxQueueWait:  f.maxQueueWait,
+		ReplyPrefixes: splitList(f.replyPrefixes),
 	})
 	if err != nil {
 		return err

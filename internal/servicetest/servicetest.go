@@ -21,9 +21,17 @@ import (
 // test ends. Options change the service's configuration.
 func Start(t testing.TB, nc *nats.Conn, options ...func(*service.Config)) *service.Service {
 	t.Helper()
+	return StartAs(t, nc, nc, options...)
+}
+
+// StartAs is Start with the server's two identities, as serve runs it: the
+// service answers on nc, and the buckets are made, reconciled and watched
+// through writer.
+func StartAs(t testing.TB, nc, writer *nats.Conn, options ...func(*service.Config)) *service.Service {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(writer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +45,7 @@ func Start(t testing.TB, nc *nats.Conn, options ...func(*service.Config)) *servi
 	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
 		t.Fatal(err)
 	}
-	cfg := service.Config{Conn: nc, Version: "1.2.3"}
+	cfg := service.Config{Conn: nc, WatchConn: writer, Version: "1.2.3"}
 	for _, option := range options {
 		option(&cfg)
 	}
