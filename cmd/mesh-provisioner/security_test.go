@@ -421,7 +421,7 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	squeeze := func(s string) string { return strings.Join(strings.Fields(s), "") }
-	for _, args := range [][]string{{"--server"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}} {
+	for _, args := range [][]string{{"--server"}, {"--server-writer"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}} {
 		if !strings.Contains(squeeze(string(doc)), squeeze(printed(t, args...))) {
 			t.Errorf("docs/security.md does not hold what `permissions %s` prints; regenerate its example", strings.Join(args, " "))
 		}
@@ -443,8 +443,8 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the example does not load: %v", err)
 	}
-	if len(opts.Users) != 4 {
-		t.Errorf("the example has %d users, want 4", len(opts.Users))
+	if len(opts.Users) != 5 {
+		t.Errorf("the example has %d users, want 5", len(opts.Users))
 	}
 }
 
@@ -479,7 +479,7 @@ func TestANodeOnARealServer(t *testing.T) {
 	t.Run("reads no other identity's inbox", func(t *testing.T) {
 		for _, inbox := range []string{
 			wire.InboxPrefix(wire.RoleProvider, "pg") + ".>",
-			wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".>",
+			wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>",
 			wire.InboxPrefix(wire.RoleNode, "novox") + ".>",
 			"_INBOX.>",
 			"_INBOX_MESH.>",
