@@ -32,11 +32,13 @@ func TestNoPasswordInAnyLogLineOrError(t *testing.T) {
 authorization {
   users = [
     { user: "mesh-provisioner", password: %q, permissions: %s }
+    { user: "mesh-provisioner-writer", password: %q, permissions: %s }
   ]
-}`, servePassword, printed(t, "--server")))
+}`, servePassword, printed(t, "--server"), servePassword, printed(t, "--server-writer")))
 	hostPort := strings.TrimPrefix(s.ClientURL(), "nats://")
 	goodURL := "nats://mesh-provisioner:" + servePassword + "@" + hostPort
 	wrongURL := "nats://mesh-provisioner:" + wrongPassword + "@" + hostPort
+	writerURL := "nats://mesh-provisioner-writer:" + servePassword + "@" + hostPort
 
 	var captured []string // every log line and error
 	capture := func(what string, text string) {
@@ -48,7 +50,7 @@ authorization {
 	}
 
 	// Serving, disconnected by the server, reconnected.
-	serving := serveInProcess(t, []string{"--nats-url", goodURL, "--log-format", "json", "--log-level", "debug"}, nil)
+	serving := serveInProcess(t, []string{"--nats-url", goodURL, "--writer-nats-url", writerURL, "--log-format", "json", "--log-level", "debug"}, nil)
 	serving.log.waitFor(t, `"msg":"serving"`, 20*time.Second)
 	if !strings.Contains(serving.log.String(), `"nats_url":"nats://mesh-provisioner:xxxxx@`+hostPort+`"`) {
 		t.Errorf("the serving line does not show the URL redacted:\n%s", serving.log)
