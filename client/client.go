@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"iter"
 
@@ -13,12 +14,36 @@ import (
 )
 
 // Client calls the mesh-provisioner service over a connection the caller
-// opened (with its credentials and inbox prefix) and owns.
+// opened (with its credentials and inbox prefix: see Inbox) and owns.
 type Client struct {
 	nc             *nats.Conn
 	subject        string
 	composeSubject string
+	// node, if set, is the node the client asks as: its requests go to the
+	// node-addressed subjects, which a node's permissions grant.
+	node string
 }
+
+// Inbox returns the connection option that gives an identity of the mesh its
+// inbox prefix, the one its permissions let it subscribe to:
+// nats.Connect(url, client.Inbox(wire.RoleNode, "ace"), ...). Without it
+// nats.go's "_INBOX" is used, which no generated permission set grants.
+func Inbox(role wire.Role, name string) nats.Option {
+	return nats.CustomInboxPrefix(wire.InboxPrefix(role, name))
+}
+
+// AsNode makes the client ask as node: both verbs on the node's own
+// subjects (mesh-provisioner.provisioning.<node>, mesh-provisioner.compose.<node>),
+// which is all a node's permissions grant. The service then answers only
+// what is the node's own (and the registry), and refuses the rest with a
+// 403.
+func AsNode(node string) Option {
+	return func(c *Client) { c.node = node }
+}
+
+// ErrNoProvider is returned by Provisions for a request that names no
+// provider: the provider is the verb's subject.
+var ErrNoProvider = errors.New("client: ProvisionsRequest.Provider is required: it names the subject asked")
 
 // Option configures a Client.
 type Option func(*Client)
@@ -39,7 +64,16 @@ func New(nc *nats.Conn, opts ...Option) *Client {
 }
 
 // Subject returns the subject of the provisioning verb the client asks.
-func (c *Client) Subject() string { return c.subject }
+func (c *Client) Subject() string { return c.addressed(c.subject) }
+
+// addressed returns a verb's subject as the client asks it: the node's own
+// with AsNode.
+func (c *Client) addressed(subject string) string {
+	if c.node == "" {
+		return subject
+	}
+	return wire.NodeSubject(subject, c.node)
+}
 
 // Provisioning asks the provisioning verb for one page: the first, or the
 // one req.PageToken names. It returns a *wire.Error for a request the
@@ -47,7 +81,7 @@ func (c *Client) Subject() string { return c.subject }
 // instance runs). ctx bounds the wait; give it a deadline.
 func (c *Client) Provisioning(ctx context.Context, req *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
 	answer := &provisionerv1.ProvisioningResponse{}
-	if err := c.call(ctx, c.subject, req, answer); err != nil {
+	if err := c.call(ctx, c.addressed(c.subject), req, answer); err != nil {
 		return nil, err
 	}
 	return answer, nil
@@ -81,7 +115,7 @@ func (c *Client) ProvisioningAll(ctx context.Context, req *provisionerv1.Provisi
 // first, or the one req.PageToken names.
 func (c *Client) Compose(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
 	answer := &provisionerv1.ComposeResponse{}
-	if err := c.call(ctx, c.composeSubject, req, answer); err != nil {
+	if err := c.call(ctx, c.addressed(c.composeSubject), req, answer); err != nil {
 		return nil, err
 	}
 	return answer, nil
@@ -117,6 +151,25 @@ func (c *Client) ComposeAll(ctx context.Context, req *provisionerv1.ComposeReque
 	}
 	all.NextPageToken = ""
 	return all, nil
+}
+
+// Provisions asks a provider's verb, mesh-provisioner.provisions.<provider>
+// (req.Provider's), for one page of what the provider must provision across
+// the mesh: the first, or the one req.PageToken names.
+func (c *Client) Provisions(ctx context.Context, req *provisionerv1.ProvisionsRequest) (*provisionerv1.ProvisionsResponse, error) {
+	if req.GetProvider() == "" {
+		return nil, ErrNoProvider
+	}
+	answer := &provisionerv1.ProvisionsResponse{}
+	if err := c.call(ctx, wire.ProviderSubject(req.GetProvider()), req, answer); err != nil {
+		return nil, err
+	}
+	return answer, nil
+}
+
+// ProvisionsPages asks for every page of a provider's provisions in turn.
+func (c *Client) ProvisionsPages(ctx context.Context, req *provisionerv1.ProvisionsRequest) iter.Seq2[*provisionerv1.ProvisionsResponse, error] {
+	return pages(ctx, req, c.Provisions, func(r *provisionerv1.ProvisionsRequest, t string) { r.PageToken = t })
 }
 
 // paged is an answer that may have more pages.

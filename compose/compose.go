@@ -51,35 +51,76 @@ func (r *resolved) bucketOf(provider string) string {
 	return b
 }
 
+// resolver makes each registry entry ready once per composition.
+type resolver struct {
+	registry func(kind string) *provisionerv1.RegistryEntry
+	kinds    map[string]*resolved
+	// Needs come in key order, so runs of one kind are common: the last kind
+	// resolved is kept at hand.
+	lastKind string
+	last     *resolved
+}
+
+func newResolver(registry func(kind string) *provisionerv1.RegistryEntry) *resolver {
+	return &resolver{registry: registry, kinds: map[string]*resolved{}}
+}
+
+// resolve returns the entry that answers kind, made ready, or nil.
+func (rs *resolver) resolve(kind string) *resolved {
+	if kind == rs.lastKind && rs.last != nil {
+		return rs.last
+	}
+	r, ok := rs.kinds[kind]
+	if !ok {
+		if entry := rs.registry(kind); entry != nil {
+			r = &resolved{entry: entry}
+			if b := entry.GetBucket(); b != nil {
+				r.shape, r.err = keyshape.Parse(b.GetKeyShape())
+				r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
+				r.buckets = map[string]string{}
+			}
+		}
+		rs.kinds[kind] = r
+	}
+	rs.lastKind, rs.last = kind, r
+	return r
+}
+
+// ProvisionsOf finds what one provider must provision, need by need, across
+// nodes: each need is resolved as Compose resolves it, so that a provision
+// found here is the one the need's node's composition holds. Each registry
+// entry is made ready once, however many needs it answers.
+type ProvisionsOf struct {
+	provider string
+	resolver *resolver
+}
+
+// NewProvisionsOf returns a finder of provider's provisions against registry.
+func NewProvisionsOf(provider string, registry func(kind string) *provisionerv1.RegistryEntry) *ProvisionsOf {
+	return &ProvisionsOf{provider: provider, resolver: newResolver(registry)}
+}
+
+// Need returns what need asks of the provider, with the need's node, or nil
+// if it asks nothing of it.
+func (p *ProvisionsOf) Need(need *provisionerv1.NeedRecord) *provisionerv1.Provision {
+	r := p.resolver.resolve(need.GetKind())
+	if r == nil || !r.perProvider {
+		return nil // no provider answers this kind
+	}
+	_, provision, _ := resolveNeed(need.GetNode(), need, r, newArena(1))
+	if provision == nil || provision.GetProvider() != p.provider {
+		return nil
+	}
+	provision.Node = need.GetNode()
+	return provision
+}
+
 // Compose resolves every need of in.Node (or of in.Module on it). It appends
 // the phases it timed, "resolve" and "items", to the answer's phases.
 func Compose(in Input) *provisionerv1.ComposeResponse {
 	start := time.Now()
 	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
-	kinds := map[string]*resolved{}
-	// Needs come in key order, so runs of one kind are common: the last
-	// kind resolved is kept at hand.
-	var lastKind string
-	var last *resolved
-	resolve := func(kind string) *resolved {
-		if kind == lastKind && last != nil {
-			return last
-		}
-		r, ok := kinds[kind]
-		if !ok {
-			if entry := in.Registry(kind); entry != nil {
-				r = &resolved{entry: entry}
-				if b := entry.GetBucket(); b != nil {
-					r.shape, r.err = keyshape.Parse(b.GetKeyShape())
-					r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
-					r.buckets = map[string]string{}
-				}
-			}
-			kinds[kind] = r
-		}
-		lastKind, last = kind, r
-		return r
-	}
+	resolve := newResolver(in.Registry).resolve
 
 	// Needs come in key order, so a module's items are contiguous: each
 	// plan's items are a window on one backing array.

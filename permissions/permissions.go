@@ -7,9 +7,11 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// verbs are the subjects of the service's verbs, which nodes and providers
-// may ask.
-var verbs = []string{wire.ProvisioningSubject, wire.ComposeSubject}
+// nodeVerbs are a node's own subjects of the service's verbs: all it may
+// ask, so that nats-server confines it to its own records and plan.
+func nodeVerbs(node string) []string {
+	return []string{wire.NodeSubject(wire.ProvisioningSubject, node), wire.NodeSubject(wire.ComposeSubject, node)}
+}
 
 // Permissions are the publish and subscribe rules of one identity, in the
 // shape of a nats-server permissions block.
@@ -58,8 +60,10 @@ var adminDenied = []string{
 //     put and delete its own keys;
 //   - publish $JS.API.STREAM.INFO.KV_<state bucket>: binding a bucket (the KV
 //     client reads its stream's configuration);
-//   - publish mesh-provisioner.provisioning and mesh-provisioner.compose:
-//     ask both verbs, its own plan among them;
+//   - publish mesh-provisioner.provisioning.<node> and
+//     mesh-provisioner.compose.<node>: ask both verbs on its own subjects,
+//     where the service answers its own records and plan and the registry,
+//     nothing of any other node;
 //   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
 //     writes and the answers to its requests.
 //
@@ -97,7 +101,7 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 	for _, bucket := range keys.StateBuckets() {
 		p.Publish.Allow = append(p.Publish.Allow, info(wire.StreamOf(bucket)))
 	}
-	p.Publish.Allow = append(p.Publish.Allow, verbs...)
+	p.Publish.Allow = append(p.Publish.Allow, nodeVerbs(node)...)
 	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject}
 	if apiPrefix != "" {
 		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")))
@@ -108,46 +112,79 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 	return p, nil
 }
 
-// Provider returns the permissions of a provider module that reads the needs
-// of the mesh and keeps its own bucket <module>_bound:
+// Provider returns the permissions of a provider module that provisions
+// what nodes' bound needs ask of it and keeps its own bucket
+// <module>_bound:
 //
-//   - publish $JS.API.STREAM.INFO.KV_mesh-provisioner_needs, and
-//     $JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs.> with
-//     $JS.FC.KV_mesh-provisioner_needs.>: watch the needs (an ordered
-//     consumer, with its flow control replies);
-//   - publish $JS.API.DIRECT.GET.KV_mesh-provisioner_needs.>: get a need by key;
+//   - publish mesh-provisioner.provisions.<module>: ask what it must
+//     provision across the mesh, which is all it needs of the nodes' needs;
 //   - publish $KV.<module>_bound.> and $JS.API.STREAM.INFO.KV_<module>_bound:
 //     write its own bucket;
-//   - publish mesh-provisioner.provisioning and mesh-provisioner.compose:
-//     ask both verbs;
-//   - subscribe _INBOX_MESH.provider.<module>.>: its replies and the
-//     watcher's messages.
+//   - subscribe _INBOX_MESH.provider.<module>.>: its replies.
 //
-// It is denied every provisioning bucket's keys and every stream and consumer
-// administration subject, consumer deletion included: stopping a watcher
-// cannot delete its consumer, which the server removes once it is inactive.
+// It reads no provisioning bucket and asks no other verb: a node's needs,
+// plan and records are not a provider's to read beyond what is asked of it.
+// It is denied every provisioning bucket's keys and every stream and
+// consumer administration subject.
 func Provider(module string) (Permissions, error) {
 	if err := keys.CheckToken(module); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for provider: module %q %w", module, err)
 	}
-	needs := wire.StreamOf(keys.NeedsBucket)
 	bound := module + "_bound"
 	var p Permissions
 	p.Publish.Allow = []string{
-		jsAPI("STREAM.INFO", needs),
-		jsAPI("CONSUMER.CREATE", needs) + ".>",
-		"$JS.FC." + needs + ".>",
-		jsAPI("DIRECT.GET", needs) + ".>",
+		wire.ProviderSubject(module),
 		kvSubjects(bound, ""),
 		jsAPI("STREAM.INFO", wire.StreamOf(bound)),
 	}
-	p.Publish.Allow = append(p.Publish.Allow, verbs...)
 	for _, bucket := range keys.Buckets() {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
+	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleProvider, module) + ".>"}
+	return p, nil
+}
+
+// Operator returns the permissions of an operator's identity named name,
+// which reads the whole mesh and writes nothing: what status, query of any
+// node and capture need.
+//
+//   - publish mesh-provisioner.> (every verb, of every node and provider)
+//     and $SRV.> (micro discovery: the instances and their stats);
+//   - for each of the four buckets, publish $JS.API.STREAM.INFO of its
+//     stream, $JS.API.STREAM.MSG.GET and $JS.API.DIRECT.GET (its last write),
+//     and $JS.API.CONSUMER.CREATE.<stream>.> with $JS.FC.<stream>.> (capture
+//     reads a bucket whole through an ordered consumer);
+//   - subscribe _INBOX_MESH.operator.<name>.>: its replies.
+//
+// It is denied every bucket's keys, the seat and every administration
+// subject, consumer deletion included: a stopped capture leaves its
+// ordered consumer to expire, as a provider's watcher did.
+func Operator(name string) (Permissions, error) {
+	if err := keys.CheckToken(name); err != nil {
+		return Permissions{}, fmt.Errorf("permissions for operator: name %q %w", name, err)
+	}
+	var p Permissions
+	p.Publish.Allow = []string{wire.ServiceName + ".>", "$SRV.>"}
+	for _, bucket := range keys.Buckets() {
+		stream := wire.StreamOf(bucket)
+		p.Publish.Allow = append(p.Publish.Allow,
+			jsAPI("STREAM.INFO", stream),
+			jsAPI("STREAM.MSG.GET", stream),
+			jsAPI("DIRECT.GET", stream),
+			jsAPI("DIRECT.GET", stream)+".>",
+			jsAPI("CONSUMER.CREATE", stream)+".>",
+			"$JS.FC."+stream+".>",
+		)
+	}
+	for _, bucket := range keys.Buckets() {
+		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
+	}
+	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
+	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
+	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleOperator, name) + ".>"}
 	return p, nil
 }
 

@@ -20,7 +20,8 @@ const (
 // seat: nothing of them is exported), and the mesh account, where the nodes
 // are, imports from it exactly what a node's client needs:
 //
-//   - both verbs, as services;
+//   - both verbs' node-addressed subjects (mesh-provisioner.compose.*, ...),
+//     as services;
 //   - each state bucket's key subjects $KV.<bucket>.>, as a service imported
 //     under wire.RunsAsAPIPrefix: a node's put is a request, the bucket's
 //     stream in the server's account stores it and its acknowledgement is
@@ -115,7 +116,7 @@ func writeUser(b *strings.Builder, user string, p Permissions) {
 // runsAsServices are the subjects the server's account exports to the mesh
 // account, each a service.
 func runsAsServices() []string {
-	out := append([]string{}, verbs...)
+	out := []string{wire.NodeSubject(wire.ProvisioningSubject, "*"), wire.NodeSubject(wire.ComposeSubject, "*")}
 	for _, bucket := range keys.StateBuckets() {
 		out = append(out, kvSubjects(bucket, ""), jsAPI("STREAM.INFO", wire.StreamOf(bucket)))
 	}

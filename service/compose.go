@@ -11,7 +11,6 @@ import (
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
-	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -98,13 +97,11 @@ func checkCompose(in *provisionerv1.ComposeRequest) *wire.Error {
 	if in.GetNode() == "" {
 		return wire.NewError(wire.CodeBadRequest, "node is required: the node to compose")
 	}
-	if err := keys.CheckToken(in.GetNode()); err != nil {
-		return wire.Errorf(wire.CodeBadRequest, "node %q can match no key: it %v", in.GetNode(), err)
+	if werr := checkName("node", in.GetNode(), true); werr != nil {
+		return werr
 	}
-	if in.GetModule() != "" {
-		if err := keys.CheckToken(in.GetModule()); err != nil {
-			return wire.Errorf(wire.CodeBadRequest, "module %q can match no key: it %v", in.GetModule(), err)
-		}
+	if werr := checkName("module", in.GetModule(), true); werr != nil {
+		return werr
 	}
 	_, werr := readToken(in.GetPageToken(), composeDigest(in))
 	return werr

@@ -2,12 +2,14 @@ package service
 
 import (
 	"bytes"
+	"encoding/json"
 	"mime"
 	"strings"
 
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -40,24 +42,33 @@ func (e encoding) contentType() string {
 	return wire.ContentTypeProtobuf
 }
 
-// unmarshal decodes a request. Fields this server does not know are an error
-// in both encodings: a filter it cannot apply must not widen the answer.
+// unmarshal decodes a request. Fields this server does not know are ignored
+// in both encodings, as protobuf's own rules and connect-go do: during a
+// rolling upgrade, instances of several versions serve one queue group, and
+// an older one must answer what a newer client sends. A field whose meaning
+// an older server must not miss is announced by the server's version
+// (docs/protocol.md, "Versions"). Unknown fields are dropped, not kept, so
+// that they cannot tell two requests apart for the answer cache.
 func (e encoding) unmarshal(data []byte, msg proto.Message) *wire.Error {
 	name := msg.ProtoReflect().Descriptor().FullName()
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil // an empty body is the default request
 	}
 	if e.json {
-		if err := protojson.Unmarshal(data, msg); err != nil {
+		// Unknown fields are dropped before decoding, not by protojson's
+		// DiscardUnknown, which would also read an enum name it does not know
+		// (a newer what) as the zero value and answer another question.
+		known, err := knownFields(data, msg.ProtoReflect().Descriptor())
+		if err == nil {
+			err = protojson.Unmarshal(known, msg)
+		}
+		if err != nil {
 			return wire.Errorf(wire.CodeBadRequest, "the JSON request does not decode as %s: %v", name, err)
 		}
 		return nil
 	}
-	if err := proto.Unmarshal(data, msg); err != nil {
+	if err := (proto.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(data, msg); err != nil {
 		return wire.Errorf(wire.CodeBadRequest, "the request does not decode as protobuf %s (%v); send protobuf binary, or JSON with header Content-Type: %s", name, err, wire.ContentTypeJSON)
-	}
-	if unknown := msg.ProtoReflect().GetUnknown(); len(unknown) > 0 {
-		return wire.Errorf(wire.CodeBadRequest, "the request holds fields %s does not define (%d bytes); it was written for another contract, or is not a protobuf request at all", name, len(unknown))
 	}
 	return nil
 }
@@ -91,4 +102,32 @@ func (e encoding) join(data, tail []byte) []byte {
 
 func (e encoding) headers() micro.Headers {
 	return micro.Headers{"Content-Type": {e.contentType()}}
+}
+
+// knownFields returns a JSON object without the members md does not define
+// (by JSON or proto name), at every depth of message fields.
+func knownFields(data []byte, md protoreflect.MessageDescriptor) ([]byte, error) {
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(data, &members); err != nil {
+		return nil, err
+	}
+	for key, value := range members {
+		fd := md.Fields().ByJSONName(key)
+		if fd == nil {
+			fd = md.Fields().ByTextName(key)
+		}
+		switch {
+		case fd == nil:
+			delete(members, key)
+		case fd.Message() != nil && !fd.IsList() && !fd.IsMap() && fd.Message().FullName().Parent() != "google.protobuf":
+			if bytes.HasPrefix(bytes.TrimSpace(value), []byte("{")) {
+				inner, err := knownFields(value, fd.Message())
+				if err != nil {
+					return nil, err
+				}
+				members[key] = inner
+			}
+		}
+	}
+	return json.Marshal(members)
 }

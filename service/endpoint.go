@@ -43,6 +43,28 @@ type endpoint[Req, Res proto.Message] struct {
 	// or not: the revisions given, and the phases. It depends on nothing
 	// else, so that an answer reused with the same revisions is the same.
 	tail func(req Req, t timings, revs revisions) Res
+	// owner, if set, makes the endpoint addressed: it answers on
+	// "<subject>.*", whose last token names the node or provider the request
+	// is for, and confine refuses (403) a request that asks beyond it. The
+	// name is nats-server's to confine: an identity's permissions grant its
+	// own subject only.
+	owner   wire.Role
+	confine func(name string, req Req) *wire.Error
+}
+
+// addressed returns ep as its addressed endpoint for owner: the same verb on
+// "<subject>.<name>", each request confined to name.
+func (ep endpoint[Req, Res]) addressed(name string, owner wire.Role, confine func(string, Req) *wire.Error) endpoint[Req, Res] {
+	ep.name, ep.owner, ep.confine = name, owner, confine
+	return ep
+}
+
+// subjectOf returns the subject the endpoint subscribes to.
+func (ep endpoint[Req, Res]) subjectOf() string {
+	if ep.owner != "" {
+		return ep.subject + ".*"
+	}
+	return ep.subject
 }
 
 // timings are where an answer's time went.
@@ -59,16 +81,22 @@ type registrar interface {
 
 // endpoints lists the verbs the service answers.
 func (s *Service) endpoints() []registrar {
-	return []registrar{s.provisioningEndpoint(), s.composeEndpoint()}
+	provisioning, compose := s.provisioningEndpoint(), s.composeEndpoint()
+	return []registrar{
+		provisioning, compose,
+		provisioning.addressed(wire.ProvisioningNodeEndpoint, wire.RoleNode, confineProvisioning),
+		compose.addressed(wire.ComposeNodeEndpoint, wire.RoleNode, confineCompose),
+		s.provisionsEndpoint(),
+	}
 }
 
 func (ep endpoint[Req, Res]) register(s *Service) error {
 	req := ep.newRequest()
 	var res Res // a typed nil: its descriptor is all that is read
-	count := &counters{subject: ep.subject}
+	count := &counters{subject: ep.subjectOf()}
 	s.counters[ep.name] = count
 	err := s.micro.AddEndpoint(ep.name, micro.HandlerFunc(func(r micro.Request) { ep.handle(s, count, r) }),
-		micro.WithEndpointSubject(ep.subject),
+		micro.WithEndpointSubject(ep.subjectOf()),
 		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
 		micro.WithEndpointMetadata(map[string]string{
 			"request":       string(req.ProtoReflect().Descriptor().FullName()),
@@ -99,7 +127,11 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	arrived := time.Now()
 	// First, before anything can answer: every path below (refusals, 503s,
 	// pages, reused answers) publishes to r.Reply().
-	if !s.answersTo(r.Reply()) {
+	var name string // of an addressed endpoint: whose the request is
+	if ep.owner != "" {
+		name = r.Subject()[strings.LastIndexByte(r.Subject(), '.')+1:]
+	}
+	if !s.answersTo(r.Reply(), ep.owner, name) {
 		s.refuseReply(r, count)
 		return
 	}
@@ -119,6 +151,12 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	if werr := ep.check(in); werr != nil {
 		s.refuse(r, enc, werr)
 		return
+	}
+	if ep.owner != "" {
+		if werr := ep.confine(name, in); werr != nil {
+			s.refuse(r, enc, werr)
+			return
+		}
 	}
 	if !s.mirror.Ready() {
 		s.refuse(r, enc, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", ")))

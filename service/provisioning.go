@@ -83,11 +83,9 @@ func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
 			}
 			return wire.Errorf(wire.CodeBadRequest, "filter %s does not apply to %s, which is narrowed by %s; leave %s out", f.name, what, narrowedBy, f.name)
 		}
-		if f.name == "collection" {
-			continue // any readable name; the key holds it escaped
-		}
-		if err := keys.CheckToken(f.value); err != nil {
-			return wire.Errorf(wire.CodeBadRequest, "filter %s %q can match no key: it %v", f.name, f.value, err)
+		// A collection is any readable name; the key holds it escaped.
+		if werr := checkName("filter "+f.name, f.value, f.name != "collection"); werr != nil {
+			return werr
 		}
 	}
 	_, werr := readToken(in.GetPageToken(), provisioningDigest(in))

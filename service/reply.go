@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // ErrReplyPrefix is returned by Start for a Config.ReplyPrefixes entry that
@@ -30,8 +32,16 @@ func CheckReplyPrefixes(prefixes []string) error {
 
 // answersTo reports whether the service may answer on reply: an inbox under
 // one of its reply prefixes. An answer is a publish with the service's
-// rights; aimed anywhere else, it would lend them to whoever asked.
-func (s *Service) answersTo(reply string) bool {
+// rights; aimed anywhere else, it would lend them to whoever asked. A request
+// addressed to an owner's subject (a node's, a provider's) is answered to no
+// other node's or provider's inbox: the answer is the owner's, and no one may
+// push it into another identity's inbox.
+func (s *Service) answersTo(reply string, owner wire.Role, name string) bool {
+	if owner != "" && strings.HasPrefix(reply, wire.InboxRoot+".") &&
+		!strings.HasPrefix(reply, wire.InboxPrefix(owner, name)+".") &&
+		!strings.HasPrefix(reply, wire.InboxPrefix(wire.RoleOperator, "")) {
+		return false
+	}
 	for _, p := range s.replyPrefixes {
 		if len(reply) > len(p) && strings.HasPrefix(reply, p) {
 			return true

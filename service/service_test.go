@@ -359,9 +359,6 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 		says        string
 	}{
 		{"garbage bytes", "", []byte{0xff, 0xfe, 0xfd, 0x00}, "does not decode as protobuf mesh.provisioner.v1.ProvisioningRequest"},
-		{"text that is not a request", "", []byte("hello, provisioner"), "mesh.provisioner.v1.ProvisioningRequest"},
-		{"unknown binary field", "", protowireField(99), "holds fields mesh.provisioner.v1.ProvisioningRequest does not define"},
-		{"unknown JSON field", "", []byte(`{"what":"WHAT_NEEDS","nod":"ace"}`), `unknown field "nod"`},
 		{"unknown what in JSON", wire.ContentTypeJSON, []byte(`{"what":"WHAT_EVERYTHING"}`), "WHAT_EVERYTHING"},
 		{"unknown what by number in JSON", "", []byte(`{"what":9}`), "what 9 is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT"},
 		{"unknown what in binary", "", binary(&provisionerv1.ProvisioningRequest{What: 7}), "what 7 is not one of"},
@@ -372,6 +369,8 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 		{"module filter on collect", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Module: "web"}), "filter module does not apply to WHAT_COLLECT, which is narrowed by node, contributor, collection"},
 		{"node that no key can hold", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace.web"}), `filter node "ace.web" can match no key`},
 		{"wildcard module", "", []byte(`{"what":"WHAT_NEEDS","module":">"}`), `filter module ">" can match no key`},
+		{"a node name longer than a name may be", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: strings.Repeat("a", 900_000)}), "filter node is 900000 bytes, more than the 256 a name may take"},
+		{"a collection longer than a name may be", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Collection: strings.Repeat("a", 257)}), "filter collection is 257 bytes, more than the 256"},
 	}
 	// The group returns once its parallel subtests have all finished.
 	t.Run("refused", func(t *testing.T) {
@@ -501,7 +500,8 @@ func TestDiscovery(t *testing.T) {
 	if info.Name != wire.ServiceName || info.Version != "1.2.3" || info.ID != before.ID {
 		t.Errorf("INFO names %s %s %s", info.Name, info.Version, info.ID)
 	}
-	if len(info.Endpoints) != 2 || info.Endpoints[1].Name != wire.ComposeEndpoint || info.Endpoints[1].Subject != wire.ComposeSubject {
+	if len(info.Endpoints) != 5 || info.Endpoints[1].Name != wire.ComposeEndpoint || info.Endpoints[1].Subject != wire.ComposeSubject ||
+		info.Endpoints[3].Subject != wire.NodeSubject(wire.ComposeSubject, "*") || info.Endpoints[4].Subject != wire.ProviderSubject("*") {
 		t.Fatalf("INFO endpoints: %+v", info.Endpoints)
 	}
 	if got := info.Endpoints[1].Metadata["request"]; got != "mesh.provisioner.v1.ComposeRequest" {
@@ -673,4 +673,39 @@ func TestAnswersLargerThanMaxPayloadArePaged(t *testing.T) {
 			t.Errorf("%s token: %v, want a 400 saying %q", tt.name, err, tt.says)
 		}
 	}
+}
+
+// TestUnknownFieldsAreIgnored: a request from a newer client, with fields
+// this server does not define, is answered as if they were absent, in both
+// encodings, so that instances of several versions can serve one queue
+// group during a rolling upgrade.
+func TestUnknownFieldsAreIgnored(t *testing.T) {
+	t.Parallel()
+	m := newMesh(t)
+	want := m.ask(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"})
+	known := encode(t, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"})
+	for name, body := range map[string][]byte{
+		"binary": append(known, protowireField(99)...),
+		"JSON":   []byte(`{"what":"WHAT_NEEDS","node":"ace","nextYearsFilter":{"x":1}}`),
+	} {
+		reply := raw(t, m.nc, "", body)
+		if err := wire.ErrorOf(reply); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got := &provisionerv1.ProvisioningResponse{}
+		if err := decodeAnswer(reply, got); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want.GetNeeds(), got.GetNeeds(), protocmp.Transform()); diff != "" {
+			t.Errorf("%s: needs (-want +got):\n%s", name, diff)
+		}
+	}
+}
+
+// decodeAnswer decodes an answer in the encoding its Content-Type names.
+func decodeAnswer(reply *nats.Msg, into proto.Message) error {
+	if reply.Header.Get("Content-Type") == wire.ContentTypeJSON {
+		return protojson.Unmarshal(reply.Data, into)
+	}
+	return proto.Unmarshal(reply.Data, into)
 }

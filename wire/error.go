@@ -19,6 +19,11 @@ const (
 	// CodeBadRequest: the request cannot be read or asks for something the
 	// verb does not answer. The sentence says what to fix.
 	CodeBadRequest Code = 400
+	// CodeForbidden: the request asks, on an addressed subject
+	// (mesh-provisioner.compose.<node>, ...), for what is not that
+	// subject's: another node's records or plan, another provider's
+	// provisions. Ask on the subject of whose it is, as that identity.
+	CodeForbidden Code = 403
 	// CodeInternal: the server failed to answer a valid request.
 	CodeInternal Code = 500
 	// CodeUnavailable: the server cannot answer now (its copy is loading or

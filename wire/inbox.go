@@ -44,9 +44,9 @@ func ReplyPrefixes() []string {
 	}
 }
 
-// inboxRoot starts every inbox prefix of the mesh's identities. It is not
+// InboxRoot starts every inbox prefix of the mesh's identities. It is not
 // nats.go's default "_INBOX", which permissions never grant.
-const inboxRoot = "_INBOX_MESH"
+const InboxRoot = "_INBOX_MESH"
 
 // InboxPrefix is the inbox prefix of an identity's connection: replies to it
 // arrive on "<prefix>.>", which its permissions alone may subscribe to. The
@@ -54,5 +54,5 @@ const inboxRoot = "_INBOX_MESH"
 // share a prefix whatever their names; a name is a key token (no dots, no
 // wildcards). Connect with nats.CustomInboxPrefix(wire.InboxPrefix(...)).
 func InboxPrefix(role Role, name string) string {
-	return inboxRoot + "." + string(role) + "." + name
+	return InboxRoot + "." + string(role) + "." + name
 }

@@ -14,7 +14,34 @@ const (
 	ComposeEndpoint = "compose"
 	// ComposeSubject is the subject ComposeEndpoint answers.
 	ComposeSubject = ServiceName + "." + ComposeEndpoint
+
+	// The node-addressed endpoints answer the same verbs for one node, named
+	// by the subject's last token (NodeSubject), so that nats-server confines
+	// a node to its own subject: mesh-provisioner.provisioning.<node> and
+	// mesh-provisioner.compose.<node>.
+	ProvisioningNodeEndpoint = ProvisioningEndpoint + "-node"
+	ComposeNodeEndpoint      = ComposeEndpoint + "-node"
+
+	// ProvisionsEndpoint answers what one provider must provision across the
+	// mesh, on mesh-provisioner.provisions.<provider> (ProviderSubject).
+	ProvisionsEndpoint = "provisions"
+	// ProvisionsSubject is the verb's subject before the provider's token.
+	ProvisionsSubject = ServiceName + "." + ProvisionsEndpoint
 )
+
+// NodeSubject returns a verb's node-addressed subject: NodeSubject(ComposeSubject,
+// "ace") is "mesh-provisioner.compose.ace". A node's permissions grant its own.
+func NodeSubject(verbSubject, node string) string { return verbSubject + "." + node }
+
+// ProviderSubject returns the provisions verb's subject of a provider:
+// "mesh-provisioner.provisions.<provider>".
+func ProviderSubject(provider string) string { return ProvisionsSubject + "." + provider }
+
+// MaxNameLen is the most bytes a node, module, provider, collection or
+// contributor named in a request may take: more than any key token of a
+// real mesh, and few enough that a request cannot make its answer large by
+// its names alone.
+const MaxNameLen = 256
 
 // Content types of requests and answers, in the Content-Type header.
 const (

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/novox/mesh-provisioner/client"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -38,6 +39,15 @@ func (c *connectFlags) register(fs *flag.FlagSet, defaultURL, urlUsage string) {
 func (c *connectFlags) registerClient(fs *flag.FlagSet) {
 	c.register(fs, defaultClientURL, "URL of the mesh's NATS (a comma-separated list tries each)")
 	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty uses nats.go's _INBOX")
+}
+
+// clientOptions are the client's options for the identity connecting: a
+// node's inbox prefix makes it ask as that node, on its own subjects.
+func (c *connectFlags) clientOptions() []client.Option {
+	if node, ok := strings.CutPrefix(c.inbox, wire.InboxPrefix(wire.RoleNode, "")); ok && node != "" {
+		return []client.Option{client.AsNode(node)}
+	}
+	return nil
 }
 
 // clientConn is a client command's connection: the connection, the

@@ -11,7 +11,7 @@ import (
 	"github.com/novox/mesh-provisioner/permissions"
 )
 
-const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE) [--json]
+const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE | --operator NAME) [--json]
 
 Prints the NATS permissions of one identity of the mesh, granting the least
 that works, as a block to stand as a user's "permissions" in a nats-server
@@ -25,8 +25,11 @@ configuration (or as JSON with --json, which nats-server reads too):
   --server-writer    the server's writing identity: serve --writer-nats-url/
                      --writer-creds; creates and watches the buckets, holds
                      the seat, writes the registry, answers nothing
-  --provider MODULE  a provider module: reads the needs, writes its own
-                     bucket MODULE_bound, writes no provisioning bucket
+  --provider MODULE  a provider module: asks what it must provision
+                     (mesh-provisioner.provisions.MODULE), writes its own
+                     bucket MODULE_bound, reads no provisioning bucket
+  --operator NAME    an operator: reads the whole mesh (status, query of any
+                     node, capture), writes nothing
 
   --runs-as NODES    the nats-server "accounts" block of a mesh whose server
                      runs in an account of its own (PROVISIONER), the nodes
@@ -37,7 +40,8 @@ configuration (or as JSON with --json, which nats-server reads too):
 
 Each identity connects with the inbox prefix _INBOX_MESH.<role>.<name>
 (_INBOX_MESH.node.NAME, _INBOX_MESH.server.mesh-provisioner-writer,
-_INBOX_MESH.provider.MODULE); the answering identity needs none. See
+_INBOX_MESH.provider.MODULE, _INBOX_MESH.operator.NAME); the answering
+identity needs none. See
 docs/security.md for a worked example.`
 
 func definePermissions(fs *flag.FlagSet) action {
@@ -45,18 +49,19 @@ func definePermissions(fs *flag.FlagSet) action {
 	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server's answering identity")
 	writer := fs.Bool("server-writer", false, "the permissions of the mesh-provisioner server's writing identity")
 	provider := fs.String("provider", "", "the provider module the permissions are for")
+	operator := fs.String("operator", "", "the operator whose identity the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
 	runsAs := fs.String("runs-as", "", "the accounts configuration of a mesh whose server runs in its own account, for these nodes (comma-separated)")
 	return func(_ context.Context, inv invocation) error {
 		warnAll(slog.New(slog.NewTextHandler(inv.stderr, nil)), inv.warnings)
 		var chosen int
-		for _, set := range []bool{*node != "", *server, *writer, *provider != "", *runsAs != ""} {
+		for _, set := range []bool{*node != "", *server, *writer, *provider != "", *operator != "", *runsAs != ""} {
 			if set {
 				chosen++
 			}
 		}
 		if chosen != 1 {
-			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE or --runs-as NODES")
+			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE, --operator NAME or --runs-as NODES")
 		}
 		if *runsAs != "" {
 			if *asJSON {
@@ -78,6 +83,8 @@ func definePermissions(fs *flag.FlagSet) action {
 			p = permissions.ServerWriter()
 		case *node != "":
 			p, err = permissions.Node(*node)
+		case *operator != "":
+			p, err = permissions.Operator(*operator)
 		default:
 			p, err = permissions.Provider(*provider)
 		}

@@ -28,8 +28,11 @@ mesh-provisioner.compose) and prints the answer: an aligned table for people,
 malformed keys, provisions and refusals in sections of their own, or protobuf
 JSON with --json. needs and applied are narrowed by --node and --module;
 collect by --node, --contributor and --collection; the registry by nothing;
-compose takes --node and, to compose one module, --module. Exits non-zero
-with the service's sentence when it refuses the request.`
+compose takes --node and, to compose one module, --module. With a node's
+inbox prefix (--inbox-prefix _INBOX_MESH.node.<node>) it asks as that node,
+on the node's own subjects (mesh-provisioner.compose.<node>, ...), which is
+all a node's permissions grant. Exits non-zero with the service's sentence
+when it refuses the request.`
 
 // whats maps the command's words to the request's what.
 var whats = map[string]provisionerv1.What{
@@ -70,7 +73,7 @@ func defineQuery(fs *flag.FlagSet) action {
 		}
 		defer done()
 		watch := nc.violations
-		c := client.New(nc.Conn)
+		c := client.New(nc.Conn, conn.clientOptions()...)
 		var answer proto.Message
 		var show func() error
 		if word == "compose" {

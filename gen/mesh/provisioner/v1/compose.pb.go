@@ -704,7 +704,10 @@ type Provision struct {
 	// The optional local part.
 	Local string `protobuf:"bytes,6,opt,name=local,proto3" json:"local,omitempty"`
 	// The need's name.
-	Name          string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
+	Name string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
+	// The node whose need asks it: set in a ProvisionsResponse, which spans
+	// the mesh; empty in a ComposeResponse, which is of one node.
+	Node          string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -784,6 +787,13 @@ func (x *Provision) GetLocal() string {
 func (x *Provision) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+func (x *Provision) GetNode() string {
+	if x != nil {
+		return x.Node
 	}
 	return ""
 }
@@ -988,7 +998,7 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\"5\n" +
 	"\tBucketKey\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xb1\x01\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xc5\x01\n" +
 	"\tProvision\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -996,7 +1006,8 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\x06module\x18\x04 \x01(\tR\x06module\x12\x1c\n" +
 	"\tprovision\x18\x05 \x01(\tR\tprovision\x12\x14\n" +
 	"\x05local\x18\x06 \x01(\tR\x05local\x12\x12\n" +
-	"\x04name\x18\a \x01(\tR\x04name\"\xaf\x01\n" +
+	"\x04name\x18\a \x01(\tR\x04name\x12\x12\n" +
+	"\x04node\x18\b \x01(\tR\x04node\"\xaf\x01\n" +
 	"\aRefusal\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x12\x12\n" +

@@ -120,7 +120,7 @@ class BucketKey(_message.Message):
     def __init__(self, bucket: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class Provision(_message.Message):
-    __slots__ = ("provider", "bucket", "key", "module", "provision", "local", "name")
+    __slots__ = ("provider", "bucket", "key", "module", "provision", "local", "name", "node")
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +128,7 @@ class Provision(_message.Message):
     PROVISION_FIELD_NUMBER: _ClassVar[int]
     LOCAL_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     provider: str
     bucket: str
     key: str
@@ -135,7 +136,8 @@ class Provision(_message.Message):
     provision: str
     local: str
     name: str
-    def __init__(self, provider: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., module: _Optional[str] = ..., provision: _Optional[str] = ..., local: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+    node: str
+    def __init__(self, provider: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., module: _Optional[str] = ..., provision: _Optional[str] = ..., local: _Optional[str] = ..., name: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("key", "module", "kind", "name", "reason", "detail")

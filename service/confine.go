@@ -1,0 +1,74 @@
+package service
+
+import (
+	"fmt"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// checkName refuses a name a request gives that is longer than
+// wire.MaxNameLen (it would only be echoed back, at any size) or, if it is a
+// key token, one that no key could hold. label names it in the sentence.
+func checkName(label, value string, token bool) *wire.Error {
+	if len(value) > wire.MaxNameLen {
+		return wire.Errorf(wire.CodeBadRequest, "%s is %d bytes, more than the %d a name may take", label, len(value), wire.MaxNameLen)
+	}
+	if !token || value == "" {
+		return nil
+	}
+	if err := keys.CheckToken(value); err != nil {
+		return wire.Errorf(wire.CodeBadRequest, "%s %q can match no key: it %v", label, value, err)
+	}
+	return nil
+}
+
+// checkAddress refuses the name an addressed subject ends with, as checkName
+// would the same name in a body.
+func checkAddress(role wire.Role, name string) *wire.Error {
+	if werr := checkName("the subject's "+string(role), name, true); werr != nil {
+		return werr
+	}
+	if name == "" {
+		return wire.Errorf(wire.CodeBadRequest, "the subject names no %s", role)
+	}
+	return nil
+}
+
+// confineProvisioning refuses, on mesh-provisioner.provisioning.<node>, a
+// request for another node's records, or for every node's: a node reads its
+// own needs, applied records and collection items, and the registry, which
+// is the mesh's.
+func confineProvisioning(node string, in *provisionerv1.ProvisioningRequest) *wire.Error {
+	if werr := checkAddress(wire.RoleNode, node); werr != nil {
+		return werr
+	}
+	what := whatOf(in)
+	if what == provisionerv1.What_WHAT_REGISTRY || in.GetNode() == node {
+		return nil
+	}
+	return wire.Errorf(wire.CodeForbidden, "%s on %s: %s", what, wire.NodeSubject(wire.ProvisioningSubject, node), whoseRecords(node, in.GetNode()))
+}
+
+// confineCompose refuses, on mesh-provisioner.compose.<node>, the
+// composition of another node.
+func confineCompose(node string, in *provisionerv1.ComposeRequest) *wire.Error {
+	if werr := checkAddress(wire.RoleNode, node); werr != nil {
+		return werr
+	}
+	if in.GetNode() == node {
+		return nil
+	}
+	return wire.Errorf(wire.CodeForbidden, "compose on %s composes node %q only, and the request names node %q; ask %s as that node",
+		wire.NodeSubject(wire.ComposeSubject, node), node, in.GetNode(), wire.NodeSubject(wire.ComposeSubject, "<node>"))
+}
+
+// whoseRecords is the sentence of a provisioning request for records that
+// are not the addressed node's.
+func whoseRecords(node, asked string) string {
+	if asked == "" {
+		return fmt.Sprintf("a node reads its own records only: set node to %q (every node's records are for operators, on %s)", node, wire.ProvisioningSubject)
+	}
+	return fmt.Sprintf("node %q reads its own records only, and the request names node %q; ask %s as that node", node, asked, wire.NodeSubject(wire.ProvisioningSubject, "<node>"))
+}

@@ -1,0 +1,126 @@
+package service
+
+import (
+	"sort"
+	"time"
+
+	"github.com/novox/mesh-provisioner/compose"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// provisionsEndpoint answers mesh-provisioner.provisions.<provider>: what a
+// provider must provision across the mesh, which is what it needs instead of
+// reading every node's needs.
+func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse] {
+	return endpoint[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse]{
+		name:       wire.ProvisionsEndpoint,
+		subject:    wire.ProvisionsSubject,
+		owner:      wire.RoleProvider,
+		confine:    confineProvisions,
+		newRequest: func() *provisionerv1.ProvisionsRequest { return &provisionerv1.ProvisionsRequest{} },
+		check:      checkProvisions,
+		waits: func(in *provisionerv1.ProvisionsRequest) []revisionWait {
+			least := in.GetMinRevisions()
+			waits := []revisionWait{{s.mirror.Registry, least.GetRegistry()}, {s.mirror.Needs, least.GetNeeds()}}
+			// checkProvisions read the token already: it decodes.
+			if t, _ := readToken(in.GetPageToken(), provisionsDigest(in)); len(t.Revisions) == len(waits) {
+				for i, rev := range t.Revisions {
+					waits = append(waits, revisionWait{waits[i].bucket, rev})
+				}
+			}
+			return waits
+		},
+		unavailable: func(*provisionerv1.ProvisionsRequest) *wire.Error {
+			if s.mirror.Registry.Empty() {
+				return wire.NewError(wire.CodeUnavailable, "the registry is empty: the instance that holds the provisioner seat has not written it yet; ask again shortly")
+			}
+			return nil
+		},
+		keyOf: func(in *provisionerv1.ProvisionsRequest) string {
+			least := in.GetMinRevisions()
+			in.MinRevisions = nil
+			defer func() { in.MinRevisions = least }()
+			return requestKey(in)
+		},
+		stamp: func(*provisionerv1.ProvisionsRequest) stamp {
+			registry, _ := s.mirror.Registry.Stamp("")
+			needs, _ := s.mirror.Needs.Stamp("")
+			return stamp{registry, needs, behindBits(s.mirror)}
+		},
+		answer: func(in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
+			return provisionsFrom(s.mirror, in, enc, budget)
+		},
+		tail: func(_ *provisionerv1.ProvisionsRequest, _ timings, revs revisions) *provisionerv1.ProvisionsResponse {
+			return &provisionerv1.ProvisionsResponse{Revisions: &provisionerv1.Revisions{Registry: revs[0], Needs: revs[1], Applied: revs[2], Collect: revs[3]}}
+		},
+	}
+}
+
+func checkProvisions(in *provisionerv1.ProvisionsRequest) *wire.Error {
+	if in.GetProvider() == "" {
+		return wire.NewError(wire.CodeBadRequest, "provider is required: the provider whose provisions to list, as the subject names it")
+	}
+	if werr := checkName("provider", in.GetProvider(), true); werr != nil {
+		return werr
+	}
+	_, werr := readToken(in.GetPageToken(), provisionsDigest(in))
+	return werr
+}
+
+// confineProvisions refuses, on mesh-provisioner.provisions.<provider>,
+// another provider's provisions.
+func confineProvisions(provider string, in *provisionerv1.ProvisionsRequest) *wire.Error {
+	if werr := checkAddress(wire.RoleProvider, provider); werr != nil {
+		return werr
+	}
+	if in.GetProvider() == provider {
+		return nil
+	}
+	return wire.Errorf(wire.CodeForbidden, "%s lists provider %q's provisions only, and the request names provider %q; ask %s as that provider",
+		wire.ProviderSubject(provider), provider, in.GetProvider(), wire.ProviderSubject("<provider>"))
+}
+
+// provisionsDigest identifies a provisions request for its page tokens.
+func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
+	return requestDigest(&provisionerv1.ProvisionsRequest{Provider: in.GetProvider()})
+}
+
+// provisionsFrom lists a provider's provisions from the copy, need by need in
+// key order across the mesh, a page at a time.
+func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
+	token, werr := readToken(in.GetPageToken(), provisionsDigest(in))
+	if werr != nil {
+		return nil, timings{}, werr
+	}
+	start := time.Now()
+	revs := &provisionerv1.Revisions{Registry: m.Registry.Revision()}
+	var needs []*mirror.Entry[*provisionerv1.NeedRecord]
+	needs, revs.Needs = m.Needs.All()
+	needs = needs[sort.Search(len(needs), func(i int) bool { return needs[i].Key > token.After }):]
+	read := time.Since(start)
+
+	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider(), Behind: m.Behind()}
+	find := compose.NewProvisionsOf(in.GetProvider(), m.RegistryEntry)
+	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
+	for i, e := range needs {
+		if e.Malformed != nil {
+			continue
+		}
+		provision := find.Need(e.Record)
+		if provision == nil {
+			continue
+		}
+		if !p.fits(p.sizeOf(provision)) {
+			if p.count == 0 {
+				return nil, timings{}, wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
+			}
+			t := pageToken{Request: provisionsDigest(in), After: needs[i-1].Key, Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
+			out.NextPageToken = t.encode()
+			break
+		}
+		out.Provisions = append(out.Provisions, provision)
+	}
+	return out, timings{read: read, resolve: time.Since(start) - read}, nil
+}
