@@ -302,13 +302,20 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for node, want := range live {
-		got := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		got, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
 			t.Errorf("replayed composition of %s (-live +replay):\n%s", node, diff)
 		}
 	}
 	want := m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", Module: "web"})
-	if diff := cmp.Diff(want, replay.Compose(&provisionerv1.ComposeRequest{Node: "ace", Module: "web"}), protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
+	got, err := replay.Compose(&provisionerv1.ComposeRequest{Node: "ace", Module: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
 		t.Errorf("replayed module composition (-live +replay):\n%s", diff)
 	}
 }
