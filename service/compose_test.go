@@ -19,6 +19,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
@@ -290,7 +291,7 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 		live[node] = m.compose(t, &provisionerv1.ComposeRequest{Node: node})
 	}
 	js, _ := jetstream.New(m.nc)
-	capture, err := service.Capture(context.Background(), js)
+	capture, err := mirror.Capture(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)
 	}

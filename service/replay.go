@@ -7,10 +7,6 @@ import (
 	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
-// Capture reads every live key of the four provisioning buckets, with its
-// value and revision: what NewReplay loads.
-var Capture = mirror.Capture
-
 // Replay answers the verbs from a capture, as the live service would at the
 // captured revisions, without NATS: for tests, benchmarks and looking into a
 // captured mesh.
