@@ -13,13 +13,19 @@ LDFLAGS  := -X main.version=$(VERSION)
 PY_DIR   := clients/python
 PY_VENV  := $(PY_DIR)/.venv
 PYTHON   ?= python3
-GENERATED := gen clients/ts/src/gen $(PY_DIR)/src/mesh
+GEN_GO    := gen
+GEN_TS    := clients/ts/src/gen
+GEN_PY    := $(PY_DIR)/src/mesh
+GENERATED := $(GEN_GO) $(GEN_TS) $(GEN_PY)
+# Each generate-* target writes to a scratch folder here and only then
+# replaces the folder it owns: a failed run leaves the committed code as it was.
+GEN_TMP   := $(BIN)/generate
 # Arguments for `make run`, such as RUN_ARGS="--listen 127.0.0.1:4333".
 RUN_ARGS ?=
 
 .PHONY: help
 help: ## Show the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  make %-16s %s\n", $$1, $$2}'
 
 node_modules/.package-lock.json: package.json package-lock.json
 	npm ci --no-audit --no-fund
@@ -41,11 +47,29 @@ nats: ## Install the nats CLI (natscli v0.5.0) as bin/nats
 	GOBIN=$(CURDIR)/$(BIN) go install github.com/nats-io/natscli/nats@v0.5.0
 
 .PHONY: generate
-generate: tools python-venv ## Write gen/, clients/ts/src/gen (buf) and clients/python/src/mesh (protoc of grpcio-tools) from proto/
-	rm -rf $(GENERATED)
-	$(BUF) generate
-	$(PY_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=$(PY_DIR)/src --pyi_out=$(PY_DIR)/src $$(find proto -name '*.proto' | sort)
-	touch $(PY_DIR)/src/mesh/provisioner/v1/py.typed
+generate: generate-go generate-ts generate-python ## Write the generated code of all three languages from proto/
+
+.PHONY: generate-go
+generate-go: tools ## Write gen/ from proto/ (buf with buf.gen.go.yaml, protoc-gen-go)
+	rm -rf $(GEN_TMP)/go && mkdir -p $(GEN_TMP)/go
+	$(BUF) generate --template buf.gen.go.yaml -o $(GEN_TMP)/go
+	rm -rf $(GEN_GO) && mv $(GEN_TMP)/go/$(GEN_GO) $(GEN_GO)
+	rm -rf $(GEN_TMP)/go
+
+.PHONY: generate-ts
+generate-ts: tools ## Write clients/ts/src/gen from proto/ (buf with buf.gen.ts.yaml, protoc-gen-es)
+	rm -rf $(GEN_TMP)/ts && mkdir -p $(GEN_TMP)/ts
+	$(BUF) generate --template buf.gen.ts.yaml -o $(GEN_TMP)/ts
+	rm -rf $(GEN_TS) && mv $(GEN_TMP)/ts/$(GEN_TS) $(GEN_TS)
+	rm -rf $(GEN_TMP)/ts
+
+.PHONY: generate-python
+generate-python: python-venv ## Write clients/python/src/mesh from proto/ (protoc of the pinned grpcio-tools)
+	rm -rf $(GEN_TMP)/python && mkdir -p $(GEN_TMP)/python
+	$(PY_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=$(GEN_TMP)/python --pyi_out=$(GEN_TMP)/python $$(find proto -name '*.proto' | sort)
+	touch $(GEN_TMP)/python/mesh/provisioner/v1/py.typed
+	rm -rf $(GEN_PY) && mv $(GEN_TMP)/python/mesh $(GEN_PY)
+	rm -rf $(GEN_TMP)/python
 
 .PHONY: checkgenerate
 checkgenerate: generate ## Fail if generated code differs from what is committed

@@ -89,14 +89,18 @@ func BenchmarkComposeNode(b *testing.B) {
 	}
 	b.Logf("%d nodes, %d needs per node on average", len(nodes), needs/max(len(nodes), 1))
 	for _, n := range nodes { // order each node's keys, as the first composition after a change does
-		replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+		if _, err := replay.Compose(&provisionerv1.ComposeRequest{Node: n}); err != nil {
+			b.Fatal(err)
+		}
 	}
 
 	b.Run("watched", func(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			replay.Compose(&provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]})
+			if _, err := replay.Compose(&provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}); err != nil {
+				b.Fatal(err)
+			}
 			i++
 		}
 		ns := float64(b.Elapsed().Nanoseconds()) / float64(i)
@@ -117,7 +121,10 @@ func BenchmarkComposeNode(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			want := replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+			want, err := replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+			if err != nil {
+				b.Fatal(err)
+			}
 			got.Phases, want.Phases = nil, nil
 			got.Revisions, want.Revisions = nil, nil
 			if !proto.Equal(got, want) {
@@ -156,13 +163,17 @@ func BenchmarkComposeMesh(b *testing.B) {
 	// One pass first: a node's first composition after a change orders its
 	// keys, which the watched copy does once per change, not per composition.
 	for _, n := range nodes {
-		replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+		if _, err := replay.Compose(&provisionerv1.ComposeRequest{Node: n}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	runtime.GC() // not the loading's garbage: the compositions' own
 	b.ReportAllocs()
 	for b.Loop() {
 		for _, n := range nodes {
-			replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+			if _, err := replay.Compose(&provisionerv1.ComposeRequest{Node: n}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	b.ReportMetric(float64(len(nodes)), "nodes")

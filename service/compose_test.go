@@ -19,6 +19,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
@@ -290,7 +291,7 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 		live[node] = m.compose(t, &provisionerv1.ComposeRequest{Node: node})
 	}
 	js, _ := jetstream.New(m.nc)
-	capture, err := service.Capture(context.Background(), js)
+	capture, err := mirror.Capture(context.Background(), js)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,13 +303,20 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 		t.Fatal(err)
 	}
 	for node, want := range live {
-		got := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		got, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
 			t.Errorf("replayed composition of %s (-live +replay):\n%s", node, diff)
 		}
 	}
 	want := m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", Module: "web"})
-	if diff := cmp.Diff(want, replay.Compose(&provisionerv1.ComposeRequest{Node: "ace", Module: "web"}), protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
+	got, err := replay.Compose(&provisionerv1.ComposeRequest{Node: "ace", Module: "web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
 		t.Errorf("replayed module composition (-live +replay):\n%s", diff)
 	}
 }

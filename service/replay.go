@@ -7,10 +7,6 @@ import (
 	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
-// Capture reads every live key of the four provisioning buckets, with its
-// value and revision: what NewReplay loads.
-var Capture = mirror.Capture
-
 // Replay answers the verbs from a capture, as the live service would at the
 // captured revisions, without NATS: for tests, benchmarks and looking into a
 // captured mesh.
@@ -32,18 +28,26 @@ func NewReplay(capture *provisionerv1.Capture) (*Replay, error) {
 const unpaged = 1 << 62
 
 // Compose composes a node as the compose verb would, in one page; it does
-// not check the request, nor wait for revisions.
-func (r *Replay) Compose(in *provisionerv1.ComposeRequest) *provisionerv1.ComposeResponse {
-	out, t, _ := composeFrom(r.mirror, in, encoding{}, unpaged)
+// not check the request, nor wait for revisions. It fails as the verb would
+// on a page_token it cannot read, with the verb's error (code 400).
+func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
+	out, t, werr := composeFrom(r.mirror, in, encoding{}, unpaged)
+	if werr != nil {
+		return nil, werr
+	}
 	t.built = true
 	out.Revisions, out.Phases = revisionsOf(r.mirror), phasesOf(t)
-	return out
+	return out, nil
 }
 
 // Provisioning answers as the provisioning verb would, in one page; it does
-// not check the request, nor wait for revisions.
-func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) *provisionerv1.ProvisioningResponse {
-	out, _ := provisioningFrom(r.mirror, in, encoding{}, unpaged)
+// not check the request, nor wait for revisions. It fails as the verb would
+// on a page_token it cannot read, with the verb's error (code 400).
+func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
+	out, werr := provisioningFrom(r.mirror, in, encoding{}, unpaged)
+	if werr != nil {
+		return nil, werr
+	}
 	out.Revision = copyOf(r.mirror, whatOf(in)).Revision()
-	return out
+	return out, nil
 }

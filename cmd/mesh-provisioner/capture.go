@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
 const captureSynopsis = `Usage: mesh-provisioner capture --out FILE [flags]
@@ -40,7 +40,7 @@ func defineCapture(fs *flag.FlagSet) action {
 		if err != nil {
 			return err
 		}
-		capture, err := service.Capture(ctx, js)
+		capture, err := mirror.Capture(ctx, js)
 		if err != nil {
 			return watch.explain(err)
 		}

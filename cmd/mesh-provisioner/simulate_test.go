@@ -76,7 +76,10 @@ func TestSimulateThenCapture(t *testing.T) {
 		if len(live.GetPlans()) != 4 || len(live.GetRefusals()) < 2 {
 			t.Errorf("composition of %s: %d plans, %d refusals; want 4 plans and the malformed keys refused", node, len(live.GetPlans()), len(live.GetRefusals()))
 		}
-		replayed := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		replayed, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
 		if diff := cmp.Diff(live, replayed, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
 			t.Errorf("%s composed from the capture (-live +replay):\n%s", node, diff)
 		}

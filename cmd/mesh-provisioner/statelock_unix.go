@@ -1,3 +1,5 @@
+//go:build unix
+
 package main
 
 import (
@@ -21,7 +23,8 @@ const lockFileName = "mesh-provisioner.lock"
 
 // stateLock is an exclusive flock on a state directory's lock file. The
 // kernel releases it when the process ends, however it ends: a lock file
-// left behind by a dead process never blocks.
+// left behind by a dead process never blocks. flock(2) is unix's: other
+// platforms refuse to lock (statelock_other.go).
 type stateLock struct{ file *os.File }
 
 // lockStateDir takes the lock of dir, or fails at once with
