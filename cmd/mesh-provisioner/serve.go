@@ -39,7 +39,7 @@ seat to a standby. nats.go's and nats-server's messages go through its log,
 passwords redacted.
 
 Other commands (each with --help): query, status, permissions, capture,
-simulate, version`
+simulate, put, delete, version`
 
 type serveFlags struct {
 	connect          connectFlags
