@@ -86,7 +86,7 @@ func printStatus(w io.Writer, r *statusReport) error {
 
 	fmt.Fprintf(w, "Instances (%d) serving %s\n", len(r.Instances), wire.ServiceName)
 	if len(r.Instances) > 0 {
-		row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "ERRORS", "ANSWERED", "ANSWER ERRORS", "AVERAGE", "LOADING", "BEHIND")
+		row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "REFUSED ON ARRIVAL", "ANSWERED", "FAILED AFTER ACCEPTANCE", "AVERAGE TIME", "STILL LOADING", "BEHIND ON")
 		for _, in := range r.Instances {
 			seat := dash(in.Seat)
 			if in.Seat == "standby" && in.SeatHolder != "" {
@@ -107,6 +107,8 @@ func printStatus(w io.Writer, r *statusReport) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		fmt.Fprintln(w, "(refused on arrival: bad requests, the copy still loading, the queue full, as micro counts errors;\n"+
+			" failed after acceptance: a 503 after waiting for a worker or a revision, or an answer that could not be sent)")
 		for _, in := range r.Instances {
 			for _, e := range in.Endpoints {
 				if e.LastError != "" {
