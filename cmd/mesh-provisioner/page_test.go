@@ -34,7 +34,6 @@ func statusPageMesh(t *testing.T) (string, *nats.Conn) {
 	base := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
 	serveInProcess(t, []string{"--nats-url", s.ClientURL(), "--http", strings.TrimPrefix(base, "http://")}, nil)
 	waitProbe(t, base+"/readyz", http.StatusOK, "ready", 20*time.Second)
-	var last uint64
 	for _, node := range []string{"ace", "novox"} {
 		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
 		if err != nil {
@@ -51,7 +50,7 @@ func statusPageMesh(t *testing.T) (string, *nats.Conn) {
 			if node == "novox" && need.kind == "nosuchkind" {
 				continue
 			}
-			if last, err = c.PutNeed(ctx, need.module, need.kind, need.name, need.need); err != nil {
+			if _, err := c.PutNeed(ctx, need.module, need.kind, need.name, need.need); err != nil {
 				t.Fatal(err)
 			}
 		}
