@@ -98,13 +98,30 @@ breaking: tools ## buf breaking against main and against the parent commit
 	else echo "buf breaking: no parent commit with a buf.yaml; nothing to compare"; fi
 
 .PHONY: test
-test: test-go test-ts test-python ## Run every test: Go, then the TypeScript and Python clients against the real binary
+test: test-go test-browser test-ts test-python ## Run every test: Go, the status page in a headless browser, then the TypeScript and Python clients against the real binary
 
 .PHONY: test-go
 test-go: ## Run the Go tests (race detector on); the conformance suite's cases by name
 	go test -race -count=1 $$(go list ./... | grep -v '/internal/conformance$$')
 	go test -race -count=1 -v -run '^TestConformance$$' ./internal/conformance \
 		| grep -E '^(    --- |ok|FAIL|panic|PASS)|^\s+conformance_test' | grep -vE '^        --- '
+
+# Debian's chromium, installed with apt when missing (as root, or with sudo).
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser || true)
+
+.PHONY: chromium
+chromium: ## Install Debian's chromium with apt-get when it is missing
+	@if [ -z "$(CHROMIUM)" ]; then \
+		sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		apt-cache policy chromium | grep -q 'Candidate: [0-9]' || $$sudo apt-get update; \
+		$$sudo apt-get install -y --no-install-recommends chromium; \
+	fi
+
+.PHONY: test-browser
+test-browser: chromium ## Open serve --http's status page in headless chromium and check it against the service's answers; screenshot in build/
+	mkdir -p build
+	MESH_PROVISIONER_CHROMIUM=$$(command -v chromium || command -v chromium-browser) MESH_PROVISIONER_SCREENSHOT_DIR=$(CURDIR)/build \
+		go test -count=1 -tags browser -run '^TestStatusPageInABrowser$$' -v ./cmd/mesh-provisioner 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|\s+\S+_test\.go:)'
 
 .PHONY: test-faults
 test-faults: ## Fault tests (build tag faults): NATS restarts, leader loss in a 3-server cluster, a flood; about 2 minutes. RACE=-race to add the race detector
@@ -167,5 +184,5 @@ bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requester
 ci: test checkgenerate lint breaking ## What .ci/run runs
 
 .PHONY: clean
-clean: ## Remove built binaries
-	rm -rf $(BIN)
+clean: ## Remove built binaries and the browser test's screenshot
+	rm -rf $(BIN) build

@@ -135,6 +135,7 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		s.refuseReply(r, count)
 		return
 	}
+	r = s.observed(r, ep.name, arrived)
 	enc := encodingOf(r)
 	if len(s.queue) == cap(s.queue) {
 		// Overloaded: refuse before decoding, so that a backlog drains as
@@ -407,6 +408,7 @@ func (s *Service) send(r micro.Request, enc encoding, count *counters, data []by
 		msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
 		s.logFailure(r, werr)
 	}
+	s.observeAnswer(r, werr)
 	err := s.conn.PublishMsg(msg)
 	switch {
 	case err != nil:
@@ -446,6 +448,7 @@ func headerLen(h nats.Header) int {
 // refuse answers an error from the micro callback, which micro counts.
 func (s *Service) refuse(r micro.Request, enc encoding, werr *wire.Error) {
 	s.logFailure(r, werr)
+	s.observeAnswer(r, werr)
 	if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
 		s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
 	}

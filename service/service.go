@@ -78,6 +78,9 @@ type Config struct {
 	// this instance holds it, since when it holds it or stands by, and who
 	// holds it as far as it knows. Nil leaves the seat out of the stats.
 	Seat func() (held bool, since time.Time, holder string)
+	// Observe, if set, hears every answer and refusal with its code and
+	// latency (see Observer).
+	Observe Observer
 }
 
 // Defaults of Config.
@@ -146,6 +149,7 @@ type Service struct {
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
 	seat     func() (held bool, since time.Time, holder string)
+	observe  Observer
 	// failures rate-limits the warning logged for each 5xx answer, so that a
 	// flood of them cannot flood the log.
 	failures rate.Sometimes
@@ -219,6 +223,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		failures:     rate.Sometimes{Interval: time.Second},
 		cache:        newAnswerCache(cfg.AnswerCacheBytes),
 		seat:         cfg.Seat,
+		observe:      cfg.Observe,
 
 		replyPrefixes:  slices.Clone(cfg.ReplyPrefixes),
 		refusedReplies: rate.Sometimes{Interval: time.Second},

@@ -111,3 +111,15 @@ func (l *logFlags) logger(w io.Writer) (*slog.Logger, error) {
 	}
 	return nil, fmt.Errorf("--log-format %q: use text or json", l.format)
 }
+
+// splitList splits a comma-separated flag value, dropping blanks around
+// each item and empty items.
+func splitList(value string) []string {
+	var out []string
+	for item := range strings.SplitSeq(value, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

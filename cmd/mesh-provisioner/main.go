@@ -69,6 +69,8 @@ var commands = map[string]command{
 	"status":      {synopsis: statusSynopsis, define: defineStatus},
 	"capture":     {synopsis: captureSynopsis, define: defineCapture},
 	"simulate":    {synopsis: simulateSynopsis, define: defineSimulate},
+	"put":         {synopsis: putSynopsis, define: definePut, word: true},
+	"delete":      {synopsis: deleteSynopsis, define: defineDelete, word: true},
 	"version": {synopsis: "Usage: mesh-provisioner version\n\nPrints the version micro discovery shows.", define: func(*flag.FlagSet) action {
 		return func(_ context.Context, inv invocation) error {
 			_, err := fmt.Fprintln(inv.stdout, buildVersion())

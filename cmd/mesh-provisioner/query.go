@@ -108,7 +108,7 @@ func requestError(err error, watch *violations, url string) error {
 		return nil
 	}
 	if werr, ok := errors.AsType[*wire.Error](err); ok {
-		return fmt.Errorf("the service refused: %d %s", werr.Code(), werr.Sentence())
+		return fmt.Errorf("the service refused: %d: %s", werr.Code(), werr.Sentence())
 	}
 	if explained := watch.explain(err); explained != err { //nolint:errorlint // explain returns err itself when it has nothing to add
 		return explained

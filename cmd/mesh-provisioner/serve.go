@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/internal/sdnotify"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/seat"
@@ -39,7 +40,7 @@ seat to a standby. nats.go's and nats-server's messages go through its log,
 passwords redacted.
 
 Other commands (each with --help): query, status, permissions, capture,
-simulate, version`
+simulate, put, delete, version`
 
 type serveFlags struct {
 	connect          connectFlags
@@ -60,6 +61,7 @@ type serveFlags struct {
 	nodeMaxBytes     int
 	connectRetry     bool
 	maxQueueWait     time.Duration
+	http             string
 }
 
 func defineServe(fs *flag.FlagSet) action {
@@ -82,6 +84,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
+	fs.StringVar(&f.http, "http", "", "host:port of an HTTP server for operators: /healthz, /readyz, /metrics (Prometheus) and a status page at /; empty serves none")
 	fs.BoolVar(&f.connectRetry, "connect-retry", true, "with --nats-url, keep trying (a line per attempt) while NATS cannot be reached at start; false exits at once")
 	return func(ctx context.Context, inv invocation) error {
 		if f.replicas < 1 || f.replicas > 5 {
@@ -167,19 +170,13 @@ func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
 	return writer, writer.url
 }
 
-// splitList splits a comma-separated flag value, dropping blanks around
-// each item.
-func splitList(value string) []string {
-	var out []string
-	for item := range strings.SplitSeq(value, ",") {
-		if item = strings.TrimSpace(item); item != "" {
-			out = append(out, item)
-		}
-	}
-	return out
-}
 
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
+	httpServer, err := startHTTP(ctx, f.http, logger)
+	if err != nil {
+		return err
+	}
+	defer httpServer.Close(ctx)
 	url := f.connect.url
 	var opts []nats.Option
 	if url == "" {
@@ -282,11 +279,13 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		},
 		MaxQueueWait:  f.maxQueueWait,
 		ReplyPrefixes: splitList(f.replyPrefixes),
+		Observe:       httpServer.Observer(),
 	})
 	if err != nil {
 		return err
 	}
 	defer svc.Stop()
+	attachHTTP(httpServer, svc, nc, watchNC)
 
 	// The seat (its holder reconciling) and the service run side by side;
 	// the first to fail ends both, and shutdown waits for each: the seat is
@@ -331,7 +330,9 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		info := svc.Info()
 		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID, "seat_id", provisionerSeat.ID(),
 			"subjects", []string{wire.ProvisioningSubject, wire.ComposeSubject}, "nats_url", redactURL(url))
+		notifySystemd(logger, sdnotify.Ready)
 		<-gctx.Done()
+		notifySystemd(logger, sdnotify.Stopping)
 		return nil
 	})
 	if err := g.Wait(); err != nil {

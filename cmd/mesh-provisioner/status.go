@@ -1,10 +1,8 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -16,13 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
-
-	"github.com/novox/mesh-provisioner/client"
-	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/internal/meshstatus"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -47,92 +39,11 @@ Each bucket is read once through the provisioning verb, page by page. It
 needs an identity that may ask $SRV.STATS, read the streams' info and ask
 both verbs: an operator's, not a node's.`
 
-// statusReport is what status prints; --json prints it as is.
-type statusReport struct {
-	Instances []instanceStatus `json:"instances"`
-	Buckets   []bucketStatus   `json:"buckets"`
-	Nodes     []nodeStatus     `json:"nodes"`
-	Needs     int              `json:"needs"`
-	Refusals  refusalsStatus   `json:"refusals"`
-	Malformed []malformedKey   `json:"malformed"`
-}
-
-type instanceStatus struct {
-	ID         string           `json:"id"`
-	Version    string           `json:"version"`
-	Started    time.Time        `json:"started"`
-	Seat       string           `json:"seat,omitempty"`
-	SeatSince  string           `json:"seat_since,omitempty"`
-	SeatHolder string           `json:"seat_holder,omitempty"`
-	Endpoints  []endpointStatus `json:"endpoints"`
-	// OverBudget are the nodes over their budget in this instance's copy.
-	OverBudget []overBudget `json:"over_budget"`
-}
-
-// overBudget is a node over its budget in one state bucket, as an
-// instance's stats report it.
-type overBudget struct {
-	Bucket  string `json:"bucket"`
-	Node    string `json:"node"`
-	Keys    int    `json:"keys"`
-	Bytes   int    `json:"bytes"`
-	Refused int    `json:"refused"`
-}
-
-type endpointStatus struct {
-	Name           string          `json:"name"`
-	Subject        string          `json:"subject"`
-	Requests       int             `json:"requests"`
-	Errors         int             `json:"errors"`
-	LastError      string          `json:"last_error,omitempty"`
-	AverageTime    string          `json:"average_processing_time"`
-	Answered       uint64          `json:"answered"`
-	AnswerErrors   uint64          `json:"answer_errors"`
-	Loading        []string        `json:"loading"`
-	Behind         []string        `json:"behind"`
-	Data           json.RawMessage `json:"data,omitempty"`
-	averageTimeRaw time.Duration
-}
-
-// endpointData is the part of an endpoint's stats data status reads; the
-// whole of it is kept in endpointStatus.Data.
-type endpointData struct {
-	Answered     uint64       `json:"answered"`
-	AnswerErrors uint64       `json:"answer_errors"`
-	Loading      []string     `json:"loading"`
-	Behind       []string     `json:"behind"`
-	Seat         string       `json:"seat"`
-	SeatSince    string       `json:"seat_since"`
-	SeatHolder   string       `json:"seat_holder"`
-	OverBudget   []overBudget `json:"over_budget"`
-}
-
-type bucketStatus struct {
-	Bucket    string `json:"bucket"`
-	Messages  uint64 `json:"messages"`
-	LastSeq   uint64 `json:"last_seq"`
-	Records   int    `json:"records"`
-	Malformed int    `json:"malformed"`
-	CopyAt    uint64 `json:"copy_revision"`
-	Lag       uint64 `json:"lag"`
-}
-
-type nodeStatus struct {
-	Node  string `json:"node"`
-	Needs int    `json:"needs"`
-}
-
-type refusalsStatus struct {
-	NodesComposed int            `json:"nodes_composed"`
-	NodesTotal    int            `json:"nodes_total"`
-	ByReason      map[string]int `json:"by_reason"`
-}
-
-type malformedKey struct {
-	Bucket string `json:"bucket"`
-	Key    string `json:"key"`
-	Reason string `json:"reason"`
-}
+// The report status prints (--json as is) and the status page shows.
+type (
+	statusReport   = meshstatus.Report
+	instanceStatus = meshstatus.Instance
+)
 
 func defineStatus(fs *flag.FlagSet) action {
 	var conn connectFlags
@@ -150,7 +61,7 @@ func defineStatus(fs *flag.FlagSet) action {
 		}
 		defer done()
 		watch := nc.violations
-		report, err := gatherStatus(ctx, nc.Conn, *discoveryWait, *composeNodes)
+		report, err := meshstatus.Gather(ctx, nc.Conn, *discoveryWait, *composeNodes)
 		if err != nil {
 			return requestError(err, watch, conn.url)
 		}
@@ -166,153 +77,6 @@ func defineStatus(fs *flag.FlagSet) action {
 	}
 }
 
-// gatherStatus asks discovery, the streams and the verbs.
-func gatherStatus(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, composeNodes int) (*statusReport, error) {
-	report := &statusReport{Refusals: refusalsStatus{ByReason: map[string]int{}}, Malformed: []malformedKey{}}
-	var err error
-	if report.Instances, err = discoverInstances(ctx, nc, discoveryWait); err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	c := client.New(nc)
-	needsPerNode := map[string]int{}
-	for _, bucket := range keys.Buckets() {
-		// The answer first, then the stream: the lag is never negative,
-		// and at worst counts writes made in between.
-		answer, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: whatOf(bucket)})
-		if err != nil {
-			return nil, fmt.Errorf("read %s through the provisioning verb: %w", bucket, err)
-		}
-		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
-		if err != nil {
-			return nil, fmt.Errorf("stream of %s: %w", bucket, err)
-		}
-		state := stream.CachedInfo().State
-		// The bucket's revision is its keys' last write: the registry's
-		// stream holds the seat's lease too, renewed every few seconds.
-		lastSeq := uint64(0)
-		last, err := stream.GetLastMsgForSubject(ctx, "$KV."+bucket+".>")
-		switch {
-		case err == nil:
-			lastSeq = last.Sequence
-		case !errors.Is(err, jetstream.ErrMsgNotFound):
-			return nil, fmt.Errorf("last write of %s: %w", bucket, err)
-		}
-		b := bucketStatus{Bucket: bucket, Messages: state.Msgs, LastSeq: lastSeq, CopyAt: answer.GetRevision(),
-			Records: len(answer.GetRegistry()) + len(answer.GetNeeds()) + len(answer.GetApplied()) + len(answer.GetCollect())}
-		if b.LastSeq > b.CopyAt {
-			b.Lag = b.LastSeq - b.CopyAt
-		}
-		for _, m := range answer.GetMalformed() {
-			if m.GetBucket() != bucket {
-				continue // reported with its own bucket
-			}
-			b.Malformed++
-			report.Malformed = append(report.Malformed, malformedKey{Bucket: m.GetBucket(), Key: m.GetKey(), Reason: m.GetReason()})
-		}
-		for _, n := range answer.GetNeeds() {
-			needsPerNode[n.GetNode()]++
-		}
-		if bucket == keys.NeedsBucket {
-			report.Needs = len(answer.GetNeeds())
-			for _, m := range answer.GetMalformed() {
-				if node, _, _ := strings.Cut(m.GetKey(), "."); m.GetBucket() == bucket && node != "" {
-					needsPerNode[node] += 0 // a node whose needs are all malformed is a node
-				}
-			}
-		}
-		report.Buckets = append(report.Buckets, b)
-	}
-	for _, node := range slices.Sorted(maps.Keys(needsPerNode)) {
-		report.Nodes = append(report.Nodes, nodeStatus{Node: node, Needs: needsPerNode[node]})
-	}
-	report.Refusals.NodesTotal = len(report.Nodes)
-	for _, n := range report.Nodes[:min(composeNodes, len(report.Nodes))] {
-		composed, err := c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: n.Node})
-		if err != nil {
-			return nil, fmt.Errorf("compose %s: %w", n.Node, err)
-		}
-		report.Refusals.NodesComposed++
-		for _, r := range composed.GetRefusals() {
-			report.Refusals.ByReason[strings.TrimPrefix(r.GetReason().String(), "REFUSAL_REASON_")]++
-		}
-	}
-	return report, nil
-}
-
-// whatOf returns the provisioning verb's what that reads bucket.
-func whatOf(bucket string) provisionerv1.What {
-	return map[string]provisionerv1.What{
-		keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
-		keys.NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
-		keys.AppliedBucket:  provisionerv1.What_WHAT_APPLIED,
-		keys.CollectBucket:  provisionerv1.What_WHAT_COLLECT,
-	}[bucket]
-}
-
-// discoverInstances collects every instance's $SRV.STATS reply for wait:
-// discovery is not queue-grouped, so each instance answers.
-func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]instanceStatus, error) {
-	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	subject, err := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")
-	if err != nil {
-		return nil, err
-	}
-	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
-		return nil, err
-	}
-	deadline := time.Now().Add(wait)
-	var instances []instanceStatus
-	for {
-		msgCtx, cancel := context.WithDeadline(ctx, deadline)
-		msg, err := sub.NextMsgWithContext(msgCtx)
-		cancel()
-		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			break // the wait is over
-		}
-		if err != nil {
-			return nil, fmt.Errorf("discover instances on %s: %w", subject, err)
-		}
-		var stats micro.Stats
-		if err := json.Unmarshal(msg.Data, &stats); err != nil {
-			return nil, fmt.Errorf("a reply on %s does not decode: %w", subject, err)
-		}
-		instances = append(instances, instanceOf(stats))
-	}
-	slices.SortFunc(instances, func(a, b instanceStatus) int {
-		return cmp.Or(a.Started.Compare(b.Started), strings.Compare(a.ID, b.ID))
-	})
-	return instances, nil
-}
-
-func instanceOf(stats micro.Stats) instanceStatus {
-	in := instanceStatus{ID: stats.ID, Version: stats.Version, Started: stats.Started}
-	for _, e := range stats.Endpoints {
-		var data endpointData
-		_ = json.Unmarshal(e.Data, &data) // what does not decode is shown raw in --json
-		in.Seat, in.SeatSince = cmp.Or(in.Seat, data.Seat), cmp.Or(in.SeatSince, data.SeatSince)
-		in.SeatHolder = cmp.Or(in.SeatHolder, data.SeatHolder)
-		if in.OverBudget == nil { // every endpoint reports the same copy
-			in.OverBudget = data.OverBudget
-		}
-		in.Endpoints = append(in.Endpoints, endpointStatus{
-			Name: e.Name, Subject: e.Subject, Requests: e.NumRequests, Errors: e.NumErrors, LastError: e.LastError,
-			AverageTime: e.AverageProcessingTime.String(), averageTimeRaw: e.AverageProcessingTime,
-			Answered: data.Answered, AnswerErrors: data.AnswerErrors,
-			Loading: nonNil(data.Loading), Behind: nonNil(data.Behind), Data: e.Data,
-		})
-	}
-	return in
-}
-
 // printStatus writes the report as sections of aligned columns.
 func printStatus(w io.Writer, r *statusReport) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -322,7 +86,7 @@ func printStatus(w io.Writer, r *statusReport) error {
 
 	fmt.Fprintf(w, "Instances (%d) serving %s\n", len(r.Instances), wire.ServiceName)
 	if len(r.Instances) > 0 {
-		row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "ERRORS", "ANSWERED", "ANSWER ERRORS", "AVERAGE", "LOADING", "BEHIND")
+		row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "REFUSED ON ARRIVAL", "ANSWERED", "FAILED AFTER ACCEPTANCE", "AVERAGE TIME", "STILL LOADING", "BEHIND ON")
 		for _, in := range r.Instances {
 			seat := dash(in.Seat)
 			if in.Seat == "standby" && in.SeatHolder != "" {
@@ -337,12 +101,14 @@ func printStatus(w io.Writer, r *statusReport) error {
 					id, version, started, seat = "", "", "", ""
 				}
 				row(id, version, started, seat, e.Name, strconv.Itoa(e.Requests), strconv.Itoa(e.Errors), num(e.Answered), num(e.AnswerErrors),
-					e.averageTimeRaw.Round(time.Microsecond).String(), list(e.Loading), list(e.Behind))
+					e.AverageDuration.Round(time.Microsecond).String(), list(e.Loading), list(e.Behind))
 			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+		fmt.Fprintln(w, "(refused on arrival: bad requests, the copy still loading, the queue full, as micro counts errors;\n"+
+			" failed after acceptance: a 503 after waiting for a worker or a revision, or an answer that could not be sent)")
 		for _, in := range r.Instances {
 			for _, e := range in.Endpoints {
 				if e.LastError != "" {
@@ -409,12 +175,4 @@ func printStatus(w io.Writer, r *statusReport) error {
 		}
 	}
 	return tw.Flush()
-}
-
-// nonNil makes an absent list print as [] in JSON, as the service sends it.
-func nonNil(list []string) []string {
-	if list == nil {
-		return []string{}
-	}
-	return list
 }

@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/internal/meshstatus"
 )
 
 func TestStatus(t *testing.T) {
@@ -50,7 +52,7 @@ func TestStatus(t *testing.T) {
 				if e.Requests == 0 && e.Name == "provisioning" {
 					t.Errorf("the provisioning endpoint counted no requests: %+v", e)
 				}
-				e.Requests, e.Errors, e.Answered, e.AnswerErrors, e.averageTimeRaw = 0, 0, 0, 0, 0
+				e.Requests, e.Errors, e.Answered, e.AnswerErrors, e.AverageDuration = 0, 0, 0, 0, 0
 			}
 			var text bytes.Buffer
 			if err := printStatus(&text, &report); err != nil {
@@ -99,7 +101,7 @@ func TestStatusShowsTheSeat(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			in := instanceOf(micro.Stats{ServiceIdentity: micro.ServiceIdentity{ID: "abc", Version: "1.2.3"},
+			in := meshstatus.InstanceOf(micro.Stats{ServiceIdentity: micro.ServiceIdentity{ID: "abc", Version: "1.2.3"},
 				Endpoints: []*micro.EndpointStats{{Name: "provisioning", Data: json.RawMessage(tt.data)}}})
 			var out bytes.Buffer
 			if err := printStatus(&out, &statusReport{Instances: []instanceStatus{in}}); err != nil {
@@ -117,7 +119,7 @@ func TestStatusShowsTheSeat(t *testing.T) {
 func TestStatusShowsNodesOverBudget(t *testing.T) {
 	t.Parallel()
 	data := `{"answered":3,"over_budget":[{"bucket":"mesh-provisioner_needs","node":"ace","keys":10000,"bytes":4000000,"refused":250}]}`
-	in := instanceOf(micro.Stats{ServiceIdentity: micro.ServiceIdentity{ID: "abc", Version: "1.2.3"},
+	in := meshstatus.InstanceOf(micro.Stats{ServiceIdentity: micro.ServiceIdentity{ID: "abc", Version: "1.2.3"},
 		Endpoints: []*micro.EndpointStats{{Name: "provisioning", Data: json.RawMessage(data)}, {Name: "compose", Data: json.RawMessage(data)}}})
 	var out bytes.Buffer
 	if err := printStatus(&out, &statusReport{Instances: []instanceStatus{in}}); err != nil {

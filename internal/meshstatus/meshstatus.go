@@ -1,0 +1,285 @@
+package meshstatus
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// Report is what status prints; --json prints it as is.
+type Report struct {
+	Instances []Instance     `json:"instances"`
+	Buckets   []Bucket       `json:"buckets"`
+	Nodes     []Node         `json:"nodes"`
+	Needs     int            `json:"needs"`
+	Refusals  Refusals       `json:"refusals"`
+	Malformed []MalformedKey `json:"malformed"`
+}
+
+// Instance is one instance serving, as its $SRV.STATS reply reports it.
+type Instance struct {
+	ID         string     `json:"id"`
+	Version    string     `json:"version"`
+	Started    time.Time  `json:"started"`
+	Seat       string     `json:"seat,omitempty"`
+	SeatSince  string     `json:"seat_since,omitempty"`
+	SeatHolder string     `json:"seat_holder,omitempty"`
+	Endpoints  []Endpoint `json:"endpoints"`
+	// OverBudget are the nodes over their budget in this instance's copy.
+	OverBudget []OverBudget `json:"over_budget"`
+}
+
+// OverBudget is a node over its budget in one state bucket, as an
+// instance's stats report it.
+type OverBudget struct {
+	Bucket  string `json:"bucket"`
+	Node    string `json:"node"`
+	Keys    int    `json:"keys"`
+	Bytes   int    `json:"bytes"`
+	Refused int    `json:"refused"`
+}
+
+// Endpoint is one endpoint of an instance with its counters.
+type Endpoint struct {
+	Name            string          `json:"name"`
+	Subject         string          `json:"subject"`
+	Requests        int             `json:"requests"`
+	Errors          int             `json:"errors"`
+	LastError       string          `json:"last_error,omitempty"`
+	AverageTime     string          `json:"average_processing_time"`
+	Answered        uint64          `json:"answered"`
+	AnswerErrors    uint64          `json:"answer_errors"`
+	Loading         []string        `json:"loading"`
+	Behind          []string        `json:"behind"`
+	Data            json.RawMessage `json:"data,omitempty"`
+	AverageDuration time.Duration   `json:"-"`
+}
+
+// endpointData is the part of an endpoint's stats data status reads; the
+// whole of it is kept in Endpoint.Data.
+type endpointData struct {
+	Answered     uint64       `json:"answered"`
+	AnswerErrors uint64       `json:"answer_errors"`
+	Loading      []string     `json:"loading"`
+	Behind       []string     `json:"behind"`
+	Seat         string       `json:"seat"`
+	SeatSince    string       `json:"seat_since"`
+	SeatHolder   string       `json:"seat_holder"`
+	OverBudget   []OverBudget `json:"over_budget"`
+}
+
+// Bucket is one bucket: its stream, its records and the copy's revision.
+type Bucket struct {
+	Bucket    string `json:"bucket"`
+	Messages  uint64 `json:"messages"`
+	LastSeq   uint64 `json:"last_seq"`
+	Records   int    `json:"records"`
+	Malformed int    `json:"malformed"`
+	CopyAt    uint64 `json:"copy_revision"`
+	Lag       uint64 `json:"lag"`
+}
+
+// Node is a node that has needs (or malformed keys in the needs bucket).
+type Node struct {
+	Node  string `json:"node"`
+	Needs int    `json:"needs"`
+	// Composed says the node was composed (one of the first ComposeNodes):
+	// only then are Refusals and Provisions counted.
+	Composed bool `json:"composed"`
+	// Refusals are its needs that cannot be resolved, by reason.
+	Refusals map[string]int `json:"refusals,omitempty"`
+	// Provisions counts what providers must provision for its bound needs.
+	Provisions int `json:"provisions"`
+}
+
+// Refusals counts the refusals of the nodes composed, by reason.
+type Refusals struct {
+	NodesComposed int            `json:"nodes_composed"`
+	NodesTotal    int            `json:"nodes_total"`
+	ByReason      map[string]int `json:"by_reason"`
+}
+
+// MalformedKey is a key out of its bucket's shape.
+type MalformedKey struct {
+	Bucket string `json:"bucket"`
+	Key    string `json:"key"`
+	Reason string `json:"reason"`
+}
+
+// Gather asks discovery, the streams and the verbs.
+func Gather(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, composeNodes int) (*Report, error) {
+	report := &Report{Refusals: Refusals{ByReason: map[string]int{}}, Malformed: []MalformedKey{}}
+	var err error
+	if report.Instances, err = discoverInstances(ctx, nc, discoveryWait); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	c := client.New(nc)
+	needsPerNode := map[string]int{}
+	for _, bucket := range keys.Buckets() {
+		// The answer first, then the stream: the lag is never negative,
+		// and at worst counts writes made in between.
+		answer, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: whatOf(bucket)})
+		if err != nil {
+			return nil, fmt.Errorf("read %s through the provisioning verb: %w", bucket, err)
+		}
+		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
+		if err != nil {
+			return nil, fmt.Errorf("stream of %s: %w", bucket, err)
+		}
+		state := stream.CachedInfo().State
+		// The bucket's revision is its keys' last write: the registry's
+		// stream holds the seat's lease too, renewed every few seconds.
+		lastSeq := uint64(0)
+		last, err := stream.GetLastMsgForSubject(ctx, "$KV."+bucket+".>")
+		switch {
+		case err == nil:
+			lastSeq = last.Sequence
+		case !errors.Is(err, jetstream.ErrMsgNotFound):
+			return nil, fmt.Errorf("last write of %s: %w", bucket, err)
+		}
+		b := Bucket{Bucket: bucket, Messages: state.Msgs, LastSeq: lastSeq, CopyAt: answer.GetRevision(),
+			Records: len(answer.GetRegistry()) + len(answer.GetNeeds()) + len(answer.GetApplied()) + len(answer.GetCollect())}
+		if b.LastSeq > b.CopyAt {
+			b.Lag = b.LastSeq - b.CopyAt
+		}
+		for _, m := range answer.GetMalformed() {
+			if m.GetBucket() != bucket {
+				continue // reported with its own bucket
+			}
+			b.Malformed++
+			report.Malformed = append(report.Malformed, MalformedKey{Bucket: m.GetBucket(), Key: m.GetKey(), Reason: m.GetReason()})
+		}
+		for _, n := range answer.GetNeeds() {
+			needsPerNode[n.GetNode()]++
+		}
+		if bucket == keys.NeedsBucket {
+			report.Needs = len(answer.GetNeeds())
+			for _, m := range answer.GetMalformed() {
+				if node, _, _ := strings.Cut(m.GetKey(), "."); m.GetBucket() == bucket && node != "" {
+					needsPerNode[node] += 0 // a node whose needs are all malformed is a node
+				}
+			}
+		}
+		report.Buckets = append(report.Buckets, b)
+	}
+	for _, node := range slices.Sorted(maps.Keys(needsPerNode)) {
+		report.Nodes = append(report.Nodes, Node{Node: node, Needs: needsPerNode[node]})
+	}
+	report.Refusals.NodesTotal = len(report.Nodes)
+	for i := range report.Nodes[:min(composeNodes, len(report.Nodes))] {
+		n := &report.Nodes[i]
+		composed, err := c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: n.Node})
+		if err != nil {
+			return nil, fmt.Errorf("compose %s: %w", n.Node, err)
+		}
+		report.Refusals.NodesComposed++
+		n.Composed, n.Provisions = true, len(composed.GetProvisions())
+		for _, r := range composed.GetRefusals() {
+			reason := strings.TrimPrefix(r.GetReason().String(), "REFUSAL_REASON_")
+			report.Refusals.ByReason[reason]++
+			if n.Refusals == nil {
+				n.Refusals = map[string]int{}
+			}
+			n.Refusals[reason]++
+		}
+	}
+	return report, nil
+}
+
+// whatOf returns the provisioning verb's what that reads bucket.
+func whatOf(bucket string) provisionerv1.What {
+	return map[string]provisionerv1.What{
+		keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
+		keys.NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
+		keys.AppliedBucket:  provisionerv1.What_WHAT_APPLIED,
+		keys.CollectBucket:  provisionerv1.What_WHAT_COLLECT,
+	}[bucket]
+}
+
+// discoverInstances collects every instance's $SRV.STATS reply for wait:
+// discovery is not queue-grouped, so each instance answers.
+func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]Instance, error) {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	subject, err := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(wait)
+	var instances []Instance
+	for {
+		msgCtx, cancel := context.WithDeadline(ctx, deadline)
+		msg, err := sub.NextMsgWithContext(msgCtx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			break // the wait is over
+		}
+		if err != nil {
+			return nil, fmt.Errorf("discover instances on %s: %w", subject, err)
+		}
+		var stats micro.Stats
+		if err := json.Unmarshal(msg.Data, &stats); err != nil {
+			return nil, fmt.Errorf("a reply on %s does not decode: %w", subject, err)
+		}
+		instances = append(instances, InstanceOf(stats))
+	}
+	slices.SortFunc(instances, func(a, b Instance) int {
+		return cmp.Or(a.Started.Compare(b.Started), strings.Compare(a.ID, b.ID))
+	})
+	return instances, nil
+}
+
+// InstanceOf reads an instance's $SRV.STATS reply, its service data included.
+func InstanceOf(stats micro.Stats) Instance {
+	in := Instance{ID: stats.ID, Version: stats.Version, Started: stats.Started}
+	for _, e := range stats.Endpoints {
+		var data endpointData
+		_ = json.Unmarshal(e.Data, &data) // what does not decode is shown raw in --json
+		in.Seat, in.SeatSince = cmp.Or(in.Seat, data.Seat), cmp.Or(in.SeatSince, data.SeatSince)
+		in.SeatHolder = cmp.Or(in.SeatHolder, data.SeatHolder)
+		if in.OverBudget == nil { // every endpoint reports the same copy
+			in.OverBudget = data.OverBudget
+		}
+		in.Endpoints = append(in.Endpoints, Endpoint{
+			Name: e.Name, Subject: e.Subject, Requests: e.NumRequests, Errors: e.NumErrors, LastError: e.LastError,
+			AverageTime: e.AverageProcessingTime.String(), AverageDuration: e.AverageProcessingTime,
+			Answered: data.Answered, AnswerErrors: data.AnswerErrors,
+			Loading: nonNil(data.Loading), Behind: nonNil(data.Behind), Data: e.Data,
+		})
+	}
+	return in
+}
+
+// nonNil makes an absent list print as [] in JSON, as the service sends it.
+func nonNil(list []string) []string {
+	if list == nil {
+		return []string{}
+	}
+	return list
+}

@@ -1,0 +1,175 @@
+package ops
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/novox/mesh-provisioner/service"
+)
+
+// Config holds what Start needs.
+type Config struct {
+	// Addr is the host:port to listen on, such as 127.0.0.1:9090. Required.
+	Addr string
+	// Logger receives the server's logs; nil means slog.Default().
+	Logger *slog.Logger
+	// Refresh is how often the status page reloads itself; zero means 5s.
+	Refresh time.Duration
+	// DiscoveryWait is how long the page collects the instances' discovery
+	// replies; zero means 250ms.
+	DiscoveryWait time.Duration
+	// ComposeNodes is how many nodes (the first by name) the page composes
+	// to count their refusals and provisions; zero means 50.
+	ComposeNodes int
+	// Timeout bounds what a page, a composition or a scrape asks of NATS;
+	// zero means 5s.
+	Timeout time.Duration
+}
+
+// Service is what the server reports on: *service.Service satisfies it.
+type Service interface {
+	// Stats is the micro service's statistics, as $SRV.STATS reports them.
+	Stats() micro.Stats
+	// Copies is the state of each bucket's copy.
+	Copies() []service.CopyState
+	// Ready is nil while the service answers right, or says why not.
+	Ready() error
+}
+
+// Target is the running service and the connections it depends on.
+type Target struct {
+	Service Service
+	// Conns are the connections the service needs: it is ready only while
+	// each is connected.
+	Conns []*nats.Conn
+	// Ask is the connection the page asks discovery and the verbs on, and
+	// /metrics reads the buckets' last revisions on.
+	Ask *nats.Conn
+}
+
+// Server is the operator's HTTP server.
+type Server struct {
+	cfg      Config
+	logger   *slog.Logger
+	listener net.Listener
+	http     *http.Server
+	served   chan struct{}
+
+	registry *prometheus.Registry
+	latency  *prometheus.HistogramVec
+
+	mu       sync.RWMutex
+	target   *Target
+	stopping atomic.Bool
+}
+
+// ErrAddrInUse is returned by Start when the address is taken.
+var ErrAddrInUse = errors.New("the address is in use")
+
+// Start listens on cfg.Addr and serves until ctx is done or Close is
+// called. Once ctx is done /readyz answers 503 ("stopping"), while the
+// other paths keep answering until Close.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if cfg.Addr == "" {
+		return nil, errors.New("ops: Config.Addr is required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = 5 * time.Second
+	}
+	if cfg.DiscoveryWait <= 0 {
+		cfg.DiscoveryWait = 250 * time.Millisecond
+	}
+	if cfg.ComposeNodes <= 0 {
+		cfg.ComposeNodes = 50
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.Addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, fmt.Errorf("--http %s: %w", cfg.Addr, ErrAddrInUse)
+		}
+		return nil, fmt.Errorf("--http %s: %w", cfg.Addr, err)
+	}
+	s := &Server{cfg: cfg, logger: cfg.Logger, listener: ln, served: make(chan struct{})}
+	s.initMetrics()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", s.metricsHandler())
+	mux.HandleFunc("GET /{$}", s.page)
+	mux.HandleFunc("GET /nodes/{node}/compose", s.compose)
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	go func() {
+		defer close(s.served)
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.logger.Error("the HTTP server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	context.AfterFunc(ctx, func() { s.stopping.Store(true) })
+	s.logger.Info("HTTP server listening: /healthz, /readyz, /metrics and the status page at /", "url", s.URL())
+	return s, nil
+}
+
+// URL is the server's base URL, such as http://127.0.0.1:9090.
+func (s *Server) URL() string { return "http://" + s.listener.Addr().String() }
+
+// Attach hands the server the running service: /readyz, /metrics and the
+// page report on it from now on. On a nil server (no --http) it does
+// nothing.
+func (s *Server) Attach(t Target) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.target = &t
+}
+
+// current returns the attached target, or nil.
+func (s *Server) current() *Target {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.target
+}
+
+// Observer returns the hook that measures the service's answers, for
+// service.Config.Observe; nil on a nil server (no --http).
+func (s *Server) Observer() service.Observer {
+	if s == nil {
+		return nil
+	}
+	return s.observe
+}
+
+// Close stops the server: requests in progress get up to 2s to finish,
+// even when ctx is done already (as it is when serve stops).
+func (s *Server) Close(ctx context.Context) {
+	if s == nil {
+		return
+	}
+	s.stopping.Store(true)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := s.http.Shutdown(ctx); err != nil {
+		_ = s.http.Close()
+	}
+	<-s.served
+}
