@@ -199,4 +199,3 @@ func (f *nodeWriteFlags) explain(nc *clientConn, err error) error {
 	}
 	return requestError(err, nc.violations, f.conn.url)
 }
-

@@ -170,7 +170,6 @@ func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
 	return writer, writer.url
 }
 
-
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	httpServer, err := startHTTP(ctx, f.http, logger)
 	if err != nil {
