@@ -60,8 +60,12 @@ type Case struct {
 	// NoWait leaves the server's copy to catch up on its own: the request's
 	// min_revision makes the server wait for the writes (read your writes).
 	NoWait bool `json:"no_wait"`
-	// Verb is "provisioning" or "compose".
+	// Verb is "provisioning", "compose" or "provisions".
 	Verb string `json:"verb"`
+	// Address, when set, sends the request to the verb's addressed subject
+	// "mesh-provisioner.<verb>.<address>": a node's (provisioning,
+	// compose) or a provider's (provisions, which is only addressed).
+	Address string `json:"address"`
 	// Request is the request as protobuf JSON, sent once in binary and once
 	// in JSON.
 	Request json.RawMessage `json:"request"`
@@ -284,4 +288,13 @@ func WaitForCopy(ctx context.Context, nc *nats.Conn, last map[string]uint64) err
 		}
 	}
 	return nil
+}
+
+// Subject returns the subject a case's request is sent to.
+func (c Case) Subject() string {
+	subject := "mesh-provisioner." + c.Verb
+	if c.Address != "" {
+		subject += "." + c.Address
+	}
+	return subject
 }
