@@ -2,6 +2,7 @@ package permissions
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
@@ -155,13 +156,15 @@ func Provider(module string) (Permissions, error) {
 //     and $SRV.> (micro discovery: the instances and their stats);
 //   - for each of the four buckets, publish $JS.API.STREAM.INFO of its
 //     stream, $JS.API.STREAM.MSG.GET and $JS.API.DIRECT.GET (its last write),
-//     and $JS.API.CONSUMER.CREATE.<stream>.> with $JS.FC.<stream>.> (capture
-//     reads a bucket whole through an ordered consumer);
+//     and $JS.API.CONSUMER.CREATE.<stream>.> with $JS.FC.<stream>.> and
+//     $JS.API.CONSUMER.DELETE.<stream>.> (capture reads a bucket whole
+//     through an ordered consumer, and removes it after);
 //   - subscribe _INBOX_MESH.operator.<name>.>: its replies.
 //
-// It is denied every bucket's keys, the seat and every administration
-// subject, consumer deletion included: a stopped capture leaves its
-// ordered consumer to expire, as a provider's watcher did.
+// It is denied every bucket's keys, the seat and every other
+// administration subject. Deleting consumers writes no data; it could
+// delete a server's watcher, which the server notices within a second and
+// makes again (docs/security.md).
 func Operator(name string) (Permissions, error) {
 	if err := keys.CheckToken(name); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for operator: name %q %w", name, err)
@@ -176,6 +179,7 @@ func Operator(name string) (Permissions, error) {
 			jsAPI("DIRECT.GET", stream),
 			jsAPI("DIRECT.GET", stream)+".>",
 			jsAPI("CONSUMER.CREATE", stream)+".>",
+			jsAPI("CONSUMER.DELETE", stream)+".>",
 			"$JS.FC."+stream+".>",
 		)
 	}
@@ -183,7 +187,7 @@ func Operator(name string) (Permissions, error) {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
-	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
+	p.Publish.Deny = append(p.Publish.Deny, slices.DeleteFunc(slices.Clone(adminDenied), func(s string) bool { return s == "$JS.API.CONSUMER.DELETE.>" })...)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleOperator, name) + ".>"}
 	return p, nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
@@ -30,15 +28,7 @@ import (
 // for a MESH user without any permission restriction.
 func TestRunsAsOnARealServer(t *testing.T) {
 	t.Parallel()
-	config := printed(t, "--runs-as", "ace,novox")
-	// Each user's password is "<user>-secret" here; the printed text reads
-	// them from the environment.
-	config = regexp.MustCompile(`user: "([^"]+)", password: \$[A-Z0-9_]+`).ReplaceAllString(config, `user: "$1", password: "$1-secret"`)
-	// Unrestricted users beside: an operator of each account.
-	config = strings.Replace(config, "users = [\n", "users = [\n      { user: \"admin\", password: \"admin-secret\" }\n", 1)
-	_, meshAccount, _ := strings.Cut(config, `"MESH" {`)
-	config = strings.Replace(config, meshAccount, strings.Replace(meshAccount, "users = [\n", "users = [\n      { user: \"meshadmin\", password: \"meshadmin-secret\" }\n", 1), 1)
-	s := natstest.StartWithConfig(t, config)
+	s := runsAsServer(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
 
@@ -78,7 +68,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	// ace asks both verbs, across the accounts, and sees the registry the
 	// server's seat wrote and its own writes.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		answer, err := client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"})
+		answer, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"})
 		if err != nil {
 			t.Fatalf("ace asks the provisioning verb: %v (violations %v)", err, ace.violations)
 		}
@@ -90,7 +80,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 		}
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		answer, err := client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_REGISTRY})
+		answer, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_REGISTRY})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +91,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 			t.Fatalf("the registry through the verb has %d entries, want %d", len(answer.GetRegistry()), len(registry.Table()))
 		}
 	}
-	plan, err := client.New(ace.nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace"})
+	plan, err := client.New(ace.nc, client.AsNode("ace")).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace"})
 	if err != nil {
 		t.Fatalf("ace asks the compose verb: %v", err)
 	}

@@ -124,8 +124,8 @@ func snapshot(t *testing.T, admin jetstream.JetStream) map[string]string {
 // authorizedServer starts a nats-server whose authorization is exactly what
 // the permissions command prints, for users mesh-provisioner and
 // mesh-provisioner-writer (the server's two identities), ace, novox (nodes),
-// pg (a provider) and admin (everything); each user's password is its name
-// and "-secret".
+// pg (a provider), ops (an operator) and admin (everything); each user's
+// password is its name and "-secret".
 func authorizedServer(t *testing.T) *server.Server {
 	t.Helper()
 	return natstest.StartWithConfig(t, fmt.Sprintf(`
@@ -136,9 +136,10 @@ authorization {
     { user: "ace", password: "ace-secret", permissions: %s }
     { user: "novox", password: "novox-secret", permissions: %s }
     { user: "pg", password: "pg-secret", permissions: %s }
+    { user: "ops", password: "ops-secret", permissions: %s }
     { user: "admin", password: "admin-secret" }
   ]
-}`, printed(t, "--server"), printed(t, "--server-writer"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json")))
+}`, printed(t, "--server"), printed(t, "--server-writer"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json"), printed(t, "--operator", "ops")))
 }
 
 // serveAuthorized starts the service on s as the server's two identities,
@@ -224,6 +225,7 @@ func TestPermissionsOnARealServer(t *testing.T) {
 	}
 
 	// Each node writes its own state through the node client.
+	var lastNeed uint64
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
 	for _, id := range []*identity{ace, novox} {
 		nodeClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name})
@@ -233,6 +235,11 @@ func TestPermissionsOnARealServer(t *testing.T) {
 		for _, write := range []func() (uint64, error){
 			func() (uint64, error) {
 				return nodeClient.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+			},
+			func() (uint64, error) {
+				revision, err := nodeClient.PutNeed(ctx, "web", "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "pg", Provision: "database", Local: "web"})
+				lastNeed = max(lastNeed, revision)
+				return revision, err
 			},
 			func() (uint64, error) {
 				return nodeClient.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + id.name})
@@ -247,47 +254,33 @@ func TestPermissionsOnARealServer(t *testing.T) {
 		}
 	}
 
-	// ace reads its writes back through the service's verb.
-	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
-		var answer *provisionerv1.ProvisioningResponse
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			answer, err = client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: what, Node: "ace"})
+	// ace reads its writes back through the service's verb, on its own
+	// subject: its two needs, its applied record and its collection item.
+	for what, want := range map[provisionerv1.What]int{provisionerv1.What_WHAT_NEEDS: 2, provisionerv1.What_WHAT_APPLIED: 1, provisionerv1.What_WHAT_COLLECT: 1} {
+		natstest.CheckFor(t, 5*time.Second, func() error {
+			answer, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: what, Node: "ace"})
 			if err != nil {
 				t.Fatalf("ace asks the verb: %v", err)
 			}
-			if len(answer.GetNeeds())+len(answer.GetApplied())+len(answer.GetCollect()) == 1 || time.Now().After(deadline) {
-				break
+			if got := len(answer.GetNeeds()) + len(answer.GetApplied()) + len(answer.GetCollect()); got != want {
+				return fmt.Errorf("%s of ace: %d records, want %d", what, got, want)
 			}
-		}
-		if len(answer.GetNeeds())+len(answer.GetApplied())+len(answer.GetCollect()) != 1 {
-			t.Errorf("%s of ace: %v, want ace's one record", what, answer)
-		}
+			return nil
+		})
 	}
 
-	// The provider reads the needs, by watching and by key.
+	// The provider asks what it must provision, across the mesh.
 	pg := connectAs(t, s, wire.RoleProvider, "pg")
-	needs, err := pg.js.KeyValue(ctx, keys.NeedsBucket)
+	provisions, err := client.New(pg.nc).Provisions(ctx, &provisionerv1.ProvisionsRequest{Provider: "pg", MinRevisions: &provisionerv1.Revisions{Needs: lastNeed}})
 	if err != nil {
-		t.Fatalf("pg binds the needs: %v", err)
+		t.Fatalf("pg asks its provisions: %v (violations %v)", err, pg.violations)
 	}
-	watcher, err := needs.WatchAll(ctx)
-	if err != nil {
-		t.Fatalf("pg watches the needs: %v", err)
+	var provisioned []string
+	for _, p := range provisions.GetProvisions() {
+		provisioned = append(provisioned, p.GetNode()+" "+p.GetKey())
 	}
-	var seen []string
-	for e := range watcher.Updates() {
-		if e == nil {
-			break
-		}
-		seen = append(seen, e.Key())
-	}
-	// Not stopped: the provider may not delete consumers, so Stop would
-	// wait for a refused deletion. The server drops the consumer when idle.
-	if diff := cmp.Diff([]string{"ace.web.port.http", "novox.web.port.http"}, seen); diff != "" {
-		t.Errorf("pg watched needs (-want +got):\n%s", diff)
-	}
-	if e, err := needs.Get(ctx, "novox.web.port.http"); err != nil || len(e.Value()) == 0 {
-		t.Errorf("pg gets a need by key: %v", err)
+	if diff := cmp.Diff([]string{"ace ace.web.database.web", "novox novox.web.database.web"}, provisioned); diff != "" {
+		t.Errorf("pg's provisions (-want +got):\n%s", diff)
 	}
 	bound, err := pg.js.KeyValue(ctx, "pg_bound")
 	if err != nil {
@@ -368,10 +361,20 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			_, err := novox.js.Publish(ctx, "$KV.mesh-provisioner_applied.ace.web", nil)
 			return err
 		}, permissionViolation, "$KV.mesh-provisioner_applied.ace.web"},
-		{pg, "put a need", func(ctx context.Context) error { _, err := needs.Put(ctx, "ace.web.port.http", nil); return err },
-			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
-		{pg, "delete a need", func(ctx context.Context) error { return needs.Delete(ctx, "ace.web.port.http") },
-			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+		{pg, "put or delete a need", func(ctx context.Context) error {
+			_, err := pg.js.Publish(ctx, "$KV.mesh-provisioner_needs.ace.web.port.http", nil)
+			return err
+		}, permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+		{pg, "bind the needs", func(ctx context.Context) error { _, err := pg.js.KeyValue(ctx, keys.NeedsBucket); return err },
+			permissionViolation, "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs"},
+		{pg, "get a need by key", request(pg, "$JS.API.DIRECT.GET.KV_mesh-provisioner_needs.$KV.mesh-provisioner_needs.ace.web.port.http", ""),
+			permissionViolation, "$JS.API.DIRECT.GET.KV_mesh-provisioner_needs.$KV.mesh-provisioner_needs.ace.web.port.http"},
+		{pg, "watch the needs", request(pg, "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs", "{}"),
+			permissionViolation, "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_needs"},
+		{pg, "ask another provider's provisions", request(pg, wire.ProviderSubject("redis"), `{"provider":"redis"}`),
+			permissionViolation, wire.ProviderSubject("redis")},
+		{pg, "ask a node's plan", request(pg, wire.ComposeSubject, `{"node":"ace"}`),
+			permissionViolation, wire.ComposeSubject},
 		{srv, "put a need", func(ctx context.Context) error { _, err := srvNeeds.Put(ctx, "ace.web.port.http", nil); return err },
 			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
 	}
@@ -467,7 +470,7 @@ func TestANodeOnARealServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		plan, err := client.New(ace.nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: revision}})
+		plan, err := client.New(ace.nc, client.AsNode("ace")).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: revision}})
 		if err != nil {
 			t.Fatalf("ace composes its plan: %v (violations %v)", err, ace.violations)
 		}
@@ -543,7 +546,7 @@ func TestANodeOnARealServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Once the copy holds every write, query asks for all of it.
-		if _, err := client.New(ace.nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", MinRevision: slices.Max(revisions), PageSize: 1}); err != nil {
+		if _, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", MinRevision: slices.Max(revisions), PageSize: 1}); err != nil {
 			t.Fatal(err)
 		}
 		var out bytes.Buffer
