@@ -341,14 +341,18 @@ async def test_a_provider_reads_its_provisions_page_by_page(nc: NATS, url: str) 
     assert refusal is not None and refusal.code == 403
 
 
-async def test_readme_example_runs_as_written(url: str) -> None:
+async def test_readme_examples_run_as_written(url: str) -> None:
+    """Each example of the README, as a node, an operator and a provider, in
+    order on one server, prints the lines of the block that follows it."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    [example] = re.findall(r"```python\n(.*?)```", readme, re.S)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", example, env={**os.environ, "NATS_URL": url},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    for line in re.findall(r"```\n(need:.*?)```", readme, re.S)[0].splitlines():
-        assert line in out.decode().splitlines(), out.decode()
+    examples = re.findall(r"```python\n(.*?)```\n.*?```\n(.*?)```", readme, re.S)
+    assert len(examples) == 3
+    for example, prints in examples:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", example, env={**os.environ, "NATS_URL": url},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        for line in prints.splitlines():
+            assert line in out.decode().splitlines(), out.decode()
