@@ -15,18 +15,28 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from mesh_provisioner import (
+    COMPOSE_SUBJECT,
+    PROVISIONING_SUBJECT,
     SERVICE_NAME,
     WHAT_APPLIED,
+    WHAT_COLLECT,
     WHAT_NEEDS,
     WHAT_REGISTRY,
     CollectItem,
     ComposeRequest,
     Need,
+    Provision,
     ProvisionerClient,
     ProvisionerError,
     ProvisioningRequest,
+    ProvisionsRequest,
     RefusalReason,
     Revisions,
+    error_of,
+    inbox_prefix,
+    join_provisions_pages,
+    node_subject,
+    provider_subject,
 )
 from server import serve
 
@@ -158,21 +168,191 @@ async def test_discovery_names_the_instance(nc: NATS) -> None:
     instance = pings[0]["id"]
     assert re.fullmatch(r"\d+\.\d+\.\d+.*", pings[0]["version"])
     [info] = await client.info(id=instance)
-    assert [e["subject"] for e in info["endpoints"]] == ["mesh-provisioner.provisioning", "mesh-provisioner.compose"]
+    assert [e["subject"] for e in info["endpoints"]] == [
+        "mesh-provisioner.provisioning",
+        "mesh-provisioner.compose",
+        "mesh-provisioner.provisioning.*",
+        "mesh-provisioner.compose.*",
+        "mesh-provisioner.provisions.*",
+    ]
+    assert info["endpoints"][4]["metadata"] == {
+        "request": "mesh.provisioner.v1.ProvisionsRequest",
+        "response": "mesh.provisioner.v1.ProvisionsResponse",
+        "content_types": "application/protobuf, application/json",
+    }
     [stats] = await client.stats()
-    assert [e["name"] for e in stats["endpoints"]] == ["provisioning", "compose"]
+    assert [e["name"] for e in stats["endpoints"]] == ["provisioning", "compose", "provisioning-node", "compose-node", "provisions"]
     assert stats["endpoints"][0]["data"]["loading"] == []
     assert await client.ping(id="no-such-instance", max_wait=0.5) == []
 
 
-async def test_readme_example_runs_as_written(url: str) -> None:
+# A bound need of each of two nodes on provider postgres, and a need of
+# novox's, for the tests of nodes' and providers' confinement.
+BOUND = {
+    "ace.web.bound.db": Need(placeholder="${bound:db}", provider="postgres", provision="database", local="web"),
+    "novox.api.bound.db": Need(placeholder="${bound:db}", provider="postgres", provision="database", local="api"),
+    "novox.api.port.grpc": Need(placeholder="${port:grpc}", required=True),
+}
+
+
+async def write_bound(nc: NATS) -> int:
+    """Writes NEEDS and BOUND; returns the needs bucket's last revision."""
+    await write_needs(nc)
+    needs = await nc.jetstream().key_value("mesh-provisioner_needs")
+    revision = 0
+    for key, need in BOUND.items():
+        revision = await needs.put(key, need.SerializeToString())
+    return revision
+
+
+def test_inbox_prefix_is_the_identitys() -> None:
+    assert inbox_prefix("node", "ace") == "_INBOX_MESH.node.ace"
+    assert inbox_prefix("provider", "postgres") == "_INBOX_MESH.provider.postgres"
+    assert inbox_prefix("operator", "alice") == "_INBOX_MESH.operator.alice"
+    assert node_subject(COMPOSE_SUBJECT, "ace") == "mesh-provisioner.compose.ace"
+    assert provider_subject("postgres") == "mesh-provisioner.provisions.postgres"
+    for name in ("", "a.b", "*", ">", "a b"):
+        with pytest.raises(ValueError):
+            inbox_prefix("node", name)
+        with pytest.raises(ValueError):
+            ProvisionerClient(None, node=name)  # type: ignore[arg-type]
+
+
+async def test_nats_py_replies_under_the_inbox_prefix(url: str) -> None:
+    conn = await nats.connect(url, inbox_prefix=inbox_prefix("node", "ace"))
+    try:
+        sub = await conn.subscribe("test.probe", max_msgs=1)
+        with pytest.raises(TimeoutError):  # nobody answers: only the reply subject counts
+            await conn.request("test.probe", b"", timeout=0.2)
+        msg = await sub.next_msg(timeout=1)
+        assert msg.reply.startswith("_INBOX_MESH.node.ace.")
+    finally:
+        await conn.close()
+
+
+async def test_a_node_reads_its_own_as_an_operator_reads_it(nc: NATS, url: str) -> None:
+    revision = await write_bound(nc)
+    operator = ProvisionerClient(nc)
+    conn = await nats.connect(url, inbox_prefix=inbox_prefix("node", "ace"))
+    try:
+        ace = ProvisionerClient(conn, node="ace")
+        assert (ace.node, ace.subject, ace.compose_subject) == ("ace", "mesh-provisioner.provisioning.ace", "mesh-provisioner.compose.ace")
+        assert (operator.node, operator.subject, operator.compose_subject) == (None, PROVISIONING_SUBJECT, COMPOSE_SUBJECT)
+        for request in (
+            ProvisioningRequest(),
+            ProvisioningRequest(what=WHAT_NEEDS, node="ace", min_revision=revision),
+            ProvisioningRequest(what=WHAT_COLLECT, node="ace"),
+        ):
+            assert await ace.provisioning(request) == await operator.provisioning(request)
+        paged = ProvisioningRequest(what=WHAT_NEEDS, node="ace", page_size=2)
+        pages = [page async for page in ace.provisioning_pages(paged)]
+        assert len(pages) > 1
+        assert await ace.provisioning_all(paged) == await operator.provisioning(ProvisioningRequest(what=WHAT_NEEDS, node="ace"))
+        mine = await ace.compose_all(ComposeRequest(node="ace", page_size=2))
+        theirs = await operator.compose(ComposeRequest(node="ace"))
+        for answer in (mine, theirs):
+            answer.ClearField("phases")
+        assert mine == theirs
+    finally:
+        await conn.close()
+
+
+async def test_another_nodes_records_or_plan_are_a_403(nc: NATS, url: str) -> None:
+    await write_bound(nc)
+    conn = await nats.connect(url, inbox_prefix=inbox_prefix("node", "ace"))
+    try:
+        ace = ProvisionerClient(conn, node="ace")
+        for what, name in ((WHAT_NEEDS, "WHAT_NEEDS"), (WHAT_APPLIED, "WHAT_APPLIED"), (WHAT_COLLECT, "WHAT_COLLECT")):
+            with pytest.raises(ProvisionerError) as refused:
+                await ace.provisioning(ProvisioningRequest(what=what, node="novox"))
+            assert refused.value == ProvisionerError(
+                403,
+                f'{name} on mesh-provisioner.provisioning.ace: node "ace" reads its own records only, and the request names '
+                'node "novox"; ask mesh-provisioner.provisioning.<node> as that node',
+            )
+        with pytest.raises(ProvisionerError) as refused:
+            await ace.provisioning(ProvisioningRequest(what=WHAT_NEEDS))
+        assert refused.value.code == 403
+        assert "every node's records are for operators" in refused.value.description
+        with pytest.raises(ProvisionerError) as refused:
+            await ace.compose(ComposeRequest(node="novox"))
+        assert refused.value.code == 403
+        with pytest.raises(ProvisionerError) as refused:
+            [page async for page in ace.compose_pages(ComposeRequest(node="novox", page_size=1))]
+        assert refused.value.code == 403
+    finally:
+        await conn.close()
+
+
+async def test_a_node_asking_with_another_nodes_inbox_gets_no_answer(url: str) -> None:
+    conn = await nats.connect(url, inbox_prefix=inbox_prefix("node", "bob"))
+    try:
+        with pytest.raises(TimeoutError):
+            await ProvisionerClient(conn, node="ace", timeout=0.5).compose(ComposeRequest(node="ace"))
+    finally:
+        await conn.close()
+
+
+async def test_an_operator_reads_every_node(nc: NATS, url: str) -> None:
+    revision = await write_bound(nc)
+    conn = await nats.connect(url, inbox_prefix=inbox_prefix("operator", "alice"))
+    try:
+        operator = ProvisionerClient(conn)
+        needs = await operator.provisioning(ProvisioningRequest(what=WHAT_NEEDS, min_revision=revision))
+        assert {r.node for r in needs.needs} == {"ace", "novox"}
+        # An operator's inbox is answered on a node's subject too.
+        assert (await ProvisionerClient(conn, node="novox").compose(ComposeRequest(node="novox"))).node == "novox"
+    finally:
+        await conn.close()
+
+
+async def test_a_provider_reads_its_provisions_page_by_page(nc: NATS, url: str) -> None:
+    revision = await write_bound(nc)
+    conn = await nats.connect(url, inbox_prefix=inbox_prefix("provider", "postgres"))
+    try:
+        postgres = ProvisionerClient(conn)
+        request = ProvisionsRequest(provider="postgres", min_revisions=Revisions(needs=revision))
+        whole = await postgres.provisions(request)
+        assert whole.provider == "postgres" and not whole.next_page_token
+        assert list(whole.provisions) == [
+            Provision(provider="postgres", bucket="postgres_bound", key="ace.web.database.web", module="web",
+                      provision="database", local="web", name="db", node="ace"),
+            Provision(provider="postgres", bucket="postgres_bound", key="novox.api.database.api", module="api",
+                      provision="database", local="api", name="db", node="novox"),
+        ]
+        assert whole.revisions.needs >= revision
+        paged = ProvisionsRequest(provider="postgres", page_size=1)
+        pages = [page async for page in postgres.provisions_pages(paged)]
+        assert [[p.node for p in page.provisions] for page in pages] == [["ace"], ["novox"]]
+        assert pages[0].next_page_token and not pages[-1].next_page_token
+        assert await postgres.provisions_all(paged) == whole
+        assert join_provisions_pages(pages) == whole
+        # Another provider's, asked with postgres's inbox, gets no answer at all.
+        with pytest.raises(TimeoutError):
+            await postgres.provisions(ProvisionsRequest(provider="redis"), timeout=0.5)
+    finally:
+        await conn.close()
+    with pytest.raises(ValueError):
+        await ProvisionerClient(nc).provisions(ProvisionsRequest())
+    # On postgres's subject, another provider's provisions are a 403.
+    reply = await nc.request(provider_subject("postgres"), ProvisionsRequest(provider="redis").SerializeToString(),
+                             timeout=5, headers={"Content-Type": "application/protobuf"})
+    refusal = error_of(reply.headers)
+    assert refusal is not None and refusal.code == 403
+
+
+async def test_readme_examples_run_as_written(url: str) -> None:
+    """Each example of the README, as a node, an operator and a provider, in
+    order on one server, prints the lines of the block that follows it."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()
-    [example] = re.findall(r"```python\n(.*?)```", readme, re.S)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", example, env={**os.environ, "NATS_URL": url},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
-    for line in re.findall(r"```\n(need:.*?)```", readme, re.S)[0].splitlines():
-        assert line in out.decode().splitlines(), out.decode()
+    examples = re.findall(r"```python\n(.*?)```\n.*?```\n(.*?)```", readme, re.S)
+    assert len(examples) == 3
+    for example, prints in examples:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", example, env={**os.environ, "NATS_URL": url},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        for line in prints.splitlines():
+            assert line in out.decode().splitlines(), out.decode()

@@ -16,12 +16,21 @@ import pytest
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from mesh_provisioner import ComposeRequest, ComposeResponse, ProvisioningRequest, ProvisioningResponse, error_of
+from mesh_provisioner import (
+    ComposeRequest,
+    ComposeResponse,
+    ProvisioningRequest,
+    ProvisioningResponse,
+    ProvisionsRequest,
+    ProvisionsResponse,
+    error_of,
+)
 from server import CASES, apply, serve
 
 MESSAGES: dict[str, tuple[type[Message], type[Message]]] = {
     "provisioning": (ProvisioningRequest, ProvisioningResponse),
     "compose": (ComposeRequest, ComposeResponse),
+    "provisions": (ProvisionsRequest, ProvisionsResponse),
 }
 CONTENT_TYPES = {"binary": "application/protobuf", "json": "application/json"}
 CASE_FILES = sorted(CASES.glob("*.json"))
@@ -34,9 +43,17 @@ class Reply:
         self.answer, self.content_type, self.code, self.sentence = answer, content_type, code, sentence
 
 
-async def ask(nc: NATS, verb: str, body: bytes, content_type: str | None) -> Reply:
+def subject_of(case: dict[str, Any]) -> str:
+    """The subject a case's request goes to: the verb's, or its addressed
+    subject mesh-provisioner.<verb>.<address> (a node's or a provider's)."""
+    subject = f"mesh-provisioner.{case['verb']}"
+    return f"{subject}.{case['address']}" if "address" in case else subject
+
+
+async def ask(nc: NATS, case: dict[str, Any], body: bytes, content_type: str | None) -> Reply:
+    verb = case["verb"]
     headers = {"Content-Type": content_type} if content_type else None
-    msg = await nc.request(f"mesh-provisioner.{verb}", body, timeout=10, headers=headers)
+    msg = await nc.request(subject_of(case), body, timeout=10, headers=headers)
     reply_type = (msg.headers or {}).get("Content-Type", "")
     refusal = error_of(msg.headers)
     if refusal is not None:
@@ -107,7 +124,7 @@ async def run_request(nc: NATS, case: dict[str, Any], encoding: str) -> None:
     request = parse_request(verb, case.get("request"))
     got: list[Reply] = []
     while True:
-        reply = await ask(nc, verb, encode(request, encoding), CONTENT_TYPES[encoding])
+        reply = await ask(nc, case, encode(request, encoding), CONTENT_TYPES[encoding])
         assert reply.content_type == CONTENT_TYPES[encoding], f"{encoding}: answered with Content-Type {reply.content_type!r}"
         got.append(reply)
         token = reply.answer.next_page_token if reply.answer is not None else ""  # type: ignore[attr-defined]
@@ -119,13 +136,13 @@ async def run_request(nc: NATS, case: dict[str, Any], encoding: str) -> None:
         token = got[0].answer.next_page_token if got[0].answer is not None else ""  # type: ignore[attr-defined]
         assert token, "then: the first page has no next_page_token"
         then = parse_request(verb, case["then"]["request"], token)
-        check(verb, case["then"]["expect"], [await ask(nc, verb, encode(then, encoding), CONTENT_TYPES[encoding])])
+        check(verb, case["then"]["expect"], [await ask(nc, case, encode(then, encoding), CONTENT_TYPES[encoding])])
 
 
 async def run_raw(nc: NATS, case: dict[str, Any]) -> None:
     body = case["body"]
     data = body["text"].encode() if "text" in body else base64.b64decode(body["base64"])
-    reply = await ask(nc, case["verb"], data, body.get("content_type"))
+    reply = await ask(nc, case, data, body.get("content_type"))
     if "content_type" in case["expect"]:
         assert reply.content_type == case["expect"]["content_type"]
     check(case["verb"], case["expect"], [reply])

@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 from google.protobuf import json_format
 
-from mesh_provisioner import ComposeResponse, ProvisioningResponse, join_compose_pages, join_provisioning_pages
+from mesh_provisioner import (
+    ComposeResponse,
+    ProvisioningResponse,
+    ProvisionsResponse,
+    join_compose_pages,
+    join_provisioning_pages,
+    join_provisions_pages,
+)
 from server import CASES
 
 
@@ -37,3 +44,10 @@ def test_provisioning_pages_join_to_the_whole_answer(paged: str, whole: str) -> 
     pages = [json_format.ParseDict(p, ProvisioningResponse()) for p in expected(paged)["pages"]]
     assert len(pages) > 1
     assert join_provisioning_pages(pages) == json_format.ParseDict(expected(whole)["answer"], ProvisioningResponse())
+
+
+def test_provisions_pages_join_to_the_whole_answer() -> None:
+    pages = [json_format.ParseDict(p, ProvisionsResponse()) for p in expected("provisions-provider-paged")["pages"]]
+    assert len(pages) > 1
+    whole = json_format.ParseDict(expected("provisions-provider")["answer"], ProvisionsResponse())
+    assert join_provisions_pages(pages) == whole

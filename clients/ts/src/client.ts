@@ -17,6 +17,11 @@ import {
   ProvisioningResponseSchema,
   type ProvisioningResponse,
 } from "./gen/mesh/provisioner/v1/provisioning_pb.js";
+import {
+  ProvisionsRequestSchema,
+  ProvisionsResponseSchema,
+  type ProvisionsResponse,
+} from "./gen/mesh/provisioner/v1/provisions_pb.js";
 
 /** The micro service's name, as discovery shows it. */
 export const SERVICE_NAME = "mesh-provisioner";
@@ -28,8 +33,73 @@ export const PROVISIONING_SUBJECT = `${SERVICE_NAME}.${PROVISIONING_ENDPOINT}`;
 export const COMPOSE_ENDPOINT = "compose";
 /** The subject the compose endpoint answers. */
 export const COMPOSE_SUBJECT = `${SERVICE_NAME}.${COMPOSE_ENDPOINT}`;
+/**
+ * The name of the endpoint that answers the provisioning verb for one node,
+ * on {@link nodeSubject}(PROVISIONING_SUBJECT, node).
+ */
+export const PROVISIONING_NODE_ENDPOINT = `${PROVISIONING_ENDPOINT}-node`;
+/**
+ * The name of the endpoint that answers the compose verb for one node, on
+ * {@link nodeSubject}(COMPOSE_SUBJECT, node).
+ */
+export const COMPOSE_NODE_ENDPOINT = `${COMPOSE_ENDPOINT}-node`;
+/** The name of the endpoint that tells a provider what it must provision. */
+export const PROVISIONS_ENDPOINT = "provisions";
+/**
+ * The provisions verb's subject before the provider's token: a provider asks
+ * {@link providerSubject}(provider), `mesh-provisioner.provisions.<provider>`.
+ */
+export const PROVISIONS_SUBJECT = `${SERVICE_NAME}.${PROVISIONS_ENDPOINT}`;
 /** The Content-Type of a protobuf binary request and answer. */
 export const CONTENT_TYPE_PROTOBUF = "application/protobuf";
+
+/**
+ * Returns a verb's node-addressed subject: `nodeSubject(COMPOSE_SUBJECT,
+ * "ace")` is `"mesh-provisioner.compose.ace"`. A node's permissions grant its
+ * own, and the service answers there only what is the node's (and the
+ * registry); it refuses the rest with a 403.
+ */
+export function nodeSubject(verbSubject: string, node: string): string {
+  return `${verbSubject}.${node}`;
+}
+
+/** Returns the provisions verb's subject of a provider: `mesh-provisioner.provisions.<provider>`. */
+export function providerSubject(provider: string): string {
+  return `${PROVISIONS_SUBJECT}.${provider}`;
+}
+
+/** Starts every inbox prefix of the mesh's identities; not nats.js's default `_INBOX`, which no generated permission set grants. */
+export const INBOX_ROOT = "_INBOX_MESH";
+
+/**
+ * What an identity on the mesh is: its inbox prefix and its permissions
+ * follow from it (`mesh-provisioner permissions --node`, `--provider`,
+ * `--operator`).
+ */
+export type Role = "node" | "provider" | "operator";
+
+/**
+ * Returns the inbox prefix of a mesh identity, `_INBOX_MESH.<role>.<name>`:
+ * the one its permissions let it subscribe to. Give it to nats.js when you
+ * connect, or no answer can reach you:
+ *
+ * ```ts
+ * const nc = await connect({ servers, inboxPrefix: inboxPrefix("node", "ace"), ...credentials });
+ * ```
+ *
+ * The service answers a request on a node's (or provider's) own subject only
+ * to that identity's inbox (or an operator's, or nats.js's default
+ * `_INBOX`): a node asking with another node's prefix gets no answer.
+ *
+ * @throws {TypeError} if name is empty or holds a character a subject
+ *   token may not (`.`, `*`, `>`, whitespace).
+ */
+export function inboxPrefix(role: Role, name: string): string {
+  if (name === "" || /[.*>\s]/u.test(name)) {
+    throw new TypeError(`inboxPrefix: ${JSON.stringify(name)} is not a name: a ${role}'s name is one subject token (no '.', '*', '>' or whitespace)`);
+  }
+  return `${INBOX_ROOT}.${role}.${name}`;
+}
 
 /** The NATS service API headers of a refused request. */
 const ERROR_HEADER = "Nats-Service-Error";
@@ -37,12 +107,14 @@ const ERROR_CODE_HEADER = "Nats-Service-Error-Code";
 
 /**
  * ProvisionerError is a request the service refused: its numeric code (400
- * bad request, 503 not ready, 500 internal) and its sentence, from the
- * Nats-Service-Error-Code and Nats-Service-Error headers.
+ * bad request, 403 forbidden, 503 not ready, 500 internal) and its sentence,
+ * from the Nats-Service-Error-Code and Nats-Service-Error headers.
  */
 export class ProvisionerError extends Error {
   /**
-   * The code: 400 bad request (do not retry as is); 503 not ready: the
+   * The code: 400 bad request (do not retry as is); 403 forbidden: a request
+   * on a node's (or provider's) own subject asked for what is not that
+   * node's (another node's records or plan, or every node's); 503 not ready: the
    * server's copy is loading, did not reach the revisions asked for in time,
    * or the server is stopping (ask again shortly); 500 internal, such as an
    * answer too large for NATS (narrow the request); 0 if the reply's code is
@@ -72,6 +144,24 @@ export interface ProvisionerClientOptions {
    * account import. Default {@link COMPOSE_SUBJECT}.
    */
   composeSubject?: string;
+  /**
+   * The provisions verb's subject before the provider's token, for a
+   * service behind a subject mapping or an account import. Default
+   * {@link PROVISIONS_SUBJECT}.
+   */
+  provisionsSubject?: string;
+  /**
+   * Ask as this node: provisioning and compose go to the node's own
+   * subjects, `mesh-provisioner.provisioning.<node>` and
+   * `mesh-provisioner.compose.<node>`, which is all a node's permissions
+   * grant. The service answers there only the node's own records, its own
+   * composition and the registry, and refuses the rest with a
+   * {@link ProvisionerError} of code 403: requests still name the node
+   * (`{ what: What.NEEDS, node: "ace" }`, `{ node: "ace" }`). Connect with
+   * the node's {@link inboxPrefix}. Unset (an operator), the unscoped
+   * subjects.
+   */
+  node?: string;
   /**
    * Milliseconds to wait for an answer of a verb. Default 10000: more than
    * the time a server waits for the revisions a request asks for (5 s by
@@ -182,7 +272,8 @@ export interface StatsResponse extends ServiceIdentity {
  * caller opened (with its credentials) and owns.
  *
  * ```ts
- * const client = new ProvisionerClient(nc);
+ * const nc = await connect({ servers, inboxPrefix: inboxPrefix("node", "ace") });
+ * const client = new ProvisionerClient(nc, { node: "ace" });
  * const needs = await client.provisioning({ what: What.NEEDS, node: "ace" });
  * const plan = await client.compose({ node: "ace", minRevisions: { needs: revision } });
  * ```
@@ -191,13 +282,40 @@ export class ProvisionerClient {
   readonly #nc: NatsConnection;
   readonly #subject: string;
   readonly #composeSubject: string;
+  readonly #provisionsSubject: string;
+  readonly #node: string | undefined;
   readonly #timeout: number;
 
   constructor(nc: NatsConnection, opts: ProvisionerClientOptions = {}) {
+    if (opts.node !== undefined && (opts.node === "" || /[.*>\s]/u.test(opts.node))) {
+      throw new TypeError(`ProvisionerClient: node ${JSON.stringify(opts.node)} is not a node's name: one subject token (no '.', '*', '>' or whitespace)`);
+    }
     this.#nc = nc;
-    this.#subject = opts.subject ?? PROVISIONING_SUBJECT;
-    this.#composeSubject = opts.composeSubject ?? COMPOSE_SUBJECT;
+    this.#node = opts.node;
+    this.#subject = this.#addressed(opts.subject ?? PROVISIONING_SUBJECT);
+    this.#composeSubject = this.#addressed(opts.composeSubject ?? COMPOSE_SUBJECT);
+    this.#provisionsSubject = opts.provisionsSubject ?? PROVISIONS_SUBJECT;
     this.#timeout = opts.timeout ?? 10_000;
+  }
+
+  /** The node the client asks as (the {@link ProvisionerClientOptions.node} option), or undefined. */
+  get node(): string | undefined {
+    return this.#node;
+  }
+
+  /** The subject the client asks the provisioning verb on: the node's own with the `node` option. */
+  get subject(): string {
+    return this.#subject;
+  }
+
+  /** The subject the client asks the compose verb on: the node's own with the `node` option. */
+  get composeSubject(): string {
+    return this.#composeSubject;
+  }
+
+  /** A verb's subject as this client asks it: the node's own with the `node` option. */
+  #addressed(subject: string): string {
+    return this.#node === undefined ? subject : nodeSubject(subject, this.#node);
   }
 
   /**
@@ -229,6 +347,60 @@ export class ProvisionerClient {
     opts: RequestOptions = {},
   ): Promise<ComposeResponse> {
     return this.#call(this.#composeSubject, ComposeRequestSchema, ComposeResponseSchema, request, opts);
+  }
+
+  /**
+   * Asks the provisions verb of a provider, on
+   * `mesh-provisioner.provisions.<provider>` (the request's `provider`,
+   * required), for one page of what the provider must provision across the
+   * mesh: every provision that any node's bound needs ask of it, in key
+   * order, each with its node.
+   *
+   * @throws {TypeError} when the request names no provider: the provider is
+   *   the subject asked.
+   * @throws {ProvisionerError} when the service refuses the request.
+   * @throws the nats.js error of the request otherwise.
+   */
+  provisions(
+    request: MessageInitShape<typeof ProvisionsRequestSchema>,
+    opts: RequestOptions = {},
+  ): Promise<ProvisionsResponse> {
+    const provider = request.provider ?? "";
+    if (provider === "") {
+      return Promise.reject(new TypeError("provisions: the request's provider is required: it names the subject asked"));
+    }
+    return this.#call(`${this.#provisionsSubject}.${provider}`, ProvisionsRequestSchema, ProvisionsResponseSchema, request, opts);
+  }
+
+  /**
+   * Yields every page of a provider's provisions, asking with each page's
+   * next_page_token until a page has none.
+   */
+  async *provisionsPages(
+    request: MessageInitShape<typeof ProvisionsRequestSchema>,
+    opts: RequestOptions = {},
+  ): AsyncGenerator<ProvisionsResponse> {
+    const next = create(ProvisionsRequestSchema, request);
+    for (;;) {
+      const page = await this.provisions(next, opts);
+      yield page;
+      if (page.nextPageToken === "") {
+        return;
+      }
+      next.pageToken = page.nextPageToken;
+    }
+  }
+
+  /** Returns every provision of a provider, its pages joined (see {@link joinProvisionsPages}). */
+  async provisionsAll(
+    request: MessageInitShape<typeof ProvisionsRequestSchema>,
+    opts: RequestOptions = {},
+  ): Promise<ProvisionsResponse> {
+    const pages: ProvisionsResponse[] = [];
+    for await (const page of this.provisionsPages(request, opts)) {
+      pages.push(page);
+    }
+    return joinProvisionsPages(pages);
   }
 
   /**
@@ -410,6 +582,21 @@ export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
     }
     whole.node = page.node;
     whole.module = page.module;
+    whole.revisions = page.revisions;
+    whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
+  }
+  return whole;
+}
+
+/**
+ * Joins the pages of a provider's provisions, in order, into one answer:
+ * provisions concatenated; the provider and revisions are the last page's.
+ */
+export function joinProvisionsPages(pages: ProvisionsResponse[]): ProvisionsResponse {
+  const whole = create(ProvisionsResponseSchema);
+  for (const page of pages) {
+    whole.provider = page.provider;
+    whole.provisions.push(...page.provisions);
     whole.revisions = page.revisions;
     whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
   }

@@ -8,5 +8,6 @@
 export * from "./client.js";
 export * from "./gen/mesh/provisioner/v1/compose_pb.js";
 export * from "./gen/mesh/provisioner/v1/provisioning_pb.js";
+export * from "./gen/mesh/provisioner/v1/provisions_pb.js";
 export * from "./gen/mesh/provisioner/v1/registry_pb.js";
 export * from "./gen/mesh/provisioner/v1/state_pb.js";

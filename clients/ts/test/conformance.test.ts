@@ -25,8 +25,11 @@ import {
   errorOf,
   joinComposePages,
   joinProvisioningPages,
+  joinProvisionsPages,
   ProvisioningRequestSchema,
   ProvisioningResponseSchema,
+  ProvisionsRequestSchema,
+  ProvisionsResponseSchema,
 } from "../src/index.js";
 
 // build-test/test/ -> the repository's root.
@@ -51,7 +54,9 @@ interface Expect {
 interface Case {
   about: string;
   pending?: string;
-  verb: "provisioning" | "compose";
+  verb: "provisioning" | "compose" | "provisions";
+  /** The request goes to mesh-provisioner.<verb>.<address>: a node's or a provider's own subject. */
+  address?: string;
   request?: JsonValue;
   body?: { text?: string; base64?: string; content_type?: string };
   expect: Expect;
@@ -61,9 +66,13 @@ interface Case {
 const schemas = {
   provisioning: { request: ProvisioningRequestSchema, answer: ProvisioningResponseSchema },
   compose: { request: ComposeRequestSchema, answer: ComposeResponseSchema },
+  provisions: { request: ProvisionsRequestSchema, answer: ProvisionsResponseSchema },
 } as const;
-type AnswerSchema = typeof ProvisioningResponseSchema | typeof ComposeResponseSchema;
-type Answer = MessageShape<typeof ProvisioningResponseSchema> | MessageShape<typeof ComposeResponseSchema>;
+type AnswerSchema = typeof ProvisioningResponseSchema | typeof ComposeResponseSchema | typeof ProvisionsResponseSchema;
+type Answer =
+  | MessageShape<typeof ProvisioningResponseSchema>
+  | MessageShape<typeof ComposeResponseSchema>
+  | MessageShape<typeof ProvisionsResponseSchema>;
 
 /** What a request got: an answer, or a refusal's code and sentence. */
 interface Reply {
@@ -119,12 +128,18 @@ async function serve(): Promise<{ url: string; stop: () => Promise<void> }> {
   }
 }
 
-async function ask(nc: NatsConnection, verb: Case["verb"], body: Uint8Array, contentType?: string): Promise<Reply> {
+/** The subject a case's request goes to: the verb's, addressed when the case says so. */
+function subjectOf(c: Case): string {
+  return c.address === undefined ? `mesh-provisioner.${c.verb}` : `mesh-provisioner.${c.verb}.${c.address}`;
+}
+
+async function ask(nc: NatsConnection, c: Case, body: Uint8Array, contentType?: string): Promise<Reply> {
+  const verb = c.verb;
   const h = headers();
   if (contentType !== undefined) {
     h.set("Content-Type", contentType);
   }
-  const msg = await nc.request(`mesh-provisioner.${verb}`, body, { timeout: 10_000, headers: h });
+  const msg = await nc.request(subjectOf(c), body, { timeout: 10_000, headers: h });
   const replyType = msg.headers?.get("Content-Type") ?? "";
   const refusal = errorOf(msg);
   if (refusal) {
@@ -190,7 +205,7 @@ async function runRequest(nc: NatsConnection, c: Case, encoding: Encoding): Prom
   const got: Reply[] = [];
   let token = "";
   for (;;) {
-    const reply = await ask(nc, c.verb, encode(c.verb, c.request, token, encoding), contentType);
+    const reply = await ask(nc, c, encode(c.verb, c.request, token, encoding), contentType);
     assert.equal(reply.contentType, contentType, `${encoding}: answered with Content-Type ${reply.contentType}`);
     got.push(reply);
     token = reply.answer?.nextPageToken ?? "";
@@ -202,14 +217,14 @@ async function runRequest(nc: NatsConnection, c: Case, encoding: Encoding): Prom
   if (c.then) {
     const first = got[0]!.answer?.nextPageToken ?? "";
     assert.notEqual(first, "", "then: the first page has no next_page_token");
-    check(c.verb, c.then.expect, [await ask(nc, c.verb, encode(c.verb, c.then.request, first, encoding), contentType)]);
+    check(c.verb, c.then.expect, [await ask(nc, c, encode(c.verb, c.then.request, first, encoding), contentType)]);
   }
 }
 
 async function runRaw(nc: NatsConnection, c: Case): Promise<void> {
   const body = c.body!;
   const data = body.text !== undefined ? new TextEncoder().encode(body.text) : Buffer.from(body.base64 ?? "", "base64");
-  const reply = await ask(nc, c.verb, data, body.content_type);
+  const reply = await ask(nc, c, data, body.content_type);
   if (c.expect.content_type !== undefined) {
     assert.equal(reply.contentType, c.expect.content_type);
   }
@@ -267,4 +282,9 @@ describe("joining pages", () => {
       assert.ok(equals(ProvisioningResponseSchema, joinProvisioningPages(pages), fromJson(ProvisioningResponseSchema, expectOf(whole).answer!)));
     });
   }
+  it("provisions-provider-paged joins to provisions-provider", () => {
+    const pages = expectOf("provisions-provider-paged").pages!.map((p) => fromJson(ProvisionsResponseSchema, p));
+    assert.ok(pages.length > 1);
+    assert.ok(equals(ProvisionsResponseSchema, joinProvisionsPages(pages), fromJson(ProvisionsResponseSchema, expectOf("provisions-provider").answer!)));
+  });
 });

@@ -36,7 +36,17 @@ import {
   NeedSchema,
   PlanItemSchema,
   PROVISIONING_ENDPOINT,
+  PROVISIONING_NODE_ENDPOINT,
   PROVISIONING_SUBJECT,
+  PROVISIONS_ENDPOINT,
+  PROVISIONS_SUBJECT,
+  COMPOSE_NODE_ENDPOINT,
+  inboxPrefix,
+  joinProvisionsPages,
+  nodeSubject,
+  providerSubject,
+  ProvisionsRequestSchema,
+  ProvisionsResponseSchema,
   ProvisionerClient,
   ProvisionerError,
   ProvisioningRequestSchema,
@@ -161,6 +171,8 @@ const serverLog: string[] = [];
 let stateDir: string | undefined;
 let nc: NatsConnection | undefined;
 let client: ProvisionerClient;
+/** The embedded NATS server's URL, for connections of a mesh identity's own. */
+let natsUrl: string;
 /** The last revision the seed tool wrote to each bucket. */
 let seeded: Record<string, bigint>;
 
@@ -227,6 +239,7 @@ before(async () => {
   const seedBin = fromMake("MESH_PROVISIONER_SEED_BIN");
   stateDir = await mkdtemp(join(tmpdir(), "mesh-provisioner-e2e-"));
   const url = await serve(bin, stateDir);
+  natsUrl = url;
   const { stdout } = await promisify(execFile)(seedBin, ["--nats-url", url], { timeout: 30_000 });
   seeded = Object.fromEntries(Object.entries(JSON.parse(stdout) as Record<string, number>).map(([bucket, rev]) => [bucket, BigInt(rev)]));
   nc = await connect({ servers: url, name: "mesh-provisioner e2e" });
@@ -421,15 +434,21 @@ function phaseMillis(answer: ComposeResponse, name: string): number {
   return d ? Number(d.seconds) * 1000 + d.nanos / 1e6 : Number.NaN;
 }
 
-/** Returns the $SRV.STATS of the one instance's two endpoints, checking their names and subjects. */
-async function endpointStats(): Promise<{ provisioning: EndpointStats; compose: EndpointStats }> {
+/** The service's endpoints, in the order discovery lists them: name and subject. */
+const endpoints = [
+  [PROVISIONING_ENDPOINT, PROVISIONING_SUBJECT],
+  [COMPOSE_ENDPOINT, COMPOSE_SUBJECT],
+  [PROVISIONING_NODE_ENDPOINT, `${PROVISIONING_SUBJECT}.*`],
+  [COMPOSE_NODE_ENDPOINT, `${COMPOSE_SUBJECT}.*`],
+  [PROVISIONS_ENDPOINT, `${PROVISIONS_SUBJECT}.*`],
+] as const;
+
+/** Returns the $SRV.STATS of the one instance's endpoints, by name, checking their names and subjects. */
+async function endpointStats(): Promise<Record<(typeof endpoints)[number][0], EndpointStats>> {
   const [stats, ...others] = await client.stats();
   assert.ok(stats && others.length === 0, "want the stats of one instance");
-  assert.deepStrictEqual(stats.endpoints.map((e) => [e.name, e.subject, e.queue_group]), [
-    [PROVISIONING_ENDPOINT, PROVISIONING_SUBJECT, "q"],
-    [COMPOSE_ENDPOINT, COMPOSE_SUBJECT, "q"],
-  ]);
-  return { provisioning: stats.endpoints[0]!, compose: stats.endpoints[1]! };
+  assert.deepStrictEqual(stats.endpoints.map((e) => [e.name, e.subject, e.queue_group]), endpoints.map(([name, subject]) => [name, subject, "q"]));
+  return Object.fromEntries(stats.endpoints.map((e) => [e.name, e])) as Record<(typeof endpoints)[number][0], EndpointStats>;
 }
 
 describe("registry", () => {
@@ -666,15 +685,20 @@ describe("refusals", () => {
       `module "*" can match no key: it holds '*' at byte 0; a token holds only A-Z a-z 0-9 - _ = /`);
   });
 
-  it("a binary compose request with a field the contract does not define is a 400", async () => {
+  it("a binary compose request with a field the contract does not define is answered as without it", async () => {
     const h = headers();
     h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
-    // node "ace", then field 9 (varint 1), which ComposeRequest does not define.
+    // node "ace", then field 9 (varint 1), which ComposeRequest does not define:
+    // a newer client's field, which an older instance ignores during a rollout.
     const body = new Uint8Array([...toBinary(ComposeRequestSchema, create(ComposeRequestSchema, { node: "ace" })), 0x48, 0x01]);
     const reply = await nc!.request(COMPOSE_SUBJECT, body, { timeout: 5000, headers: h });
     assert.equal(reply.headers?.get("Content-Type"), CONTENT_TYPE_PROTOBUF);
-    assert.deepStrictEqual(errorOf(reply), new ProvisionerError(400,
-      "the request holds fields mesh.provisioner.v1.ComposeRequest does not define (2 bytes); it was written for another contract, or is not a protobuf request at all"));
+    assert.equal(errorOf(reply), undefined);
+    const answer = fromBinary(ComposeResponseSchema, reply.data);
+    const plain = await client.compose({ node: "ace" });
+    answer.phases = [];
+    plain.phases = [];
+    assert.ok(equals(ComposeResponseSchema, answer, plain), "the answer differs from the one without the unknown field");
   });
 
   it("the service still answers after refusals", async () => {
@@ -772,18 +796,16 @@ describe("encodings", () => {
     }
   });
 
-  it("a JSON request with a field the contract does not define is a 400, in JSON", async () => {
-    for (const [subject, body, schema, field] of [
-      [PROVISIONING_SUBJECT, '{"what":"WHAT_NEEDS","nod":"ace"}', ProvisioningRequestSchema, "nod"],
-      [COMPOSE_SUBJECT, '{"node":"ace","modul":"web"}', ComposeRequestSchema, "modul"],
-    ] as const) {
-      const reply = await nc!.request(subject, body, { timeout: 5000 });
-      assert.equal(reply.headers?.get("Content-Type"), "application/json");
-      const err = errorOf(reply);
-      assert.ok(err instanceof ProvisionerError);
-      assert.equal(err.code, 400);
-      assert.match(err.description, new RegExp(`^the JSON request does not decode as ${schema.typeName.replaceAll(".", "\\.")}: .*unknown field "${field}"`, "u"));
-    }
+  it("a JSON request with a field the contract does not define is answered as without it, in JSON", async () => {
+    // A newer client's field is ignored, as binary protobuf ignores an unknown field number.
+    const needs = await nc!.request(PROVISIONING_SUBJECT, '{"what":"WHAT_NEEDS","node":"novox","since":"yesterday"}', { timeout: 5000 });
+    assert.equal(needs.headers?.get("Content-Type"), "application/json");
+    assert.equal(errorOf(needs), undefined);
+    assert.deepStrictEqual(fromJson(ProvisioningResponseSchema, needs.json()).needs.map((r) => r.name), ["plugins", "grpc"]);
+    const plan = await nc!.request(COMPOSE_SUBJECT, '{"node":"ace","modul":"web"}', { timeout: 5000 });
+    assert.equal(errorOf(plan), undefined);
+    // "modul" is not module: the whole node is composed.
+    assert.deepStrictEqual(fromJson(ComposeResponseSchema, plan.json()).plans.map((p) => p.module), ["web", "worker"]);
   });
 });
 
@@ -802,26 +824,20 @@ describe("discovery", () => {
     assert.deepStrictEqual(await client.ping({ id: "no-such-instance", maxWait: 500 }), []);
   });
 
-  it("info describes both endpoints and the messages each takes and gives", async () => {
+  it("info describes every endpoint and the messages each takes and gives", async () => {
     const [info] = await client.info();
     assert.equal(info?.type, "io.nats.micro.v1.info_response");
     assert.notEqual(info?.description, "");
     const contentTypes = "application/protobuf, application/json";
-    assert.deepStrictEqual(info?.endpoints, [
-      {
-        name: PROVISIONING_ENDPOINT,
-        subject: PROVISIONING_SUBJECT,
-        queue_group: "q",
-        metadata: { request: ProvisioningRequestSchema.typeName, response: ProvisioningResponseSchema.typeName, content_types: contentTypes },
-      },
-      {
-        name: COMPOSE_ENDPOINT,
-        subject: COMPOSE_SUBJECT,
-        queue_group: "q",
-        metadata: { request: ComposeRequestSchema.typeName, response: ComposeResponseSchema.typeName, content_types: contentTypes },
-      },
-    ]);
-    assert.deepStrictEqual([PROVISIONING_SUBJECT, COMPOSE_SUBJECT], ["mesh-provisioner.provisioning", "mesh-provisioner.compose"]);
+    const messages = (request: DescMessage, response: DescMessage) => ({ request: request.typeName, response: response.typeName, content_types: contentTypes });
+    const provisioning = messages(ProvisioningRequestSchema, ProvisioningResponseSchema);
+    const compose = messages(ComposeRequestSchema, ComposeResponseSchema);
+    const provisions = messages(ProvisionsRequestSchema, ProvisionsResponseSchema);
+    assert.deepStrictEqual(info?.endpoints, endpoints.map(([name, subject], i) => ({
+      name, subject, queue_group: "q", metadata: [provisioning, compose, provisioning, compose, provisions][i],
+    })));
+    assert.deepStrictEqual([PROVISIONING_SUBJECT, COMPOSE_SUBJECT, PROVISIONS_SUBJECT], ["mesh-provisioner.provisioning", "mesh-provisioner.compose", "mesh-provisioner.provisions"]);
+    assert.deepStrictEqual([nodeSubject(COMPOSE_SUBJECT, "ace"), providerSubject("postgres")], ["mesh-provisioner.compose.ace", "mesh-provisioner.provisions.postgres"]);
     assert.deepStrictEqual([ComposeRequestSchema.typeName, ComposeResponseSchema.typeName], ["mesh.provisioner.v1.ComposeRequest", "mesh.provisioner.v1.ComposeResponse"]);
   });
 
@@ -870,6 +886,114 @@ describe("pages", () => {
     joined.phases = [];
     assert.ok(equals(ComposeResponseSchema, joined, composed), "the joined pages differ from the whole composition");
   });
+});
+
+/**
+ * Runs fn on a connection of its own with a mesh identity's inbox prefix,
+ * as that identity's process connects, and closes it.
+ */
+async function asIdentity<T>(prefix: string, fn: (conn: NatsConnection) => Promise<T>): Promise<T> {
+  const conn = await connect({ servers: natsUrl, name: `mesh-provisioner e2e ${prefix}`, inboxPrefix: prefix });
+  try {
+    return await fn(conn);
+  } finally {
+    await conn.close();
+  }
+}
+
+describe("inbox prefixes", () => {
+  it("a mesh identity's prefix is _INBOX_MESH.<role>.<name>", () => {
+    assert.equal(inboxPrefix("node", "ace"), "_INBOX_MESH.node.ace");
+    assert.equal(inboxPrefix("provider", "postgres"), "_INBOX_MESH.provider.postgres");
+    assert.equal(inboxPrefix("operator", "alice"), "_INBOX_MESH.operator.alice");
+  });
+
+  it("a name that is not one subject token is refused", () => {
+    for (const name of ["", "a.b", "*", ">", "a b"]) {
+      assert.throws(() => inboxPrefix("node", name), TypeError, JSON.stringify(name));
+      assert.throws(() => new ProvisionerClient(nc!, { node: name }), TypeError, JSON.stringify(name));
+    }
+  });
+
+  it("nats.js asks with it: the request's reply subject is under the prefix", async () => {
+    await asIdentity(inboxPrefix("node", "ace"), async (conn) => {
+      // A subject of the test's own, which no instance answers.
+      const seen = conn.subscribe("e2e.probe", { max: 1 });
+      const replies = (async () => {
+        for await (const m of seen) {
+          return m.reply ?? "";
+        }
+        return "";
+      })();
+      await conn.flush();
+      await conn.request("e2e.probe", Empty, { timeout: 200 }).catch(() => undefined);
+      assert.match(await replies, /^_INBOX_MESH\.node\.ace\./u);
+    });
+  });
+});
+
+describe("as a node", () => {
+  const ace = inboxPrefix("node", "ace");
+
+  it("asks on the node's own subjects", () => {
+    const asAce = new ProvisionerClient(nc!, { node: "ace" });
+    assert.deepStrictEqual([asAce.node, asAce.subject, asAce.composeSubject], ["ace", "mesh-provisioner.provisioning.ace", "mesh-provisioner.compose.ace"]);
+    assert.deepStrictEqual([client.node, client.subject, client.composeSubject], [undefined, PROVISIONING_SUBJECT, COMPOSE_SUBJECT]);
+  });
+
+  it("reads its own needs, applied records, collection items and plan, and the registry, as an operator reads them", () =>
+    asIdentity(ace, async (conn) => {
+      const asAce = new ProvisionerClient(conn, { node: "ace" });
+      for (const request of [{}, { what: What.NEEDS, node: "ace" }, { what: What.APPLIED, node: "ace", module: "web" }, { what: What.COLLECT, node: "ace" }]) {
+        assert.ok(equals(ProvisioningResponseSchema, await asAce.provisioning(request), await client.provisioning(request)), JSON.stringify(request));
+      }
+      const mine = await asAce.composeAll({ node: "ace", pageSize: 2 });
+      const operators = await client.compose({ node: "ace" });
+      mine.phases = [];
+      operators.phases = [];
+      assert.ok(equals(ComposeResponseSchema, mine, operators), "ace's own plan differs from the one an operator reads");
+      const pages: ProvisioningResponse[] = [];
+      for await (const page of asAce.provisioningPages({ what: What.NEEDS, node: "ace", pageSize: 2 })) {
+        pages.push(page);
+      }
+      assert.ok(pages.length > 1);
+      assert.ok(equals(ProvisioningResponseSchema, await asAce.provisioningAll({ what: What.NEEDS, node: "ace", pageSize: 2 }), await client.provisioning({ what: What.NEEDS, node: "ace" })));
+    }));
+
+  it("another node's records or plan, or every node's, is a ProvisionerError of code 403", () =>
+    asIdentity(ace, async (conn) => {
+      const asAce = new ProvisionerClient(conn, { node: "ace" });
+      const theirs = (what: string) =>
+        `${what} on mesh-provisioner.provisioning.ace: node "ace" reads its own records only, and the request names node "novox"; ask mesh-provisioner.provisioning.<node> as that node`;
+      await assertRefused(asAce.provisioning({ what: What.NEEDS, node: "novox" }), 403, theirs("WHAT_NEEDS"));
+      await assertRefused(asAce.provisioning({ what: What.APPLIED, node: "novox" }), 403, theirs("WHAT_APPLIED"));
+      await assertRefused(asAce.provisioning({ what: What.COLLECT, node: "novox", collection: "environment" }), 403, theirs("WHAT_COLLECT"));
+      await assertRefused(asAce.provisioning({ what: What.NEEDS }), 403,
+        `WHAT_NEEDS on mesh-provisioner.provisioning.ace: a node reads its own records only: set node to "ace" (every node's records are for operators, on mesh-provisioner.provisioning)`);
+      await assertRefused(asAce.compose({ node: "novox" }), 403,
+        `compose on mesh-provisioner.compose.ace composes node "ace" only, and the request names node "novox"; ask mesh-provisioner.compose.<node> as that node`);
+      // Page by page too: the first page is refused.
+      await assert.rejects(asAce.composeAll({ node: "novox", pageSize: 1 }), (err) => err instanceof ProvisionerError && err.code === 403);
+      await assert.rejects(async () => {
+        for await (const _ of asAce.provisioningPages({ what: What.NEEDS, node: "novox" })) {
+          assert.fail("a page of novox's needs");
+        }
+      }, (err) => err instanceof ProvisionerError && err.code === 403);
+    }));
+
+  it("a request on ace's subject with another node's inbox gets no answer", () =>
+    asIdentity(inboxPrefix("node", "bob"), async (conn) => {
+      await assert.rejects(new ProvisionerClient(conn, { node: "ace", timeout: 500 }).compose({ node: "ace" }), (err) =>
+        !(err instanceof ProvisionerError) && err instanceof Error && /timeout/iu.test(`${err.name} ${err.message}`));
+    }));
+
+  it("an operator asks the unscoped subjects with its own inbox, and may ask on a node's", () =>
+    asIdentity(inboxPrefix("operator", "alice"), async (conn) => {
+      const operator = new ProvisionerClient(conn);
+      const needs = await operator.provisioning({ what: What.NEEDS });
+      assert.deepStrictEqual(new Set(needs.needs.map((r) => r.node)), new Set(["ace", "novox"]));
+      assert.equal((await new ProvisionerClient(conn, { node: "novox" }).compose({ node: "novox" })).node, "novox");
+    }));
 });
 
 // Last: the final test writes a need, which the tests above do not expect.
@@ -931,6 +1055,60 @@ describe("read your writes", () => {
         location: inBucket("mesh-controller_assignments", "zed.api"), revision: next,
       }],
     })]);
+  });
+});
+
+// After read your writes: it writes needs of a node of its own, yan.
+describe("provisions", () => {
+  const postgres = inboxPrefix("provider", "postgres");
+
+  it("a provider reads what it must provision, each provision with its node", () =>
+    asIdentity(postgres, async (conn) => {
+      const provider = new ProvisionerClient(conn);
+      const answer = await provider.provisions({ provider: "postgres" });
+      assert.equal(answer.$typeName, ProvisionsResponseSchema.typeName);
+      assert.equal(answer.provider, "postgres");
+      assert.deepStrictEqual(answer.provisions, [create(ProvisionSchema, { ...postgresProvision, node: "ace" })]);
+      assert.equal(answer.nextPageToken, "");
+      assert.ok(answer.revisions!.registry > 0n && answer.revisions!.needs >= seeded[NEEDS]!);
+      // A provider no need binds: none. Asked with postgres's inbox, it gets no answer at all.
+      assert.deepStrictEqual((await client.provisions({ provider: "redis" })).provisions, []);
+      await assert.rejects(provider.provisions({ provider: "redis" }, { timeout: 500 }), (err) => !(err instanceof ProvisionerError));
+    }));
+
+  it("page by page, and joined, in the order of the needs' keys", async () => {
+    let needs = 0n;
+    for (const [key, local] of [["yan.api.bound.db", "api"], ["yan.web.bound.db", ""]] as const) {
+      const ack = await nc!.request(`$KV.${NEEDS}.${key}`, toBinary(NeedSchema, create(NeedSchema, {
+        placeholder: "${bound:db}", provider: "postgres", provision: "database", local,
+      })), { timeout: 5000 });
+      needs = BigInt(ack.json<{ seq: number }>().seq);
+    }
+    const request = { provider: "postgres", minRevisions: { needs }, pageSize: 1 };
+    const pages = [];
+    for await (const page of client.provisionsPages(request)) {
+      pages.push(page);
+    }
+    assert.deepStrictEqual(pages.map((p) => p.provisions.map((x) => x.key)), [["ace.web.database.web"], ["yan.api.database.api"], ["yan.web.database"]]);
+    assert.ok(pages.slice(0, -1).every((p) => p.nextPageToken !== "") && pages.at(-1)!.nextPageToken === "");
+    const whole = await client.provisions({ provider: "postgres", minRevisions: { needs } });
+    assert.deepStrictEqual(whole.provisions.map((x) => x.node), ["ace", "yan", "yan"]);
+    assert.ok(equals(ProvisionsResponseSchema, await client.provisionsAll(request), whole));
+    assert.ok(equals(ProvisionsResponseSchema, joinProvisionsPages(pages), whole));
+  });
+
+  it("a request without a provider is refused before it is sent", async () => {
+    await assert.rejects(client.provisions({}), TypeError);
+    await assert.rejects(client.provisionsAll({ provider: "" }), TypeError);
+  });
+
+  it("another provider's provisions on a provider's subject are a 403", async () => {
+    const h = headers();
+    h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
+    const reply = await nc!.request(providerSubject("postgres"), toBinary(ProvisionsRequestSchema, create(ProvisionsRequestSchema, { provider: "redis" })),
+      { timeout: 5000, headers: h });
+    assert.deepStrictEqual(errorOf(reply), new ProvisionerError(403,
+      `mesh-provisioner.provisions.postgres lists provider "postgres"'s provisions only, and the request names provider "redis"; ask mesh-provisioner.provisions.<provider> as that provider`));
   });
 });
 

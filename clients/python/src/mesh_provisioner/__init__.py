@@ -1,7 +1,9 @@
 """The Python client of the mesh-provisioner NATS micro service.
 
-ProvisionerClient asks both verbs (provisioning and compose) over a nats-py
-connection; ProvisionerError is a refusal, with its code and sentence. The
+ProvisionerClient asks the verbs (provisioning and compose, as an operator
+or as a node on its own subjects, and a provider's provisions) over a
+nats-py connection; inbox_prefix is a mesh identity's inbox prefix, to
+connect with; ProvisionerError is a refusal, with its code and sentence. The
 contract's messages (package mesh.provisioner.v1) are generated from proto/
 into the package mesh.provisioner.v1 and re-exported here.
 """
@@ -34,13 +36,16 @@ from mesh.provisioner.v1.provisioning_pb2 import (
     RegistryRecord,
     What,
 )
+from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
 from mesh.provisioner.v1.registry_pb2 import BucketSource, RegistryEntry, VerbSource
 from mesh.provisioner.v1.state_pb2 import Applied, CollectItem, Need
 
 from .client import (
     COMPOSE_SUBJECT,
     CONTENT_TYPE_PROTOBUF,
+    INBOX_ROOT,
     PROVISIONING_SUBJECT,
+    PROVISIONS_SUBJECT,
     SERVICE_NAME,
     EndpointInfo,
     EndpointStats,
@@ -48,17 +53,24 @@ from .client import (
     InfoResponse,
     ProvisionerClient,
     ProvisionerError,
+    Role,
     ServiceIdentity,
     StatsResponse,
     error_of,
+    inbox_prefix,
     join_compose_pages,
     join_provisioning_pages,
+    join_provisions_pages,
+    node_subject,
+    provider_subject,
 )
 
 __all__ = [
     "COMPOSE_SUBJECT",
     "CONTENT_TYPE_PROTOBUF",
+    "INBOX_ROOT",
     "PROVISIONING_SUBJECT",
+    "PROVISIONS_SUBJECT",
     "SERVICE_NAME",
     "WHAT_APPLIED",
     "WHAT_COLLECT",
@@ -89,16 +101,23 @@ __all__ = [
     "ProvisionerError",
     "ProvisioningRequest",
     "ProvisioningResponse",
+    "ProvisionsRequest",
+    "ProvisionsResponse",
     "Refusal",
     "RefusalReason",
     "RegistryEntry",
     "RegistryRecord",
     "Revisions",
+    "Role",
     "ServiceIdentity",
     "StatsResponse",
     "VerbSource",
     "What",
     "error_of",
+    "inbox_prefix",
     "join_compose_pages",
     "join_provisioning_pages",
+    "join_provisions_pages",
+    "node_subject",
+    "provider_subject",
 ]

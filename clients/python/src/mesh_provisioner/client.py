@@ -6,6 +6,7 @@ The wire contract is docs/protocol.md in the repository.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal, TypedDict, TypeVar
 
@@ -15,6 +16,7 @@ from nats.errors import NoRespondersError
 
 from mesh.provisioner.v1.compose_pb2 import ComposeRequest, ComposeResponse
 from mesh.provisioner.v1.provisioning_pb2 import ProvisioningRequest, ProvisioningResponse
+from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
 
 SERVICE_NAME = "mesh-provisioner"
 """The micro service's name, as discovery shows it."""
@@ -22,7 +24,56 @@ PROVISIONING_SUBJECT = f"{SERVICE_NAME}.provisioning"
 """The subject of the verb that reads the registry and the state buckets."""
 COMPOSE_SUBJECT = f"{SERVICE_NAME}.compose"
 """The subject of the verb that composes a node."""
+PROVISIONS_SUBJECT = f"{SERVICE_NAME}.provisions"
+"""The provisions verb's subject before the provider's token: a provider asks
+provider_subject(provider), mesh-provisioner.provisions.<provider>."""
 CONTENT_TYPE_PROTOBUF = "application/protobuf"
+INBOX_ROOT = "_INBOX_MESH"
+"""Starts every inbox prefix of the mesh's identities; not nats-py's default
+_INBOX, which no generated permission set grants."""
+
+Role = Literal["node", "provider", "operator"]
+"""What an identity on the mesh is: its inbox prefix and its permissions
+follow from it (mesh-provisioner permissions --node, --provider, --operator)."""
+
+# A name of the mesh is one subject token.
+_NOT_A_TOKEN = re.compile(r"[.*>\s]")
+
+
+def _check_name(what: str, name: str) -> None:
+    if not name or _NOT_A_TOKEN.search(name):
+        raise ValueError(f"{what} {name!r} is not a name: one subject token (no '.', '*', '>' or whitespace)")
+
+
+def inbox_prefix(role: Role, name: str) -> str:
+    """The inbox prefix of a mesh identity, _INBOX_MESH.<role>.<name>: the one
+    its permissions let it subscribe to. Give it to nats-py when you connect,
+    or no answer can reach you::
+
+        nc = await nats.connect(url, inbox_prefix=inbox_prefix("node", "ace"), ...)
+
+    The service answers a request on a node's (or provider's) own subject
+    only to that identity's inbox (or an operator's, or nats-py's default
+    _INBOX): a node asking with another node's prefix gets no answer.
+
+    Raises ValueError if name is empty or holds a character a subject token
+    may not ('.', '*', '>', whitespace).
+    """
+    _check_name(f"a {role}'s name", name)
+    return f"{INBOX_ROOT}.{role}.{name}"
+
+
+def node_subject(verb_subject: str, node: str) -> str:
+    """A verb's node-addressed subject: node_subject(COMPOSE_SUBJECT, "ace")
+    is "mesh-provisioner.compose.ace". A node's permissions grant its own, and
+    the service answers there only what is the node's (and the registry); it
+    refuses the rest with a 403."""
+    return f"{verb_subject}.{node}"
+
+
+def provider_subject(provider: str) -> str:
+    """The provisions verb's subject of a provider: mesh-provisioner.provisions.<provider>."""
+    return f"{PROVISIONS_SUBJECT}.{provider}"
 
 # The NATS service API headers of a refused request.
 _ERROR_HEADER = "Nats-Service-Error"
@@ -31,13 +82,15 @@ _ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 # other answers within this many seconds.
 _DISCOVERY_STALL = 0.3
 
-_Answer = TypeVar("_Answer", ProvisioningResponse, ComposeResponse)
+_Answer = TypeVar("_Answer", ProvisioningResponse, ComposeResponse, ProvisionsResponse)
 
 
 class ProvisionerError(Exception):
     """A request the service refused, with its code and its sentence.
 
-    code is 400 (bad request: do not retry as is), 503 (not ready: the
+    code is 400 (bad request: do not retry as is), 403 (forbidden: a request
+    on a node's or a provider's own subject asked for what is not its own:
+    another node's records or plan, or every node's), 503 (not ready: the
     server's copy is loading, did not reach the revisions asked for in time,
     or the server is stopping; ask again shortly) or 500 (internal, such as an
     answer too large for NATS: narrow the request); 0 if the reply's code is
@@ -118,7 +171,19 @@ class StatsResponse(ServiceIdentity):
 
 class ProvisionerClient:
     """Asks the mesh-provisioner service over a connection the caller opened
-    (with its credentials) and owns.
+    (with its credentials and its inbox prefix: see inbox_prefix) and owns.
+
+    node, if set, is the node the client asks as: provisioning and compose go
+    to the node's own subjects, mesh-provisioner.provisioning.<node> and
+    mesh-provisioner.compose.<node>, which is all a node's permissions grant.
+    The service answers there only the node's own records, its own
+    composition and the registry, and refuses the rest with a
+    ProvisionerError of code 403; requests still name the node. Unset (an
+    operator), the unscoped subjects.
+
+    subject, compose_subject and provisions_subject are the verbs' subjects
+    (before the node's or provider's token), for a service behind a subject
+    mapping or an account import.
 
     timeout, in seconds, bounds each request: 10 by default, more than the
     5 s a server waits for the revisions a request asks for, so that its 503
@@ -129,14 +194,36 @@ class ProvisionerClient:
         self,
         nc: NATS,
         *,
+        node: str | None = None,
         subject: str = PROVISIONING_SUBJECT,
         compose_subject: str = COMPOSE_SUBJECT,
+        provisions_subject: str = PROVISIONS_SUBJECT,
         timeout: float = 10.0,
     ) -> None:
+        if node is not None:
+            _check_name("node", node)
+            subject, compose_subject = node_subject(subject, node), node_subject(compose_subject, node)
         self._nc = nc
+        self._node = node
         self._subject = subject
         self._compose_subject = compose_subject
+        self._provisions_subject = provisions_subject
         self._timeout = timeout
+
+    @property
+    def node(self) -> str | None:
+        """The node the client asks as, or None."""
+        return self._node
+
+    @property
+    def subject(self) -> str:
+        """The subject the client asks the provisioning verb on: the node's own with node."""
+        return self._subject
+
+    @property
+    def compose_subject(self) -> str:
+        """The subject the client asks the compose verb on: the node's own with node."""
+        return self._compose_subject
 
     async def provisioning(
         self, request: ProvisioningRequest | None = None, *, timeout: float | None = None
@@ -154,6 +241,39 @@ class ProvisionerClient:
         """Asks the compose verb once for the composition of a node (node is
         required): one page of it. Raises as provisioning does."""
         return await self._call(self._compose_subject, request, ComposeResponse(), timeout)
+
+    async def provisions(self, request: ProvisionsRequest, *, timeout: float | None = None) -> ProvisionsResponse:
+        """Asks the provisions verb of a provider, on
+        mesh-provisioner.provisions.<provider> (request.provider, required),
+        for one page of what it must provision across the mesh: every
+        provision that any node's bound needs ask of it, in key order, each
+        with its node.
+
+        Raises ValueError when the request names no provider (it names the
+        subject asked), and otherwise as provisioning does."""
+        if not request.provider:
+            raise ValueError("provisions: request.provider is required: it names the subject asked")
+        return await self._call(
+            f"{self._provisions_subject}.{request.provider}", request, ProvisionsResponse(), timeout
+        )
+
+    async def provisions_pages(
+        self, request: ProvisionsRequest, *, timeout: float | None = None
+    ) -> AsyncIterator[ProvisionsResponse]:
+        """Yields every page of a provider's provisions, asking for the next
+        one with the previous page's token until a page has none."""
+        page_request = ProvisionsRequest()
+        page_request.CopyFrom(request)
+        while True:
+            page = await self.provisions(page_request, timeout=timeout)
+            yield page
+            if not page.next_page_token:
+                return
+            page_request.page_token = page.next_page_token
+
+    async def provisions_all(self, request: ProvisionsRequest, *, timeout: float | None = None) -> ProvisionsResponse:
+        """Returns every provision of a provider, its pages joined (see join_provisions_pages)."""
+        return join_provisions_pages([page async for page in self.provisions_pages(request, timeout=timeout)])
 
     async def provisioning_pages(
         self, request: ProvisioningRequest | None = None, *, timeout: float | None = None
@@ -274,6 +394,17 @@ def join_compose_pages(pages: list[ComposeResponse]) -> ComposeResponse:
         if not whole.phases:  # each page times its own composition: keep the first's
             whole.phases.extend(page.phases)
         whole.node, whole.module = page.node, page.module
+        whole.revisions.CopyFrom(page.revisions)
+    return whole
+
+
+def join_provisions_pages(pages: list[ProvisionsResponse]) -> ProvisionsResponse:
+    """Joins the pages of a provider's provisions, in order, into one answer:
+    provisions concatenated; the provider and revisions are the last page's."""
+    whole = ProvisionsResponse()
+    for page in pages:
+        _join(whole, page, ("provisions",))
+        whole.provider = page.provider
         whole.revisions.CopyFrom(page.revisions)
     return whole
 
