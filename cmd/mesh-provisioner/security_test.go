@@ -424,7 +424,7 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	squeeze := func(s string) string { return strings.Join(strings.Fields(s), "") }
-	for _, args := range [][]string{{"--server"}, {"--server-writer"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}} {
+	for _, args := range [][]string{{"--server"}, {"--server-writer"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}, {"--operator", "alice"}} {
 		if !strings.Contains(squeeze(string(doc)), squeeze(printed(t, args...))) {
 			t.Errorf("docs/security.md does not hold what `permissions %s` prints; regenerate its example", strings.Join(args, " "))
 		}
@@ -446,8 +446,8 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the example does not load: %v", err)
 	}
-	if len(opts.Users) != 5 {
-		t.Errorf("the example has %d users, want 5", len(opts.Users))
+	if len(opts.Users) != 6 {
+		t.Errorf("the example has %d users, want 6", len(opts.Users))
 	}
 }
 
