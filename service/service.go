@@ -212,6 +212,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.workers.Go(s.work)
 	}
 	s.slow = newBurstLog(s.logger, "requests dropped: an endpoint's pending buffer is full (slow consumer)", burstQuiet)
+	// The counters are made before AddService makes the stats handler
+	// live: it reads the map unlocked, so the map is never written after.
+	for _, ep := range s.endpoints() {
+		name, subject := ep.names()
+		s.counters[name] = &counters{subject: subject}
+	}
 
 	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
 		Name:         wire.ServiceName,
