@@ -69,7 +69,7 @@ func (s *Service) endpoints() []registrar {
 
 func (ep endpoint[Req, Res]) register(s *Service) error {
 	req := ep.newRequest()
-	var res Res // a typed nil: its descriptor is all that is read
+	var res Res                  // a typed nil: its descriptor is all that is read
 	count := s.counters[ep.name] // made by Start before the stats handler was live
 	err := s.micro.AddEndpoint(ep.name, micro.HandlerFunc(func(r micro.Request) { ep.handle(s, count, r) }),
 		micro.WithEndpointSubject(ep.subject),
