@@ -37,9 +37,13 @@ func (e *Entry[R]) Tokens() []string { return strings.Split(e.Key, ".") }
 type group[R proto.Message] struct {
 	byKey map[string]*Entry[R]
 	// held and bytes count the keys held and their values' size, which
-	// the budget bounds; refused counts the keys over the budget that are
-	// not even listed (past maxListedOverBudget).
-	held, bytes, refused int
+	// the budget bounds.
+	held, bytes int
+	// refused are the keys over the budget that are not even listed (past
+	// maxListedOverBudget), by their hash, with the revision of their
+	// value: a delete of one of them, or its admission, is counted exactly,
+	// for a few bytes a key.
+	refused map[uint64]uint64
 	// changedAt is the revision of the group's last change.
 	changedAt uint64
 	// gen is the copy's generation at the group's last change: unlike
@@ -81,6 +85,10 @@ type Copy[R proto.Message] struct {
 	budget   Budget
 	onBudget func(Excess)
 	overSet  map[string]*Excess // groups over their budget, by first token
+	// readmit are the groups that made room under their budget while keys
+	// of theirs were not held; readmitWanted says there are some.
+	readmit       map[string]struct{}
+	readmitWanted chan struct{}
 }
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
@@ -91,6 +99,8 @@ func NewCopy[R proto.Message](bucket string, decode func(key string, value []byt
 		loaded:   make(chan struct{}),
 		groups:   map[string]*group[R]{},
 		advanced: make(chan struct{}),
+
+		readmitWanted: make(chan struct{}, 1),
 	}
 }
 
@@ -184,26 +194,53 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	if c.all.Load() != nil {
 		c.all.Store(nil)
 	}
+	freed := g.remove(key)
+	if e != nil {
+		g.add(key, e)
+	}
+	if freed {
+		c.wantReadmit(first, g)
+	}
+	c.checkBudget(first, g)
+	if g.empty() {
+		// A node that left leaves nothing behind: its stamp is then the
+		// empty group's, and what is answered of it is the empty answer.
+		delete(c.groups, first)
+	}
+}
+
+// remove takes key out of the group, held, listed or refused, and reports
+// whether it was held: its room under the budget is free now.
+func (g *group[R]) remove(key string) (held bool) {
 	if old := g.byKey[key]; old != nil {
 		g.forget(old)
 		delete(g.byKey, key)
-	} else if deleted && g.refused > 0 {
-		g.refused-- // most likely one of the keys refused unlisted
+		return !old.overBudget
 	}
-	if e != nil && (e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget) {
-		g.refused++ // counted, not listed: the listing is bounded too
-		e = nil
-	}
-	if e != nil {
-		g.byKey[key] = e
-		if !e.overBudget {
-			g.held++
-			g.bytes += int(e.size)
-		}
-	}
-	c.checkBudget(first, g)
-	// An empty group stays: it remembers when it changed.
+	delete(g.refused, refusedHash(key))
+	return false
 }
+
+// add puts an entry in the group: held, listed as over the budget, or, once
+// maxListedOverBudget are listed, refused (counted, not listed: the listing
+// is bounded too).
+func (g *group[R]) add(key string, e *Entry[R]) {
+	if e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget {
+		if g.refused == nil {
+			g.refused = map[uint64]uint64{}
+		}
+		g.refused[refusedHash(key)] = e.Malformed.GetRevision()
+		return
+	}
+	g.byKey[key] = e
+	if !e.overBudget {
+		g.held++
+		g.bytes += int(e.size)
+	}
+}
+
+// empty reports whether the group holds, lists and refuses nothing.
+func (g *group[R]) empty() bool { return len(g.byKey) == 0 && len(g.refused) == 0 }
 
 // decoded returns the entry of a key held in the copy.
 func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
@@ -222,6 +259,7 @@ func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
 func (c *Copy[R]) keepOnly(live map[string]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	liveRefused := c.liveRefused(live)
 	for first, g := range c.groups {
 		for key, e := range g.byKey {
 			if !live[key] {
@@ -233,11 +271,36 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 				g.changedAt, g.gen = c.revision, c.gen
 			}
 		}
+		for h := range g.refused {
+			if _, ok := liveRefused[h]; !ok {
+				delete(g.refused, h)
+			}
+		}
 		c.checkBudget(first, g)
-		if len(g.byKey) == 0 {
+		if g.empty() {
 			delete(c.groups, first)
 		}
 	}
+}
+
+// liveRefused returns the hashes of the live keys of the groups that refuse
+// keys: the refused keys a full read delivered.
+func (c *Copy[R]) liveRefused(live map[string]bool) map[uint64]struct{} {
+	refusing := false
+	for _, g := range c.groups {
+		refusing = refusing || len(g.refused) > 0
+	}
+	if !refusing {
+		return nil
+	}
+	out := map[uint64]struct{}{}
+	for key := range live {
+		first, _, _ := strings.Cut(key, ".")
+		if g := c.groups[first]; g != nil && len(g.refused) > 0 {
+			out[refusedHash(key)] = struct{}{}
+		}
+	}
+	return out
 }
 
 // sortedOf returns a group's entries in key order, sorting them if they
@@ -342,7 +405,8 @@ func (c *Copy[R]) WaitFilled(ctx context.Context) bool {
 
 // Stamp identifies what the group first holds now (every group, for an
 // empty first): it changes whenever the group does, and never takes a value
-// it had before. It returns the copy's revision too.
+// it had before but zero, the stamp of a group that holds nothing. It
+// returns the copy's revision too.
 func (c *Copy[R]) Stamp(first string) (stamp, revision uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

@@ -41,6 +41,9 @@ type Watched interface {
 	MarkLoaded()
 	setBehind(bool)
 	keepOnly(live map[string]bool)
+	readmits() <-chan struct{}
+	takeReadmits() []string
+	notHeld(key string) (revision uint64, ok bool)
 }
 
 // Copies returns the four copies, the registry first.

@@ -107,6 +107,7 @@ func (w *Watchers) Run(ctx context.Context) {
 	for _, f := range w.followers {
 		wg.Go(func() { f.run(ctx) })
 		wg.Go(func() { f.pollWhileBehind(ctx) })
+		wg.Go(func() { f.readmitLoop(ctx) })
 	}
 	wg.Go(func() {
 		for {
@@ -537,4 +538,85 @@ func (f *follower) pollOnce(ctx context.Context) {
 			f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
 		}
 	}
+}
+
+// readmitEvery spaces the reads of nodes back under their budget: a node
+// that deletes its keys one by one is read again once a period, not once a
+// delete.
+const readmitEvery = 250 * time.Millisecond
+
+// readmitLoop reads again the keys not held of each node that made room
+// under its budget, so that they are held as if they had just been written.
+func (f *follower) readmitLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.copy.readmits():
+		}
+		for _, node := range f.copy.takeReadmits() {
+			if err := f.readmit(ctx, node); err != nil && ctx.Err() == nil {
+				f.logger.Warn("reading again the keys of a node back within its budget failed; its keys not held wait for its next change", "node", node, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(readmitEvery):
+		}
+	}
+}
+
+// readmit reads the last value of each key of node, and applies those the
+// copy does not hold because of the budget, each only if the copy still
+// has it at the revision read: a later change is the watcher's to apply.
+func (f *follower) readmit(ctx context.Context, node string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*apiTimeout)
+	defer cancel()
+	consumer, err := f.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{f.prefix + node, f.prefix + node + ".>"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return err
+	}
+	admitted := 0
+	for {
+		batch, err := consumer.Fetch(pullBatch, jetstream.FetchMaxWait(apiTimeout))
+		if err != nil {
+			return err
+		}
+		last := true
+		for msg := range batch.Messages() {
+			meta, err := msg.Metadata()
+			if err != nil {
+				return err
+			}
+			last = meta.NumPending == 0
+			key, ok := strings.CutPrefix(msg.Subject(), f.prefix)
+			if ok && !isDelete(msg.Headers()) && f.readmitKey(key, msg.Data(), meta.Sequence.Stream) {
+				admitted++
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return err
+		}
+		if last {
+			f.logger.Debug("read again the keys of a node back within its budget", "node", node, "admitted", admitted)
+			return nil
+		}
+	}
+}
+
+// readmitKey applies a value read again if the copy holds its key, not
+// held, at that value's revision.
+func (f *follower) readmitKey(key string, value []byte, revision uint64) bool {
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	if at, ok := f.copy.notHeld(key); !ok || at != revision {
+		return false
+	}
+	f.copy.Apply(key, value, revision, false)
+	_, still := f.copy.notHeld(key)
+	return !still
 }
