@@ -72,6 +72,7 @@ func (c *Copy[R]) overBudgetEntry(key string, revision uint64) *Entry[R] {
 	return &Entry[R]{
 		Key:        key,
 		overBudget: true,
+		revision:   revision,
 		Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Revision: revision, Reason: fmt.Sprintf(
 			"not held: node %s is over its budget of %s in this bucket; delete some of its keys, or raise the server's --node-max-keys/--node-max-bytes", first, c.budget)},
 	}

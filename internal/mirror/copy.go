@@ -27,6 +27,9 @@ type Entry[R proto.Message] struct {
 	size int32
 	// overBudget says the key is not held: its node was over its budget.
 	overBudget bool
+	// revision is the value's: the bucket holds its message while the copy
+	// holds the key.
+	revision uint64
 }
 
 // Tokens returns the key's tokens: what filters read of a malformed key.
@@ -46,6 +49,9 @@ type group[R proto.Message] struct {
 	refused map[uint64]uint64
 	// changedAt is the revision of the group's last change.
 	changedAt uint64
+	// oldest is the least revision of the group's keys, held or not; zero
+	// while it is to be found again (oldestOf).
+	oldest uint64
 	// gen is the copy's generation at the group's last change: unlike
 	// revisions, generations never repeat, even when a new watcher brings
 	// older revisions again.
@@ -215,9 +221,18 @@ func (g *group[R]) remove(key string) (held bool) {
 	if old := g.byKey[key]; old != nil {
 		g.forget(old)
 		delete(g.byKey, key)
+		if old.revision == g.oldest {
+			g.oldest = 0
+		}
 		return !old.overBudget
 	}
-	delete(g.refused, refusedHash(key))
+	h := refusedHash(key)
+	if revision, ok := g.refused[h]; ok {
+		delete(g.refused, h)
+		if revision == g.oldest {
+			g.oldest = 0
+		}
+	}
 	return false
 }
 
@@ -225,6 +240,9 @@ func (g *group[R]) remove(key string) (held bool) {
 // maxListedOverBudget are listed, refused (counted, not listed: the listing
 // is bounded too).
 func (g *group[R]) add(key string, e *Entry[R]) {
+	if g.oldest != 0 || g.empty() {
+		g.oldest = min(g.oldest-1, e.revision-1) + 1 // zero is unknown: taken as the highest
+	}
 	if e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget {
 		if g.refused == nil {
 			g.refused = map[uint64]uint64{}
@@ -244,7 +262,7 @@ func (g *group[R]) empty() bool { return len(g.byKey) == 0 && len(g.refused) == 
 
 // decoded returns the entry of a key held in the copy.
 func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
-	e := &Entry[R]{Key: key, size: int32(len(value))}
+	e := &Entry[R]{Key: key, size: int32(len(value)), revision: revision}
 	record, err := c.decode(key, value, revision)
 	if err != nil {
 		e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
@@ -276,6 +294,7 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 				delete(g.refused, h)
 			}
 		}
+		g.oldest = 0 // found again when asked
 		c.checkBudget(first, g)
 		if g.empty() {
 			delete(c.groups, first)
@@ -370,6 +389,42 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	}
 	c.mu.Unlock()
 	return all, revision
+}
+
+// liveKeys returns how many keys the copy has (held, listed or refused
+// over a budget), each a message of the bucket, the least of their
+// revisions (zero when there are none), and the copy's revision.
+func (c *Copy[R]) liveKeys() (n int, oldest, revision uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	revision = c.revision
+	for _, g := range c.groups {
+		n += len(g.byKey) + len(g.refused)
+		if o := g.oldestOf(); o > 0 && (oldest == 0 || o < oldest) {
+			oldest = o
+		}
+	}
+	return n, oldest, revision
+}
+
+// oldestOf returns the least revision of the group's keys, finding it again
+// if a key that had it left. The caller holds c.mu.
+func (g *group[R]) oldestOf() uint64 {
+	if g.oldest == 0 && !g.empty() {
+		o := uint64(0)
+		for _, e := range g.byKey {
+			if o == 0 || e.revision < o {
+				o = e.revision
+			}
+		}
+		for _, revision := range g.refused {
+			if o == 0 || revision < o {
+				o = revision
+			}
+		}
+		g.oldest = o
+	}
+	return g.oldest
 }
 
 // Empty reports whether the copy holds no key.

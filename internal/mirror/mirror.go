@@ -44,6 +44,7 @@ type Watched interface {
 	readmits() <-chan struct{}
 	takeReadmits() []string
 	notHeld(key string) (revision uint64, ok bool)
+	liveKeys() (n int, oldest, revision uint64)
 }
 
 // Copies returns the four copies, the registry first.

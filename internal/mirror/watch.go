@@ -108,6 +108,7 @@ func (w *Watchers) Run(ctx context.Context) {
 		wg.Go(func() { f.run(ctx) })
 		wg.Go(func() { f.pollWhileBehind(ctx) })
 		wg.Go(func() { f.readmitLoop(ctx) })
+		wg.Go(func() { f.auditLoop(ctx) })
 	}
 	wg.Go(func() {
 		for {
@@ -149,6 +150,9 @@ type follower struct {
 	// not deliver: the poller stands aside, lest a key it applies after the
 	// read began be dropped.
 	reloading bool
+	// lost says the bucket lost messages the copy holds (a purge): the next
+	// consumer reads every key again, whatever the revisions say.
+	lost bool
 }
 
 // connectionChanged ends the consumer being followed when the connection is
@@ -284,7 +288,7 @@ func (f *follower) follow(ctx context.Context) error {
 	}
 	// live collects the keys of a full read, whose end drops the others.
 	var live map[string]bool
-	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq
+	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
 	if reload {
 		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 		if !f.copy.Empty() { // an empty copy has nothing to drop
@@ -476,6 +480,16 @@ func (f *follower) keepOnly(live map[string]bool) {
 	f.applying.Lock()
 	defer f.applying.Unlock()
 	f.copy.keepOnly(live)
+	f.mu.Lock()
+	f.lost = false
+	f.mu.Unlock()
+}
+
+// lostMessages reports whether the bucket lost messages the copy holds.
+func (f *follower) lostMessages() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lost
 }
 
 func (f *follower) setReloading(reloading bool) {
@@ -619,4 +633,64 @@ func (f *follower) readmitKey(key string, value []byte, revision uint64) bool {
 	f.copy.Apply(key, value, revision, false)
 	_, still := f.copy.notHeld(key)
 	return !still
+}
+
+// auditEvery is how often a follower checks that its bucket still holds
+// what its copy holds.
+const auditEvery = time.Second
+
+// auditLoop notices that the bucket lost messages the copy holds (a purge
+// by an operator, messages removed by limits), which no consumer delivers:
+// the copy is then behind, and a new consumer reads every key again.
+func (f *follower) auditLoop(ctx context.Context) {
+	tick := time.NewTicker(auditEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if behind, _ := f.state(); behind || !f.copy.Ready() || !f.conn.IsConnected() {
+			continue
+		}
+		if why := f.audit(ctx); why != "" {
+			f.mu.Lock()
+			f.lost = true
+			f.mu.Unlock()
+			f.fellBehind(why)
+			f.mu.Lock()
+			if f.cancel != nil {
+				f.cancel() // the next consumer reads every key again
+			}
+			f.mu.Unlock()
+		}
+	}
+}
+
+// audit says why the bucket no longer holds what the copy holds, or "". Each
+// key the copy holds is a message of the bucket at the copy's revision, and
+// later changes never lower the count (a delete's marker replaces its
+// key's value): fewer messages than keys, or, while the copy is at the
+// stream's last revision, a first message after a key's, mean messages were
+// removed. The count is read before the stream's state, which is thus at
+// least as new.
+func (f *follower) audit(ctx context.Context) string {
+	keys, oldest, revision := f.copy.liveKeys()
+	if keys == 0 {
+		return ""
+	}
+	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	info, err := f.stream.Info(apiCtx)
+	if err != nil {
+		return "" // the consumer notices a bucket that is gone
+	}
+	switch {
+	case info.State.Msgs < uint64(keys):
+		return fmt.Sprintf("the bucket holds %d messages, fewer than the %d keys of the copy: it was purged", info.State.Msgs, keys)
+	case oldest > 0 && info.State.LastSeq == revision && info.State.FirstSeq > oldest:
+		return fmt.Sprintf("the bucket's first message is at revision %d, after the copy's key at %d: it was purged", info.State.FirstSeq, oldest)
+	}
+	return ""
 }
