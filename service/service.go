@@ -129,6 +129,10 @@ type Service struct {
 	gate    sync.RWMutex
 	closed  bool
 	answers sync.WaitGroup
+	// registering orders the endpoints' late registration against Stop:
+	// once unregistered is set, none is added.
+	registering  sync.Mutex
+	unregistered bool
 
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
@@ -142,9 +146,11 @@ type Service struct {
 }
 
 // Start opens the provisioning buckets, starts watching them and adds the
-// micro service. It returns once the server has the service's subscriptions,
-// without waiting for the copy: until it is loaded (see WaitReady), the
-// endpoints answer 503.
+// micro service. Alone on the bus, it returns once the server has the
+// endpoints' subscriptions, without waiting for the copy: until it is loaded
+// (see WaitReady), the endpoints answer 503. Beside instances that answer
+// already, it adds its endpoints only once its copy is whole, so that it
+// takes no request from the queue group before it can answer it.
 func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("service: Config.Conn is required")
@@ -246,21 +252,71 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.stopWatchers()
 		return nil, fmt.Errorf("add micro service: %w", err)
 	}
-	for _, ep := range s.endpoints() {
-		if err := ep.register(s); err != nil {
-			s.Stop()
-			return nil, err
-		}
+	if s.othersServe(ctx) {
+		// Ready instances answer meanwhile: this one joins the queue group
+		// only once its copy is whole, so that it takes no request it
+		// could only refuse.
+		s.watchers.Go(s.registerWhenReady)
+		return s, nil
 	}
-	// Once Start returns, the server knows the subscriptions: a request sent
-	// then is answered, if only with a 503.
+	// Alone, it answers at once, if only with a 503 while it loads: an
+	// asker hears why rather than "no responders".
 	flushCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := cfg.Conn.FlushWithContext(flushCtx); err != nil {
+	if err := s.registerEndpoints(flushCtx); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("register the service's subscriptions: %w", err)
+		return nil, err
 	}
 	return s, nil
+}
+
+// probeTimeout bounds the question whether other instances serve.
+const probeTimeout = 500 * time.Millisecond
+
+// othersServe reports whether another instance answers the verbs now: a
+// request to one of them gets an answer, whatever it says, rather than "no
+// responders".
+func (s *Service) othersServe(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	_, err := s.conn.RequestWithContext(ctx, wire.ProvisioningSubject, nil)
+	return err == nil
+}
+
+// registerWhenReady adds the endpoints once the copy is whole, unless Stop
+// came first.
+func (s *Service) registerWhenReady() {
+	if err := s.WaitReady(s.stopping); err != nil {
+		return // stopped
+	}
+	ctx, cancel := context.WithTimeout(s.stopping, 10*time.Second)
+	defer cancel()
+	if err := s.registerEndpoints(ctx); err != nil {
+		if s.stopping.Err() == nil {
+			s.logger.Error("adding the service's endpoints failed", "err", err)
+		}
+		return
+	}
+	s.logger.Info("the copy is whole: taking requests from the queue group beside the other instances")
+}
+
+// registerEndpoints adds the endpoints and returns once the server has their
+// subscriptions: a request sent then is answered, if only with a 503.
+func (s *Service) registerEndpoints(ctx context.Context) error {
+	s.registering.Lock()
+	defer s.registering.Unlock()
+	if s.unregistered {
+		return nil
+	}
+	for _, ep := range s.endpoints() {
+		if err := ep.register(s); err != nil {
+			return err
+		}
+	}
+	if err := s.conn.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("register the service's subscriptions: %w", err)
+	}
+	return nil
 }
 
 // WaitReady returns once the copy of every bucket holds the bucket's initial
@@ -301,6 +357,9 @@ func (s *Service) Stats() micro.Stats { return s.micro.Stats() }
 // the service started has ended.
 func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
+		s.registering.Lock()
+		s.unregistered = true // no endpoint is added after this
+		s.registering.Unlock()
 		if err := s.micro.Stop(); err != nil {
 			s.logger.Warn("stopping micro service", "err", err)
 		}
