@@ -15,14 +15,20 @@ import (
 
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
 // TestFaultStartStopStats starts and stops the service in-process again and
-// again while another connection asks $SRV.STATS without pause: with the
-// race detector (make test-faults runs this test with -race), any write
-// the stats handler can see after micro made it live is reported.
+// again beside a serving instance, so that each adds its endpoints while
+// its stats are live (once its copy is loaded), while another connection
+// asks its $SRV.STATS without pause: with the race detector (make
+// test-faults runs this test with -race), any write the stats handler can
+// see is reported. Stats are asked of each instance once Start returned:
+// during micro.AddService itself, nats.go's micro writes the service's start
+// time after its stats handler is live (micro/service.go, svc.started), a
+// race of nats.go's own that this test would otherwise report.
 func TestFaultStartStopStats(t *testing.T) {
 	cycles := 1000
 	if testing.Short() {
@@ -39,9 +45,11 @@ func TestFaultStartStopStats(t *testing.T) {
 	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
+	servicetest.Start(t, natstest.Connect(t, s), func(cfg *service.Config) { cfg.Logger = slog.New(slog.DiscardHandler) })
 	// The asker publishes without waiting, so that stats are asked at
-	// every moment of a cycle, the one between AddService and the
-	// endpoints included.
+	// every moment of a cycle from Start's return, the endpoints'
+	// registration included.
+	var current atomic.Pointer[string] // the stats subject of the instance started last
 	asker := natstest.Connect(t, s)
 	inbox := nats.NewInbox()
 	var answered atomic.Int64
@@ -61,8 +69,10 @@ func TestFaultStartStopStats(t *testing.T) {
 					return
 				case <-time.After(50 * time.Microsecond):
 				}
-				asked.Add(1)
-				_ = asker.PublishRequest("$SRV.STATS."+wire.ServiceName, inbox, nil)
+				if subject := current.Load(); subject != nil {
+					asked.Add(1)
+					_ = asker.PublishRequest(*subject, inbox, nil)
+				}
 			}
 		})
 	}
@@ -70,10 +80,19 @@ func TestFaultStartStopStats(t *testing.T) {
 	for range cycles {
 		cycleCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		svc, err := service.Start(cycleCtx, service.Config{Conn: nc, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		subject := "$SRV.STATS." + wire.ServiceName + "." + svc.Info().ID
+		current.Store(&subject)
+		err = svc.WaitReady(cycleCtx)
 		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
+		time.Sleep(time.Millisecond) // asked after the endpoints are added too
+		current.Store(nil)
 		svc.Stop()
 	}
 	close(done)
