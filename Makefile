@@ -123,9 +123,14 @@ test-browser: chromium ## Open serve --http's status page in headless chromium a
 	MESH_PROVISIONER_CHROMIUM=$$(command -v chromium || command -v chromium-browser) MESH_PROVISIONER_SCREENSHOT_DIR=$(CURDIR)/build \
 		go test -count=1 -tags browser -run '^TestStatusPageInABrowser$$' -v ./cmd/mesh-provisioner 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|\s+\S+_test\.go:)'
 
+# The fault tests' own log lines (slog's text, "time=...") are left out;
+# everything else shows, DATA RACE reports and panics included.
+FAULTS_FILTER := grep -vE '^time='
+
 .PHONY: test-faults
-test-faults: ## Fault tests (build tag faults): NATS restarts, leader loss in a 3-server cluster, a flood; about 2 minutes. RACE=-race to add the race detector
-	go test $(RACE) -count=1 -tags faults -run 'Fault' -v ./internal/faults/ 2>&1 | grep -E '^(=== RUN|--- |PASS|FAIL|ok|\s+\S+_test\.go:)'
+test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a purge, a restart beside ready instances, start/stop races; each prints its figures. RACE=-race to add the race detector to all
+	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
+	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
 
 clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund

@@ -197,21 +197,29 @@ func Operator(name string) (Permissions, error) {
 //
 //   - subscribe mesh-provisioner.> (its verbs) and $SRV.> (micro discovery);
 //   - publish only to the inboxes it answers to (wire.ReplyPrefixes, each
-//     as "<prefix>>"): the answers.
+//     as "<prefix>>"): the answers;
+//   - publish $SRV.INFO.mesh-provisioner, and publish and subscribe its own
+//     inbox _INBOX_MESH.server.mesh-provisioner.>: at start an instance
+//     asks discovery whether others serve (service.Start), and instances
+//     answer each other there.
 //
 // It has no allow_responses, which nats-server honours over any deny, so an
 // answer aimed at anything but an inbox is refused by nats-server whatever
 // the service does; and it is denied, so that no later allow can grant
 // them, JetStream's and KV's subjects, the seat, system subjects and the
-// server role's inboxes, where its writer's replies arrive. It writes
-// nothing: ServerWriter does.
+// writer's inbox, where its writer's replies arrive. It writes nothing:
+// ServerWriter does.
 func Server() Permissions {
 	var p Permissions
 	for _, prefix := range wire.ReplyPrefixes() {
 		p.Publish.Allow = append(p.Publish.Allow, prefix+">")
 	}
-	p.Publish.Deny = []string{"$JS.>", "$KV.>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, ">")}
-	p.Subscribe.Allow = []string{wire.ServiceName + ".>", "$SRV.>"}
+	own := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".>"
+	// At start an instance asks discovery whether others serve; their
+	// answers come to its own inbox.
+	p.Publish.Allow = append(p.Publish.Allow, "$SRV.INFO."+wire.ServiceName, own)
+	p.Publish.Deny = []string{"$JS.>", "$KV.>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
+	p.Subscribe.Allow = []string{wire.ServiceName + ".>", "$SRV.>", own}
 	return p
 }
 

@@ -3,8 +3,10 @@ package registry
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -205,10 +207,11 @@ const retryChange = time.Second
 
 // Run watches the bucket, reconciles at once, then every Interval and
 // RestoreDelay after any change of the bucket that leaves a key different
-// from the table (a write or delete by anyone else), until ctx is done, and returns
-// then. The first run's error ends Run: a registry that cannot be written at
-// start is a configuration to fix (or, through a seat, a seat lost). A later
-// run that fails is logged and tried again.
+// from the table (a write or delete by anyone else), until ctx is done, and
+// returns nil then. Only an invalid table ends it early. Whatever the bus
+// causes (a watch or a write that times out in a stream's leader election,
+// a lost watcher, a write refused) is logged and tried again with a backoff:
+// through a seat, a lost seat ends ctx.
 func (r *Reconciler) Run(ctx context.Context) error {
 	table := r.table()
 	if err := Validate(table); err != nil {
@@ -218,8 +221,43 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	pause := retryMin
+	for {
+		err := r.watchAndRun(ctx, wanted)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, errReconciled) {
+			pause = retryMin // it had run: not a failure streak
+		}
+		r.logger().Warn("registry reconcile failed; trying again", "err", err, "in", pause)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause/2 + rand.N(pause/2+1)):
+		}
+		pause = min(2*pause, retryMax)
+	}
+}
+
+// How long Run pauses before it watches and reconciles again after a
+// failure: jittered, doubling from retryMin to retryMax, short enough that
+// the registry is written soon after an election ends.
+const (
+	retryMin = 250 * time.Millisecond
+	retryMax = 5 * time.Second
+)
+
+// errReconciled wraps the failure of a watch whose first run had succeeded.
+var errReconciled = errors.New("after a reconcile")
+
+// watchAndRun watches the bucket, reconciles at once and then as Run says,
+// until ctx is done (nil) or the watch or a first run fails.
+func (r *Reconciler) watchAndRun(ctx context.Context, wanted map[string][]byte) error {
 	// Watch before the first run, so that no change after it is missed.
-	watcher, err := r.KV.WatchAll(ctx, jetstream.UpdatesOnly())
+	wctx, cancel := context.WithTimeout(ctx, watchTimeout)
+	watcher, err := r.KV.WatchAll(wctx, jetstream.UpdatesOnly())
+	cancel()
 	if err != nil {
 		return fmt.Errorf("watch registry bucket %s: %w", r.KV.Bucket(), err)
 	}
@@ -249,7 +287,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 			_, err = r.runOnce(ctx, cause)
 		case e, ok := <-watcher.Updates():
 			if !ok {
-				return fmt.Errorf("watch registry bucket %s: %w", r.KV.Bucket(), kvread.ErrWatcherStopped)
+				return fmt.Errorf("watch registry bucket %s: %w: %w", r.KV.Bucket(), errReconciled, kvread.ErrWatcherStopped)
 			}
 			if e != nil && changed == nil && differs(wanted, e) {
 				r.logger().Info("registry entry changed by someone else; restoring it", "key", e.Key(), "op", e.Operation().String(), "revision", e.Revision(), "in", delay)
@@ -268,6 +306,10 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// watchTimeout bounds the creation of the registry's watcher: one asked
+// during an election is given up and asked again.
+const watchTimeout = 5 * time.Second
 
 // encodeTable returns each entry's value as Reconcile writes it, by key.
 func encodeTable(table []*provisionerv1.RegistryEntry) (map[string][]byte, error) {

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -383,5 +385,60 @@ func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not within %s", within)
 		}
+	}
+}
+
+// failingPublisher refuses its first writes, as a stream does during a
+// leader election, then publishes through JetStream.
+type failingPublisher struct {
+	js    jetstream.JetStream
+	fails atomic.Int32
+}
+
+func (p *failingPublisher) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if p.fails.Add(-1) >= 0 {
+		return nil, context.DeadlineExceeded
+	}
+	return p.js.PublishMsg(ctx, msg, opts...)
+}
+
+// A first run that fails, as during an election, is tried again: Run never
+// ends on what the bus causes.
+func TestReconcilerRetriesAFailedFirstRun(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: keys.RegistryBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := &failingPublisher{js: js}
+	pub.fails.Store(3)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	reconciled := make(chan registry.Report, 1)
+	r := &registry.Reconciler{KV: kv, Publisher: pub, Reconciled: func(rep registry.Report) {
+		select {
+		case reconciled <- rep:
+		default:
+		}
+	}}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	select {
+	case rep := <-reconciled:
+		if len(rep.Written) == 0 {
+			t.Errorf("the run after the failures wrote nothing: %+v", rep)
+		}
+	case err := <-done:
+		t.Fatalf("Run ended on a failed write: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the registry was not written within 10s of three failed writes")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run returned %v once its context was done", err)
 	}
 }

@@ -1,6 +1,7 @@
 package seat
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -51,13 +52,21 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Defaults of Config. A holder renews every TTL/3, so a renewal may fail
-// twice (a leader election of the stream) before the lease runs out; a
+// Defaults of Config. A holder renews every TTL/6 and, after a renewal that
+// failed (a leader election of the stream), every renewRetry, so that it
+// keeps its seat through an election that ends before its lease does; a
 // standby sees a lease gone within Poll, so a dead holder is replaced within
 // TTL + Poll and about a second of the stream's expiry timer.
 const (
 	DefaultTTL  = 6 * time.Second
 	DefaultPoll = 250 * time.Millisecond
+)
+
+// How often a holder renews: renewsPerTTL times a TTL, and every renewRetry
+// after a renewal failed.
+const (
+	renewsPerTTL = 6
+	renewRetry   = 250 * time.Millisecond
 )
 
 // Status is what an instance knows of the seat.
@@ -187,7 +196,7 @@ func (s *Seat) hold(ctx context.Context, tenure func(ctx context.Context) error)
 	s.mu.Unlock()
 	done := make(chan error, 1)
 	go func() { done <- tenure(tctx) }()
-	renew := time.NewTicker(s.cfg.TTL / 3)
+	renew := time.NewTimer(s.cfg.TTL / renewsPerTTL)
 	defer renew.Stop()
 	for {
 		select {
@@ -205,7 +214,13 @@ func (s *Seat) hold(ctx context.Context, tenure func(ctx context.Context) error)
 			}
 			done = nil // tenure is done with its work; keep the seat
 		case <-renew.C:
-			if !s.renew(ctx) {
+			held, renewed := s.renew(ctx)
+			if renewed {
+				renew.Reset(s.cfg.TTL / renewsPerTTL)
+			} else {
+				renew.Reset(renewRetry)
+			}
+			if !held {
 				cancel()
 				if done != nil {
 					if err := <-done; err != nil {
@@ -237,15 +252,29 @@ func (s *Seat) read(ctx context.Context) (lease, uint64, error) {
 	if err != nil {
 		return lease{}, 0, err
 	}
-	var l lease
-	if len(msg.Data) > 0 {
-		if err := json.Unmarshal(msg.Data, &l); err != nil || l.Holder == "" {
-			// Not a lease of ours: treat it as held by someone unknown
-			// rather than take it over; it expires if it has a TTL.
-			l = lease{Holder: "?", Since: msg.Time}
-		}
+	l, ok := liveLease(msg)
+	if !ok {
+		// Not a live lease (empty, undecodable, another shape, or written
+		// without a TTL, so never to expire): a vacant seat, which a
+		// standby takes by a compare-and-set on this message's sequence.
+		l = lease{}
 	}
 	return l, msg.Sequence, nil
+}
+
+// liveLease decodes a lease as this package writes it: a JSON object naming
+// its holder and carrying a TTL, so that it expires with its holder.
+func liveLease(msg *jetstream.RawStreamMsg) (lease, bool) {
+	if len(msg.Data) == 0 || msg.Header.Get(jetstream.MsgTTLHeader) == "" {
+		return lease{}, false
+	}
+	var l lease
+	dec := json.NewDecoder(bytes.NewReader(msg.Data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil || l.Holder == "" || l.Since.IsZero() || dec.More() {
+		return lease{}, false
+	}
+	return l, true
 }
 
 // tryAcquire takes the seat if it is vacant, and reports whether it did.
@@ -295,34 +324,37 @@ func (s *Seat) publishLease(ctx context.Context, l lease, seq uint64) (*jetstrea
 		jetstream.WithExpectLastSequencePerSubject(seq), jetstream.WithMsgTTL(s.cfg.TTL))
 }
 
-// renew renews the lease, and reports whether the seat is still held.
-func (s *Seat) renew(ctx context.Context) bool {
+// renew renews the lease, and reports whether the seat is still held and
+// whether the lease was renewed.
+func (s *Seat) renew(ctx context.Context) (held, renewed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.held {
-		return false
+		return false, false
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/3)
+	// An attempt never outlives the lease: past it, the seat is lost.
+	left := s.cfg.TTL - time.Since(s.renewed)
+	rctx, cancel := context.WithTimeout(ctx, max(min(s.cfg.TTL/3, left), renewRetry))
 	defer cancel()
 	sent := time.Now()
 	ack, err := s.publishLease(rctx, lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
 	switch {
 	case err == nil:
 		s.rev, s.renewed = ack.Sequence, sent
-		return true
+		return true, true
 	case isWrongLastSequence(err) && s.adoptLocked(ctx):
-		return true // a renewal whose answer was lost had gone through
+		return true, true // a renewal whose answer was lost had gone through
 	case isWrongLastSequence(err):
 		s.loseLocked("the lease was taken over or expired", err)
-		return false
+		return false, false
 	case time.Since(s.renewed) >= s.cfg.TTL:
 		s.loseLocked("the lease could not be renewed within its TTL", err)
-		return false
+		return false, false
 	default:
 		if ctx.Err() == nil {
-			s.logger.Warn("renewing the provisioner seat failed; trying again", "err", err)
+			s.logger.Warn("renewing the provisioner seat failed; trying again", "err", err, "in", renewRetry)
 		}
-		return true
+		return true, false
 	}
 }
 

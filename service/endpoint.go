@@ -76,8 +76,13 @@ type timings struct {
 
 // registrar is what Start needs of an endpoint, whatever its types.
 type registrar interface {
+	// names returns the endpoint's name and subject, which its counters
+	// are made with before micro can ask for them.
+	names() (name, subject string)
 	register(s *Service) error
 }
+
+func (ep endpoint[Req, Res]) names() (name, subject string) { return ep.name, ep.subjectOf() }
 
 // endpoints lists the verbs the service answers.
 func (s *Service) endpoints() []registrar {
@@ -92,9 +97,8 @@ func (s *Service) endpoints() []registrar {
 
 func (ep endpoint[Req, Res]) register(s *Service) error {
 	req := ep.newRequest()
-	var res Res // a typed nil: its descriptor is all that is read
-	count := &counters{subject: ep.subjectOf()}
-	s.counters[ep.name] = count
+	var res Res                  // a typed nil: its descriptor is all that is read
+	count := s.counters[ep.name] // made by Start before the stats handler was live
 	err := s.micro.AddEndpoint(ep.name, micro.HandlerFunc(func(r micro.Request) { ep.handle(s, count, r) }),
 		micro.WithEndpointSubject(ep.subjectOf()),
 		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),

@@ -46,6 +46,7 @@ func TestWorkersAreBounded(t *testing.T) {
 			return &provisionerv1.ProvisioningResponse{}, timings{}, nil
 		},
 	}
+	s.counters["blocking"] = &counters{subject: "test.blocking"} // as Start makes them; no stats are asked here
 	if err := blocking.register(s); err != nil {
 		t.Fatal(err)
 	}

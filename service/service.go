@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -140,6 +141,10 @@ type Service struct {
 	gate    sync.RWMutex
 	closed  bool
 	answers sync.WaitGroup
+	// registering orders the endpoints' late registration against Stop:
+	// once unregistered is set, none is added.
+	registering  sync.Mutex
+	unregistered bool
 
 	replyPrefixes []string
 	// refusedReplies rate-limits the warning logged for a request refused
@@ -159,9 +164,11 @@ type Service struct {
 }
 
 // Start opens the provisioning buckets, starts watching them and adds the
-// micro service. It returns once the server has the service's subscriptions,
-// without waiting for the copy: until it is loaded (see WaitReady), the
-// endpoints answer 503.
+// micro service. Alone on the bus, it returns once the server has the
+// endpoints' subscriptions, without waiting for the copy: until it is loaded
+// (see WaitReady), the endpoints answer 503. Beside instances that answer
+// already, it adds its endpoints only once its copy is whole, so that it
+// takes no request from the queue group before it can answer it.
 func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("service: Config.Conn is required")
@@ -239,7 +246,14 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.workers.Go(s.work)
 	}
 	s.slow = newBurstLog(s.logger, "requests dropped: an endpoint's pending buffer is full (slow consumer)", burstQuiet)
+	// The counters are made before AddService makes the stats handler
+	// live: it reads the map unlocked, so the map is never written after.
+	for _, ep := range s.endpoints() {
+		name, subject := ep.names()
+		s.counters[name] = &counters{subject: subject}
+	}
 
+	othersServe := s.othersServe(ctx) // before this instance answers discovery too
 	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
 		Name:         wire.ServiceName,
 		Version:      cfg.Version,
@@ -267,21 +281,98 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.stopWatchers()
 		return nil, fmt.Errorf("add micro service: %w", err)
 	}
-	for _, ep := range s.endpoints() {
-		if err := ep.register(s); err != nil {
-			s.Stop()
-			return nil, err
-		}
+	if othersServe {
+		// Ready instances answer meanwhile: this one joins the queue group
+		// only once its copy is whole, so that it takes no request it
+		// could only refuse.
+		s.watchers.Go(s.registerWhenReady)
+		return s, nil
 	}
-	// Once Start returns, the server knows the subscriptions: a request sent
-	// then is answered, if only with a 503.
+	// Alone, it answers at once, if only with a 503 while it loads: an
+	// asker hears why rather than "no responders".
 	flushCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := cfg.Conn.FlushWithContext(flushCtx); err != nil {
+	if err := s.registerEndpoints(flushCtx); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("register the service's subscriptions: %w", err)
+		return nil, err
 	}
 	return s, nil
+}
+
+// probeTimeout bounds the question whether other instances serve.
+const probeTimeout = 500 * time.Millisecond
+
+// othersServe reports whether another instance answers the verbs now: a
+// request to one of them gets an answer, whatever it says, rather than "no
+// responders".
+//
+// It asks micro discovery ($SRV.INFO), which every instance answers with its
+// endpoints, before this instance adds its own service: an instance that
+// lists endpoints serves. No instance at all is known at once (nats-server's
+// "no responders"). The answering identity may ask this and nothing else
+// (permissions.Server), and the answers come to its own inbox.
+func (s *Service) othersServe(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	subject, err := micro.ControlSubject(micro.InfoVerb, wire.ServiceName, "")
+	if err != nil {
+		return false
+	}
+	inbox := s.conn.NewInbox()
+	sub, err := s.conn.SubscribeSync(inbox)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := s.conn.PublishRequest(subject, inbox, nil); err != nil {
+		return false
+	}
+	for {
+		msg, err := sub.NextMsgWithContext(ctx)
+		if err != nil || msg.Header.Get("Status") == "503" { // waited long enough, or no responders
+			return false
+		}
+		var info micro.Info
+		if json.Unmarshal(msg.Data, &info) == nil && len(info.Endpoints) > 0 {
+			return true
+		}
+	}
+}
+
+// registerWhenReady adds the endpoints once the copy is whole, unless Stop
+// came first.
+func (s *Service) registerWhenReady() {
+	if err := s.WaitReady(s.stopping); err != nil {
+		return // stopped
+	}
+	ctx, cancel := context.WithTimeout(s.stopping, 10*time.Second)
+	defer cancel()
+	if err := s.registerEndpoints(ctx); err != nil {
+		if s.stopping.Err() == nil {
+			s.logger.Error("adding the service's endpoints failed", "err", err)
+		}
+		return
+	}
+	s.logger.Info("the copy is whole: taking requests from the queue group beside the other instances")
+}
+
+// registerEndpoints adds the endpoints and returns once the server has their
+// subscriptions: a request sent then is answered, if only with a 503.
+func (s *Service) registerEndpoints(ctx context.Context) error {
+	s.registering.Lock()
+	defer s.registering.Unlock()
+	if s.unregistered {
+		return nil
+	}
+	for _, ep := range s.endpoints() {
+		if err := ep.register(s); err != nil {
+			return err
+		}
+	}
+	if err := s.conn.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("register the service's subscriptions: %w", err)
+	}
+	return nil
 }
 
 // WaitReady returns once the copy of every bucket holds the bucket's initial
@@ -322,6 +413,9 @@ func (s *Service) Stats() micro.Stats { return s.micro.Stats() }
 // the service started has ended.
 func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
+		s.registering.Lock()
+		s.unregistered = true // no endpoint is added after this
+		s.registering.Unlock()
 		if err := s.micro.Stop(); err != nil {
 			s.logger.Warn("stopping micro service", "err", err)
 		}

@@ -137,6 +137,31 @@ func waitForRegistry(ctx context.Context, svc *service.Service, provisionerSeat 
 	}
 }
 
+// prepareBuckets makes the buckets, opens the registry's and binds the seat,
+// each step tried again while it fails (an election, a stream not yet
+// placed): a start keeps trying.
+func prepareBuckets(ctx context.Context, js jetstream.JetStream, logger *slog.Logger, cfg buckets.Config) (jetstream.KeyValue, *seat.Seat, error) {
+	if err := retryStart(ctx, logger, "make the buckets", func(ctx context.Context) error { return buckets.Ensure(ctx, js, cfg) }); err != nil {
+		return nil, nil, err
+	}
+	var registryKV jetstream.KeyValue
+	err := retryStart(ctx, logger, "open the registry bucket", func(ctx context.Context) (err error) {
+		registryKV, err = js.KeyValue(ctx, keys.RegistryBucket)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Of all instances on the mesh, the one that holds the seat writes the
+	// registry, each write fenced by its lease; the others stand by.
+	var provisionerSeat *seat.Seat
+	err = retryStart(ctx, logger, "bind the provisioner seat", func(sctx context.Context) (err error) {
+		provisionerSeat, err = seat.New(sctx, seat.Config{JS: js, Logger: logger})
+		return err
+	})
+	return registryKV, provisionerSeat, err
+}
+
 // ErrJetStreamNotEnabled: the NATS joined has no JetStream for this
 // identity's account, so there are no buckets to keep.
 var ErrJetStreamNotEnabled = errors.New("JetStream is not enabled on this NATS")
@@ -190,9 +215,11 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	}
 	closed := make(chan struct{})
 	joining := f.connect.url != ""
-	// The answering connection makes no request: it needs no inbox.
+	// The answering connection asks discovery once, at start, on its own
+	// inbox.
 	nc, err := f.connect.connect(ctx, url, wire.ServerIdentity, logger,
-		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
+		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry},
+		append(opts, nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)))...)
 	if err != nil {
 		return err
 	}
@@ -241,16 +268,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			return err
 		}
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes}); err != nil {
-		return err
-	}
-	registryKV, err := js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		return fmt.Errorf("open registry bucket: %w", err)
-	}
-	// Of all instances on the mesh, the one that holds the seat writes the
-	// registry, each write fenced by its lease; the others stand by.
-	provisionerSeat, err := seat.New(ctx, seat.Config{JS: js, Logger: logger})
+	registryKV, provisionerSeat, err := prepareBuckets(ctx, js, logger, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes})
 	if err != nil {
 		return err
 	}
@@ -263,22 +281,26 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			}
 		}}
 
-	svc, err := service.Start(ctx, service.Config{
-		Conn:         nc,
-		WatchConn:    watchNC,
-		Version:      buildVersion(),
-		Logger:       logger,
-		SlowCompose:  f.slowCompose,
-		RevisionWait: f.revisionWait,
-		NodeMaxKeys:  f.nodeMaxKeys,
-		NodeMaxBytes: f.nodeMaxBytes,
-		Seat: func() (bool, time.Time, string) {
-			st := provisionerSeat.Status()
-			return st.Held, st.Since, st.Holder
-		},
-		MaxQueueWait:  f.maxQueueWait,
-		ReplyPrefixes: splitList(f.replyPrefixes),
-		Observe:       httpServer.Observer(),
+	var svc *service.Service
+	err = retryStart(ctx, logger, "start the service", func(sctx context.Context) (err error) {
+		svc, err = service.Start(sctx, service.Config{
+			Conn:         nc,
+			WatchConn:    watchNC,
+			Version:      buildVersion(),
+			Logger:       logger,
+			SlowCompose:  f.slowCompose,
+			RevisionWait: f.revisionWait,
+			NodeMaxKeys:  f.nodeMaxKeys,
+			NodeMaxBytes: f.nodeMaxBytes,
+			Seat: func() (bool, time.Time, string) {
+				st := provisionerSeat.Status()
+				return st.Held, st.Since, st.Holder
+			},
+			MaxQueueWait:  f.maxQueueWait,
+			ReplyPrefixes: splitList(f.replyPrefixes),
+			Observe:       httpServer.Observer(),
+		})
+		return err
 	})
 	if err != nil {
 		return err

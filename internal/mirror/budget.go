@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 
@@ -71,6 +72,7 @@ func (c *Copy[R]) overBudgetEntry(key string, revision uint64) *Entry[R] {
 	return &Entry[R]{
 		Key:        key,
 		overBudget: true,
+		revision:   revision,
 		Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Revision: revision, Reason: fmt.Sprintf(
 			"not held: node %s is over its budget of %s in this bucket; delete some of its keys, or raise the server's --node-max-keys/--node-max-bytes", first, c.budget)},
 	}
@@ -91,6 +93,13 @@ func (b Budget) String() string {
 	return strings.Join(parts, " and ")
 }
 
+// refusedSeed seeds the hashes of refused keys.
+var refusedSeed = maphash.MakeSeed()
+
+// refusedHash is how a refused key is remembered: 64 bits, so that two
+// keys of one node collide with a negligible chance.
+func refusedHash(key string) uint64 { return maphash.String(refusedSeed, key) }
+
 // forget takes an entry out of the group's counts.
 func (g *group[R]) forget(e *Entry[R]) {
 	if !e.overBudget {
@@ -102,7 +111,7 @@ func (g *group[R]) forget(e *Entry[R]) {
 // checkBudget tells onBudget when a group went over its budget or came back
 // under. The caller holds c.mu.
 func (c *Copy[R]) checkBudget(first string, g *group[R]) {
-	refused := len(g.byKey) - g.held + g.refused
+	refused := len(g.byKey) - g.held + len(g.refused)
 	_, wasOver := c.overSet[first]
 	switch {
 	case refused > 0:
@@ -132,4 +141,57 @@ func (c *Copy[R]) OverBudget() []Excess {
 	}
 	slices.SortFunc(out, func(a, b Excess) int { return strings.Compare(a.Node, b.Node) })
 	return out
+}
+
+// wantReadmit records a group that made room under its budget while keys
+// of its were not held: the watcher reads them again (Watchers.readmit),
+// since the copy kept neither their values nor, for refused keys, their
+// names. The caller holds c.mu.
+func (c *Copy[R]) wantReadmit(first string, g *group[R]) {
+	if len(g.byKey) == g.held && len(g.refused) == 0 {
+		return // nothing waits
+	}
+	if (c.budget.Keys > 0 && g.held >= c.budget.Keys) || (c.budget.Bytes > 0 && g.bytes >= c.budget.Bytes) {
+		return // no room yet
+	}
+	if c.readmit == nil {
+		c.readmit = map[string]struct{}{}
+	}
+	c.readmit[first] = struct{}{}
+	select {
+	case c.readmitWanted <- struct{}{}:
+	default:
+	}
+}
+
+// readmits is sent on when groups wait to be read again.
+func (c *Copy[R]) readmits() <-chan struct{} { return c.readmitWanted }
+
+// takeReadmits returns the groups waiting to be read again, and forgets them.
+func (c *Copy[R]) takeReadmits() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, 0, len(c.readmit))
+	for first := range c.readmit {
+		out = append(out, first)
+	}
+	c.readmit = nil
+	return out
+}
+
+// notHeld reports whether key is one of the copy's keys over the budget,
+// listed or refused, not held, and the revision of its value then.
+func (c *Copy[R]) notHeld(key string) (revision uint64, ok bool) {
+	first, _, _ := strings.Cut(key, ".")
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	g := c.groups[first]
+	if g == nil {
+		return 0, false
+	}
+	if e := g.byKey[key]; e != nil {
+		return e.Malformed.GetRevision(), e.overBudget
+	}
+	revision, ok = g.refused[refusedHash(key)]
+	return revision, ok
 }

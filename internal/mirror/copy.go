@@ -27,6 +27,9 @@ type Entry[R proto.Message] struct {
 	size int32
 	// overBudget says the key is not held: its node was over its budget.
 	overBudget bool
+	// revision is the value's: the bucket holds its message while the copy
+	// holds the key.
+	revision uint64
 }
 
 // Tokens returns the key's tokens: what filters read of a malformed key.
@@ -37,11 +40,18 @@ func (e *Entry[R]) Tokens() []string { return strings.Split(e.Key, ".") }
 type group[R proto.Message] struct {
 	byKey map[string]*Entry[R]
 	// held and bytes count the keys held and their values' size, which
-	// the budget bounds; refused counts the keys over the budget that are
-	// not even listed (past maxListedOverBudget).
-	held, bytes, refused int
+	// the budget bounds.
+	held, bytes int
+	// refused are the keys over the budget that are not even listed (past
+	// maxListedOverBudget), by their hash, with the revision of their
+	// value: a delete of one of them, or its admission, is counted exactly,
+	// for a few bytes a key.
+	refused map[uint64]uint64
 	// changedAt is the revision of the group's last change.
 	changedAt uint64
+	// oldest is the least revision of the group's keys, held or not; zero
+	// while it is to be found again (oldestOf).
+	oldest uint64
 	// gen is the copy's generation at the group's last change: unlike
 	// revisions, generations never repeat, even when a new watcher brings
 	// older revisions again.
@@ -81,6 +91,10 @@ type Copy[R proto.Message] struct {
 	budget   Budget
 	onBudget func(Excess)
 	overSet  map[string]*Excess // groups over their budget, by first token
+	// readmit are the groups that made room under their budget while keys
+	// of theirs were not held; readmitWanted says there are some.
+	readmit       map[string]struct{}
+	readmitWanted chan struct{}
 }
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
@@ -91,6 +105,8 @@ func NewCopy[R proto.Message](bucket string, decode func(key string, value []byt
 		loaded:   make(chan struct{}),
 		groups:   map[string]*group[R]{},
 		advanced: make(chan struct{}),
+
+		readmitWanted: make(chan struct{}, 1),
 	}
 }
 
@@ -184,30 +200,69 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	if c.all.Load() != nil {
 		c.all.Store(nil)
 	}
+	freed := g.remove(key)
+	if e != nil {
+		g.add(key, e)
+	}
+	if freed {
+		c.wantReadmit(first, g)
+	}
+	c.checkBudget(first, g)
+	if g.empty() {
+		// A node that left leaves nothing behind: its stamp is then the
+		// empty group's, and what is answered of it is the empty answer.
+		delete(c.groups, first)
+	}
+}
+
+// remove takes key out of the group, held, listed or refused, and reports
+// whether it was held: its room under the budget is free now.
+func (g *group[R]) remove(key string) (held bool) {
 	if old := g.byKey[key]; old != nil {
 		g.forget(old)
 		delete(g.byKey, key)
-	} else if deleted && g.refused > 0 {
-		g.refused-- // most likely one of the keys refused unlisted
+		if old.revision == g.oldest {
+			g.oldest = 0
+		}
+		return !old.overBudget
 	}
-	if e != nil && (e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget) {
-		g.refused++ // counted, not listed: the listing is bounded too
-		e = nil
-	}
-	if e != nil {
-		g.byKey[key] = e
-		if !e.overBudget {
-			g.held++
-			g.bytes += int(e.size)
+	h := refusedHash(key)
+	if revision, ok := g.refused[h]; ok {
+		delete(g.refused, h)
+		if revision == g.oldest {
+			g.oldest = 0
 		}
 	}
-	c.checkBudget(first, g)
-	// An empty group stays: it remembers when it changed.
+	return false
 }
+
+// add puts an entry in the group: held, listed as over the budget, or, once
+// maxListedOverBudget are listed, refused (counted, not listed: the listing
+// is bounded too).
+func (g *group[R]) add(key string, e *Entry[R]) {
+	if g.oldest != 0 || g.empty() {
+		g.oldest = min(g.oldest-1, e.revision-1) + 1 // zero is unknown: taken as the highest
+	}
+	if e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget {
+		if g.refused == nil {
+			g.refused = map[uint64]uint64{}
+		}
+		g.refused[refusedHash(key)] = e.Malformed.GetRevision()
+		return
+	}
+	g.byKey[key] = e
+	if !e.overBudget {
+		g.held++
+		g.bytes += int(e.size)
+	}
+}
+
+// empty reports whether the group holds, lists and refuses nothing.
+func (g *group[R]) empty() bool { return len(g.byKey) == 0 && len(g.refused) == 0 }
 
 // decoded returns the entry of a key held in the copy.
 func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
-	e := &Entry[R]{Key: key, size: int32(len(value))}
+	e := &Entry[R]{Key: key, size: int32(len(value)), revision: revision}
 	record, err := c.decode(key, value, revision)
 	if err != nil {
 		e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
@@ -222,6 +277,7 @@ func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
 func (c *Copy[R]) keepOnly(live map[string]bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	liveRefused := c.liveRefused(live)
 	for first, g := range c.groups {
 		for key, e := range g.byKey {
 			if !live[key] {
@@ -233,11 +289,37 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 				g.changedAt, g.gen = c.revision, c.gen
 			}
 		}
+		for h := range g.refused {
+			if _, ok := liveRefused[h]; !ok {
+				delete(g.refused, h)
+			}
+		}
+		g.oldest = 0 // found again when asked
 		c.checkBudget(first, g)
-		if len(g.byKey) == 0 {
+		if g.empty() {
 			delete(c.groups, first)
 		}
 	}
+}
+
+// liveRefused returns the hashes of the live keys of the groups that refuse
+// keys: the refused keys a full read delivered.
+func (c *Copy[R]) liveRefused(live map[string]bool) map[uint64]struct{} {
+	refusing := false
+	for _, g := range c.groups {
+		refusing = refusing || len(g.refused) > 0
+	}
+	if !refusing {
+		return nil
+	}
+	out := map[uint64]struct{}{}
+	for key := range live {
+		first, _, _ := strings.Cut(key, ".")
+		if g := c.groups[first]; g != nil && len(g.refused) > 0 {
+			out[refusedHash(key)] = struct{}{}
+		}
+	}
+	return out
 }
 
 // sortedOf returns a group's entries in key order, sorting them if they
@@ -309,6 +391,42 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	return all, revision
 }
 
+// liveKeys returns how many keys the copy has (held, listed or refused
+// over a budget), each a message of the bucket, the least of their
+// revisions (zero when there are none), and the copy's revision.
+func (c *Copy[R]) liveKeys() (n int, oldest, revision uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	revision = c.revision
+	for _, g := range c.groups {
+		n += len(g.byKey) + len(g.refused)
+		if o := g.oldestOf(); o > 0 && (oldest == 0 || o < oldest) {
+			oldest = o
+		}
+	}
+	return n, oldest, revision
+}
+
+// oldestOf returns the least revision of the group's keys, finding it again
+// if a key that had it left. The caller holds c.mu.
+func (g *group[R]) oldestOf() uint64 {
+	if g.oldest == 0 && !g.empty() {
+		o := uint64(0)
+		for _, e := range g.byKey {
+			if o == 0 || e.revision < o {
+				o = e.revision
+			}
+		}
+		for _, revision := range g.refused {
+			if o == 0 || revision < o {
+				o = revision
+			}
+		}
+		g.oldest = o
+	}
+	return g.oldest
+}
+
 // Empty reports whether the copy holds no key.
 func (c *Copy[R]) Empty() bool {
 	c.mu.RLock()
@@ -342,7 +460,8 @@ func (c *Copy[R]) WaitFilled(ctx context.Context) bool {
 
 // Stamp identifies what the group first holds now (every group, for an
 // empty first): it changes whenever the group does, and never takes a value
-// it had before. It returns the copy's revision too.
+// it had before but zero, the stamp of a group that holds nothing. It
+// returns the copy's revision too.
 func (c *Copy[R]) Stamp(first string) (stamp, revision uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()

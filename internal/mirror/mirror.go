@@ -41,6 +41,10 @@ type Watched interface {
 	MarkLoaded()
 	setBehind(bool)
 	keepOnly(live map[string]bool)
+	readmits() <-chan struct{}
+	takeReadmits() []string
+	notHeld(key string) (revision uint64, ok bool)
+	liveKeys() (n int, oldest, revision uint64)
 }
 
 // Copies returns the four copies, the registry first.

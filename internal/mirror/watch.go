@@ -107,6 +107,8 @@ func (w *Watchers) Run(ctx context.Context) {
 	for _, f := range w.followers {
 		wg.Go(func() { f.run(ctx) })
 		wg.Go(func() { f.pollWhileBehind(ctx) })
+		wg.Go(func() { f.readmitLoop(ctx) })
+		wg.Go(func() { f.auditLoop(ctx) })
 	}
 	wg.Go(func() {
 		for {
@@ -148,6 +150,9 @@ type follower struct {
 	// not deliver: the poller stands aside, lest a key it applies after the
 	// read began be dropped.
 	reloading bool
+	// lost says the bucket lost messages the copy holds (a purge): the next
+	// consumer reads every key again, whatever the revisions say.
+	lost bool
 }
 
 // connectionChanged ends the consumer being followed when the connection is
@@ -283,7 +288,7 @@ func (f *follower) follow(ctx context.Context) error {
 	}
 	// live collects the keys of a full read, whose end drops the others.
 	var live map[string]bool
-	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq
+	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
 	if reload {
 		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 		if !f.copy.Empty() { // an empty copy has nothing to drop
@@ -475,6 +480,16 @@ func (f *follower) keepOnly(live map[string]bool) {
 	f.applying.Lock()
 	defer f.applying.Unlock()
 	f.copy.keepOnly(live)
+	f.mu.Lock()
+	f.lost = false
+	f.mu.Unlock()
+}
+
+// lostMessages reports whether the bucket lost messages the copy holds.
+func (f *follower) lostMessages() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lost
 }
 
 func (f *follower) setReloading(reloading bool) {
@@ -537,4 +552,145 @@ func (f *follower) pollOnce(ctx context.Context) {
 			f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
 		}
 	}
+}
+
+// readmitEvery spaces the reads of nodes back under their budget: a node
+// that deletes its keys one by one is read again once a period, not once a
+// delete.
+const readmitEvery = 250 * time.Millisecond
+
+// readmitLoop reads again the keys not held of each node that made room
+// under its budget, so that they are held as if they had just been written.
+func (f *follower) readmitLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.copy.readmits():
+		}
+		for _, node := range f.copy.takeReadmits() {
+			if err := f.readmit(ctx, node); err != nil && ctx.Err() == nil {
+				f.logger.Warn("reading again the keys of a node back within its budget failed; its keys not held wait for its next change", "node", node, "err", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(readmitEvery):
+		}
+	}
+}
+
+// readmit reads the last value of each key of node, and applies those the
+// copy does not hold because of the budget, each only if the copy still
+// has it at the revision read: a later change is the watcher's to apply.
+func (f *follower) readmit(ctx context.Context, node string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*apiTimeout)
+	defer cancel()
+	consumer, err := f.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{f.prefix + node, f.prefix + node + ".>"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return err
+	}
+	admitted := 0
+	for {
+		batch, err := consumer.Fetch(pullBatch, jetstream.FetchMaxWait(apiTimeout))
+		if err != nil {
+			return err
+		}
+		last := true
+		for msg := range batch.Messages() {
+			meta, err := msg.Metadata()
+			if err != nil {
+				return err
+			}
+			last = meta.NumPending == 0
+			key, ok := strings.CutPrefix(msg.Subject(), f.prefix)
+			if ok && !isDelete(msg.Headers()) && f.readmitKey(key, msg.Data(), meta.Sequence.Stream) {
+				admitted++
+			}
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+			return err
+		}
+		if last {
+			f.logger.Debug("read again the keys of a node back within its budget", "node", node, "admitted", admitted)
+			return nil
+		}
+	}
+}
+
+// readmitKey applies a value read again if the copy holds its key, not
+// held, at that value's revision.
+func (f *follower) readmitKey(key string, value []byte, revision uint64) bool {
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	if at, ok := f.copy.notHeld(key); !ok || at != revision {
+		return false
+	}
+	f.copy.Apply(key, value, revision, false)
+	_, still := f.copy.notHeld(key)
+	return !still
+}
+
+// auditEvery is how often a follower checks that its bucket still holds
+// what its copy holds.
+const auditEvery = time.Second
+
+// auditLoop notices that the bucket lost messages the copy holds (a purge
+// by an operator, messages removed by limits), which no consumer delivers:
+// the copy is then behind, and a new consumer reads every key again.
+func (f *follower) auditLoop(ctx context.Context) {
+	tick := time.NewTicker(auditEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if behind, _ := f.state(); behind || !f.copy.Ready() || !f.conn.IsConnected() {
+			continue
+		}
+		if why := f.audit(ctx); why != "" {
+			f.mu.Lock()
+			f.lost = true
+			f.mu.Unlock()
+			f.fellBehind(why)
+			f.mu.Lock()
+			if f.cancel != nil {
+				f.cancel() // the next consumer reads every key again
+			}
+			f.mu.Unlock()
+		}
+	}
+}
+
+// audit says why the bucket no longer holds what the copy holds, or "". Each
+// key the copy holds is a message of the bucket at the copy's revision, and
+// later changes never lower the count (a delete's marker replaces its
+// key's value): fewer messages than keys, or, while the copy is at the
+// stream's last revision, a first message after a key's, mean messages were
+// removed. The count is read before the stream's state, which is thus at
+// least as new.
+func (f *follower) audit(ctx context.Context) string {
+	keys, oldest, revision := f.copy.liveKeys()
+	if keys == 0 {
+		return ""
+	}
+	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	info, err := f.stream.Info(apiCtx)
+	if err != nil {
+		return "" // the consumer notices a bucket that is gone
+	}
+	switch {
+	case info.State.Msgs < uint64(keys):
+		return fmt.Sprintf("the bucket holds %d messages, fewer than the %d keys of the copy: it was purged", info.State.Msgs, keys)
+	case oldest > 0 && info.State.LastSeq == revision && info.State.FirstSeq > oldest:
+		return fmt.Sprintf("the bucket's first message is at revision %d, after the copy's key at %d: it was purged", info.State.FirstSeq, oldest)
+	}
+	return ""
 }

@@ -1,0 +1,161 @@
+//go:build faults
+
+package faults_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// fill writes nodes x perNode needs, concurrently, and returns the last
+// revision.
+func fill(t *testing.T, needs jetstream.KeyValue, nodes, perNode int) uint64 {
+	t.Helper()
+	value, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:x}", Provider: "pg"})
+	var last atomic.Uint64
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for n := w; n < nodes; n += 8 {
+				for i := range perNode {
+					rev, err := needs.Put(context.Background(), fmt.Sprintf("n%d.web.port.p%d", n, i), value)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					for m := last.Load(); rev > m && !last.CompareAndSwap(m, rev); m = last.Load() {
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return last.Load()
+}
+
+// TestFaultRestartBesideReadyInstances restarts an instance beside two
+// ready ones while a client asks without pause: the restarted instance takes
+// no request from the queue group until its copy is whole, so no request is
+// answered "still loading".
+func TestFaultRestartBesideReadyInstances(t *testing.T) {
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	servicetest.Start(t, nc, func(cfg *service.Config) { cfg.Logger = logger(t) })
+	servicetest.Start(t, natstest.Connect(t, s), func(cfg *service.Config) { cfg.Logger = logger(t) })
+	last := fill(t, servicetest.Bucket(t, nc, keys.NeedsBucket), 500, 100) // 50,000 keys: a load long enough to be asked during
+	ask := client.New(natstest.Connect(t, s))
+	var asked, loading, failed atomic.Int64
+	var firstLoading atomic.Value
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+				_, err := ask.Provisioning(rctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "n1", MinRevision: last})
+				rcancel()
+				if ctx.Err() != nil {
+					return
+				}
+				asked.Add(1)
+				var werr *wire.Error
+				switch {
+				case errors.As(err, &werr) && strings.Contains(werr.Error(), "loading"):
+					loading.Add(1)
+					firstLoading.CompareAndSwap(nil, werr.Error())
+				case err != nil:
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond)
+	for round := range 3 {
+		start := time.Now()
+		third, err := service.Start(context.Background(), service.Config{Conn: natstest.Connect(t, s), Logger: logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := third.WaitReady(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		loaded := time.Since(start)
+		time.Sleep(300 * time.Millisecond)
+		third.Stop()
+		t.Logf("round %d: the third instance loaded 50,000 keys in %s", round+1, loaded.Round(time.Millisecond))
+	}
+	cancel()
+	wg.Wait()
+	t.Logf("%d requests asked while an instance started three times beside two ready ones: %d answered \"loading\", %d failed otherwise",
+		asked.Load(), loading.Load(), failed.Load())
+	if loading.Load() > 0 {
+		t.Errorf("%d requests were answered by a loading instance, such as: %v", loading.Load(), firstLoading.Load())
+	}
+	if failed.Load() > 0 {
+		t.Errorf("%d requests failed", failed.Load())
+	}
+}
+
+// TestFaultPurgedBucket purges the needs bucket as an operator would, with
+// writes going on: the copy notices, says behind meanwhile, and holds again
+// what the bucket holds.
+func TestFaultPurgedBucket(t *testing.T) {
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	servicetest.Start(t, nc, func(cfg *service.Config) { cfg.Logger = logger(t) })
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	last := fill(t, needs, 20, 20)
+	ask := client.New(natstest.Connect(t, s))
+	count := func() (int, []string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		res, err := ask.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "n1", MinRevision: last})
+		if err != nil {
+			return -1, nil
+		}
+		return len(res.GetNeeds()), res.GetBehind()
+	}
+	if n, _ := count(); n != 20 {
+		t.Fatalf("before the purge, n1 has %d needs, want 20", n)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.Purge(context.Background(), t, js, wire.StreamOf(keys.NeedsBucket))
+	purged := time.Now()
+	sawBehind := false
+	for {
+		n, behind := count()
+		sawBehind = sawBehind || len(behind) > 0
+		if n == 0 && len(behind) == 0 {
+			break
+		}
+		if time.Since(purged) > 5*time.Second {
+			t.Fatalf("5s after the purge, n1 still has %d needs in answers (behind %v)", n, behind)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("purged: answers held what the bucket holds %s after the purge; an answer said behind meanwhile: %v",
+		time.Since(purged).Round(time.Millisecond), sawBehind)
+	if !sawBehind {
+		t.Error("no answer said the copy was behind between the purge and the reload")
+	}
+}
