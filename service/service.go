@@ -318,7 +318,10 @@ func (s *Service) othersServe(ctx context.Context) bool {
 	if err != nil {
 		return false
 	}
-	inbox := s.conn.NewInbox()
+	// The answering identity's own inbox, which only it may subscribe to:
+	// the connection's default inbox stays nats.go's, for whatever else
+	// shares the connection.
+	inbox := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + "." + strings.TrimPrefix(nats.NewInbox(), "_INBOX.")
 	sub, err := s.conn.SubscribeSync(inbox)
 	if err != nil {
 		return false

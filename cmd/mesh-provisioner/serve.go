@@ -215,11 +215,8 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	}
 	closed := make(chan struct{})
 	joining := f.connect.url != ""
-	// The answering connection asks discovery once, at start, on its own
-	// inbox.
 	nc, err := f.connect.connect(ctx, url, wire.ServerIdentity, logger,
-		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry},
-		append(opts, nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)))...)
+		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,9 @@ func TestWatcherNoticesAPurge(t *testing.T) {
 	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
+	// The state buckets refuse purges; this one is made again without, to
+	// see a purge noticed.
+	natstest.MakePurgeable(t.Context(), t, js, "KV_"+keys.NeedsBucket)
 	kv, err := js.KeyValue(t.Context(), keys.NeedsBucket)
 	if err != nil {
 		t.Fatal(err)

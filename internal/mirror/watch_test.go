@@ -186,6 +186,7 @@ func TestWatcherResumesFromTheCopysRevision(t *testing.T) {
 func TestWatcherReadsEverythingWhenChangesAreGone(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	natstest.MakePurgeable(context.Background(), t, f.js, "KV_"+keys.NeedsBucket) // the state buckets refuse purges
 	stop := f.run(t)
 	f.put(t, "a.web.port.http")
 	f.reached(t, f.put(t, "b.web.port.http"), 5*time.Second)
