@@ -254,10 +254,17 @@ var errReconciled = errors.New("after a reconcile")
 // watchAndRun watches the bucket, reconciles at once and then as Run says,
 // until ctx is done (nil) or the watch or a first run fails.
 func (r *Reconciler) watchAndRun(ctx context.Context, wanted map[string][]byte) error {
-	// Watch before the first run, so that no change after it is missed.
-	wctx, cancel := context.WithTimeout(ctx, watchTimeout)
+	// Watch before the first run, so that no change after it is missed. The
+	// watcher lives as long as its context: that context ends when this
+	// watch does, or, if making the watcher takes longer than watchTimeout
+	// (an election), then, so that it is asked again.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	giveUp := time.AfterFunc(watchTimeout, cancel)
 	watcher, err := r.KV.WatchAll(wctx, jetstream.UpdatesOnly())
-	cancel()
+	if !giveUp.Stop() && err == nil {
+		err = fmt.Errorf("making the watcher took longer than %s", watchTimeout)
+	}
 	if err != nil {
 		return fmt.Errorf("watch registry bucket %s: %w", r.KV.Bucket(), err)
 	}

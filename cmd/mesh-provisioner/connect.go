@@ -44,10 +44,19 @@ func (c *connectFlags) registerClient(fs *flag.FlagSet) {
 // clientOptions are the client's options for the identity connecting: a
 // node's inbox prefix makes it ask as that node, on its own subjects.
 func (c *connectFlags) clientOptions() []client.Option {
-	if node, ok := strings.CutPrefix(c.inbox, wire.InboxPrefix(wire.RoleNode, "")); ok && node != "" {
+	if node := c.node(); node != "" {
 		return []client.Option{client.AsNode(node)}
 	}
 	return nil
+}
+
+// node returns the node whose inbox prefix the identity connects with, or "".
+func (c *connectFlags) node() string {
+	node, _ := strings.CutPrefix(c.inbox, wire.InboxPrefix(wire.RoleNode, ""))
+	if node == c.inbox {
+		return ""
+	}
+	return node
 }
 
 // clientConn is a client command's connection: the connection, the

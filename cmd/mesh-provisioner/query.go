@@ -74,6 +74,9 @@ func defineQuery(fs *flag.FlagSet) action {
 		defer done()
 		watch := nc.violations
 		c := client.New(nc.Conn, conn.clientOptions()...)
+		if node := conn.node(); node != "" && req.GetNode() == "" && word != "registry" {
+			req.Node = node // a node reads its own: what its subjects answer
+		}
 		var answer proto.Message
 		var show func() error
 		if word == "compose" {
