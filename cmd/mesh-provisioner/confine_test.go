@@ -146,10 +146,11 @@ func TestEachNodeReadsOnlyItsOwn(t *testing.T) {
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
 	last := writeRecordsOf(ctx, t, "", ace, novox)
 
-	t.Run("ace reads its own", func(t *testing.T) { readsItsOwn(ctx, t, ace, last) })
-	t.Run("ace reads nothing of novox's", func(t *testing.T) { tryToRead(t, ace) })
+	t.Run("ace reads its own", func(t *testing.T) { t.Parallel(); readsItsOwn(ctx, t, ace, last) })
+	t.Run("ace reads nothing of novox's", func(t *testing.T) { t.Parallel(); tryToRead(t, ace) })
 
 	t.Run("pg reads its provisions and nothing else", func(t *testing.T) {
+		t.Parallel()
 		pg := connectAs(t, s, wire.RoleProvider, "pg")
 		answer, err := client.New(pg.nc).Provisions(ctx, &provisionerv1.ProvisionsRequest{Provider: "pg", MinRevisions: &provisionerv1.Revisions{Needs: last}})
 		if err != nil || len(answer.GetProvisions()) != 2 {
@@ -168,6 +169,7 @@ func TestEachNodeReadsOnlyItsOwn(t *testing.T) {
 	})
 
 	t.Run("an operator reads everything and writes nothing", func(t *testing.T) {
+		t.Parallel()
 		url := "nats://ops:ops-secret@" + strings.TrimPrefix(s.ClientURL(), "nats://")
 		as := []string{"--nats-url", url, "--inbox-prefix", wire.InboxPrefix(wire.RoleOperator, "ops")}
 		for _, args := range [][]string{
@@ -211,8 +213,8 @@ func TestEachNodeReadsOnlyItsOwnAcrossAccounts(t *testing.T) {
 	serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
 	last := writeRecordsOf(ctx, t, wire.RunsAsAPIPrefix, ace, novox)
-	t.Run("ace reads its own", func(t *testing.T) { readsItsOwn(ctx, t, ace, last) })
-	t.Run("ace reads nothing of novox's", func(t *testing.T) { tryToRead(t, ace) })
+	t.Run("ace reads its own", func(t *testing.T) { t.Parallel(); readsItsOwn(ctx, t, ace, last) })
+	t.Run("ace reads nothing of novox's", func(t *testing.T) { t.Parallel(); tryToRead(t, ace) })
 }
 
 // runsAsServer starts a nats-server whose accounts are what `permissions

@@ -16,10 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
-	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
@@ -192,25 +190,6 @@ func (m deputyMesh) snapshots(t *testing.T) []map[string]string {
 	return out
 }
 
-func writeRecords(ctx context.Context, t *testing.T, apiPrefix string, ids ...*identity) {
-	t.Helper()
-	for _, id := range ids {
-		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name, APIPrefix: apiPrefix})
-		if err != nil {
-			t.Fatalf("%s binds the state buckets: %v", id.name, err)
-		}
-		if _, err := nc.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := nc.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + id.name}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := nc.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export A=1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // serveAs starts the service as serve does, its two identities on s, and
 // waits until its copy is loaded; stopSeat hands the seat back.
 func serveAs(ctx context.Context, t *testing.T, s *server.Server) (answering *identity, stopSeat func()) {
@@ -244,7 +223,7 @@ func TestNoNodeCanMakeTheServiceWrite(t *testing.T) {
 	t.Cleanup(cancel)
 	answering, stopSeat := serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	writeRecords(ctx, t, "", ace, novox)
+	writeRecordsOf(ctx, t, "", ace, novox)
 	stopSeat()
 	admin := connectAs(t, s, "", "admin")
 	m := deputyMesh{attacker: ace, answering: answering, admins: []*identity{admin}}
@@ -337,7 +316,7 @@ func TestNoNodeCanMakeTheServiceWriteAcrossAccounts(t *testing.T) {
 	t.Cleanup(cancel)
 	answering, stopSeat := serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	writeRecords(ctx, t, wire.RunsAsAPIPrefix, ace, novox)
+	writeRecordsOf(ctx, t, wire.RunsAsAPIPrefix, ace, novox)
 	stopSeat()
 	admin, meshadmin := connectAs(t, s, "", "admin"), connectAs(t, s, "", "meshadmin")
 	// MESH keeps a stream of its own, which ace's permissions cannot touch.
