@@ -28,11 +28,17 @@ import (
 // connection to that NATS once the copy holds every write.
 func statusPageMesh(t *testing.T) (string, *nats.Conn) {
 	t.Helper()
-	ctx := context.Background()
 	s := natstest.Start(t)
-	nc := natstest.Connect(t, s)
+	return statusPageMeshOn(t, natstest.Connect(t, s), "--nats-url", s.ClientURL())
+}
+
+// statusPageMeshOn is statusPageMesh on a NATS that nc, an unrestricted
+// connection, writes to, serve started with args.
+func statusPageMeshOn(t *testing.T, nc *nats.Conn, args ...string) (string, *nats.Conn) {
+	t.Helper()
+	ctx := context.Background()
 	base := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
-	serveInProcess(t, []string{"--nats-url", s.ClientURL(), "--http", strings.TrimPrefix(base, "http://")}, nil)
+	serveInProcess(t, append(args, "--http", strings.TrimPrefix(base, "http://")), nil)
 	waitProbe(t, base+"/readyz", http.StatusOK, "ready", 20*time.Second)
 	for _, node := range []string{"ace", "novox"} {
 		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
@@ -174,5 +180,29 @@ func TestStatusPage(t *testing.T) {
 	}
 	if code, body := probe(t, base+"/nodes/a%20b/compose"); code != http.StatusBadRequest || !strings.HasPrefix(body, "400: ") {
 		t.Errorf("/nodes/a b/compose: %d %q, want 400: sentence", code, body)
+	}
+}
+
+// TestStatusPageUnderTheGeneratedPermissions: on a nats-server whose
+// authorization is what `permissions` prints, serve answering and writing as
+// its two identities, the page reads the mesh as an operator's identity
+// (--http-nats-url, --http-inbox-prefix) and shows what the service answers;
+// /metrics reads each bucket's lag on the writer's connection.
+func TestStatusPageUnderTheGeneratedPermissions(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
+	url := func(user string) string {
+		return "nats://" + user + ":" + user + "-secret@" + strings.TrimPrefix(s.ClientURL(), "nats://")
+	}
+	admin := connectAs(t, s, "", "admin")
+	base, nc := statusPageMeshOn(t, admin.nc, "--nats-url", url(wire.ServerIdentity), "--writer-nats-url", url(wire.WriterIdentity),
+		"--http-nats-url", url("ops"), "--http-inbox-prefix", wire.InboxPrefix(wire.RoleOperator, "ops"))
+	code, page := probe(t, base+"/")
+	if code != http.StatusOK || strings.Contains(page, "could not be read") {
+		t.Fatalf("/: %d\n%s", code, page)
+	}
+	checkPage(t, page, nc)
+	if code, body := probe(t, base+"/metrics"); code != http.StatusOK || !strings.Contains(body, `mesh_provisioner_copy_lag_revisions{bucket="mesh-provisioner_needs"} 0`) {
+		t.Errorf("/metrics: %d, want the needs copy's lag read as 0:\n%s", code, body)
 	}
 }

@@ -45,6 +45,7 @@ simulate, put, delete, version`
 type serveFlags struct {
 	connect          connectFlags
 	writer           connectFlags // the writing identity's; empty fields fall back to connect's
+	page             connectFlags // the status page's operator identity; all empty: the answering connection
 	replyPrefixes    string
 	log              logFlags
 	listen           string
@@ -84,6 +85,9 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
+	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
+	fs.StringVar(&f.page.creds, "http-creds", "", "with --http, credentials of the operator's identity the status page reads the mesh as; with none of the --http-* identity flags the page reads on the answering connection, which the generated server permissions do not let read")
+	fs.StringVar(&f.page.inbox, "http-inbox-prefix", "", "with --http, the inbox prefix of the page's operator identity (_INBOX_MESH.operator.<name>)")
 	fs.StringVar(&f.http, "http", "", "host:port of an HTTP server for operators: /healthz, /readyz, /metrics (Prometheus) and a status page at /; empty serves none")
 	fs.BoolVar(&f.connectRetry, "connect-retry", true, "with --nats-url, keep trying (a line per attempt) while NATS cannot be reached at start; false exits at once")
 	return func(ctx context.Context, inv invocation) error {
@@ -303,7 +307,12 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer svc.Stop()
-	attachHTTP(httpServer, svc, nc, watchNC)
+	ask, closePage, err := f.connectPage(ctx, url, nc, logger, opts)
+	if err != nil {
+		return err
+	}
+	defer closePage()
+	attachHTTP(httpServer, svc, nc, watchNC, ask)
 
 	// The seat (its holder reconciling) and the service run side by side;
 	// the first to fail ends both, and shutdown waits for each: the seat is

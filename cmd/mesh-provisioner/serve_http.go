@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
@@ -9,6 +10,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/ops"
 	"github.com/novox/mesh-provisioner/internal/sdnotify"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // What serve --http and systemd add to serve, each hooked in with a line.
@@ -24,10 +26,30 @@ func startHTTP(ctx context.Context, addr string, logger *slog.Logger) (*ops.Serv
 }
 
 // attachHTTP hands the HTTP server the running service: it is ready while
-// the service is and both connections are up, and asks the mesh on the
-// service's connection.
-func attachHTTP(srv *ops.Server, svc *service.Service, nc, watchNC *nats.Conn) {
-	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc, watchNC}, Ask: nc})
+// the service is and both connections are up; the page asks the mesh on ask,
+// and /metrics reads the buckets' last revisions on the writer's connection.
+func attachHTTP(srv *ops.Server, svc *service.Service, nc, watchNC, ask *nats.Conn) {
+	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc, watchNC}, Ask: ask, Read: watchNC})
+}
+
+// connectPage opens the connection the status page reads the mesh on, as
+// the operator's identity that --http-creds (and --http-nats-url) name, with
+// its --http-inbox-prefix. Without them it returns nc: the answering
+// identity, which under the generated permissions may not read (the page
+// says so), but which an embedded or single-identity mesh allows.
+func (f *serveFlags) connectPage(ctx context.Context, url string, nc *nats.Conn, logger *slog.Logger, opts []nats.Option) (*nats.Conn, func(), error) {
+	if f.http == "" || f.page == (connectFlags{}) {
+		return nc, func() {}, nil
+	}
+	page := f.page
+	if page.url == "" {
+		page.url = url
+	}
+	conn, err := page.connect(ctx, page.url, wire.ServiceName+" page", logger, connectEvents{}, opts...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--http-nats-url: %w", err)
+	}
+	return conn, conn.Close, nil
 }
 
 // notifySystemd tells systemd state (sdnotify.Ready, sdnotify.Stopping)

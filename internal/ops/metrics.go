@@ -182,10 +182,10 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 		if cp.Bucket != "mesh-provisioner_registry" {
 			ch <- prometheus.MustNewConstMetric(descOverBudget, prometheus.GaugeValue, float64(overBudget[cp.Bucket]), cp.Bucket)
 		}
-		if t.Ask == nil || !t.Ask.IsConnected() {
+		if t.Read == nil || !t.Read.IsConnected() {
 			continue
 		}
-		last, err := LastRevision(ctx, t.Ask, cp.Bucket)
+		last, err := LastRevision(ctx, t.Read, cp.Bucket)
 		if err != nil {
 			c.s.logger.Debug("reading a bucket's last revision for /metrics", "bucket", cp.Bucket, "err", err)
 			continue

@@ -54,9 +54,13 @@ type Target struct {
 	// Conns are the connections the service needs: it is ready only while
 	// each is connected.
 	Conns []*nats.Conn
-	// Ask is the connection the page asks discovery and the verbs on, and
-	// /metrics reads the buckets' last revisions on.
+	// Ask is the connection the page asks discovery, the verbs and the
+	// streams' information on: an operator's identity
+	// (permissions.Operator), or any that may ask them.
 	Ask *nats.Conn
+	// Read is the connection /metrics reads the buckets' last revisions on,
+	// by direct get: the server's writing identity may.
+	Read *nats.Conn
 }
 
 // Server is the operator's HTTP server.

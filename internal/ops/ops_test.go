@@ -99,7 +99,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 		c.Observe = srv.Observer()
 		c.RevisionWait = 100 * time.Millisecond
 	})
-	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc}, Ask: nc})
+	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc}, Ask: nc, Read: nc})
 
 	node, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
 	if err != nil {
