@@ -36,9 +36,9 @@ func jsAPI(verb, stream string) string { return "$JS.API." + verb + "." + stream
 // kvSubjects returns the subjects of a bucket's keys under prefix: "" for all.
 func kvSubjects(bucket, prefix string) string {
 	if prefix == "" {
-		return "$KV." + bucket + ".>"
+		return wire.KVSubject(bucket, ">")
 	}
-	return "$KV." + bucket + "." + prefix + ".>"
+	return wire.KVSubject(bucket, prefix+".>")
 }
 
 // adminDenied are the JetStream API subjects that change or remove streams
@@ -218,7 +218,7 @@ func Server() Permissions {
 	// At start an instance asks discovery whether others serve; their
 	// answers come to its own inbox.
 	p.Publish.Allow = append(p.Publish.Allow, "$SRV.INFO."+wire.ServiceName, own)
-	p.Publish.Deny = []string{"$JS.>", "$KV.>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
+	p.Publish.Deny = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
 	p.Subscribe.Allow = []string{wire.ServiceName + ".>", "$SRV.>", own}
 	return p
 }

@@ -130,7 +130,7 @@ func runsAsLocal(subject string) string {
 	if api, ok := strings.CutPrefix(subject, "$JS.API."); ok {
 		return wire.RunsAsAPIPrefix + "." + api
 	}
-	if strings.HasPrefix(subject, "$KV.") {
+	if strings.HasPrefix(subject, wire.KVRoot+".") {
 		return wire.RunsAsAPIPrefix + "." + subject
 	}
 	return subject

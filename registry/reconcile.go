@@ -17,6 +17,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // Report says what one reconciliation did, each list in key order.
@@ -100,7 +101,7 @@ const (
 
 // kvSubject is the subject of a key of a bucket that is no mirror.
 func kvSubject(kv jetstream.KeyValue, key string) string {
-	return "$KV." + kv.Bucket() + "." + key
+	return wire.KVSubject(kv.Bucket(), key)
 }
 
 func reconcile(ctx context.Context, kv jetstream.KeyValue, pub Publisher, table []*provisionerv1.RegistryEntry) (Report, error) {

@@ -6,6 +6,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/keyshape"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // Owners of the kinds the registry answers.
@@ -13,7 +14,7 @@ const (
 	ownerConfig     = "mesh-config"
 	ownerVault      = "mesh-vault"
 	ownerController = "mesh-controller"
-	ownerSelf       = "mesh-provisioner"
+	ownerSelf       = wire.ServiceName
 )
 
 // Where the owners keep values that are not in this server's buckets.

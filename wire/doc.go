@@ -1,9 +1,12 @@
 // Package wire holds the names and the error of the mesh-provisioner wire
-// contract, shared by the server and every Go client: the service's name,
-// the verbs' subjects, the content types, the inbox prefix of each identity,
-// the streams behind the buckets, and [Error], the coded error a verb answers
-// with.
+// contract, shared by the server and every Go client: every name on the bus
+// (the service's, the verbs' subjects, the buckets' streams and key
+// subjects, the seat's subject, the inbox prefix of each identity and the
+// reply prefixes the service answers to), the content types, and [Error],
+// the coded error a verb answers with.
 //
-// It imports nothing of the project but the generated protobuf types, so a
-// client links no server code.
+// It imports nothing of the project, and of the outside world nats.go alone
+// (a reply's headers, micro's header names), so a client links no server
+// code. The buckets' names are package keys', beside the keys they hold,
+// so that package compose, which reads keys, links no NATS package.
 package wire

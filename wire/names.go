@@ -58,6 +58,18 @@ const (
 // StreamOf returns the name of the JetStream stream that holds a KV bucket.
 func StreamOf(bucket string) string { return "KV_" + bucket }
 
+// KVSubject returns the subject of key in a KV bucket, "$KV.<bucket>.<key>":
+// a put or delete of the key is a publish there. key may end in a wildcard
+// (">" for every key).
+func KVSubject(bucket, key string) string { return KVPrefix(bucket) + key }
+
+// KVPrefix returns what every key subject of a KV bucket starts with:
+// "$KV.<bucket>.".
+func KVPrefix(bucket string) string { return KVRoot + "." + bucket + "." }
+
+// KVRoot is the first token of every KV key subject, of any bucket.
+const KVRoot = "$KV"
+
 // SeatSubject is where the provisioner seat's lease is kept: a subject of the
 // registry bucket's stream outside its keys ($KV.<bucket>.>), so that KV
 // watchers of the registry never see it, and so that every registry write can

@@ -129,7 +129,7 @@ func run(cfg config) error {
 	total := 0
 	for _, b := range capture.GetBuckets() {
 		for _, e := range b.GetEntries() {
-			if _, err := js.PublishAsync("$KV."+b.GetBucket()+"."+e.GetKey(), e.GetValue()); err != nil {
+			if _, err := js.PublishAsync(wire.KVSubject(b.GetBucket(), e.GetKey()), e.GetValue()); err != nil {
 				return err
 			}
 			total++

@@ -5,8 +5,9 @@
 // Python runners call, share it, so that every language writes a case's
 // buckets the same way. conformance/README.md describes the case format.
 //
-// It speaks NATS and JetStream directly, with the generated types of gen/,
-// and depends on no client package of this repository.
+// It speaks NATS and JetStream directly, with the generated types of gen/
+// and the bucket names of package keys, and depends on no client package of
+// this repository.
 package conformance
 
 import (
@@ -29,14 +30,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-)
-
-// The buckets a case may write.
-const (
-	RegistryBucket = "mesh-provisioner_registry"
-	NeedsBucket    = "mesh-provisioner_needs"
-	AppliedBucket  = "mesh-provisioner_applied"
-	CollectBucket  = "mesh-provisioner_collect"
+	"github.com/novox/mesh-provisioner/keys"
 )
 
 // ServeArgs are the flags every runner starts the binary with, after
@@ -163,13 +157,13 @@ func LoadFile(file string) (Case, error) {
 // valueOf returns the message type a bucket's values hold.
 func valueOf(bucket string) (proto.Message, error) {
 	switch bucket {
-	case RegistryBucket:
+	case keys.RegistryBucket:
 		return &provisionerv1.RegistryEntry{}, nil
-	case NeedsBucket:
+	case keys.NeedsBucket:
 		return &provisionerv1.Need{}, nil
-	case AppliedBucket:
+	case keys.AppliedBucket:
 		return &provisionerv1.Applied{}, nil
-	case CollectBucket:
+	case keys.CollectBucket:
 		return &provisionerv1.CollectItem{}, nil
 	}
 	return nil, fmt.Errorf("bucket %q is not one of the four provisioning buckets", bucket)
@@ -177,10 +171,10 @@ func valueOf(bucket string) (proto.Message, error) {
 
 // whatOf names the answer that reads each bucket.
 var whatOf = map[string]provisionerv1.What{
-	RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
-	NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
-	AppliedBucket:  provisionerv1.What_WHAT_APPLIED,
-	CollectBucket:  provisionerv1.What_WHAT_COLLECT,
+	keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
+	keys.NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
+	keys.AppliedBucket:  provisionerv1.What_WHAT_APPLIED,
+	keys.CollectBucket:  provisionerv1.What_WHAT_COLLECT,
 }
 
 // Bytes returns the value a write puts.

@@ -149,7 +149,7 @@ func Gather(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, com
 		// The bucket's revision is its keys' last write: the registry's
 		// stream holds the seat's lease too, renewed every few seconds.
 		lastSeq := uint64(0)
-		last, err := stream.GetLastMsgForSubject(ctx, "$KV."+bucket+".>")
+		last, err := stream.GetLastMsgForSubject(ctx, wire.KVSubject(bucket, ">"))
 		switch {
 		case err == nil:
 			lastSeq = last.Sequence

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // ErrBucketMissing is returned by Open when a provisioning bucket does not
@@ -77,14 +79,14 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", c.Bucket(), err)
 		}
-		stream, err := js.Stream(ctx, kvStream(kv.Bucket()))
+		stream, err := js.Stream(ctx, wire.StreamOf(kv.Bucket()))
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", c.Bucket(), err)
 		}
 		w.followers = append(w.followers, &follower{
 			copy:      c,
 			stream:    stream,
-			prefix:    "$KV." + kv.Bucket() + ".",
+			prefix:    wire.KVPrefix(kv.Bucket()),
 			heartbeat: DefaultHeartbeat,
 			conn:      w.conn,
 			logger:    logger.With("bucket", c.Bucket()),
@@ -94,9 +96,6 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 	}
 	return w, nil
 }
-
-// kvStream is the name of a KV bucket's stream.
-func kvStream(bucket string) string { return "KV_" + bucket }
 
 // Run watches every bucket until ctx is done, starting a lost watcher again
 // from its copy's revision; it returns once every watcher has stopped.
@@ -129,7 +128,7 @@ func (w *Watchers) Run(ctx context.Context) {
 type follower struct {
 	copy      Watched
 	stream    jetstream.Stream
-	prefix    string // of the bucket's subjects: "$KV.<bucket>."
+	prefix    string // of the bucket's key subjects: wire.KVPrefix
 	heartbeat time.Duration
 	conn      *nats.Conn
 	logger    *slog.Logger

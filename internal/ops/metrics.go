@@ -210,7 +210,7 @@ func boolValue(b bool) float64 {
 // the last message on the bucket's keys, on the stream's own subject. The
 // registry's stream holds the seat's lease too, which is not a key.
 func LastRevision(ctx context.Context, nc *nats.Conn, bucket string) (uint64, error) {
-	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + bucket + ".>"})
+	req, err := json.Marshal(map[string]string{"last_by_subj": wire.KVSubject(bucket, ">")})
 	if err != nil {
 		return 0, err
 	}
