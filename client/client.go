@@ -93,22 +93,10 @@ func (c *Client) ProvisioningPages(ctx context.Context, req *provisionerv1.Provi
 	return pages(ctx, req, c.Provisioning, func(r *provisionerv1.ProvisioningRequest, t string) { r.PageToken = t })
 }
 
-// ProvisioningAll asks for every page and returns them joined as one answer,
-// with the revision of the last page.
+// ProvisioningAll asks for every page and returns them joined as one answer
+// (JoinProvisioningPages).
 func (c *Client) ProvisioningAll(ctx context.Context, req *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
-	all := &provisionerv1.ProvisioningResponse{}
-	for page, err := range c.ProvisioningPages(ctx, req) {
-		if err != nil {
-			return nil, err
-		}
-		all.What, all.Revision, all.Behind = page.GetWhat(), page.GetRevision(), page.GetBehind()
-		all.Registry = append(all.Registry, page.GetRegistry()...)
-		all.Needs = append(all.Needs, page.GetNeeds()...)
-		all.Applied = append(all.Applied, page.GetApplied()...)
-		all.Collect = append(all.Collect, page.GetCollect()...)
-		all.Malformed = append(all.Malformed, page.GetMalformed()...)
-	}
-	return all, nil
+	return all(c.ProvisioningPages(ctx, req), JoinProvisioningPages)
 }
 
 // Compose asks the compose verb for one page of a node's composition: the
@@ -126,31 +114,11 @@ func (c *Client) ComposePages(ctx context.Context, req *provisionerv1.ComposeReq
 	return pages(ctx, req, c.Compose, func(r *provisionerv1.ComposeRequest, t string) { r.PageToken = t })
 }
 
-// ComposeAll asks for every page and joins them as one composition: a
-// module's plan that continues on the next page is joined into one plan.
-// The phases and revisions are the last page's.
+// ComposeAll asks for every page and joins them as one composition
+// (JoinComposePages): a module's plan that continues on the next page is one
+// plan.
 func (c *Client) ComposeAll(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
-	var all *provisionerv1.ComposeResponse
-	for page, err := range c.ComposePages(ctx, req) {
-		if err != nil {
-			return nil, err
-		}
-		if all == nil {
-			all = page
-			continue
-		}
-		plans := page.GetPlans()
-		if n := len(all.GetPlans()); n > 0 && len(plans) > 0 && all.GetPlans()[n-1].GetModule() == plans[0].GetModule() {
-			all.Plans[n-1].Items = append(all.Plans[n-1].Items, plans[0].GetItems()...)
-			plans = plans[1:]
-		}
-		all.Plans = append(all.Plans, plans...)
-		all.Provisions = append(all.Provisions, page.GetProvisions()...)
-		all.Refusals = append(all.Refusals, page.GetRefusals()...)
-		all.Phases, all.Revisions, all.Behind = page.GetPhases(), page.GetRevisions(), page.GetBehind()
-	}
-	all.NextPageToken = ""
-	return all, nil
+	return all(c.ComposePages(ctx, req), JoinComposePages)
 }
 
 // Provisions asks a provider's verb, mesh-provisioner.provisions.<provider>
@@ -170,6 +138,25 @@ func (c *Client) Provisions(ctx context.Context, req *provisionerv1.ProvisionsRe
 // ProvisionsPages asks for every page of a provider's provisions in turn.
 func (c *Client) ProvisionsPages(ctx context.Context, req *provisionerv1.ProvisionsRequest) iter.Seq2[*provisionerv1.ProvisionsResponse, error] {
 	return pages(ctx, req, c.Provisions, func(r *provisionerv1.ProvisionsRequest, t string) { r.PageToken = t })
+}
+
+// ProvisionsAll asks for every page of a provider's provisions and joins
+// them as one answer (JoinProvisionsPages).
+func (c *Client) ProvisionsAll(ctx context.Context, req *provisionerv1.ProvisionsRequest) (*provisionerv1.ProvisionsResponse, error) {
+	return all(c.ProvisionsPages(ctx, req), JoinProvisionsPages)
+}
+
+// all collects every page, or the first error, and joins them.
+func all[Res any](pages iter.Seq2[Res, error], join func([]Res) Res) (Res, error) {
+	var got []Res
+	for page, err := range pages {
+		if err != nil {
+			var none Res
+			return none, err
+		}
+		got = append(got, page)
+	}
+	return join(got), nil
 }
 
 // paged is an answer that may have more pages.
