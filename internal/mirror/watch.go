@@ -270,59 +270,26 @@ func (f *follower) caughtUp(revision uint64) {
 // copy's revision (purged, or removed by limits), it reads every key's last
 // value instead and drops the keys it does not deliver.
 func (f *follower) follow(ctx context.Context) error {
-	revision := f.copy.Revision()
 	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	info, err := f.stream.Info(apiCtx)
+	run, cfg, err := f.plan(apiCtx)
 	if err != nil {
-		return fmt.Errorf("read the bucket's stream state: %w", err)
+		return err
 	}
-	state := info.State
-	cfg := jetstream.ConsumerConfig{
-		AckPolicy:         jetstream.AckNonePolicy,
-		FilterSubject:     f.prefix + ">",
-		InactiveThreshold: consumerInactive,
-		MemoryStorage:     true,
-		Replicas:          1,
-	}
-	// live collects the keys of a full read, whose end drops the others.
-	var live map[string]bool
-	reload := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
-	if reload {
-		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
-		if !f.copy.Empty() { // an empty copy has nothing to drop
-			live = map[string]bool{}
-		}
+	if run.reload {
 		f.setReloading(true)
 		defer f.setReloading(false)
-		if f.copy.Ready() {
-			f.logger.Warn("the bucket no longer holds every change after the copy's revision; reading every key again",
-				"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
-		}
-	} else {
-		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-		cfg.OptStartSeq = revision + 1
 	}
-	// A bucket deleted and made again starts its revisions over: apply
-	// everything, though the copy's revision cannot go back.
-	applyAll := revision > state.LastSeq
 	consumer, err := f.stream.CreateConsumer(apiCtx, cfg)
 	if err != nil {
 		return fmt.Errorf("create the bucket's consumer: %w", err)
 	}
 	if f.copy.Ready() {
-		f.logger.Debug("bucket watcher resuming", "from_revision", revision+1,
-			"bucket_last_revision", state.LastSeq, "pending", consumer.CachedInfo().NumPending)
+		f.logger.Debug("bucket watcher resuming", "from_revision", run.revision+1,
+			"bucket_last_revision", run.lastSeq, "pending", consumer.CachedInfo().NumPending)
 	}
-	caught := false
 	if consumer.CachedInfo().NumPending == 0 {
-		if live != nil {
-			f.keepOnly(live)
-			live = nil
-			f.setReloading(false)
-		}
-		f.caughtUp(max(revision, state.LastSeq))
-		caught = true
+		run.catchUp(max(run.revision, run.lastSeq))
 	}
 	messages, err := consumer.Messages(
 		jetstream.PullHeartbeat(f.heartbeat),
@@ -339,57 +306,129 @@ func (f *follower) follow(ctx context.Context) error {
 	// reads the consumer: keys come once each in a full read, so their order
 	// does not matter until it is over, and a large bucket loads on two
 	// cores rather than one.
-	var loading *loader
-	if reload && !caught {
-		loading = newLoader(f, applyAll)
-		defer loading.finish()
+	if run.reload && !run.caught {
+		run.loading = newLoader(f, run.applyAll)
+		defer run.finishLoading()
 	}
-	var delivered uint64
 	for {
 		msg, err := messages.Next()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if caught {
+			if run.caught {
 				err = fmt.Errorf("%w: %w", errFollowed, err)
 			}
 			return fmt.Errorf("the bucket's consumer was lost: %w", err)
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return fmt.Errorf("a message of the bucket's consumer: %w", err)
+		if err := run.deliver(msg); err != nil {
+			return err
 		}
-		if meta.Sequence.Consumer != delivered+1 {
-			return fmt.Errorf("%w: delivery %d after %d", ErrWatchGap, meta.Sequence.Consumer, delivered)
-		}
-		delivered = meta.Sequence.Consumer
-		key, ok := strings.CutPrefix(msg.Subject(), f.prefix)
-		if !ok {
-			continue
-		}
-		deleted := isDelete(msg.Headers())
-		if live != nil && !deleted {
-			live[key] = true
-		}
-		if loading != nil {
-			loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted})
-		} else {
-			f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
-		}
-		if !caught && meta.NumPending == 0 {
-			if loading != nil {
-				loading.finish()
-				loading = nil
-			}
-			if live != nil {
-				f.keepOnly(live)
-				live = nil
-				f.setReloading(false)
-			}
-			f.caughtUp(meta.Sequence.Stream)
-			caught = true
-		}
+	}
+}
+
+// followRun is one consumer's run: where it starts, and how far it got.
+type followRun struct {
+	f                 *follower
+	revision, lastSeq uint64 // the copy's at the start, and the stream's
+	// reload says every key's last value is read, not the changes after
+	// revision; live then collects the keys delivered, and the read's end
+	// drops the others (nil for an empty copy, which has nothing to drop).
+	reload bool
+	live   map[string]bool
+	// applyAll applies every change though the copy's revision cannot go
+	// back: the bucket was deleted and made again, its revisions over.
+	applyAll  bool
+	loading   *loader // applies a full read's changes, while it lasts
+	delivered uint64  // the consumer's last delivery
+	caught    bool    // the copy reached the stream's last revision
+}
+
+// plan reads the stream's state and says how the copy follows it: the
+// changes after its revision, or, when the bucket no longer holds them (or
+// the copy has not loaded, or lost messages it held), every key's last
+// value.
+func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConfig, error) {
+	revision := f.copy.Revision()
+	info, err := f.stream.Info(ctx)
+	if err != nil {
+		return nil, jetstream.ConsumerConfig{}, fmt.Errorf("read the bucket's stream state: %w", err)
+	}
+	state := info.State
+	run := &followRun{f: f, revision: revision, lastSeq: state.LastSeq, applyAll: revision > state.LastSeq}
+	cfg := jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		FilterSubject:     f.prefix + ">",
+		InactiveThreshold: consumerInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	}
+	run.reload = !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
+	if !run.reload {
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = revision + 1
+		return run, cfg, nil
+	}
+	cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	if !f.copy.Empty() {
+		run.live = map[string]bool{}
+	}
+	if f.copy.Ready() {
+		f.logger.Warn("the bucket no longer holds every change after the copy's revision; reading every key again",
+			"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
+	}
+	return run, cfg, nil
+}
+
+// deliver applies one message of the consumer, and marks the copy caught up
+// once it is the stream's last.
+func (r *followRun) deliver(msg jetstream.Msg) error {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("a message of the bucket's consumer: %w", err)
+	}
+	if meta.Sequence.Consumer != r.delivered+1 {
+		return fmt.Errorf("%w: delivery %d after %d", ErrWatchGap, meta.Sequence.Consumer, r.delivered)
+	}
+	r.delivered = meta.Sequence.Consumer
+	key, ok := strings.CutPrefix(msg.Subject(), r.f.prefix)
+	if !ok {
+		return nil
+	}
+	deleted := isDelete(msg.Headers())
+	if r.live != nil && !deleted {
+		r.live[key] = true
+	}
+	if r.loading != nil {
+		r.loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted})
+	} else {
+		r.f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, r.applyAll)
+	}
+	if !r.caught && meta.NumPending == 0 {
+		r.catchUp(meta.Sequence.Stream)
+	}
+	return nil
+}
+
+// catchUp ends a full read, if one is under way (its loader finished, the
+// keys it did not deliver dropped), and marks the copy caught up at
+// revision.
+func (r *followRun) catchUp(revision uint64) {
+	r.finishLoading()
+	if r.live != nil {
+		r.f.keepOnly(r.live)
+		r.live = nil
+		r.f.setReloading(false)
+	}
+	r.f.caughtUp(revision)
+	r.caught = true
+}
+
+// finishLoading waits for the loader, if any, to apply what it was given.
+func (r *followRun) finishLoading() {
+	if r.loading != nil {
+		r.loading.finish()
+		r.loading = nil
 	}
 }
 
