@@ -4,6 +4,8 @@ import (
 	"container/list"
 	"sync"
 	"sync/atomic"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
 
 // stamp identifies what an answer read: the stamps of the copies' groups it
@@ -116,14 +118,14 @@ func (c *answerCache) remove(el *list.Element) {
 }
 
 // stats is the cache's part of the endpoint stats.
-func (c *answerCache) stats() map[string]any {
+func (c *answerCache) stats() *provisionerv1.AnswerCacheStats {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return map[string]any{
-		"entries": len(c.entries),
-		"bytes":   c.bytes,
-		"limit":   c.limit,
-		"hits":    c.hits.Load(),
-		"misses":  c.misses.Load(),
+	return &provisionerv1.AnswerCacheStats{
+		Entries: uint64(len(c.entries)),
+		Bytes:   uint64(max(c.bytes, 0)),
+		Limit:   int64(c.limit),
+		Hits:    c.hits.Load(),
+		Misses:  c.misses.Load(),
 	}
 }

@@ -40,13 +40,7 @@ func (s *Service) Copies() []CopyState {
 }
 
 func copyState[R proto.Message](c *mirror.Copy[R]) CopyState {
-	entries, revision := c.All()
-	malformed := 0
-	for _, e := range entries {
-		if e.Malformed != nil {
-			malformed++
-		}
-	}
+	_, malformed, _, revision := c.Counts()
 	return CopyState{Bucket: c.Bucket(), Revision: revision, Loaded: c.Ready(), Behind: c.Behind(), Malformed: malformed}
 }
 

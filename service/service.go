@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"golang.org/x/time/rate"
 
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -468,31 +469,45 @@ func (s *Service) counterOf(subject string) *counters {
 	return nil
 }
 
-// stats is an endpoint's "data" in $SRV.STATS.
+// stats is an endpoint's "data" in $SRV.STATS: a
+// provisionerv1.EndpointStatsData, as wire.EncodeStatsData writes it.
 func (s *Service) stats(e *micro.Endpoint) any {
 	c := s.counters[e.Name]
-	data := map[string]any{
-		"answered":        c.answered.Load(),
-		"answer_errors":   c.answerErrors.Load(),
-		"shed":            c.shed.Load(),
-		"queue_full":      c.queueFull.Load(),
-		"slow_consumer":   c.slowConsumer.Load(),
-		"refused_replies": c.refusedReplies.Load(),
-		"loading":         append([]string{}, s.mirror.Loading()...),
-		"behind":          append([]string{}, s.mirror.Behind()...),
-		"over_budget":     s.mirror.OverBudget(),
-		"answer_cache":    s.cache.stats(),
+	data := &provisionerv1.EndpointStatsData{
+		Answered:       c.answered.Load(),
+		AnswerErrors:   c.answerErrors.Load(),
+		Shed:           c.shed.Load(),
+		QueueFull:      c.queueFull.Load(),
+		SlowConsumer:   c.slowConsumer.Load(),
+		RefusedReplies: c.refusedReplies.Load(),
+		Loading:        s.mirror.Loading(),
+		Behind:         s.mirror.Behind(),
+		AnswerCache:    s.cache.stats(),
+	}
+	for _, x := range s.mirror.OverBudget() {
+		data.OverBudget = append(data.OverBudget, &provisionerv1.OverBudget{
+			Bucket: x.Bucket, Node: x.Node, Keys: uint64(x.Keys), Bytes: uint64(x.Bytes), Refused: uint64(x.Refused)})
+	}
+	for _, cp := range s.mirror.Copies() {
+		records, malformed, groups, revision := cp.Counts()
+		data.Buckets = append(data.Buckets, &provisionerv1.BucketStats{Bucket: cp.Bucket(), Revision: revision,
+			Records: uint64(records), Malformed: uint64(malformed), Nodes: uint64(groups)})
 	}
 	if s.seat != nil {
 		held, since, holder := s.seat()
-		data["seat"] = "standby"
+		data.Seat = "standby"
 		if held {
-			data["seat"] = "held"
+			data.Seat = "held"
 		}
-		data["seat_since"] = since.UTC().Format(time.RFC3339)
-		data["seat_holder"] = holder
+		data.SeatSince = since.UTC().Format(time.RFC3339)
+		data.SeatHolder = holder
 	}
-	return data
+	raw, err := wire.EncodeStatsData(data)
+	if err != nil {
+		s.logger.Error("encoding an endpoint's stats", "endpoint", e.Name, "err", err)
+		return nil
+	}
+	return raw
 }
 
 // logBudget logs once when a node goes over its budget in a bucket, and

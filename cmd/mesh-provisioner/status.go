@@ -27,17 +27,21 @@ One screen for an operator of a mesh:
     standby, where the instance reports one), and per endpoint its requests,
     errors, last error, answers, and the buckets its copy is loading or
     behind on;
-  - each bucket: its stream's messages and last sequence, its records and
-    malformed keys as the service answers them, the revision the answering
-    instance's copy is at, and the lag (the last write's revision minus that);
-  - the nodes (first tokens of the needs' keys) with their needs;
-  - refusals by reason, from composing at most --compose-nodes nodes (the
-    first by name; it says how many of how many);
-  - every malformed key.
+  - each bucket: its stream's messages and last sequence, and its records,
+    malformed keys and nodes, the revision its copy is at and the lag (the
+    last write's revision minus that), as the longest serving instance
+    counts them in its stats;
+  - the nodes (first tokens of the needs' keys), their needs, and the
+    malformed keys, counted;
+  - with --records: the nodes with their needs, refusals by reason from
+    composing at most --compose-nodes nodes (the first by name; it says how
+    many of how many), and every malformed key.
 
-Each bucket is read once through the provisioning verb, page by page. It
-needs an identity that may ask $SRV.STATS, read the streams' info and ask
-both verbs: an operator's, not a node's.`
+Without --records, status reads no record: one $SRV.STATS, and each
+bucket's stream info and last message. --records reads each bucket once
+through the provisioning verb, page by page. It needs an identity that may
+ask $SRV.STATS, read the streams' info and (with --records) ask both verbs:
+an operator's, not a node's.`
 
 // The report status prints (--json as is) and the status page shows.
 type (
@@ -52,7 +56,8 @@ func defineStatus(fs *flag.FlagSet) action {
 	logs.register(fs, slog.LevelWarn)
 	timeout := fs.Duration("timeout", 10*time.Second, "how long the whole status may take")
 	discoveryWait := fs.Duration("discovery-wait", 500*time.Millisecond, "how long to collect the instances' discovery replies")
-	composeNodes := fs.Int("compose-nodes", 20, "compose at most this many nodes (the first by name) to count refusals; 0 composes none")
+	records := fs.Bool("records", false, "also read every record through the provisioning verb: list the nodes with their needs and every malformed key, and compose nodes to count refusals")
+	composeNodes := fs.Int("compose-nodes", 20, "with --records, compose at most this many nodes (the first by name) to count refusals; 0 composes none")
 	asJSON := fs.Bool("json", false, "print the status as JSON")
 	return func(ctx context.Context, inv invocation) error {
 		nc, ctx, done, err := openClient(ctx, inv, &logs, &conn, "mesh-provisioner status", *timeout)
@@ -61,7 +66,7 @@ func defineStatus(fs *flag.FlagSet) action {
 		}
 		defer done()
 		watch := nc.violations
-		report, err := meshstatus.Gather(ctx, nc.Conn, *discoveryWait, *composeNodes)
+		report, err := meshstatus.Gather(ctx, nc.Conn, meshstatus.Options{DiscoveryWait: *discoveryWait, Records: *records, ComposeNodes: *composeNodes})
 		if err != nil {
 			return requestError(err, watch, conn.url)
 		}
@@ -127,22 +132,27 @@ func printStatus(w io.Writer, r *statusReport) error {
 		fmt.Fprintf(w, "\nNodes over their budget in the copy of %s (%d): keys beyond it are not held, and are listed as malformed\n", in.ID, len(in.OverBudget))
 		row("BUCKET", "NODE", "KEYS HELD", "BYTES HELD", "KEYS REFUSED")
 		for _, x := range in.OverBudget {
-			row(x.Bucket, x.Node, strconv.Itoa(x.Keys), strconv.Itoa(x.Bytes), strconv.Itoa(x.Refused))
+			row(x.GetBucket(), x.GetNode(), num(x.GetKeys()), num(x.GetBytes()), num(x.GetRefused()))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintln(w, "\nBuckets (copy revision and lag as the answering instance's copy has them)")
-	row("BUCKET", "MESSAGES", "LAST SEQ", "RECORDS", "MALFORMED", "COPY AT", "LAG")
+	fmt.Fprintln(w, "\nBuckets (records, malformed keys, nodes, copy revision and lag as the longest serving instance's copy counts them)")
+	row("BUCKET", "MESSAGES", "LAST SEQ", "RECORDS", "MALFORMED", "NODES", "COPY AT", "LAG")
+	malformed := 0
 	for _, b := range r.Buckets {
-		row(b.Bucket, num(b.Messages), num(b.LastSeq), strconv.Itoa(b.Records), strconv.Itoa(b.Malformed), num(b.CopyAt), num(b.Lag))
+		row(b.Bucket, num(b.Messages), num(b.LastSeq), strconv.Itoa(b.Records), strconv.Itoa(b.Malformed), strconv.Itoa(b.Nodes), num(b.CopyAt), num(b.Lag))
+		malformed += b.Malformed
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 
-	fmt.Fprintf(w, "\nNodes (%d) with %d %s\n", len(r.Nodes), r.Needs, plural(r.Needs, "need"))
+	fmt.Fprintf(w, "\nNodes (%d) with %d %s\n", r.Refusals.NodesTotal, r.Needs, plural(r.Needs, "need"))
+	if len(r.Nodes) == 0 && r.Refusals.NodesTotal > 0 {
+		fmt.Fprintln(w, "(listed with --records)")
+	}
 	if len(r.Nodes) > 0 {
 		row("NODE", "NEEDS")
 		for _, n := range r.Nodes {
@@ -153,11 +163,14 @@ func printStatus(w io.Writer, r *statusReport) error {
 		}
 	}
 
-	fmt.Fprintf(w, "\nRefusals by reason, composing %d of %d %s (at most --compose-nodes)\n",
+	fmt.Fprintf(w, "\nRefusals by reason, composing %d of %d %s (at most --compose-nodes, with --records)\n",
 		r.Refusals.NodesComposed, r.Refusals.NodesTotal, plural(r.Refusals.NodesTotal, "node"))
-	if len(r.Refusals.ByReason) == 0 {
+	switch {
+	case len(r.Refusals.ByReason) == 0 && len(r.Nodes) == 0 && r.Refusals.NodesTotal > 0:
+		fmt.Fprintln(w, "(counted with --records)")
+	case len(r.Refusals.ByReason) == 0:
 		fmt.Fprintln(w, "none")
-	} else {
+	default:
 		row("REASON", "NEEDS")
 		for _, reason := range slices.Sorted(maps.Keys(r.Refusals.ByReason)) {
 			row(reason, strconv.Itoa(r.Refusals.ByReason[reason]))
@@ -167,7 +180,10 @@ func printStatus(w io.Writer, r *statusReport) error {
 		}
 	}
 
-	fmt.Fprintf(w, "\nMalformed keys (%d)\n", len(r.Malformed))
+	fmt.Fprintf(w, "\nMalformed keys (%d)\n", max(malformed, len(r.Malformed)))
+	if len(r.Malformed) == 0 && malformed > 0 {
+		fmt.Fprintln(w, "(listed with --records)")
+	}
 	if len(r.Malformed) > 0 {
 		row("BUCKET", "KEY", "REASON")
 		for _, m := range r.Malformed {

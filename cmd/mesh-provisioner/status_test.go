@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,8 +14,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/meshstatus"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 func TestStatus(t *testing.T) {
@@ -25,7 +33,8 @@ func TestStatus(t *testing.T) {
 		args   []string
 	}{
 		{"status", nil},
-		{"status_compose_one", []string{"--compose-nodes", "1"}},
+		{"status_records", []string{"--records"}},
+		{"status_compose_one", []string{"--records", "--compose-nodes", "1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.golden, func(t *testing.T) {
@@ -128,5 +137,104 @@ func TestStatusShowsNodesOverBudget(t *testing.T) {
 	if !strings.Contains(out.String(), "Nodes over their budget in the copy of abc (1)") ||
 		!regexp.MustCompile(`mesh-provisioner_needs\s+ace\s+10000\s+4000000\s+250`).MatchString(out.String()) {
 		t.Errorf("status does not show ace over its budget:\n%s", out.String())
+	}
+}
+
+// status reads no record, however many the mesh holds: it sends one
+// $SRV.STATS, and for each bucket its stream's info and last message; no
+// request to a verb, no consumer, no other read of a stream. A subscription
+// to every subject, as an unrestricted user, counts what it sends (by its
+// inbox prefix) and any request to a verb, and the service's own stats
+// that its endpoints were not asked.
+func TestStatusReadsNoRecords(t *testing.T) {
+	t.Parallel()
+	const nodes, needsEach = 40, 50
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	svc := servicetest.Start(t, nc)
+	ctx := t.Context()
+	value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	var last uint64
+	for n := range nodes {
+		for i := range needsEach {
+			if last, err = needs.Put(ctx, fmt.Sprintf("n%03d.web.port.p%03d", n, i), value); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The copy holds every write before anything is counted.
+	if _, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last, PageSize: 1}); err != nil {
+		t.Fatal(err)
+	}
+	requests := func() (n int) {
+		for _, e := range svc.Stats().Endpoints {
+			n += e.NumRequests
+		}
+		return n
+	}
+	before := requests()
+
+	spy := natstest.Connect(t, s)
+	sub, err := spy.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	// Status's own inbox prefix tells its requests from the service's own
+	// (its watchers ask for stream info too).
+	const inbox = "_INBOX_STATUS_TEST"
+	if err := run(ctx, []string{"status", "--json", "--discovery-wait", "200ms", "--inbox-prefix", inbox, "--nats-url", s.ClientURL()}, &out, &errOut); err != nil {
+		t.Fatalf("status: %v\n%s", err, errOut.String())
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{}
+	for {
+		msg, err := sub.NextMsg(0)
+		if err != nil {
+			break
+		}
+		switch subject := msg.Subject; {
+		case strings.HasPrefix(subject, wire.ServiceName+"."):
+			counts["a verb: "+subject]++ // whoever asked: nothing else does here
+		case !strings.HasPrefix(msg.Reply, inbox+"."):
+			// not status's
+		case strings.HasPrefix(subject, "$SRV."):
+			counts[subject]++
+		case strings.HasPrefix(subject, "$JS.API.STREAM.INFO."):
+			counts["stream info"]++
+		case strings.HasPrefix(subject, "$JS.API.DIRECT.GET."), strings.HasPrefix(subject, "$JS.API.STREAM.MSG.GET."):
+			counts["message get"]++
+		case strings.HasPrefix(subject, "$JS.API."):
+			counts["other JetStream API: "+subject]++
+		}
+	}
+	buckets := len(keys.Buckets())
+	want := map[string]int{"$SRV.STATS." + wire.ServiceName: 1, "stream info": buckets, "message get": buckets}
+	if diff := cmp.Diff(want, counts); diff != "" {
+		t.Errorf("what status sent (-want +got):\n%s", diff)
+	}
+	if after := requests(); after != before {
+		t.Errorf("the service's endpoints counted %d requests during status, want none", after-before)
+	}
+	var report statusReport
+	if err := json.Unmarshal(out.Bytes(), &report); err != nil {
+		t.Fatalf("--json does not decode: %v\n%s", err, out.String())
+	}
+	for _, b := range report.Buckets {
+		if b.Bucket == keys.NeedsBucket && (b.Records != nodes*needsEach || b.Nodes != nodes || b.CopyAt != last || b.Lag != 0) {
+			t.Errorf("needs bucket %+v, want %d records of %d nodes at revision %d, no lag", b, nodes*needsEach, nodes, last)
+		}
+	}
+	if report.Needs != nodes*needsEach || report.Refusals.NodesTotal != nodes {
+		t.Errorf("report counts %d needs of %d nodes, want %d of %d", report.Needs, report.Refusals.NodesTotal, nodes*needsEach, nodes)
 	}
 }

@@ -90,10 +90,41 @@ func runCase(t *testing.T, c conformance.Case) {
 	}
 	if c.Body != nil {
 		t.Run("raw", func(t *testing.T) { runRaw(t, nc, c) })
-		return
+	} else {
+		for _, encoding := range []string{"binary", "json"} {
+			t.Run(encoding, func(t *testing.T) { runRequest(t, nc, c, encoding) })
+		}
 	}
-	for _, encoding := range []string{"binary", "json"} {
-		t.Run(encoding, func(t *testing.T) { runRequest(t, nc, c, encoding) })
+	t.Run("stats", func(t *testing.T) { checkStats(t, nc) })
+}
+
+// checkStats asks $SRV.STATS.mesh-provisioner and decodes every endpoint's
+// data as an EndpointStatsData, refusing fields the message does not know.
+func checkStats(t *testing.T, nc *nats.Conn) {
+	subject, err := micro.ControlSubject(micro.StatsVerb, "mesh-provisioner", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := nc.Request(subject, nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats micro.Stats
+	if err := json.Unmarshal(msg.Data, &stats); err != nil {
+		t.Fatalf("stats %s: %v", msg.Data, err)
+	}
+	if stats.Type != micro.StatsResponseType || len(stats.Endpoints) == 0 {
+		t.Fatalf("stats of type %q with %d endpoints: %s", stats.Type, len(stats.Endpoints), msg.Data)
+	}
+	for _, e := range stats.Endpoints {
+		data := &provisionerv1.EndpointStatsData{}
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: false}).Unmarshal(e.Data, data); err != nil {
+			t.Errorf("endpoint %s: data is not a %s: %v\n%s", e.Name, data.ProtoReflect().Descriptor().FullName(), err, e.Data)
+			continue
+		}
+		if len(data.GetBuckets()) != 4 || data.GetAnswerCache() == nil {
+			t.Errorf("endpoint %s: data has %d buckets and answer cache %v, want 4 and one", e.Name, len(data.GetBuckets()), data.GetAnswerCache())
+		}
 	}
 }
 

@@ -41,57 +41,45 @@ type Instance struct {
 	SeatHolder string     `json:"seat_holder,omitempty"`
 	Endpoints  []Endpoint `json:"endpoints"`
 	// OverBudget are the nodes over their budget in this instance's copy.
-	OverBudget []OverBudget `json:"over_budget"`
-}
-
-// OverBudget is a node over its budget in one state bucket, as an
-// instance's stats report it.
-type OverBudget struct {
-	Bucket  string `json:"bucket"`
-	Node    string `json:"node"`
-	Keys    int    `json:"keys"`
-	Bytes   int    `json:"bytes"`
-	Refused int    `json:"refused"`
+	OverBudget []*provisionerv1.OverBudget `json:"over_budget"`
+	// Buckets are this instance's copy of each bucket, counted.
+	Buckets []*provisionerv1.BucketStats `json:"-"`
 }
 
 // Endpoint is one endpoint of an instance with its counters.
 type Endpoint struct {
-	Name            string          `json:"name"`
-	Subject         string          `json:"subject"`
-	Requests        int             `json:"requests"`
-	Errors          int             `json:"errors"`
-	LastError       string          `json:"last_error,omitempty"`
-	AverageTime     string          `json:"average_processing_time"`
-	Answered        uint64          `json:"answered"`
-	AnswerErrors    uint64          `json:"answer_errors"`
-	Loading         []string        `json:"loading"`
-	Behind          []string        `json:"behind"`
-	Data            json.RawMessage `json:"data,omitempty"`
-	AverageDuration time.Duration   `json:"-"`
+	Name         string          `json:"name"`
+	Subject      string          `json:"subject"`
+	Requests     int             `json:"requests"`
+	Errors       int             `json:"errors"`
+	LastError    string          `json:"last_error,omitempty"`
+	AverageTime  string          `json:"average_processing_time"`
+	Answered     uint64          `json:"answered"`
+	AnswerErrors uint64          `json:"answer_errors"`
+	Loading      []string        `json:"loading"`
+	Behind       []string        `json:"behind"`
+	Data         json.RawMessage `json:"data,omitempty"`
+	// DataError says why Data is not an EndpointStatsData, if it is not.
+	DataError       string        `json:"data_error,omitempty"`
+	AverageDuration time.Duration `json:"-"`
 }
 
-// endpointData is the part of an endpoint's stats data status reads; the
-// whole of it is kept in Endpoint.Data.
-type endpointData struct {
-	Answered     uint64       `json:"answered"`
-	AnswerErrors uint64       `json:"answer_errors"`
-	Loading      []string     `json:"loading"`
-	Behind       []string     `json:"behind"`
-	Seat         string       `json:"seat"`
-	SeatSince    string       `json:"seat_since"`
-	SeatHolder   string       `json:"seat_holder"`
-	OverBudget   []OverBudget `json:"over_budget"`
-}
-
-// Bucket is one bucket: its stream, its records and the copy's revision.
+// Bucket is one bucket: its stream, and its records, malformed keys and
+// revision as an instance's copy counts them in its stats.
 type Bucket struct {
 	Bucket    string `json:"bucket"`
 	Messages  uint64 `json:"messages"`
 	LastSeq   uint64 `json:"last_seq"`
 	Records   int    `json:"records"`
 	Malformed int    `json:"malformed"`
-	CopyAt    uint64 `json:"copy_revision"`
-	Lag       uint64 `json:"lag"`
+	// Nodes are the copy's first tokens of the bucket's keys: nodes, or
+	// the registry's kinds.
+	Nodes  int    `json:"nodes"`
+	CopyAt uint64 `json:"copy_revision"`
+	Lag    uint64 `json:"lag"`
+	// Instance is the instance whose copy was counted; empty when none
+	// reported one.
+	Instance string `json:"instance,omitempty"`
 }
 
 // Node is a node that has needs (or malformed keys in the needs bucket).
@@ -121,26 +109,45 @@ type MalformedKey struct {
 	Reason string `json:"reason"`
 }
 
-// Gather asks discovery, the streams and the verbs.
-func Gather(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, composeNodes int) (*Report, error) {
+// Options say what Gather reads.
+type Options struct {
+	// DiscoveryWait is how long to collect the instances' stats replies.
+	DiscoveryWait time.Duration
+	// Records reads every bucket through the provisioning verb, to list
+	// the nodes with their needs and every malformed key, and composes the
+	// first ComposeNodes nodes to count refusals. Without it, Gather reads
+	// no record: the counts are the instances' stats.
+	Records      bool
+	ComposeNodes int
+}
+
+// Gather asks discovery and the streams and, with opts.Records, the verbs.
+// The buckets' counts are the first instance's (the longest serving) that
+// reports them in its stats; the lag is its copy's.
+func Gather(ctx context.Context, nc *nats.Conn, opts Options) (*Report, error) {
 	report := &Report{Refusals: Refusals{ByReason: map[string]int{}}, Malformed: []MalformedKey{}}
 	var err error
-	if report.Instances, err = discoverInstances(ctx, nc, discoveryWait); err != nil {
+	if report.Instances, err = discoverInstances(ctx, nc, opts.DiscoveryWait); err != nil {
 		return nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	c := client.New(nc)
-	needsPerNode := map[string]int{}
-	for _, bucket := range keys.Buckets() {
-		// The answer first, then the stream: the lag is never negative,
-		// and at worst counts writes made in between.
-		answer, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: whatOf(bucket)})
-		if err != nil {
-			return nil, fmt.Errorf("read %s through the provisioning verb: %w", bucket, err)
+	counted := map[string]*provisionerv1.BucketStats{}
+	counter := ""
+	for _, in := range report.Instances {
+		if len(in.Buckets) > 0 {
+			for _, b := range in.Buckets {
+				counted[b.GetBucket()] = b
+			}
+			counter = in.ID
+			break
 		}
+	}
+	for _, bucket := range keys.Buckets() {
+		// The stats first, then the stream: the lag is never negative,
+		// and at worst counts writes made in between.
 		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
 		if err != nil {
 			return nil, fmt.Errorf("stream of %s: %w", bucket, err)
@@ -156,30 +163,56 @@ func Gather(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, com
 		case !errors.Is(err, jetstream.ErrMsgNotFound):
 			return nil, fmt.Errorf("last write of %s: %w", bucket, err)
 		}
-		b := Bucket{Bucket: bucket, Messages: state.Msgs, LastSeq: lastSeq, CopyAt: answer.GetRevision(),
-			Records: len(answer.GetRegistry()) + len(answer.GetNeeds()) + len(answer.GetApplied()) + len(answer.GetCollect())}
+		c := counted[bucket]
+		b := Bucket{Bucket: bucket, Messages: state.Msgs, LastSeq: lastSeq, CopyAt: c.GetRevision(),
+			Records: int(c.GetRecords()), Malformed: int(c.GetMalformed()), Nodes: int(c.GetNodes())}
+		if c != nil {
+			b.Instance = counter
+		}
 		if b.LastSeq > b.CopyAt {
 			b.Lag = b.LastSeq - b.CopyAt
+		}
+		if bucket == keys.NeedsBucket {
+			report.Needs, report.Refusals.NodesTotal = b.Records, b.Nodes
+		}
+		report.Buckets = append(report.Buckets, b)
+	}
+	if opts.Records {
+		if err := readRecords(ctx, nc, report, opts.ComposeNodes); err != nil {
+			return nil, err
+		}
+	}
+	return report, nil
+}
+
+// readRecords reads every bucket through the provisioning verb for the
+// nodes with their needs and every malformed key, and composes the first
+// composeNodes nodes to count refusals.
+func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNodes int) error {
+	c := client.New(nc)
+	needsPerNode := map[string]int{}
+	for _, bucket := range keys.Buckets() {
+		answer, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: whatOf(bucket)})
+		if err != nil {
+			return fmt.Errorf("read %s through the provisioning verb: %w", bucket, err)
 		}
 		for _, m := range answer.GetMalformed() {
 			if m.GetBucket() != bucket {
 				continue // reported with its own bucket
 			}
-			b.Malformed++
 			report.Malformed = append(report.Malformed, MalformedKey{Bucket: m.GetBucket(), Key: m.GetKey(), Reason: m.GetReason()})
+		}
+		if bucket != keys.NeedsBucket {
+			continue
 		}
 		for _, n := range answer.GetNeeds() {
 			needsPerNode[n.GetNode()]++
 		}
-		if bucket == keys.NeedsBucket {
-			report.Needs = len(answer.GetNeeds())
-			for _, m := range answer.GetMalformed() {
-				if node, _, _ := strings.Cut(m.GetKey(), "."); m.GetBucket() == bucket && node != "" {
-					needsPerNode[node] += 0 // a node whose needs are all malformed is a node
-				}
+		for _, m := range answer.GetMalformed() {
+			if node, _, _ := strings.Cut(m.GetKey(), "."); m.GetBucket() == bucket && node != "" {
+				needsPerNode[node] += 0 // a node whose needs are all malformed is a node
 			}
 		}
-		report.Buckets = append(report.Buckets, b)
 	}
 	for _, node := range slices.Sorted(maps.Keys(needsPerNode)) {
 		report.Nodes = append(report.Nodes, Node{Node: node, Needs: needsPerNode[node]})
@@ -189,7 +222,7 @@ func Gather(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, com
 		n := &report.Nodes[i]
 		composed, err := c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: n.Node})
 		if err != nil {
-			return nil, fmt.Errorf("compose %s: %w", n.Node, err)
+			return fmt.Errorf("compose %s: %w", n.Node, err)
 		}
 		report.Refusals.NodesComposed++
 		n.Composed, n.Provisions = true, len(composed.GetProvisions())
@@ -202,7 +235,7 @@ func Gather(ctx context.Context, nc *nats.Conn, discoveryWait time.Duration, com
 			n.Refusals[reason]++
 		}
 	}
-	return report, nil
+	return nil
 }
 
 // whatOf returns the provisioning verb's what that reads bucket.
@@ -255,23 +288,34 @@ func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration) (
 	return instances, nil
 }
 
-// InstanceOf reads an instance's $SRV.STATS reply, its service data included.
+// InstanceOf reads an instance's $SRV.STATS reply, its service data
+// (EndpointStatsData) included.
 func InstanceOf(stats micro.Stats) Instance {
 	in := Instance{ID: stats.ID, Version: stats.Version, Started: stats.Started}
 	for _, e := range stats.Endpoints {
-		var data endpointData
-		_ = json.Unmarshal(e.Data, &data) // what does not decode is shown raw in --json
-		in.Seat, in.SeatSince = cmp.Or(in.Seat, data.Seat), cmp.Or(in.SeatSince, data.SeatSince)
-		in.SeatHolder = cmp.Or(in.SeatHolder, data.SeatHolder)
-		if in.OverBudget == nil { // every endpoint reports the same copy
-			in.OverBudget = data.OverBudget
-		}
-		in.Endpoints = append(in.Endpoints, Endpoint{
+		ep := Endpoint{
 			Name: e.Name, Subject: e.Subject, Requests: e.NumRequests, Errors: e.NumErrors, LastError: e.LastError,
-			AverageTime: e.AverageProcessingTime.String(), AverageDuration: e.AverageProcessingTime,
-			Answered: data.Answered, AnswerErrors: data.AnswerErrors,
-			Loading: nonNil(data.Loading), Behind: nonNil(data.Behind), Data: e.Data,
-		})
+			AverageTime: e.AverageProcessingTime.String(), AverageDuration: e.AverageProcessingTime, Data: e.Data,
+		}
+		data, err := wire.DecodeStatsData(e.Data)
+		if err != nil {
+			ep.DataError = err.Error() // shown raw in --json
+			data = &provisionerv1.EndpointStatsData{}
+		}
+		in.Seat, in.SeatSince = cmp.Or(in.Seat, data.GetSeat()), cmp.Or(in.SeatSince, data.GetSeatSince())
+		in.SeatHolder = cmp.Or(in.SeatHolder, data.GetSeatHolder())
+		if in.OverBudget == nil { // every endpoint reports the same copy
+			in.OverBudget = data.GetOverBudget()
+		}
+		if in.Buckets == nil {
+			in.Buckets = data.GetBuckets()
+		}
+		ep.Answered, ep.AnswerErrors = data.GetAnswered(), data.GetAnswerErrors()
+		ep.Loading, ep.Behind = nonNil(data.GetLoading()), nonNil(data.GetBehind())
+		in.Endpoints = append(in.Endpoints, ep)
+	}
+	if in.OverBudget == nil {
+		in.OverBudget = []*provisionerv1.OverBudget{} // [] in JSON, as the service sends it
 	}
 	return in
 }

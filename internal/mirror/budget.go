@@ -102,6 +102,9 @@ func refusedHash(key string) uint64 { return maphash.String(refusedSeed, key) }
 
 // forget takes an entry out of the group's counts.
 func (g *group[R]) forget(e *Entry[R]) {
+	if e.Malformed != nil {
+		g.malformed--
+	}
 	if !e.overBudget {
 		g.held--
 		g.bytes -= int(e.size)

@@ -3,6 +3,7 @@ package mirror
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -157,4 +158,58 @@ func TestBudgetReadmitsKeysWhenRoomIsMade(t *testing.T) {
 		}
 	}
 	t.Logf("held after the deletes: %v", held())
+}
+
+// The copy's counts, kept as it changes, are what a full read counts:
+// through puts, malformed keys, a node over its budget, deletes and the
+// keys a new watcher no longer finds.
+func TestCountsAreAFullReadsCounts(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	c.SetBudget(Budget{Keys: 3}, func(Excess) {})
+	check := func(what string) {
+		t.Helper()
+		entries, revision := c.All()
+		records, malformed, groups := 0, 0, map[string]bool{}
+		for _, e := range entries {
+			if e.Malformed != nil {
+				malformed++
+			} else {
+				records++
+			}
+			first, _, _ := strings.Cut(e.Key, ".")
+			groups[first] = true
+		}
+		r, m, g, rev := c.Counts()
+		if r != records || m != malformed || g != len(groups) || rev != revision {
+			t.Errorf("%s: counts %d records, %d malformed, %d groups at %d; a full read %d, %d, %d at %d",
+				what, r, m, g, rev, records, malformed, len(groups), revision)
+		}
+	}
+	rev := uint64(0)
+	apply := func(k string, deleted bool) {
+		rev++
+		c.Apply(k, need(t), rev, deleted)
+	}
+	check("empty")
+	for i := range 5 + maxListedOverBudget {
+		apply(fmt.Sprintf("ace.web.port.p%03d", i), false) // 3 held, the rest listed then refused
+	}
+	apply("bob.web.port.http", false)
+	apply("bob.web.port", false) // out of shape
+	check("written")
+	apply("bob.web.port.http", false) // written again
+	apply("ace.web.port.p001", true)  // held
+	apply("ace.web.port.p050", true)  // listed
+	apply("bob.web.port", true)
+	check("some deleted")
+	live := map[string]bool{"ace.web.port.p000": true, "ace.web.port.p002": true}
+	c.keepOnly(live)
+	check("only two keys live")
+	apply("ace.web.port.p000", true)
+	apply("ace.web.port.p002", true)
+	check("all deleted")
+	if r, m, g, _ := c.Counts(); r+m+g != 0 {
+		t.Errorf("every key deleted, the copy counts %d records, %d malformed, %d groups", r, m, g)
+	}
 }

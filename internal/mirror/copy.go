@@ -42,6 +42,9 @@ type group[R proto.Message] struct {
 	// held and bytes count the keys held and their values' size, which
 	// the budget bounds.
 	held, bytes int
+	// malformed counts the keys of byKey reported as malformed (out of
+	// shape, or over the budget): the others are records.
+	malformed int
 	// refused are the keys over the budget that are not even listed (past
 	// maxListedOverBudget), by their hash, with the revision of their
 	// value: a delete of one of them, or its admission, is counted exactly,
@@ -74,6 +77,9 @@ type Copy[R proto.Message] struct {
 	mu       sync.RWMutex
 	groups   map[string]*group[R]
 	revision uint64
+	// records and malformed are the sums of the groups' records and
+	// malformed keys, kept as they change (Counts).
+	records, malformed int
 	// reached is revision, for readers that need nothing else: one atomic
 	// load rather than the lock.
 	reached  atomic.Uint64
@@ -200,10 +206,12 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	if c.all.Load() != nil {
 		c.all.Store(nil)
 	}
+	records, malformed := g.counts()
 	freed := g.remove(key)
 	if e != nil {
 		g.add(key, e)
 	}
+	c.recount(g, records, malformed)
 	if freed {
 		c.wantReadmit(first, g)
 	}
@@ -213,6 +221,29 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		// empty group's, and what is answered of it is the empty answer.
 		delete(c.groups, first)
 	}
+}
+
+// counts returns the group's records and malformed keys listed.
+func (g *group[R]) counts() (records, malformed int) {
+	return len(g.byKey) - g.malformed, g.malformed
+}
+
+// recount takes a group's change into the copy's counts: records and
+// malformed are the group's counts before it. The caller holds c.mu.
+func (c *Copy[R]) recount(g *group[R], records, malformed int) {
+	r, m := g.counts()
+	c.records += r - records
+	c.malformed += m - malformed
+}
+
+// Counts returns what the copy holds, counted as it changes: its records
+// (keys whose value decodes), its malformed keys listed (out of shape, or
+// over a node's budget), its groups (the nodes of a state bucket, the kinds
+// of the registry), and the revision it has reached.
+func (c *Copy[R]) Counts() (records, malformed, groups int, revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.records, c.malformed, len(c.groups), c.revision
 }
 
 // remove takes key out of the group, held, listed or refused, and reports
@@ -251,6 +282,9 @@ func (g *group[R]) add(key string, e *Entry[R]) {
 		return
 	}
 	g.byKey[key] = e
+	if e.Malformed != nil {
+		g.malformed++
+	}
 	if !e.overBudget {
 		g.held++
 		g.bytes += int(e.size)
@@ -279,6 +313,7 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 	defer c.mu.Unlock()
 	liveRefused := c.liveRefused(live)
 	for first, g := range c.groups {
+		records, malformed := g.counts()
 		for key, e := range g.byKey {
 			if !live[key] {
 				g.forget(e)
@@ -294,6 +329,7 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 				delete(g.refused, h)
 			}
 		}
+		c.recount(g, records, malformed)
 		g.oldest = 0 // found again when asked
 		c.checkBudget(first, g)
 		if g.empty() {

@@ -34,6 +34,7 @@ type Watched interface {
 	Ready() bool
 	Behind() bool
 	Revision() uint64
+	Counts() (records, malformed, groups int, revision uint64)
 	Stamp(first string) (stamp, revision uint64)
 	Empty() bool
 	WaitFor(ctx context.Context, revision uint64) bool

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -30,36 +31,21 @@ var endpointCounters = []struct {
 	{"errors_total", "Requests refused on arrival with an error, which micro counts (micro's num_errors): bad requests, the copy still loading, the queue full.",
 		func(e *micro.EndpointStats, _ endpointData) float64 { return float64(e.NumErrors) }},
 	{"answers_total", "Answers sent by the service's workers or reused (stats data answered).",
-		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.Answered) }},
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAnswered()) }},
 	{"answer_errors_total", "Requests accepted, then answered with an error or whose answer could not be sent (stats data answer_errors).",
-		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.AnswerErrors) }},
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAnswerErrors()) }},
 	{"shed_total", "Requests answered 503 without being computed: they waited longer than --max-queue-wait for a worker (stats data shed).",
-		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.Shed) }},
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetShed()) }},
 	{"queue_full_total", "Requests answered 503 because the queue for workers was full (stats data queue_full).",
-		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.QueueFull) }},
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetQueueFull()) }},
 	{"slow_consumer_total", "Times requests were dropped because the endpoint's pending buffer was full (stats data slow_consumer).",
-		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.SlowConsumer) }},
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetSlowConsumer()) }},
 	{"refused_replies_total", "Requests whose reply subject was refused, so no answer was sent (stats data refused_replies; 0 when the service does not report it).",
-		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.RefusedReplies) }},
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetRefusedReplies()) }},
 }
 
-// endpointData is the part of an endpoint's stats data the metrics read.
-type endpointData struct {
-	Answered       uint64 `json:"answered"`
-	AnswerErrors   uint64 `json:"answer_errors"`
-	Shed           uint64 `json:"shed"`
-	QueueFull      uint64 `json:"queue_full"`
-	SlowConsumer   uint64 `json:"slow_consumer"`
-	RefusedReplies uint64 `json:"refused_replies"`
-	AnswerCache    struct {
-		Hits uint64 `json:"hits"`
-	} `json:"answer_cache"`
-	Seat       string `json:"seat"`
-	SeatSince  string `json:"seat_since"`
-	OverBudget []struct {
-		Bucket string `json:"bucket"`
-	} `json:"over_budget"`
-}
+// endpointData is an endpoint's stats data.
+type endpointData = *provisionerv1.EndpointStatsData
 
 // initMetrics makes the registry: the Go runtime's and the process's
 // collectors, the latency histograms and the service's own.
@@ -142,12 +128,14 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	stats := t.Service.Stats()
-	var first *endpointData
+	var first endpointData
 	for _, e := range stats.Endpoints {
-		var d endpointData
-		_ = json.Unmarshal(e.Data, &d) // what does not decode counts 0
+		d, err := wire.DecodeStatsData(e.Data)
+		if err != nil {
+			d = &provisionerv1.EndpointStatsData{} // what does not decode counts 0
+		}
 		if first == nil {
-			first = &d
+			first = d
 		}
 		for _, m := range endpointCounters {
 			ch <- prometheus.MustNewConstMetric(descOf(m.name, m.help), prometheus.CounterValue, m.read(e, d), e.Name)
@@ -157,17 +145,17 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 	if first != nil {
 		// The cache and the copy are the service's, whichever endpoint
 		// reports them.
-		ch <- prometheus.MustNewConstMetric(descReused, prometheus.CounterValue, float64(first.AnswerCache.Hits))
-		for _, x := range first.OverBudget {
-			overBudget[x.Bucket]++
+		ch <- prometheus.MustNewConstMetric(descReused, prometheus.CounterValue, float64(first.GetAnswerCache().GetHits()))
+		for _, x := range first.GetOverBudget() {
+			overBudget[x.GetBucket()]++
 		}
-		if first.Seat != "" {
+		if first.GetSeat() != "" {
 			held := 0.0
-			if first.Seat == "held" {
+			if first.GetSeat() == "held" {
 				held = 1
 			}
 			ch <- prometheus.MustNewConstMetric(descSeatHeld, prometheus.GaugeValue, held)
-			if since, err := time.Parse(time.RFC3339, first.SeatSince); err == nil {
+			if since, err := time.Parse(time.RFC3339, first.GetSeatSince()); err == nil {
 				ch <- prometheus.MustNewConstMetric(descSeatSince, prometheus.GaugeValue, float64(since.Unix()))
 			}
 		}

@@ -62,7 +62,7 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request) {
 		data.ID, data.Version, data.Seat, data.SeatSince, data.SeatHolder = in.ID, in.Version, in.Seat, in.SeatSince, in.SeatHolder
 		if t.Ask != nil {
 			ctx, cancel := context.WithTimeout(r.Context(), s.cfg.Timeout)
-			report, err := meshstatus.Gather(ctx, t.Ask, s.cfg.DiscoveryWait, s.cfg.ComposeNodes)
+			report, err := meshstatus.Gather(ctx, t.Ask, meshstatus.Options{DiscoveryWait: s.cfg.DiscoveryWait, Records: true, ComposeNodes: s.cfg.ComposeNodes})
 			cancel()
 			if err != nil {
 				data.Err = err.Error()

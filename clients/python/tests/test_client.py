@@ -24,6 +24,7 @@ from mesh_provisioner import (
     WHAT_REGISTRY,
     CollectItem,
     ComposeRequest,
+    EndpointStatsData,
     Need,
     Provision,
     ProvisionerClient,
@@ -182,7 +183,8 @@ async def test_discovery_names_the_instance(nc: NATS) -> None:
     }
     [stats] = await client.stats()
     assert [e["name"] for e in stats["endpoints"]] == ["provisioning", "compose", "provisioning-node", "compose-node", "provisions"]
-    assert stats["endpoints"][0]["data"]["loading"] == []
+    data = stats["endpoints"][0]["data"]
+    assert isinstance(data, EndpointStatsData) and list(data.loading) == [] and len(data.buckets) == 4
     assert await client.ping(id="no-such-instance", max_wait=0.5) == []
 
 

@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 from mesh_provisioner import (
     ComposeRequest,
     ComposeResponse,
+    EndpointStatsData,
     ProvisioningRequest,
     ProvisioningResponse,
     ProvisionsRequest,
@@ -148,6 +149,22 @@ async def run_raw(nc: NATS, case: dict[str, Any]) -> None:
     check(case["verb"], case["expect"], [reply])
 
 
+async def check_stats(nc: NATS) -> None:
+    """Asks $SRV.STATS.mesh-provisioner and decodes every endpoint's data as
+    an EndpointStatsData, refusing fields the message does not define."""
+    reply = await nc.request("$SRV.STATS.mesh-provisioner", b"", timeout=10)
+    stats = json.loads(reply.data)
+    assert stats["type"] == "io.nats.micro.v1.stats_response"
+    assert stats["endpoints"], "stats list no endpoint"
+    for endpoint in stats["endpoints"]:
+        try:
+            data = json_format.ParseDict(endpoint["data"], EndpointStatsData(), ignore_unknown_fields=False)
+        except json_format.ParseError as err:
+            pytest.fail(f"endpoint {endpoint['name']}: data is not a mesh.provisioner.v1.EndpointStatsData: {err}\n{endpoint['data']}")
+        assert len(data.buckets) == 4, f"endpoint {endpoint['name']}: buckets"
+        assert data.HasField("answer_cache"), f"endpoint {endpoint['name']}: answer_cache"
+
+
 @pytest.mark.parametrize("case_file", CASE_FILES, ids=[f.stem for f in CASE_FILES])
 async def test_case(case_file: Path) -> None:
     case = json.loads(case_file.read_text())
@@ -162,6 +179,7 @@ async def test_case(case_file: Path) -> None:
             else:
                 for encoding in ("binary", "json"):
                     await run_request(nc, case, encoding)
+            await check_stats(nc)
         finally:
             await nc.close()
 

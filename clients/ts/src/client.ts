@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { create, fromBinary, toBinary, type DescMessage, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { create, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Empty, errors, headers, type Msg, type NatsConnection } from "@nats-io/nats-core";
 
 import {
@@ -22,6 +22,7 @@ import {
   ProvisionsResponseSchema,
   type ProvisionsResponse,
 } from "./gen/mesh/provisioner/v1/provisions_pb.js";
+import { EndpointStatsDataSchema, type EndpointStatsData } from "./gen/mesh/provisioner/v1/stats_pb.js";
 
 /** The micro service's name, as discovery shows it. */
 export const SERVICE_NAME = "mesh-provisioner";
@@ -224,20 +225,6 @@ export interface InfoResponse extends ServiceIdentity {
   endpoints: EndpointInfo[];
 }
 
-/** The service's own statistics of an endpoint. */
-export interface EndpointStatsData {
-  /** Answers sent. */
-  answered: number;
-  /**
-   * Errors the server sent after taking a request in (a 500, a 503 after
-   * waiting for revisions or while stopping) and answers it could not send.
-   * The endpoint's num_errors does not count these.
-   */
-  answer_errors: number;
-  /** The buckets whose initial values are not in yet; empty once all are. */
-  loading: string[];
-}
-
 /** An endpoint as $SRV.STATS counts it. */
 export interface EndpointStats {
   name: string;
@@ -247,7 +234,7 @@ export interface EndpointStats {
   num_requests: number;
   /**
    * Requests it refused with a coded error before taking them in: 400s, and
-   * 503s while loading or stopping. See {@link EndpointStatsData.answer_errors}.
+   * 503s while loading or stopping. See {@link EndpointStatsData.answerErrors}.
    */
   num_errors: number;
   /** The last of those errors, as `"<code>:<sentence>"`. */
@@ -256,6 +243,11 @@ export interface EndpointStats {
   processing_time: number;
   /** Nanoseconds spent in the endpoint's handler, per request. */
   average_processing_time: number;
+  /**
+   * The service's own counts of the endpoint and the state of the
+   * instance's copy: the JSON `data` decoded strictly (a field the message
+   * does not define is an error) as an {@link EndpointStatsData}.
+   */
   data?: EndpointStatsData;
 }
 
@@ -496,9 +488,18 @@ export class ProvisionerClient {
     return this.#discover("INFO", "io.nats.micro.v1.info_response", opts);
   }
 
-  /** Returns each running instance's request counts and the service's own statistics. */
-  stats(opts?: DiscoveryOptions): Promise<StatsResponse[]> {
-    return this.#discover("STATS", "io.nats.micro.v1.stats_response", opts);
+  /**
+   * Returns each running instance's request counts and the service's own
+   * statistics, each endpoint's `data` as an {@link EndpointStatsData}.
+   */
+  async stats(opts?: DiscoveryOptions): Promise<StatsResponse[]> {
+    type Raw = Omit<StatsResponse, "endpoints"> & { endpoints: (Omit<EndpointStats, "data"> & { data?: JsonValue })[] };
+    const answers = await this.#discover<Raw>("STATS", "io.nats.micro.v1.stats_response", opts);
+    return answers.map((answer) => ({
+      ...answer,
+      endpoints: answer.endpoints.map(({ data, ...endpoint }) =>
+        data === undefined || data === null ? endpoint : { ...endpoint, data: fromJson(EndpointStatsDataSchema, data) }),
+    }));
   }
 
   /**

@@ -11,3 +11,4 @@ export * from "./gen/mesh/provisioner/v1/provisioning_pb.js";
 export * from "./gen/mesh/provisioner/v1/provisions_pb.js";
 export * from "./gen/mesh/provisioner/v1/registry_pb.js";
 export * from "./gen/mesh/provisioner/v1/state_pb.js";
+export * from "./gen/mesh/provisioner/v1/stats_pb.js";

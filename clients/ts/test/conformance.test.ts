@@ -22,6 +22,7 @@ import { connect } from "@nats-io/transport-node";
 import {
   ComposeRequestSchema,
   ComposeResponseSchema,
+  EndpointStatsDataSchema,
   errorOf,
   joinComposePages,
   joinProvisioningPages,
@@ -238,6 +239,27 @@ const cases = await Promise.all(files.map(async (file) => ({
   c: JSON.parse(await readFile(join(casesDir, file), "utf8")) as Case,
 })));
 
+/**
+ * Asks $SRV.STATS.mesh-provisioner and decodes every endpoint's data as an
+ * EndpointStatsData, refusing fields the message does not define.
+ */
+async function checkStats(nc: NatsConnection): Promise<void> {
+  const reply = await nc.request("$SRV.STATS.mesh-provisioner", undefined, { timeout: 10_000 });
+  const stats = reply.json<{ type: string; endpoints: { name: string; data: JsonValue }[] }>();
+  assert.equal(stats.type, "io.nats.micro.v1.stats_response");
+  assert.ok(stats.endpoints.length > 0, "stats list no endpoint");
+  for (const e of stats.endpoints) {
+    let data;
+    try {
+      data = fromJson(EndpointStatsDataSchema, e.data, { ignoreUnknownFields: false });
+    } catch (err) {
+      assert.fail(`endpoint ${e.name}: data is not a mesh.provisioner.v1.EndpointStatsData: ${String(err)}\n${JSON.stringify(e.data)}`);
+    }
+    assert.equal(data.buckets.length, 4, `endpoint ${e.name}: buckets`);
+    assert.ok(data.answerCache !== undefined, `endpoint ${e.name}: answer_cache`);
+  }
+}
+
 describe("conformance", () => {
   it("has at least 40 cases", () => assert.ok(cases.length >= 40, `${cases.length} cases`));
 
@@ -256,6 +278,7 @@ describe("conformance", () => {
             await runRequest(nc, c, encoding);
           }
         }
+        await checkStats(nc);
       } finally {
         await nc?.close();
         await server.stop();

@@ -856,14 +856,14 @@ describe("discovery", () => {
     // The answers are counted just after they are sent: ask until they are.
     let now = await endpointStats();
     for (const deadline = Date.now() + 2000; Date.now() < deadline &&
-      (now.provisioning.data!.answered < before.provisioning.data!.answered + 1 || now.compose.data!.answered < before.compose.data!.answered + 2);) {
+      (now.provisioning.data!.answered < before.provisioning.data!.answered + 1n || now.compose.data!.answered < before.compose.data!.answered + 2n);) {
       now = await endpointStats();
     }
-    const counts = (e: EndpointStats) => [e.num_requests, e.num_errors, e.data?.answered, e.data?.answer_errors];
-    const plus = (e: EndpointStats, requests: number, errors: number, answered: number) =>
-      [e.num_requests + requests, e.num_errors + errors, e.data!.answered + answered, e.data!.answer_errors];
-    assert.deepStrictEqual(counts(now.provisioning), plus(before.provisioning, 2, 1, 1));
-    assert.deepStrictEqual(counts(now.compose), plus(before.compose, 3, 1, 2));
+    const counts = (e: EndpointStats) => [e.num_requests, e.num_errors, e.data?.answered, e.data?.answerErrors];
+    const plus = (e: EndpointStats, requests: number, errors: number, answered: bigint) =>
+      [e.num_requests + requests, e.num_errors + errors, e.data!.answered + answered, e.data!.answerErrors];
+    assert.deepStrictEqual(counts(now.provisioning), plus(before.provisioning, 2, 1, 1n));
+    assert.deepStrictEqual(counts(now.compose), plus(before.compose, 3, 1, 2n));
     assert.match(now.provisioning.last_error, /^400:filter collection does not apply to WHAT_APPLIED/u);
     assert.equal(now.compose.last_error, "400:node is required: the node to compose");
   });
@@ -1027,8 +1027,8 @@ describe("read your writes", () => {
     const now = await endpointStats();
     for (const name of ["provisioning", "compose"] as const) {
       assert.deepStrictEqual(
-        [now[name].num_requests, now[name].num_errors, now[name].last_error, now[name].data?.answered, now[name].data?.answer_errors],
-        [before[name].num_requests + 1, before[name].num_errors, before[name].last_error, before[name].data?.answered, before[name].data!.answer_errors + 1],
+        [now[name].num_requests, now[name].num_errors, now[name].last_error, now[name].data?.answered, now[name].data?.answerErrors],
+        [before[name].num_requests + 1, before[name].num_errors, before[name].last_error, before[name].data?.answered, before[name].data!.answerErrors + 1n],
         name,
       );
     }

@@ -39,6 +39,7 @@ from mesh.provisioner.v1.provisioning_pb2 import (
 from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
 from mesh.provisioner.v1.registry_pb2 import BucketSource, RegistryEntry, VerbSource
 from mesh.provisioner.v1.state_pb2 import Applied, CollectItem, Need
+from mesh.provisioner.v1.stats_pb2 import AnswerCacheStats, BucketStats, EndpointStatsData, OverBudget
 
 from .client import (
     COMPOSE_SUBJECT,
@@ -49,7 +50,6 @@ from .client import (
     SERVICE_NAME,
     EndpointInfo,
     EndpointStats,
-    EndpointStatsData,
     InfoResponse,
     ProvisionerClient,
     ProvisionerError,
@@ -77,10 +77,12 @@ __all__ = [
     "WHAT_NEEDS",
     "WHAT_REGISTRY",
     "WHAT_UNSPECIFIED",
+    "AnswerCacheStats",
     "Applied",
     "AppliedRecord",
     "BucketKey",
     "BucketSource",
+    "BucketStats",
     "CollectItem",
     "CollectRecord",
     "CollectedItem",
@@ -94,6 +96,7 @@ __all__ = [
     "ModulePlan",
     "Need",
     "NeedRecord",
+    "OverBudget",
     "Phase",
     "PlanItem",
     "Provision",

@@ -10,6 +10,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any, Literal, TypedDict, TypeVar
 
+from google.protobuf import json_format
 from google.protobuf.message import Message
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
@@ -17,6 +18,7 @@ from nats.errors import NoRespondersError
 from mesh.provisioner.v1.compose_pb2 import ComposeRequest, ComposeResponse
 from mesh.provisioner.v1.provisioning_pb2 import ProvisioningRequest, ProvisioningResponse
 from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
+from mesh.provisioner.v1.stats_pb2 import EndpointStatsData
 
 SERVICE_NAME = "mesh-provisioner"
 """The micro service's name, as discovery shows it."""
@@ -146,12 +148,6 @@ class InfoResponse(ServiceIdentity):
     endpoints: list[EndpointInfo]
 
 
-class EndpointStatsData(TypedDict):
-    answered: int
-    answer_errors: int
-    loading: list[str]
-
-
 class EndpointStats(TypedDict, total=False):
     name: str
     subject: str
@@ -161,6 +157,9 @@ class EndpointStats(TypedDict, total=False):
     last_error: str
     processing_time: int
     average_processing_time: int
+    # The service's own counts of the endpoint and the state of the
+    # instance's copy: the JSON "data" decoded strictly (a field the message
+    # does not define is an error) as an EndpointStatsData.
     data: EndpointStatsData
 
 
@@ -335,8 +334,14 @@ class ProvisionerClient:
         return await self._discover("INFO", "io.nats.micro.v1.info_response", id, max_wait)  # type: ignore[return-value]
 
     async def stats(self, *, id: str | None = None, max_wait: float = 2.0) -> list[StatsResponse]:
-        """Each running instance's request counts and the service's own statistics."""
-        return await self._discover("STATS", "io.nats.micro.v1.stats_response", id, max_wait)  # type: ignore[return-value]
+        """Each running instance's request counts and the service's own
+        statistics, each endpoint's data as an EndpointStatsData."""
+        answers = await self._discover("STATS", "io.nats.micro.v1.stats_response", id, max_wait)
+        for answer in answers:
+            for endpoint in answer.get("endpoints") or []:
+                if endpoint.get("data") is not None:
+                    endpoint["data"] = json_format.ParseDict(endpoint["data"], EndpointStatsData())
+        return answers  # type: ignore[return-value]
 
     async def _discover(
         self, verb: Literal["PING", "INFO", "STATS"], answer_type: str, id: str | None, max_wait: float
