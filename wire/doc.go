@@ -5,8 +5,8 @@
 // reply prefixes the service answers to), the content types, and [Error],
 // the coded error a verb answers with.
 //
-// It imports nothing of the project, and of the outside world nats.go alone
-// (a reply's headers, micro's header names), so a client links no server
-// code. The buckets' names are package keys', beside the keys they hold,
+// It imports of the project only the generated types (the stats data's
+// message), and of the outside world nats.go (a reply's headers, micro's
+// header names) and protobuf, so a client links no server code. The buckets' names are package keys', beside the keys they hold,
 // so that package compose, which reads keys, links no NATS package.
 package wire
