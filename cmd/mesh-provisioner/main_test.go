@@ -84,18 +84,16 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	defer cancel()
 	// The reconciler writes the registry beside the service: it shows
 	// shortly after serving begins.
-	for {
+	natstest.CheckFor(t, 5*time.Second, func() error {
 		answer, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, want := len(answer.GetRegistry()), len(registry.Table()); got == want {
-			break
-		} else if ctx.Err() != nil {
-			t.Fatalf("registry answered %d entries, want %d", got, want)
+		if got, want := len(answer.GetRegistry()), len(registry.Table()); got != want {
+			return fmt.Errorf("registry answered %d entries, want %d", got, want)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
