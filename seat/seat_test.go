@@ -191,7 +191,7 @@ func TestAStalledHolderCannotWrite(t *testing.T) {
 				// The stream removes the lease once its TTL has run out.
 				natstest.CheckFor(t, 5*time.Second, func() error {
 					if l, _, err := stalled.read(ctx); err != nil || l.Holder != "" {
-						return fmt.Errorf("the lease did not expire: %+v, %v", l, err)
+						return fmt.Errorf("the lease did not expire: %+v, %w", l, err)
 					}
 					return nil
 				})
