@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -252,41 +253,25 @@ func TestReconcilerRunsEveryInterval(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 
-	port := func() (jetstream.KeyValueEntry, error) {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			e, err := kv.Get(ctx, "port")
-			if err == nil || time.Now().After(deadline) {
-				return e, err
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	if _, err := port(); err != nil {
-		t.Fatalf("the first run did not write the registry: %v", err)
-	}
+	var e jetstream.KeyValueEntry
+	natstest.CheckFor(t, 5*time.Second, func() (err error) {
+		e, err = kv.Get(ctx, "port")
+		return err
+	})
 	tampered, _ := proto.Marshal(&provisionerv1.RegistryEntry{Kind: "port", Owner: "intruder"})
 	at, err := kv.Put(ctx, "port", tampered)
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		e, err := port()
-		if err != nil {
-			t.Fatal(err)
+	natstest.CheckFor(t, 5*time.Second, func() (err error) {
+		if e, err = kv.Get(ctx, "port"); err == nil && e.Revision() <= at {
+			err = fmt.Errorf("a tampered entry was not restored by a later interval: %q at %d", e.Value(), e.Revision())
 		}
-		if e.Revision() > at {
-			var entry provisionerv1.RegistryEntry
-			if err := proto.Unmarshal(e.Value(), &entry); err != nil || entry.GetOwner() == "intruder" {
-				t.Fatalf("after the tamper: %v, %v", &entry, err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a tampered entry was not restored by a later interval")
-		}
-		time.Sleep(10 * time.Millisecond)
+		return err
+	})
+	var entry provisionerv1.RegistryEntry
+	if err := proto.Unmarshal(e.Value(), &entry); err != nil || entry.GetOwner() == "intruder" {
+		t.Fatalf("after the tamper: %v, %v", &entry, err)
 	}
 	cancel()
 	select {
@@ -296,6 +281,48 @@ func TestReconcilerRunsEveryInterval(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run did not return after its context ended")
+	}
+}
+
+// A clean stop is no failure: Run returns nil and logs nothing of a failed
+// watch, though the watcher it stops closes its updates as the context
+// ends (whichever of the two the reconciler sees first). Stopped many
+// times, on a bucket already reconciled and on one being written.
+func TestReconcilerStopsCleanly(t *testing.T) {
+	t.Parallel()
+	kv := registryBucket(t)
+	for i := range 20 {
+		var logs lockedBuffer
+		reconciled := make(chan struct{}, 1)
+		r := &registry.Reconciler{KV: kv, Interval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			Reconciled: func(registry.Report) {
+				select {
+				case reconciled <- struct{}{}:
+				default:
+				}
+			}}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		select {
+		case <-reconciled:
+		case err := <-done:
+			t.Fatalf("stop %d: Run ended before its context: %v", i, err)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("stop %d: no reconcile within 10s", i)
+		}
+		if i%2 == 1 { // a change in flight on the watch as it stops
+			if err := kv.Delete(t.Context(), "port"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("stop %d: Run returned %v, want nil", i, err)
+		}
+		if strings.Contains(logs.String(), "failed") {
+			t.Fatalf("stop %d: a clean stop was logged as a failure:\n%s", i, logs.String())
+		}
 	}
 }
 
@@ -389,11 +416,12 @@ func holds(t *testing.T, kv jetstream.KeyValue, table []*provisionerv1.RegistryE
 
 func waitUntil(t *testing.T, within time.Duration, ok func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(within); !ok(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %s", within)
+	natstest.CheckFor(t, within, func() error {
+		if !ok() {
+			return errors.New("the bucket does not hold the table")
 		}
-	}
+		return nil
+	})
 }
 
 // failingPublisher refuses its first writes, as a stream does during a

@@ -1,12 +1,14 @@
 package seat
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,14 +77,16 @@ func holders(ins []*instance) []*instance {
 func waitForOneHolder(t *testing.T, ins []*instance, within time.Duration) (*instance, time.Duration) {
 	t.Helper()
 	start := time.Now()
-	for time.Since(start) < within {
-		if h := holders(ins); len(h) == 1 {
-			return h[0], time.Since(start)
+	var one *instance
+	natstest.CheckFor(t, within, func() error {
+		h := holders(ins)
+		if len(h) != 1 {
+			return fmt.Errorf("no single holder among %d instances (holders: %d)", len(ins), len(h))
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no single holder among %d instances within %s (holders: %d)", len(ins), within, len(holders(ins)))
-	return nil, 0
+		one = h[0]
+		return nil
+	})
+	return one, time.Since(start)
 }
 
 func startWithBuckets(t *testing.T) (*server.Server, jetstream.JetStream) {
@@ -105,14 +109,16 @@ func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
 			t.Parallel()
 			s, _ := startWithBuckets(t)
-			cfg := Config{TTL: 2 * time.Second, Poll: 50 * time.Millisecond}
+			logs := &lockedBuffer{}
+			cfg := Config{TTL: 2 * time.Second, Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 			var ins []*instance
 			for range n {
 				ins = append(ins, campaign(t, s.ClientURL(), cfg))
 			}
 			holder, _ := waitForOneHolder(t, ins, 5*time.Second)
-			// For several renewals, never two holders, never none.
-			for deadline := time.Now().Add(2 * cfg.TTL); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			// For several renewals, never two holders, never none: watched
+			// for two TTLs, the time itself is not what is checked.
+			for watch := time.Now().Add(2 * cfg.TTL); time.Now().Before(watch); time.Sleep(5 * time.Millisecond) {
 				if h := holders(ins); len(h) != 1 || h[0] != holder {
 					t.Fatalf("holders changed to %d while the holder lived", len(h))
 				}
@@ -124,24 +130,26 @@ func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {
 				}
 			}
 
-			// The holder dies without a word: its connection is gone.
+			// The holder dies without a word: its connection is gone. A
+			// standby takes the seat once the lease runs out, about TTL + Poll
+			// later; the figure is logged, not asserted, as timings stretch
+			// under -race on a busy machine: the wait's 10s (five TTLs) is
+			// the only bound.
 			holder.nc.Close()
 			rest := without(ins, holder)
 			next, took := waitForOneHolder(t, rest, 10*time.Second)
 			t.Logf("abrupt death: %s took the seat after %s (TTL %s)", next.seat.ID(), took, cfg.TTL)
-			if took > cfg.TTL+2*time.Second {
-				t.Errorf("takeover after %s, want within TTL %s + 2s", took, cfg.TTL)
-			}
 
-			// A clean stop hands the seat over at once.
+			// A clean stop hands the seat over at once: the holder hands it
+			// back (which its log says) rather than let its lease run out.
 			if len(rest) > 1 {
 				next.stop()
 				<-next.done
+				if !logs.has("handed the provisioner seat back", "seat_id="+next.seat.ID()) {
+					t.Errorf("the stopped holder did not hand the seat back; log:\n%s", logs)
+				}
 				after, took := waitForOneHolder(t, without(rest, next), 5*time.Second)
 				t.Logf("clean stop: %s took the seat after %s", after.seat.ID(), took)
-				if took > time.Second {
-					t.Errorf("takeover after a clean stop took %s, want under 1s", took)
-				}
 			}
 		})
 	}
@@ -181,15 +189,12 @@ func TestAStalledHolderCannotWrite(t *testing.T) {
 				waitForOneHolder(t, []*instance{other}, 5*time.Second)
 			} else {
 				// The stream removes the lease once its TTL has run out.
-				for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-					l, _, err := stalled.read(ctx)
-					if err == nil && l.Holder == "" {
-						break
+				natstest.CheckFor(t, 5*time.Second, func() error {
+					if l, _, err := stalled.read(ctx); err != nil || l.Holder != "" {
+						return fmt.Errorf("the lease did not expire: %+v, %w", l, err)
 					}
-					if time.Now().After(deadline) {
-						t.Fatal("the lease did not expire")
-					}
-				}
+					return nil
+				})
 			}
 			// It wakes up still believing it holds the seat, and writes.
 			if held, _ := stalled.Held(); !held {
@@ -213,7 +218,11 @@ func TestAStalledHolderCannotWrite(t *testing.T) {
 }
 
 // TestRenewalsKeepFencedWritesValid: writes and renewals interleave for
-// several TTLs; no write is refused while the seat is held.
+// several TTLs; no write is refused while the seat is held. A refused write
+// ends the tenure's context before PublishMsg returns (loseLocked), so a
+// write's error is judged by what it is, not by whether the context ended:
+// ErrFenced or ErrNotHeld always fails the test, any other error only
+// while the tenure runs (a write cut short by the end of the test).
 func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	t.Parallel()
 	_, js := startWithBuckets(t)
@@ -229,7 +238,8 @@ func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	err = s.Run(ctx, func(ctx context.Context) error {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if _, err := s.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("x")}); err != nil && ctx.Err() == nil {
+				_, err := s.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("x")})
+				if errors.Is(err, ErrNotHeld) || (err != nil && ctx.Err() == nil) {
 					writeErr = err
 					return
 				}
@@ -251,4 +261,32 @@ func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	if err != nil || l.Holder != "" || seq == 0 {
 		t.Errorf("after Run: lease %+v at %d (%v), want the seat handed back", l, seq, err)
 	}
+}
+
+// lockedBuffer is a log's buffer that the seats' goroutines may write at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// has reports whether a line of the log holds every one of parts.
+func (b *lockedBuffer) has(parts ...string) bool {
+	for line := range strings.Lines(b.String()) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
 }

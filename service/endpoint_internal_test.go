@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -58,10 +59,15 @@ func TestWorkersAreBounded(t *testing.T) {
 			replies <- err
 		}()
 	}
-	// Wait until the workers are busy, and a little more for any extra.
-	for deadline := time.Now().Add(5 * time.Second); running.Load() < 2 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// Wait until the workers are busy, and a little more, in which a third
+	// would start if the bound let it: the pause gives it the time to, and
+	// bounds nothing that is checked.
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if n := running.Load(); n < 2 {
+			return fmt.Errorf("%d answers at work, want 2", n)
+		}
+		return nil
+	})
 	time.Sleep(100 * time.Millisecond)
 	close(release)
 	for range requests {
@@ -87,14 +93,16 @@ func TestStopAnswersWaitingRequests(t *testing.T) {
 		_, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: 1 << 40})
 		asked <- err
 	}()
-	for deadline := time.Now().Add(5 * time.Second); len(s.waiting) == 0 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if len(s.waiting) != 1 {
-		t.Fatal("the request never waited")
-	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if n := len(s.waiting); n != 1 {
+			return fmt.Errorf("%d requests wait, want 1", n)
+		}
+		return nil
+	})
 	stopped := make(chan struct{})
 	go func() { s.Stop(); close(stopped) }()
+	// The bound is the point, and robust: without Stop's answer the request
+	// waits its RevisionWait, a minute, twelve times the bound.
 	select {
 	case <-stopped:
 	case <-time.After(5 * time.Second):

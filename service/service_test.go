@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -131,17 +132,6 @@ func (m *mesh) ask(t *testing.T, req *provisionerv1.ProvisioningRequest) *provis
 		t.Fatalf("Provisioning(%v): %v", req, err)
 	}
 	return answer
-}
-
-func (m *mesh) waitFor(t *testing.T, done func(*provisionerv1.ProvisioningResponse) bool, req *provisionerv1.ProvisioningRequest) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !done(m.ask(t, req)) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the copy did not catch up in 5s for %v", req)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // keysOf renders every record and malformed key of an answer as its key.
@@ -305,9 +295,15 @@ func TestProvisioningFollowsTheBuckets(t *testing.T) {
 	needs := servicetest.Bucket(t, m.nc, keys.NeedsBucket)
 	req := &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", Module: "web"}
 
-	rev := put(t, needs, "ace.web.dir.state", encode(t, &provisionerv1.Need{Placeholder: "${dir:state}"}))
-	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return a.GetRevision() >= rev }, req)
-	records, _ := keysOf(t, m.ask(t, req))
+	// Each answer is asked with the revision of the last write (read your
+	// writes): the service answers once its copy holds it.
+	req.MinRevision = put(t, needs, "ace.web.dir.state", encode(t, &provisionerv1.Need{Placeholder: "${dir:state}"}))
+	answer := m.ask(t, req)
+	if answer.GetRevision() < req.GetMinRevision() {
+		t.Fatalf("answered at revision %d, before the write at %d", answer.GetRevision(), req.GetMinRevision())
+	}
+	records, _ := keysOf(t, answer)
+	rev := req.GetMinRevision()
 	if !slices.Contains(records, "ace.web.dir.state") {
 		t.Errorf("a need written at revision %d is not answered: %v", rev, records)
 	}
@@ -318,8 +314,15 @@ func TestProvisioningFollowsTheBuckets(t *testing.T) {
 	if err := needs.Delete(context.Background(), "ace.web.port"); err != nil {
 		t.Fatal(err)
 	}
-	m.waitFor(t, func(a *provisionerv1.ProvisioningResponse) bool { return len(a.GetMalformed()) == 0 }, req)
-	records, _ = keysOf(t, m.ask(t, req))
+	st, err := needs.Status(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.MinRevision = st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+	records, malformed := keysOf(t, m.ask(t, req))
+	if len(malformed) != 0 {
+		t.Errorf("after delete, malformed %v, want none", malformed)
+	}
 	if diff := cmp.Diff([]string{"ace.web.port.http", "ace.web.secret.token"}, records); diff != "" {
 		t.Errorf("after delete (-want +got):\n%s", diff)
 	}
@@ -528,12 +531,13 @@ func TestDiscovery(t *testing.T) {
 	// micro counts a request once its callback returns, which may be just
 	// after the answer arrived.
 	var stats micro.Stats
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+	natstest.CheckFor(t, 5*time.Second, func() error {
 		requestJSON(t, m.nc, micro.StatsVerb, &stats)
-		if stats.Endpoints[0].NumErrors >= 3 || time.Now().After(deadline) {
-			break
+		if n := stats.Endpoints[0].NumErrors; n < 3 {
+			return fmt.Errorf("STATS: %d errors, want 3", n)
 		}
-	}
+		return nil
+	})
 	st := stats.Endpoints[0]
 	// newMesh asked until its copy caught up: at least one good request.
 	if st.NumErrors != 3 || st.NumRequests < 4 {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"maps"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
 // envOf returns a lookup of exactly these variables, as os.LookupEnv would
@@ -117,11 +120,12 @@ func (b *syncBuffer) String() string {
 // waitFor waits until the buffer holds want.
 func (b *syncBuffer) waitFor(t *testing.T, want string, within time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(within); !strings.Contains(b.String(), want); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %q within %s in:\n%s", want, within, b.String())
+	natstest.CheckFor(t, within, func() error {
+		if got := b.String(); !strings.Contains(got, want) {
+			return fmt.Errorf("no %q in:\n%s", want, got)
 		}
-	}
+		return nil
+	})
 }
 
 // serving is serve run in this process: its log, and its end.

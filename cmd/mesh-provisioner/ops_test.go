@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -33,15 +34,13 @@ func probe(t *testing.T, url string) (int, string) {
 func waitProbe(t *testing.T, url string, status int, want string, within time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
-	var code int
-	var body string
-	for deadline := start.Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if code, body = probe(t, url); code == status && strings.Contains(body, want) {
-			return time.Since(start)
+	natstest.CheckFor(t, within, func() error {
+		if code, body := probe(t, url); code != status || !strings.Contains(body, want) {
+			return fmt.Errorf("%s: %d %q, want %d with %q", url, code, body, status, want)
 		}
-	}
-	t.Fatalf("%s: %d %q for %s, want %d with %q", url, code, body, within, status, want)
-	return 0
+		return nil
+	})
+	return time.Since(start)
 }
 
 // TestProbesFlipWithNATS: /healthz answers while the process runs; /readyz

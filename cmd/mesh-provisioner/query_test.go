@@ -53,7 +53,8 @@ func queryMesh(t *testing.T) string {
 	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
 	must(needs.Put(ctx, "ace.web.port", nil))
 	must(needs.Put(ctx, "novox.api.config.url", []byte{0xff, 0xff}))
-	// Wait until the copy holds every write.
+	// Wait until the copy holds every write: ask with each bucket's last
+	// revision (read your writes).
 	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
 		js, _ := jetstream.New(nc)
 		bucket := map[provisionerv1.What]string{provisionerv1.What_WHAT_NEEDS: keys.NeedsBucket, provisionerv1.What_WHAT_APPLIED: keys.AppliedBucket, provisionerv1.What_WHAT_COLLECT: keys.CollectBucket}[what]
@@ -62,17 +63,8 @@ func queryMesh(t *testing.T) string {
 			t.Fatal(err)
 		}
 		last := stream.CachedInfo().State.LastSeq
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			a, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: what})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if a.GetRevision() >= last {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("copy of %s stuck at %d, want %d", bucket, a.GetRevision(), last)
-			}
+		if _, err := client.New(nc).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: what, MinRevision: last}); err != nil {
+			t.Fatalf("the copy of %s at revision %d: %v", bucket, last, err)
 		}
 	}
 	return s.ClientURL()

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
@@ -46,14 +48,17 @@ func TestRunsAsOnARealServer(t *testing.T) {
 
 	// Nodes in MESH write their own state through the imports.
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
+	var needsRevision uint64 // of the last need written
 	for _, id := range []*identity{ace, novox} {
 		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name, APIPrefix: wire.RunsAsAPIPrefix})
 		if err != nil {
 			t.Fatalf("%s binds the state buckets across accounts: %v (violations %v)", id.name, err, id.violations)
 		}
-		if _, err := nc.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		rev, err := nc.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		if err != nil {
 			t.Fatalf("%s puts its need: %v", id.name, err)
 		}
+		needsRevision = max(needsRevision, rev)
 		if _, err := nc.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + id.name}); err != nil {
 			t.Fatalf("%s puts its applied record: %v", id.name, err)
 		}
@@ -66,31 +71,25 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	}
 
 	// ace asks both verbs, across the accounts, and sees the registry the
-	// server's seat wrote and its own writes.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		answer, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace"})
-		if err != nil {
-			t.Fatalf("ace asks the provisioning verb: %v (violations %v)", err, ace.violations)
-		}
-		if len(answer.GetNeeds()) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ace's needs through the verb: %v", answer)
-		}
+	// server's seat wrote and its own writes, asked with the revision of
+	// the last need written (read your writes).
+	answer, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", MinRevision: needsRevision})
+	if err != nil {
+		t.Fatalf("ace asks the provisioning verb: %v (violations %v)", err, ace.violations)
 	}
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	if len(answer.GetNeeds()) != 1 {
+		t.Fatalf("ace's needs through the verb: %v", answer)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
 		answer, err := client.New(ace.nc, client.AsNode("ace")).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_REGISTRY})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(answer.GetRegistry()) == len(registry.Table()) {
-			break
+		if got, want := len(answer.GetRegistry()), len(registry.Table()); got != want {
+			return fmt.Errorf("the registry through the verb has %d entries, want %d", got, want)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the registry through the verb has %d entries, want %d", len(answer.GetRegistry()), len(registry.Table()))
-		}
-	}
+		return nil
+	})
 	plan, err := client.New(ace.nc, client.AsNode("ace")).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace"})
 	if err != nil {
 		t.Fatalf("ace asks the compose verb: %v", err)

@@ -123,13 +123,12 @@ func TestBudgetReadmitsKeysWhenRoomIsMade(t *testing.T) {
 	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s; held %v, over budget %+v", what, held(), m.Needs.OverBudget())
+		natstest.CheckFor(t, 5*time.Second, func() error {
+			if !ok() {
+				return fmt.Errorf("%s: held %v, over budget %+v", what, held(), m.Needs.OverBudget())
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitFor("loaded", func() bool { return m.Needs.Ready() && len(held()) == budget })
 	if x := excessOf(m.Needs.OverBudget(), "ace"); x.Refused != written-budget {

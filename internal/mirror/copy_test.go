@@ -104,7 +104,8 @@ func TestWatchersStartedAgainDropDeletedKeys(t *testing.T) {
 		}
 	}
 	m := New()
-	watch := func(until func() bool) {
+	// watch runs a watcher until the copy reaches revision, or for 5s.
+	watch := func(revision uint64) {
 		t.Helper()
 		w, err := m.Open(t.Context(), js, nil)
 		if err != nil {
@@ -113,14 +114,13 @@ func TestWatchersStartedAgainDropDeletedKeys(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})
 		go func() { defer close(done); w.Run(ctx) }()
-		deadline := time.Now().Add(5 * time.Second)
-		for !until() && time.Now().Before(deadline) {
-			time.Sleep(5 * time.Millisecond)
-		}
+		wctx, wcancel := context.WithTimeout(ctx, 5*time.Second)
+		m.Needs.WaitFor(wctx, revision)
+		wcancel()
 		cancel()
 		<-done
 	}
-	watch(func() bool { all, _ := m.Needs.All(); return len(all) == 3 })
+	watch(3)
 	if all, _ := m.Needs.All(); len(all) != 3 {
 		t.Fatalf("first watcher loaded %d keys, want 3", len(all))
 	}
@@ -133,7 +133,7 @@ func TestWatchersStartedAgainDropDeletedKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	watch(func() bool { return m.Needs.Revision() >= last })
+	watch(last)
 	if diff := cmp.Diff([]string{"ace.web.port.http", "novox.web.port.http"}, func() []string { all, _ := m.Needs.All(); return keysOf(all) }()); diff != "" {
 		t.Errorf("after the second watcher (-want +got):\n%s", diff)
 	}

@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -47,13 +48,12 @@ func TestWatcherNoticesAPurge(t *testing.T) {
 	count := func() int { all, _ := m.Needs.All(); return len(all) }
 	waitUntil := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for !ok() {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 5s (copy holds %d keys, behind %v)", what, count(), m.Needs.Behind())
+		natstest.CheckFor(t, 5*time.Second, func() error {
+			if !ok() {
+				return fmt.Errorf("%s: the copy holds %d keys, behind %v", what, count(), m.Needs.Behind())
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	waitUntil("loaded", func() bool { return m.Needs.Ready() && count() == 3 })
 	natstest.Purge(t.Context(), t, js, "KV_"+keys.NeedsBucket, jetstream.WithPurgeSubject("$KV."+keys.NeedsBucket+".ace.>"))

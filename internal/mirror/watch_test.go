@@ -3,6 +3,7 @@ package mirror_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -135,13 +136,12 @@ func TestWatcherResumesWhenItsConsumerIsDeleted(t *testing.T) {
 	if got := f.keys(); !slices.Equal(got, []string{"a.web.port.http", "b.web.port.http"}) {
 		t.Errorf("keys %v", got)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the copy is still behind 2s after its consumer was deleted; log:\n%s", f.log)
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
+			return fmt.Errorf("the copy is still behind after its consumer was deleted; log:\n%s", f.log)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if !strings.Contains(f.log.String(), "bucket copy may be behind") {
 		t.Errorf("the log does not say the copy fell behind:\n%s", f.log)
 	}
@@ -205,12 +205,11 @@ func TestWatcherReadsEverythingWhenChangesAreGone(t *testing.T) {
 
 	f.run(t)
 	f.reached(t, last, 5*time.Second)
-	deadline := time.Now().Add(2 * time.Second)
 	want := []string{"d.web.port.http"}
-	for !slices.Equal(f.keys(), want) {
-		if time.Now().After(deadline) {
-			t.Fatalf("keys %v, want %v; log:\n%s", f.keys(), want, f.log)
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if got := f.keys(); !slices.Equal(got, want) {
+			return fmt.Errorf("keys %v, want %v; log:\n%s", got, want, f.log)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
