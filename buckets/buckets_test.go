@@ -47,7 +47,7 @@ func TestEnsureRefusesRollups(t *testing.T) {
 		}
 	}
 	// A rollup of the whole stream, sent on a node's own key, is refused.
-	msg := nats.NewMsg("$KV." + keys.NeedsBucket + ".ace.web.port.http")
+	msg := nats.NewMsg(wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"))
 	msg.Header.Set("Nats-Rollup", "all")
 	if _, err := js.PublishMsg(ctx, msg); err == nil {
 		t.Error("a Nats-Rollup: all publish was accepted")
@@ -177,7 +177,7 @@ func TestEnsureRefusesPurges(t *testing.T) {
 		t.Fatalf("a delete marker: %v", err)
 	}
 	stream, _ := js.Stream(ctx, wire.StreamOf(keys.NeedsBucket))
-	for _, opts := range [][]jetstream.StreamPurgeOpt{nil, {jetstream.WithPurgeSubject("$KV." + keys.NeedsBucket + ".novox.>")}} {
+	for _, opts := range [][]jetstream.StreamPurgeOpt{nil, {jetstream.WithPurgeSubject(wire.KVSubject(keys.NeedsBucket, "novox.>"))}} {
 		if err := stream.Purge(ctx, opts...); err == nil || !strings.Contains(err.Error(), "purge not permitted") {
 			t.Errorf("purge %v: %v, want it refused", opts, err)
 		}

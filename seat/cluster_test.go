@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // startCluster runs three embedded nats-servers with JetStream joined by
@@ -99,7 +100,7 @@ func TestSeatOnAThreeServerCluster(t *testing.T) {
 	}
 	// Fenced writes by the holder go through on the replicated stream.
 	for i := range 5 {
-		if _, err := holder.seat.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: fmt.Appendf(nil, "v%d", i)}); err != nil {
+		if _, err := holder.seat.PublishMsg(ctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port"), Data: fmt.Appendf(nil, "v%d", i)}); err != nil {
 			t.Fatalf("fenced write %d: %v", i, err)
 		}
 	}
@@ -121,7 +122,7 @@ func TestSeatOnAThreeServerCluster(t *testing.T) {
 	natstest.CheckFor(t, 10*time.Second, func() error {
 		wctx, wcancel := context.WithTimeout(ctx, 2*time.Second)
 		defer wcancel()
-		_, err := next.seat.PublishMsg(wctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("next")})
+		_, err := next.seat.PublishMsg(wctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port"), Data: []byte("next")})
 		if errors.Is(err, ErrNotHeld) {
 			t.Fatalf("the new holder's fenced write %s after takeover: %v", time.Since(start), err)
 		}
@@ -142,7 +143,7 @@ func TestSeatOnAThreeServerCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	stalled.held, stalled.rev = true, heldRev
-	_, err = stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("stale")})
+	_, err = stalled.PublishMsg(ctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port"), Data: []byte("stale")})
 	if !errors.Is(err, ErrFenced) {
 		t.Errorf("the former holder's write on the cluster: %v, want ErrFenced", err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // instance is one campaigner on its own connection.
@@ -181,7 +182,7 @@ func TestAStalledHolderCannotWrite(t *testing.T) {
 			if !stalled.tryAcquire(ctx) {
 				t.Fatal("the vacant seat was not taken")
 			}
-			if _, err := stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("holder's")}); err != nil {
+			if _, err := stalled.PublishMsg(ctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port"), Data: []byte("holder's")}); err != nil {
 				t.Fatalf("the holder's write: %v", err)
 			}
 			if tt.takeOver {
@@ -200,7 +201,7 @@ func TestAStalledHolderCannotWrite(t *testing.T) {
 			if held, _ := stalled.Held(); !held {
 				t.Fatal("the stalled holder noticed; the test proves nothing")
 			}
-			_, err = stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("stale")})
+			_, err = stalled.PublishMsg(ctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port"), Data: []byte("stale")})
 			if !errors.Is(err, ErrFenced) || !errors.Is(err, ErrNotHeld) {
 				t.Fatalf("stalled write: %v, want ErrFenced", err)
 			}
@@ -210,7 +211,7 @@ func TestAStalledHolderCannotWrite(t *testing.T) {
 			if held, _ := stalled.Held(); held {
 				t.Error("the refused holder still believes it holds the seat")
 			}
-			if _, err := stalled.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port"}); !errors.Is(err, ErrNotHeld) {
+			if _, err := stalled.PublishMsg(ctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port")}); !errors.Is(err, ErrNotHeld) {
 				t.Errorf("a write after the seat is known lost: %v, want ErrNotHeld", err)
 			}
 		})
@@ -238,7 +239,7 @@ func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	err = s.Run(ctx, func(ctx context.Context) error {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				_, err := s.PublishMsg(ctx, &nats.Msg{Subject: "$KV." + keys.RegistryBucket + ".port", Data: []byte("x")})
+				_, err := s.PublishMsg(ctx, &nats.Msg{Subject: wire.KVSubject(keys.RegistryBucket, "port"), Data: []byte("x")})
 				if errors.Is(err, ErrNotHeld) || (err != nil && ctx.Err() == nil) {
 					writeErr = err
 					return

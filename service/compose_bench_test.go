@@ -22,6 +22,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // The compose benchmarks read the capture named by MESH_COMPOSE_CAPTURE
@@ -194,7 +195,7 @@ func restore(b *testing.B, capture *provisionerv1.Capture) jetstream.JetStream {
 	}
 	for _, bucket := range capture.GetBuckets() {
 		for _, e := range bucket.GetEntries() {
-			if _, err := js.PublishAsync("$KV."+bucket.GetBucket()+"."+e.GetKey(), e.GetValue()); err != nil {
+			if _, err := js.PublishAsync(wire.KVSubject(bucket.GetBucket(), e.GetKey()), e.GetValue()); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -19,6 +19,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -92,8 +93,8 @@ func TestAnswersGoOnlyToInboxes(t *testing.T) {
 	targets := []string{
 		"$JS.API.STREAM.PURGE.KV_mesh-provisioner_needs",
 		"$JS.API.STREAM.DELETE.KV_mesh-provisioner_collect",
-		"$KV.mesh-provisioner_registry.evil",
-		"$KV.mesh-provisioner_needs.novox.web.port.evil",
+		wire.KVSubject(keys.RegistryBucket, "evil"),
+		wire.KVSubject(keys.NeedsBucket, "novox.web.port.evil"),
 		wire.SeatSubject,
 		wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".x",
 		"$SYS.REQ.SERVER.PING",

@@ -53,7 +53,7 @@ func putRaw(t *testing.T, nc *nats.Conn, bucket, key string, value []byte) uint6
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack, err := js.Publish(context.Background(), "$KV."+bucket+"."+key, value)
+	ack, err := js.Publish(context.Background(), wire.KVSubject(bucket, key), value)
 	if err != nil {
 		t.Fatalf("publish %s: %v", key, err)
 	}

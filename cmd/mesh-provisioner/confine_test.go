@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -191,7 +192,7 @@ func TestEachNodeReadsOnlyItsOwn(t *testing.T) {
 			}
 		}
 		ops := connectAs(t, s, wire.RoleOperator, "ops")
-		for _, subject := range []string{"$KV.mesh-provisioner_needs.ace.web.port.http", "$KV.mesh-provisioner_registry.port", wire.SeatSubject, "$JS.API.STREAM.PURGE.KV_mesh-provisioner_needs"} {
+		for _, subject := range []string{wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), wire.KVSubject(keys.RegistryBucket, "port"), wire.SeatSubject, "$JS.API.STREAM.PURGE.KV_mesh-provisioner_needs"} {
 			if err := ops.nc.Publish(subject, nil); err != nil {
 				t.Fatal(err)
 			}

@@ -62,7 +62,7 @@ func replyTargets(meshStream string) []replyTarget {
 		{keys.NeedsBucket, "novox.web.port.evil"}, {keys.NeedsBucket, "ace.web.port.evil"},
 		{keys.AppliedBucket, "novox.evil"}, {keys.CollectBucket, "novox.evil.web"},
 	} {
-		out = append(out, replyTarget{name: "key " + key.key + " of " + key.bucket, subject: "$KV." + key.bucket + "." + key.key})
+		out = append(out, replyTarget{name: "key " + key.key + " of " + key.bucket, subject: wire.KVSubject(key.bucket, key.key)})
 	}
 	return append(out,
 		replyTarget{name: "the seat", subject: wire.SeatSubject},

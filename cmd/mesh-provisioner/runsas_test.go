@@ -142,7 +142,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 		{ace, "take the seat", publish(ace, wire.SeatSubject, nil), permissionViolation, wire.SeatSubject},
 		{ace, "purge the needs through the provisioner's API", publish(ace, purgeNeeds, nil), permissionViolation, purgeNeeds},
 		{ace, "roll up the needs on its own key", publish(ace, wire.RunsAsAPIPrefix+".$KV.mesh-provisioner_needs.ace.web.port.http", rollup), refusedByJetStream, ""},
-		{meshadmin, "put a registry entry", publish(meshadmin, "$KV.mesh-provisioner_registry.port", nil), noResponders, ""},
+		{meshadmin, "put a registry entry", publish(meshadmin, wire.KVSubject(keys.RegistryBucket, "port"), nil), noResponders, ""},
 		{meshadmin, "put a registry entry under the prefix", publish(meshadmin, registryEntry, nil), noResponders, ""},
 		{meshadmin, "take the seat", publish(meshadmin, wire.SeatSubject, nil), noResponders, ""},
 		{meshadmin, "purge the needs under the prefix", publish(meshadmin, purgeNeeds, nil), noResponders, ""},

@@ -332,15 +332,15 @@ func TestPermissionsOnARealServer(t *testing.T) {
 	}
 	tests := []attempt{
 		{ace, "put novox's need", func(ctx context.Context) error { _, err := aceNeeds.Put(ctx, "novox.web.port.http", nil); return err },
-			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")},
 		{ace, "put novox's applied record", func(ctx context.Context) error { _, err := aceApplied.Put(ctx, "novox.web", nil); return err },
-			permissionViolation, "$KV.mesh-provisioner_applied.novox.web"},
+			permissionViolation, wire.KVSubject(keys.AppliedBucket, "novox.web")},
 		{ace, "put novox's collection item", func(ctx context.Context) error { _, err := aceCollect.Put(ctx, novoxItem, nil); return err },
-			permissionViolation, "$KV.mesh-provisioner_collect." + novoxItem},
+			permissionViolation, wire.KVSubject(keys.CollectBucket, novoxItem)},
 		{ace, "put a registry entry", func(ctx context.Context) error {
-			_, err := ace.js.Publish(ctx, "$KV.mesh-provisioner_registry.port", registryEntry)
+			_, err := ace.js.Publish(ctx, wire.KVSubject(keys.RegistryBucket, "port"), registryEntry)
 			return err
-		}, permissionViolation, "$KV.mesh-provisioner_registry.port"},
+		}, permissionViolation, wire.KVSubject(keys.RegistryBucket, "port")},
 		{ace, "take the provisioner seat", func(ctx context.Context) error {
 			_, err := ace.js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"ace"}`))
 			return err
@@ -350,11 +350,11 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			return err
 		}, permissionViolation, wire.SeatSubject},
 		{ace, "delete novox's need", func(ctx context.Context) error { return aceNeeds.Delete(ctx, "novox.web.port.http") },
-			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")},
 		{ace, "purge novox's need", func(ctx context.Context) error { return aceNeeds.Purge(ctx, "novox.web.port.http") },
-			permissionViolation, "$KV.mesh-provisioner_needs.novox.web.port.http"},
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")},
 		{ace, "purge the whole needs bucket with a rollup on its own key", func(ctx context.Context) error {
-			msg := nats.NewMsg("$KV.mesh-provisioner_needs.ace.web.port.http")
+			msg := nats.NewMsg(wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"))
 			msg.Header.Set("Nats-Rollup", "all")
 			_, err := ace.js.PublishMsg(ctx, msg)
 			return err
@@ -364,17 +364,17 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			return err
 		}, permissionViolation, "$JS.API.INFO"}, // the KV client asks this first
 		{ace, "create a new bucket's stream", func(ctx context.Context) error {
-			_, err := ace.js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_ace_own", Subjects: []string{"$KV.ace_own.>"}})
+			_, err := ace.js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_ace_own", Subjects: []string{wire.KVSubject("ace_own", ">")}})
 			return err
 		}, permissionViolation, "$JS.API.STREAM.CREATE.KV_ace_own"},
 		{novox, "delete ace's applied record", func(ctx context.Context) error {
-			_, err := novox.js.Publish(ctx, "$KV.mesh-provisioner_applied.ace.web", nil)
+			_, err := novox.js.Publish(ctx, wire.KVSubject(keys.AppliedBucket, "ace.web"), nil)
 			return err
-		}, permissionViolation, "$KV.mesh-provisioner_applied.ace.web"},
+		}, permissionViolation, wire.KVSubject(keys.AppliedBucket, "ace.web")},
 		{pg, "put or delete a need", func(ctx context.Context) error {
-			_, err := pg.js.Publish(ctx, "$KV.mesh-provisioner_needs.ace.web.port.http", nil)
+			_, err := pg.js.Publish(ctx, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), nil)
 			return err
-		}, permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+		}, permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
 		{pg, "bind the needs", func(ctx context.Context) error { _, err := pg.js.KeyValue(ctx, keys.NeedsBucket); return err },
 			permissionViolation, "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs"},
 		{pg, "get a need by key", request(pg, "$JS.API.DIRECT.GET.KV_mesh-provisioner_needs.$KV.mesh-provisioner_needs.ace.web.port.http", ""),
@@ -386,14 +386,14 @@ func TestPermissionsOnARealServer(t *testing.T) {
 		{pg, "ask a node's plan", request(pg, wire.ComposeSubject, `{"node":"ace"}`),
 			permissionViolation, wire.ComposeSubject},
 		{srv, "put a need", func(ctx context.Context) error { _, err := srvNeeds.Put(ctx, "ace.web.port.http", nil); return err },
-			permissionViolation, "$KV.mesh-provisioner_needs.ace.web.port.http"},
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
 	}
 	for _, bucket := range keys.Buckets() {
 		tests = append(tests,
 			attempt{ace, "purge stream " + stream(bucket), request(ace, "$JS.API.STREAM.PURGE."+stream(bucket), "{}"), permissionViolation, "$JS.API.STREAM.PURGE." + stream(bucket)},
 			attempt{ace, "delete stream " + stream(bucket), func(ctx context.Context) error { return ace.js.DeleteStream(ctx, stream(bucket)) }, permissionViolation, "$JS.API.STREAM.DELETE." + stream(bucket)},
 			attempt{ace, "update stream " + stream(bucket), func(ctx context.Context) error {
-				_, err := ace.js.UpdateStream(ctx, jetstream.StreamConfig{Name: stream(bucket), Subjects: []string{"$KV." + bucket + ".>"}, AllowRollup: true})
+				_, err := ace.js.UpdateStream(ctx, jetstream.StreamConfig{Name: stream(bucket), Subjects: []string{wire.KVSubject(bucket, ">")}, AllowRollup: true})
 				return err
 			}, permissionViolation, "$JS.API.STREAM.UPDATE." + stream(bucket)},
 			attempt{pg, "purge stream " + stream(bucket), request(pg, "$JS.API.STREAM.PURGE."+stream(bucket), "{}"), permissionViolation, "$JS.API.STREAM.PURGE." + stream(bucket)},

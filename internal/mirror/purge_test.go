@@ -11,6 +11,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // A purge of a bucket, which no consumer delivers, is noticed: the copy says
@@ -56,7 +57,7 @@ func TestWatcherNoticesAPurge(t *testing.T) {
 		})
 	}
 	waitUntil("loaded", func() bool { return m.Needs.Ready() && count() == 3 })
-	natstest.Purge(t.Context(), t, js, "KV_"+keys.NeedsBucket, jetstream.WithPurgeSubject("$KV."+keys.NeedsBucket+".ace.>"))
+	natstest.Purge(t.Context(), t, js, "KV_"+keys.NeedsBucket, jetstream.WithPurgeSubject(wire.KVSubject(keys.NeedsBucket, "ace.>")))
 	purged := time.Now()
 	sawBehind := false
 	waitUntil("the purge noticed", func() bool {
