@@ -75,6 +75,7 @@ type Endpoint struct {
 type endpointData struct {
 	Answered     uint64       `json:"answered"`
 	AnswerErrors uint64       `json:"answer_errors"`
+	Refused      int          `json:"refused"`
 	Loading      []string     `json:"loading"`
 	Behind       []string     `json:"behind"`
 	Seat         string       `json:"seat"`
@@ -267,7 +268,7 @@ func InstanceOf(stats micro.Stats) Instance {
 			in.OverBudget = data.OverBudget
 		}
 		in.Endpoints = append(in.Endpoints, Endpoint{
-			Name: e.Name, Subject: e.Subject, Requests: e.NumRequests, Errors: e.NumErrors, LastError: e.LastError,
+			Name: e.Name, Subject: e.Subject, Requests: e.NumRequests, Errors: e.NumErrors + data.Refused, LastError: e.LastError,
 			AverageTime: e.AverageProcessingTime.String(), AverageDuration: e.AverageProcessingTime,
 			Answered: data.Answered, AnswerErrors: data.AnswerErrors,
 			Loading: nonNil(data.Loading), Behind: nonNil(data.Behind), Data: e.Data,

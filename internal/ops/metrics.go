@@ -27,8 +27,8 @@ var endpointCounters = []struct {
 }{
 	{"requests_total", "Requests received by the endpoint (micro's num_requests).",
 		func(e *micro.EndpointStats, _ endpointData) float64 { return float64(e.NumRequests) }},
-	{"errors_total", "Requests refused on arrival with an error, which micro counts (micro's num_errors): bad requests, the copy still loading, the queue full.",
-		func(e *micro.EndpointStats, _ endpointData) float64 { return float64(e.NumErrors) }},
+	{"errors_total", "Requests refused on arrival with an error: bad requests, the copy still loading, the queue full (micro's num_errors, and stats data refused for those sent on the answering connection).",
+		func(e *micro.EndpointStats, d endpointData) float64 { return float64(e.NumErrors) + float64(d.Refused) }},
 	{"answers_total", "Answers sent by the service's workers or reused (stats data answered).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.Answered) }},
 	{"answer_errors_total", "Requests accepted, then answered with an error or whose answer could not be sent (stats data answer_errors).",
@@ -51,6 +51,7 @@ type endpointData struct {
 	QueueFull      uint64 `json:"queue_full"`
 	SlowConsumer   uint64 `json:"slow_consumer"`
 	RefusedReplies uint64 `json:"refused_replies"`
+	Refused        uint64 `json:"refused"`
 	AnswerCache    struct {
 		Hits uint64 `json:"hits"`
 	} `json:"answer_cache"`
