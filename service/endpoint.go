@@ -418,6 +418,14 @@ func (s *Service) send(r micro.Request, enc encoding, count *counters, data []by
 		msg.Data = nil
 		werr = wire.Errorf(wire.CodeUnavailable, "the server holds as many large answers for your connection as it may (%d MiB, or %d MiB in all) until NATS takes them; read your answers, then ask again",
 			LargeQueuePerAsker>>20, LargeQueueBytes>>20)
+		msg.Header.Set(wire.ErrorHeader, werr.Sentence())
+		msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
+		s.logFailure(r, werr)
+		s.observeAnswer(r, werr)
+		if !s.large.refuse(msg, func(err error) { s.sent(r, count, msg, werr, err) }) {
+			count.answerErrors.Add(1) // not sent: its asker's timeout fires
+		}
+		return
 	}
 	if werr != nil {
 		msg.Header.Set(wire.ErrorHeader, werr.Sentence())

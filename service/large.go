@@ -18,7 +18,8 @@ import (
 // connection of their own (Config.LargeConn): a stalled large write delays
 // only other large answers. The queue is bounded, in all and for each asker
 // (the connection a reply inbox belongs to): an answer that would exceed
-// either bound is not queued, and its asker gets a 503 instead.
+// either bound is not queued, and its asker gets a 503 instead, queued for
+// the same sender (or, when even that queue is full, nothing).
 const (
 	// LargeAnswer is the size in bytes over which an answer is sent by the
 	// large answers' sender.
@@ -51,7 +52,7 @@ type largeSender struct {
 }
 
 func newLargeSender(conn *nats.Conn) *largeSender {
-	l := &largeSender{conn: conn, queue: make(chan largeAnswer, LargeQueueBytes/LargeAnswer), asked: map[string]int{}}
+	l := &largeSender{conn: conn, queue: make(chan largeAnswer, 2*LargeQueueBytes/LargeAnswer), asked: map[string]int{}}
 	l.done.Go(l.run)
 	return l
 }
@@ -80,11 +81,35 @@ func (l *largeSender) offer(msg *nats.Msg, sent func(err error)) bool {
 		l.mu.Unlock()
 		return false
 	}
-	l.bytes += n
-	l.asked[who] += n
-	l.queue <- largeAnswer{msg: msg, asker: who, sent: sent} // room: LargeQueueBytes/LargeAnswer entries
-	l.mu.Unlock()
-	return true
+	select {
+	case l.queue <- largeAnswer{msg: msg, asker: who, sent: sent}:
+		l.bytes += n
+		l.asked[who] += n
+		l.mu.Unlock()
+		return true
+	default: // as many refusals as large answers queued
+		l.mu.Unlock()
+		return false
+	}
+}
+
+// refuse queues the refusal of a large answer behind the large answers its
+// asker has not taken: sent on the large answers' connection, it cannot
+// stall the answering one, which nats-server would do for a client whose
+// outbound buffer is nearly full. It reports false when the queue has no
+// room, and the refusal is not sent.
+func (l *largeSender) refuse(msg *nats.Msg, sent func(err error)) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	select {
+	case l.queue <- largeAnswer{msg: msg, asker: asker(msg.Subject), sent: sent}:
+		return true
+	default:
+		return false
+	}
 }
 
 func (l *largeSender) run() {
