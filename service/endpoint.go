@@ -145,31 +145,31 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		// Overloaded: refuse before decoding, so that a backlog drains as
 		// fast as the callback can read it.
 		count.queueFull.Add(1)
-		s.refuse(r, enc, s.overloaded())
+		s.refuse(r, enc, count, s.overloaded())
 		return
 	}
 	in := ep.newRequest()
 	if werr := enc.unmarshal(r.Data(), in); werr != nil {
-		s.refuse(r, enc, werr)
+		s.refuse(r, enc, count, werr)
 		return
 	}
 	if werr := ep.check(in); werr != nil {
-		s.refuse(r, enc, werr)
+		s.refuse(r, enc, count, werr)
 		return
 	}
 	if ep.owner != "" {
 		if werr := ep.confine(name, in); werr != nil {
-			s.refuse(r, enc, werr)
+			s.refuse(r, enc, count, werr)
 			return
 		}
 	}
 	if !s.mirror.Ready() {
-		s.refuse(r, enc, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", ")))
+		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", ")))
 		return
 	}
 	if ep.unavailable != nil {
 		if werr := ep.unavailable(in); werr != nil {
-			s.refuse(r, enc, werr)
+			s.refuse(r, enc, count, werr)
 			return
 		}
 	}
@@ -188,7 +188,7 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		}
 	}
 	if !s.admit() {
-		s.refuse(r, enc, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
+		s.refuse(r, enc, count, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
 		return
 	}
 	respond := func(waited time.Duration) {
@@ -201,7 +201,7 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		if !s.enqueue(job{queued: arrived, count: count, run: func() { respond(0) }, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }}) {
 			s.answers.Done()
 			count.queueFull.Add(1)
-			s.refuse(r, enc, s.overloaded())
+			s.refuse(r, enc, count, s.overloaded())
 		}
 		return
 	}
@@ -209,7 +209,7 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	case s.waiting <- struct{}{}:
 	default:
 		s.answers.Done()
-		s.refuse(r, enc, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting)))
+		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting)))
 		return
 	}
 	go func() {
@@ -393,9 +393,11 @@ func (s *Service) admit() bool {
 }
 
 // send sends a worker's answer, or its refusal, to the request's reply
-// subject on the service's connection. Workers do not call req.Respond or
-// req.Error: micro reads what those record when the callback returns, which
-// for a worker is before they run; send's own counters stand in for it.
+// subject on the answering connection; an answer over LargeAnswer bytes is
+// queued for the large answers' sender (see LargeAnswer), or refused with a
+// 503 when its queue is full. Workers do not call req.Respond or req.Error:
+// micro reads what those record when the callback returns, which for a
+// worker is before they run; send's own counters stand in for it.
 func (s *Service) send(r micro.Request, enc encoding, count *counters, data []byte, werr *wire.Error) {
 	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header{"Content-Type": {enc.contentType()}}}
 	if werr == nil {
@@ -407,13 +409,35 @@ func (s *Service) send(r micro.Request, enc encoding, count *counters, data []by
 			msg.Data = data
 		}
 	}
+	if werr == nil && len(msg.Data) > LargeAnswer {
+		if s.large.offer(msg, func(err error) { s.sent(r, count, msg, nil, err) }) {
+			s.observeAnswer(r, nil)
+			return
+		}
+		count.largeShed.Add(1)
+		msg.Data = nil
+		werr = wire.Errorf(wire.CodeUnavailable, "the server holds as many large answers for your connection as it may (%d MiB, or %d MiB in all) until NATS takes them; read your answers, then ask again",
+			LargeQueuePerAsker>>20, LargeQueueBytes>>20)
+		msg.Header.Set(wire.ErrorHeader, werr.Sentence())
+		msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
+		s.logFailure(r, werr)
+		s.observeAnswer(r, werr)
+		if !s.large.refuse(msg, func(err error) { s.sent(r, count, msg, werr, err) }) {
+			count.answerErrors.Add(1) // not sent: its asker's timeout fires
+		}
+		return
+	}
 	if werr != nil {
 		msg.Header.Set(wire.ErrorHeader, werr.Sentence())
 		msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
 		s.logFailure(r, werr)
 	}
 	s.observeAnswer(r, werr)
-	err := s.conn.PublishMsg(msg)
+	s.sent(r, count, msg, werr, s.answer.PublishMsg(msg))
+}
+
+// sent counts an answer or refusal once it is published, or failed to be.
+func (s *Service) sent(r micro.Request, count *counters, msg *nats.Msg, werr *wire.Error, err error) {
 	switch {
 	case err != nil:
 		s.logger.Warn("sending an answer failed", "subject", r.Subject(), "err", err, "bytes", len(msg.Data))
@@ -449,11 +473,24 @@ func headerLen(h nats.Header) int {
 	return n
 }
 
-// refuse answers an error from the micro callback, which micro counts.
-func (s *Service) refuse(r micro.Request, enc encoding, werr *wire.Error) {
+// refuse answers an error from the micro callback. On Config.Conn, micro
+// sends it and counts it (num_errors); on a connection of its own
+// (Config.AnswerConn), the service sends it and counts it in its stats data
+// (refused).
+func (s *Service) refuse(r micro.Request, enc encoding, count *counters, werr *wire.Error) {
 	s.logFailure(r, werr)
 	s.observeAnswer(r, werr)
-	if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
+	if s.answer == s.conn {
+		if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
+			s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
+		}
+		return
+	}
+	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header(enc.headers())}
+	msg.Header.Set(wire.ErrorHeader, werr.Sentence())
+	msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
+	count.refused.Add(1)
+	if err := s.answer.PublishMsg(msg); err != nil {
 		s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
 	}
 }

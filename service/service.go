@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -37,6 +38,18 @@ type Config struct {
 	// heartbeats, which would make them take their consumers for lost. The
 	// caller owns it.
 	WatchConn *nats.Conn
+	// AnswerConn, if set, is the connection answers and refusals are sent
+	// on, so that Conn only reads requests: nats.go writes a connection's
+	// socket holding the lock its reader needs now and then, and a flood's
+	// answers written on the connection that reads the flood slowed its
+	// reading until nats-server dropped it as a slow consumer. Nil answers
+	// on Conn. The caller owns it.
+	AnswerConn *nats.Conn
+	// LargeConn, if set, is the connection answers over LargeAnswer bytes
+	// are sent on, so that a large answer stalled by a client that does not
+	// read delays no smaller one (see LargeAnswer); nil sends them on AnswerConn,
+	// still off the endpoints' callbacks. The caller owns it.
+	LargeConn *nats.Conn
 	// Version is the service's semantic version, as micro discovery shows it.
 	// Empty means "0.0.0-dev".
 	Version string
@@ -122,6 +135,8 @@ const (
 type Service struct {
 	micro  micro.Service
 	conn   *nats.Conn
+	answer *nats.Conn   // answers and refusals go out on it
+	large  *largeSender // of answers over LargeAnswer bytes
 	mirror *mirror.Mirror
 	logger *slog.Logger
 
@@ -220,6 +235,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		conn:         cfg.Conn,
+		answer:       cmp.Or(cfg.AnswerConn, cfg.Conn),
 		mirror:       mirror.New(),
 		logger:       cfg.Logger,
 		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
@@ -246,6 +262,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	for range cfg.Concurrency {
 		s.workers.Go(s.work)
 	}
+	s.large = newLargeSender(cmp.Or(cfg.LargeConn, s.answer))
 	s.slow = newBurstLog(s.logger, "requests dropped: an endpoint's pending buffer is full (slow consumer)", burstQuiet)
 	// The counters are made before AddService makes the stats handler
 	// live: it reads the map unlocked, so the map is never written after.
@@ -430,6 +447,7 @@ func (s *Service) Stop() {
 		s.answers.Wait()
 		close(s.queue)
 		s.workers.Wait()
+		s.large.close()
 		s.watchers.Wait()
 		s.slow.stop()
 	})
@@ -441,6 +459,7 @@ func (s *Service) stopWatchers() {
 	s.stop()
 	close(s.queue)
 	s.workers.Wait()
+	s.large.close()
 	s.watchers.Wait()
 	s.slow.stop()
 }
@@ -454,6 +473,10 @@ type counters struct {
 	shed         atomic.Uint64 // 503s for requests that waited longer than MaxQueueWait
 	queueFull    atomic.Uint64 // 503s for requests that found the queue full
 	slowConsumer atomic.Uint64 // bursts of requests dropped from the pending buffer
+	largeShed    atomic.Uint64 // 503s for large answers their queue had no room for
+	// refused are the refusals sent on AnswerConn, which micro does not
+	// count in num_errors.
+	refused atomic.Uint64
 	// refusedReplies are requests left unanswered because their reply
 	// subject is not an inbox (Config.ReplyPrefixes).
 	refusedReplies atomic.Uint64
@@ -480,6 +503,8 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		QueueFull:      c.queueFull.Load(),
 		SlowConsumer:   c.slowConsumer.Load(),
 		RefusedReplies: c.refusedReplies.Load(),
+		LargeShed:      c.largeShed.Load(),
+		Refused:        c.refused.Load(),
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.cache.stats(),

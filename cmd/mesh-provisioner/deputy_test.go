@@ -143,12 +143,13 @@ func statsOf(t *testing.T, asker *nats.Conn) verbStats {
 			RefusedReplies uint64 `json:"refused_replies"`
 			Answered       uint64 `json:"answered"`
 			AnswerErrors   uint64 `json:"answer_errors"`
+			Refused        uint64 `json:"refused"`
 		}
 		if err := json.Unmarshal(ep.Data, &data); err != nil {
 			t.Fatal(err)
 		}
 		sum.refusedReplies += data.RefusedReplies
-		sum.handled += data.RefusedReplies + data.Answered + data.AnswerErrors + uint64(ep.NumErrors)
+		sum.handled += data.RefusedReplies + data.Answered + data.AnswerErrors + data.Refused + uint64(ep.NumErrors)
 	}
 	return sum
 }

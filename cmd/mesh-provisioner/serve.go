@@ -199,6 +199,27 @@ func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
 	return writer, writer.url
 }
 
+// answering opens a connection the service answers on, as the answering
+// identity; drain drains and closes it.
+func (f *serveFlags) answering(ctx context.Context, url string, logger *slog.Logger, retry bool, opts []nats.Option) (nc *nats.Conn, drain func(), err error) {
+	closed := make(chan struct{})
+	nc, err = f.connect.connect(ctx, url, wire.ServerIdentity, logger, connectEvents{onClosed: func() { close(closed) }, retry: retry}, opts...)
+	if err != nil {
+		return nil, nil, err
+	}
+	drain = func() {
+		if err := nc.Drain(); err != nil {
+			nc.Close()
+		}
+		<-closed
+	}
+	if err := waitConnected(ctx, nc); err != nil {
+		drain()
+		return nil, nil, fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
+	}
+	return nc, drain, nil
+}
+
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	httpServer, err := startHTTP(ctx, f.http, logger)
 	if err != nil {
@@ -235,6 +256,18 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 
 	if err := waitConnected(ctx, nc); err != nil {
 		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
+	}
+	// nc only reads requests: answers go out on a connection of their own
+	// as the same identity, and answers over service.LargeAnswer bytes on
+	// another (service.Config's AnswerConn and LargeConn).
+	var answering [2]*nats.Conn
+	for i := range answering {
+		conn, drain, err := f.answering(ctx, url, logger, joining && f.connectRetry, opts)
+		if err != nil {
+			return err
+		}
+		defer drain() // after the service stopped, deferred later
+		answering[i] = conn
 	}
 	// The bucket watchers, the seat and the registry's writes go through a
 	// connection of their own, as the writing identity: a flood of requests
@@ -286,6 +319,8 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	err = retryStart(ctx, logger, "start the service", func(sctx context.Context) (err error) {
 		svc, err = service.Start(sctx, service.Config{
 			Conn:         nc,
+			AnswerConn:   answering[0],
+			LargeConn:    answering[1],
 			WatchConn:    watchNC,
 			Version:      buildVersion(),
 			Logger:       logger,
@@ -327,6 +362,8 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			logger.Info("NATS is unreachable: closing the connections rather than draining them")
 			nc.Close()
 			watchNC.Close()
+			answering[0].Close()
+			answering[1].Close()
 		}
 		return nil
 	})

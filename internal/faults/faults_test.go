@@ -35,8 +35,8 @@ func logger(t *testing.T) *slog.Logger {
 }
 
 // startService creates the buckets with replicas and runs the service on
-// nc.
-func startService(t *testing.T, nc *nats.Conn, replicas int) *service.Service {
+// nc; options change its configuration.
+func startService(t *testing.T, nc *nats.Conn, replicas int, options ...func(*service.Config)) *service.Service {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -47,7 +47,7 @@ func startService(t *testing.T, nc *nats.Conn, replicas int) *service.Service {
 	if err := buckets.Ensure(ctx, js, buckets.Config{Replicas: replicas}); err != nil {
 		t.Fatal(err)
 	}
-	return servicetest.Start(t, nc, func(cfg *service.Config) { cfg.Logger = logger(t) })
+	return servicetest.Start(t, nc, append([]func(*service.Config){func(cfg *service.Config) { cfg.Logger = logger(t) }}, options...)...)
 }
 
 func TestFaultRestart(t *testing.T) {

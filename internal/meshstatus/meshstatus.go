@@ -310,6 +310,8 @@ func InstanceOf(stats micro.Stats) Instance {
 		if in.Buckets == nil {
 			in.Buckets = data.GetBuckets()
 		}
+		// Refusals sent on the answering connection micro does not count.
+		ep.Errors += int(data.GetRefused())
 		ep.Answered, ep.AnswerErrors = data.GetAnswered(), data.GetAnswerErrors()
 		ep.Loading, ep.Behind = nonNil(data.GetLoading()), nonNil(data.GetBehind())
 		in.Endpoints = append(in.Endpoints, ep)

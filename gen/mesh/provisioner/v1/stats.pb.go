@@ -67,7 +67,14 @@ type EndpointStatsData struct {
 	// The copy of each bucket, the registry first: what it holds and the
 	// revision it has reached. Counted as the copy changes: reading them
 	// reads no record.
-	Buckets       []*BucketStats `protobuf:"bytes,14,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	Buckets []*BucketStats `protobuf:"bytes,14,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	// Answers over 64 KiB refused with a 503 because the bytes already queued
+	// for their asker, or for all askers, were at their bound.
+	LargeShed uint64 `protobuf:"varint,15,opt,name=large_shed,json=largeShed,proto3" json:"large_shed,omitempty"`
+	// Refusals (400, 403, 503 on arrival) that serve sends on its answering
+	// connection, which micro does not count in num_errors: a service's errors
+	// are num_errors plus refused.
+	Refused       uint64 `protobuf:"varint,16,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -198,6 +205,20 @@ func (x *EndpointStatsData) GetBuckets() []*BucketStats {
 		return x.Buckets
 	}
 	return nil
+}
+
+func (x *EndpointStatsData) GetLargeShed() uint64 {
+	if x != nil {
+		return x.LargeShed
+	}
+	return 0
+}
+
+func (x *EndpointStatsData) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
 }
 
 // OverBudget is a node over its budget in one state bucket of the copy: keys
@@ -455,7 +476,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xa3\x04\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xdc\x04\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -475,7 +496,10 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"seat_since\x18\f \x01(\tR\tseatSince\x12\x1f\n" +
 	"\vseat_holder\x18\r \x01(\tR\n" +
 	"seatHolder\x12:\n" +
-	"\abuckets\x18\x0e \x03(\v2 .mesh.provisioner.v1.BucketStatsR\abuckets\"|\n" +
+	"\abuckets\x18\x0e \x03(\v2 .mesh.provisioner.v1.BucketStatsR\abuckets\x12\x1d\n" +
+	"\n" +
+	"large_shed\x18\x0f \x01(\x04R\tlargeShed\x12\x18\n" +
+	"\arefused\x18\x10 \x01(\x04R\arefused\"|\n" +
 	"\n" +
 	"OverBudget\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x12\n" +

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EndpointStatsData(_message.Message):
-    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets")
+    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused")
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_ERRORS_FIELD_NUMBER: _ClassVar[int]
     SHED_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class EndpointStatsData(_message.Message):
     SEAT_SINCE_FIELD_NUMBER: _ClassVar[int]
     SEAT_HOLDER_FIELD_NUMBER: _ClassVar[int]
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    LARGE_SHED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     answered: int
     answer_errors: int
     shed: int
@@ -36,7 +38,9 @@ class EndpointStatsData(_message.Message):
     seat_since: str
     seat_holder: str
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
-    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ...) -> None: ...
+    large_shed: int
+    refused: int
+    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
 
 class OverBudget(_message.Message):
     __slots__ = ("bucket", "node", "keys", "bytes", "refused")
