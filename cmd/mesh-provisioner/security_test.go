@@ -539,6 +539,10 @@ func TestANodeOnARealServer(t *testing.T) {
 	})
 
 	t.Run("a 5 MB answer arrives whole through query", func(t *testing.T) {
+		// 5,000 puts and a paged answer of 5 MB: a context of its own, which
+		// a busy machine's other subtests do not eat into.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
 		nodeClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
 		if err != nil {
 			t.Fatal(err)
