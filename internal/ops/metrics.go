@@ -29,7 +29,9 @@ var endpointCounters = []struct {
 	{"requests_total", "Requests received by the endpoint (micro's num_requests).",
 		func(e *micro.EndpointStats, _ endpointData) float64 { return float64(e.NumRequests) }},
 	{"errors_total", "Requests refused on arrival with an error: bad requests, the copy still loading, the queue full (micro's num_errors, and stats data refused for those sent on the answering connection).",
-		func(e *micro.EndpointStats, d endpointData) float64 { return float64(e.NumErrors) + float64(d.GetRefused()) }},
+		func(e *micro.EndpointStats, d endpointData) float64 {
+			return float64(e.NumErrors) + float64(d.GetRefused())
+		}},
 	{"answers_total", "Answers sent by the service's workers or reused (stats data answered).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAnswered()) }},
 	{"answer_errors_total", "Requests accepted, then answered with an error or whose answer could not be sent (stats data answer_errors).",
