@@ -128,7 +128,7 @@ test-browser: chromium ## Open serve --http's status page in headless chromium a
 FAULTS_FILTER := grep -vE '^time='
 
 .PHONY: test-faults
-test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a purge, a restart beside ready instances, start/stop races; each prints its figures. RACE=-race to add the race detector to all
+test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races; each prints its figures. RACE=-race to add the race detector to all
 	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
 	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
 
@@ -186,7 +186,7 @@ bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requester
 	go run ./internal/benchverb $(BENCHVERB_ARGS)
 
 .PHONY: ci
-ci: test checkgenerate lint breaking ## What .ci/run runs
+ci: test test-faults checkgenerate lint breaking ## What .ci/run runs
 
 .PHONY: clean
 clean: ## Remove built binaries and the browser test's screenshot
