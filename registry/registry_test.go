@@ -1,13 +1,11 @@
 package registry_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +19,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 )
@@ -292,7 +291,7 @@ func TestReconcilerStopsCleanly(t *testing.T) {
 	t.Parallel()
 	kv := registryBucket(t)
 	for i := range 20 {
-		var logs lockedBuffer
+		var logs testlog.Buffer
 		reconciled := make(chan struct{}, 1)
 		r := &registry.Reconciler{KV: kv, Interval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 			Reconciled: func(registry.Report) {
@@ -354,7 +353,7 @@ func TestReconcilerRestoresChangedEntries(t *testing.T) {
 			table := registry.Table()
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan error, 1)
-			var logs lockedBuffer
+			var logs testlog.Buffer
 			r := &registry.Reconciler{KV: kv, Interval: time.Hour, RestoreDelay: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 			go func() { done <- r.Run(ctx) }()
 			defer func() {
@@ -477,22 +476,4 @@ func TestReconcilerRetriesAFailedFirstRun(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("Run returned %v once its context was done", err)
 	}
-}
-
-// lockedBuffer is a log's buffer that goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

@@ -1,7 +1,6 @@
 package seat
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -110,7 +110,7 @@ func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {
 		t.Run(fmt.Sprintf("%d instances", n), func(t *testing.T) {
 			t.Parallel()
 			s, _ := startWithBuckets(t)
-			logs := &lockedBuffer{}
+			logs := &logBuffer{}
 			cfg := Config{TTL: 2 * time.Second, Poll: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(logs, nil))}
 			var ins []*instance
 			for range n {
@@ -264,26 +264,11 @@ func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log's buffer that the seats' goroutines may write at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // has reports whether a line of the log holds every one of parts.
-func (b *lockedBuffer) has(parts ...string) bool {
+// logBuffer is a log the seats' goroutines write at once.
+type logBuffer struct{ testlog.Buffer }
+
+func (b *logBuffer) has(parts ...string) bool {
 	for line := range strings.Lines(b.String()) {
 		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
 			return true

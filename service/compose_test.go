@@ -1,13 +1,11 @@
 package service_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +20,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/service"
@@ -323,24 +322,13 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 }
 
 // syncBuffer is a log destination the service's goroutines may share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+type syncBuffer struct{ testlog.Buffer }
 
 // lines returns the log lines with msg so far, decoded.
 func (b *syncBuffer) lines(t *testing.T, msgPrefix string) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
 		var rec map[string]any
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			continue
@@ -364,7 +352,7 @@ func TestSlowCompositionLog(t *testing.T) {
 
 	lines := logs.lines(t, "slow composition")
 	if len(lines) != 2 {
-		t.Fatalf("%d slow composition lines, want 2:\n%s", len(lines), logs.buf.String())
+		t.Fatalf("%d slow composition lines, want 2:\n%s", len(lines), logs.String())
 	}
 	if lines[1]["module"] != "web" {
 		t.Errorf("second line's module = %v, want web", lines[1]["module"])

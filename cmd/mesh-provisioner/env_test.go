@@ -12,13 +12,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
 )
 
 // envOf returns a lookup of exactly these variables, as os.LookupEnv would
@@ -100,22 +100,7 @@ func TestEveryFlagHasItsCommandsVariable(t *testing.T) {
 }
 
 // syncBuffer collects what many goroutines write, such as a command's log.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer struct{ testlog.Buffer }
 
 // waitFor waits until the buffer holds want.
 func (b *syncBuffer) waitFor(t *testing.T, want string, within time.Duration) {

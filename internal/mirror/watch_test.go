@@ -1,13 +1,11 @@
 package mirror_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,33 +16,16 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 )
-
-// syncBuffer is a log sink safe for the watchers' goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 type fixture struct {
 	js    jetstream.JetStream
 	needs jetstream.KeyValue
 	m     *mirror.Mirror
 	w     *mirror.Watchers
-	log   *syncBuffer
+	log   *testlog.Buffer
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -62,7 +43,7 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &testlog.Buffer{}
 	m := mirror.New()
 	w, err := m.Open(ctx, js, slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err != nil {
