@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -187,7 +188,10 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 			return
 		}
 	}
-	if !s.admit() {
+	// From here the request is counted in until its answer is sent:
+	// release says so, once, wherever that happens.
+	release := s.admit()
+	if release == nil {
 		s.refuse(r, enc, count, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
 		return
 	}
@@ -198,8 +202,8 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	if len(pending) == 0 {
 		// The callback never waits for a worker: the request's time in the
 		// queue is measured from here, and a full queue is refused at once.
-		if !s.enqueue(job{queued: arrived, count: count, run: func() { respond(0) }, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }}) {
-			s.answers.Done()
+		if !s.enqueue(job{queued: arrived, count: count, run: func() { respond(0) }, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release}) {
+			release()
 			count.queueFull.Add(1)
 			s.refuse(r, enc, count, s.overloaded())
 		}
@@ -208,34 +212,39 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	select {
 	case s.waiting <- struct{}{}:
 	default:
-		s.answers.Done()
+		release()
 		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting)))
 		return
 	}
 	go func() {
 		defer func() { <-s.waiting }()
+		queued := false // then the worker releases it
+		defer func() {
+			if !queued {
+				release()
+			}
+		}()
 		start := time.Now()
 		if werr := s.waitRevisions(pending); werr != nil {
 			s.send(r, enc, count, nil, werr)
-			s.answers.Done()
 			return
 		}
 		waited := time.Since(start)
 		shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }
-		if !s.enqueue(job{queued: time.Now(), count: count, run: func() { respond(waited) }, shed: shed}) {
+		if queued = s.enqueue(job{queued: time.Now(), count: count, run: func() { respond(waited) }, shed: shed, release: release}); !queued {
 			count.queueFull.Add(1)
 			shed(s.overloaded())
-			s.answers.Done()
 		}
 	}()
 }
 
 // job is a checked request waiting in the queue for a worker.
 type job struct {
-	queued time.Time // when it entered the queue
-	count  *counters
-	run    func()                 // builds and sends the answer
-	shed   func(werr *wire.Error) // sends an error instead
+	queued  time.Time // when it entered the queue
+	count   *counters
+	run     func()                 // builds and sends the answer
+	shed    func(werr *wire.Error) // sends an error instead
+	release func()                 // once the answer or error is sent (admit)
 }
 
 // enqueue puts a job in the queue for a worker, or reports false when the
@@ -267,7 +276,7 @@ func (s *Service) work() {
 		} else {
 			j.run()
 		}
-		s.answers.Done()
+		j.release()
 	}
 }
 
@@ -381,15 +390,17 @@ func (s *Service) waitRevisions(waits []revisionWait) *wire.Error {
 }
 
 // admit counts a request in before it is answered off the callback, unless
-// Stop has begun: Stop then waits for every admitted request.
-func (s *Service) admit() bool {
+// Stop has begun (nil): Stop then waits for every admitted request. The
+// request's release counts it out once its answer or error is sent; a
+// second call does nothing.
+func (s *Service) admit() (release func()) {
 	s.gate.RLock()
 	defer s.gate.RUnlock()
 	if s.closed {
-		return false
+		return nil
 	}
 	s.answers.Add(1)
-	return true
+	return sync.OnceFunc(s.answers.Done)
 }
 
 // send sends a worker's answer, or its refusal, to the request's reply
