@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/internal/ops"
 	"github.com/novox/mesh-provisioner/internal/sdnotify"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
@@ -199,11 +201,11 @@ func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
 	return writer, writer.url
 }
 
-// answering opens a connection the service answers on, as the answering
-// identity; drain drains and closes it.
-func (f *serveFlags) answering(ctx context.Context, url string, logger *slog.Logger, retry bool, opts []nats.Option) (nc *nats.Conn, drain func(), err error) {
+// dial opens one of serve's connections, as c's identity, and waits until it
+// is connected; drain finishes what is in flight, then closes it.
+func dial(ctx context.Context, c connectFlags, url, name string, logger *slog.Logger, retry bool, opts []nats.Option) (nc *nats.Conn, drain func(), err error) {
 	closed := make(chan struct{})
-	nc, err = f.connect.connect(ctx, url, wire.ServerIdentity, logger, connectEvents{onClosed: func() { close(closed) }, retry: retry}, opts...)
+	nc, err = c.connect(ctx, url, name, logger, connectEvents{onClosed: func() { close(closed) }, retry: retry}, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -220,84 +222,105 @@ func (f *serveFlags) answering(ctx context.Context, url string, logger *slog.Log
 	return nc, drain, nil
 }
 
+// serveConns are serve's connections to NATS. The answering identity holds
+// three: requests reads the verbs' requests only, answers sends answers and
+// refusals, large the answers over service.LargeAnswer bytes, so that a
+// flood's answers never slow the reading of requests and a client that does
+// not read its large answers delays no other's small one. The writing
+// identity's carries the watchers, the seat and the registry's writes, so
+// that a flood of requests delays none of them, and the identity that
+// answers requests cannot write.
+type serveConns struct {
+	requests, answers, large, writer *nats.Conn
+	drains                           []func() // in the order opened
+}
+
+// dialAll opens serve's connections to url (the writer's to
+// --writer-nats-url, if given).
+func (f *serveFlags) dialAll(ctx context.Context, url string, logger *slog.Logger, opts []nats.Option) (*serveConns, error) {
+	c := &serveConns{}
+	retry := f.connect.url != "" && f.connectRetry
+	writer, writerURL := f.writerConnect(url)
+	for _, d := range []struct {
+		conn  **nats.Conn
+		flags connectFlags
+		url   string
+		name  string
+		opts  []nats.Option
+	}{
+		{&c.requests, f.connect, url, wire.ServerIdentity, opts},
+		{&c.answers, f.connect, url, wire.ServerIdentity, opts},
+		{&c.large, f.connect, url, wire.ServerIdentity, opts},
+		{&c.writer, writer, writerURL, wire.WriterIdentity,
+			append(slices.Clone(opts), nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity)))},
+	} {
+		conn, drain, err := dial(ctx, d.flags, d.url, d.name, logger, retry, d.opts)
+		if err != nil {
+			c.drain()
+			return nil, err
+		}
+		*d.conn = conn
+		c.drains = append(c.drains, drain)
+	}
+	return c, nil
+}
+
+// drain drains the connections, the last opened first: the writer's once
+// the service has stopped its watchers, the requests' last.
+func (c *serveConns) drain() {
+	for _, drain := range slices.Backward(c.drains) {
+		drain()
+	}
+}
+
+// connected reports whether every connection is connected.
+func (c *serveConns) connected() bool {
+	return c.requests.IsConnected() && c.answers.IsConnected() && c.large.IsConnected() && c.writer.IsConnected()
+}
+
+// close closes every connection at once, draining nothing.
+func (c *serveConns) close() {
+	for _, nc := range []*nats.Conn{c.requests, c.answers, c.large, c.writer} {
+		nc.Close()
+	}
+}
+
+// joinNATS returns the NATS serve joins: --nats-url, or a nats-server it
+// embeds (stopped by stop) and the option that reaches it in-process.
+func (f *serveFlags) joinNATS(ctx context.Context, logger *slog.Logger) (url string, opts []nats.Option, stop func(), err error) {
+	if f.connect.url != "" {
+		return f.connect.url, nil, func() {}, nil
+	}
+	embedded, err := startEmbedded(ctx, f.listen, f.stateDir, logger)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	url = embedded.ClientURL()
+	logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
+	return url, []nats.Option{nats.InProcessServer(embedded)}, embedded.stop, nil
+}
+
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	httpServer, err := startHTTP(ctx, f.http, logger)
 	if err != nil {
 		return err
 	}
 	defer httpServer.Close(ctx)
-	url := f.connect.url
-	var opts []nats.Option
-	if url == "" {
-		embedded, err := startEmbedded(ctx, f.listen, f.stateDir, logger)
-		if err != nil {
-			return err
-		}
-		defer embedded.stop()
-		url = embedded.ClientURL()
-		opts = append(opts, nats.InProcessServer(embedded))
-		logger.Info("embedded nats-server started", "url", url, "state_dir", f.stateDir)
-	}
-	closed := make(chan struct{})
-	joining := f.connect.url != ""
-	nc, err := f.connect.connect(ctx, url, wire.ServerIdentity, logger,
-		connectEvents{onClosed: func() { close(closed) }, retry: joining && f.connectRetry}, opts...)
+	url, opts, stopEmbedded, err := f.joinNATS(ctx, logger)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		// Drain: finish what is in flight, then close, before the embedded
-		// server (if any) goes down.
-		if err := nc.Drain(); err != nil {
-			nc.Close()
-		}
-		<-closed
-	}()
-
-	if err := waitConnected(ctx, nc); err != nil {
-		return fmt.Errorf("no NATS reached at %s: %w", redactURL(url), err)
-	}
-	// nc only reads requests: answers go out on a connection of their own
-	// as the same identity, and answers over service.LargeAnswer bytes on
-	// another (service.Config's AnswerConn and LargeConn).
-	var answering [2]*nats.Conn
-	for i := range answering {
-		conn, drain, err := f.answering(ctx, url, logger, joining && f.connectRetry, opts)
-		if err != nil {
-			return err
-		}
-		defer drain() // after the service stopped, deferred later
-		answering[i] = conn
-	}
-	// The bucket watchers, the seat and the registry's writes go through a
-	// connection of their own, as the writing identity: a flood of requests
-	// on the service's must not delay their heartbeats, the lease's
-	// renewals or their acks, and the identity that answers requests must
-	// not be able to write.
-	watchClosed := make(chan struct{})
-	writer, writerURL := f.writerConnect(url)
-	watchNC, err := writer.connect(ctx, writerURL, wire.WriterIdentity, logger,
-		connectEvents{onClosed: func() { close(watchClosed) }, retry: joining && f.connectRetry},
-		append(opts, nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity)))...)
+	defer stopEmbedded() // after the connections drained
+	conns, err := f.dialAll(ctx, url, logger, opts)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		// After the service (deferred later, so run earlier) stopped its
-		// watchers.
-		if err := watchNC.Drain(); err != nil {
-			watchNC.Close()
-		}
-		<-watchClosed
-	}()
-	if err := waitConnected(ctx, watchNC); err != nil {
-		return fmt.Errorf("no NATS reached at %s: %w", redactURL(writerURL), err)
-	}
-	js, err := jetstream.New(watchNC)
+	defer conns.drain() // after the service stopped
+	js, err := jetstream.New(conns.writer)
 	if err != nil {
 		return err
 	}
-	if joining {
+	if f.connect.url != "" {
 		if err := jetStreamEnabled(ctx, js, url); err != nil {
 			return err
 		}
@@ -306,22 +329,34 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
-	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, RestoreDelay: f.restoreDelay, Publisher: provisionerSeat, Logger: logger,
-		Reconciled: func(r registry.Report) {
-			select {
-			case reconciled <- r.Revision:
-			default:
-			}
-		}}
+	svc, err := f.startService(ctx, conns, provisionerSeat, httpServer, logger)
+	if err != nil {
+		return err
+	}
+	defer svc.Stop()
+	ask, closePage, err := f.connectPage(ctx, url, conns.requests, logger, opts)
+	if err != nil {
+		return err
+	}
+	defer closePage()
+	attachHTTP(httpServer, svc, conns.requests, conns.writer, ask)
+	if err := f.serve(ctx, logger, url, conns, svc, provisionerSeat, registryKV); err != nil {
+		return err
+	}
+	logger.Info("shutting down: draining the service and the connection")
+	return nil
+}
 
+// startService starts the micro service on serve's connections, trying
+// again while what the bus causes makes it fail.
+func (f *serveFlags) startService(ctx context.Context, conns *serveConns, provisionerSeat *seat.Seat, httpServer *ops.Server, logger *slog.Logger) (*service.Service, error) {
 	var svc *service.Service
-	err = retryStart(ctx, logger, "start the service", func(sctx context.Context) (err error) {
+	err := retryStart(ctx, logger, "start the service", func(sctx context.Context) (err error) {
 		svc, err = service.Start(sctx, service.Config{
-			Conn:         nc,
-			AnswerConn:   answering[0],
-			LargeConn:    answering[1],
-			WatchConn:    watchNC,
+			Conn:         conns.requests,
+			AnswerConn:   conns.answers,
+			LargeConn:    conns.large,
+			WatchConn:    conns.writer,
 			Version:      buildVersion(),
 			Logger:       logger,
 			SlowCompose:  f.slowCompose,
@@ -338,32 +373,32 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		})
 		return err
 	})
-	if err != nil {
-		return err
-	}
-	defer svc.Stop()
-	ask, closePage, err := f.connectPage(ctx, url, nc, logger, opts)
-	if err != nil {
-		return err
-	}
-	defer closePage()
-	attachHTTP(httpServer, svc, nc, watchNC, ask)
+	return svc, err
+}
 
-	// The seat (its holder reconciling) and the service run side by side;
-	// the first to fail ends both, and shutdown waits for each: the seat is
-	// handed back before the connection drains.
+// serve runs the seat (its holder reconciling the registry) and the service
+// side by side until ctx ends or either fails: the first to fail ends both,
+// and it returns once each has stopped, the seat handed back before the
+// connections drain. It says "serving" once the copy is whole and holds the
+// registry.
+func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string, conns *serveConns, svc *service.Service, provisionerSeat *seat.Seat, registryKV jetstream.KeyValue) error {
+	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
+	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, RestoreDelay: f.restoreDelay, Publisher: provisionerSeat, Logger: logger,
+		Reconciled: func(r registry.Report) {
+			select {
+			case reconciled <- r.Revision:
+			default:
+			}
+		}}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-gctx.Done()
-		if !nc.IsConnected() || !watchNC.IsConnected() {
+		if !conns.connected() {
 			// NATS is gone: stopping need not wait for answers from it
 			// (consumers deleted, the seat handed back, the drain), which
 			// would each time out; closed connections fail them at once.
 			logger.Info("NATS is unreachable: closing the connections rather than draining them")
-			nc.Close()
-			watchNC.Close()
-			answering[0].Close()
-			answering[1].Close()
+			conns.close()
 		}
 		return nil
 	})
@@ -399,9 +434,5 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		notifySystemd(logger, sdnotify.Stopping)
 		return nil
 	})
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	logger.Info("shutting down: draining the service and the connection")
-	return nil
+	return g.Wait()
 }
