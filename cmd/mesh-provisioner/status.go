@@ -84,111 +84,150 @@ func defineStatus(fs *flag.FlagSet) action {
 
 // printStatus writes the report as sections of aligned columns.
 func printStatus(w io.Writer, r *statusReport) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
-	list := func(names []string) string { return dash(strings.Join(names, ",")) }
-	num := func(n uint64) string { return strconv.FormatUint(n, 10) }
-
-	fmt.Fprintf(w, "Instances (%d) serving %s\n", len(r.Instances), wire.ServiceName)
-	if len(r.Instances) > 0 {
-		row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "REFUSED ON ARRIVAL", "ANSWERED", "FAILED AFTER ACCEPTANCE", "AVERAGE TIME", "STILL LOADING", "BEHIND ON")
-		for _, in := range r.Instances {
-			seat := dash(in.Seat)
-			if in.Seat == "standby" && in.SeatHolder != "" {
-				seat += " (held by " + in.SeatHolder + ")"
-			}
-			if in.SeatSince != "" {
-				seat += " since " + in.SeatSince
-			}
-			for i, e := range in.Endpoints {
-				id, version, started := in.ID, in.Version, in.Started.UTC().Format(time.RFC3339)
-				if i > 0 {
-					id, version, started, seat = "", "", "", ""
-				}
-				row(id, version, started, seat, e.Name, strconv.Itoa(e.Requests), strconv.Itoa(e.Errors), num(e.Answered), num(e.AnswerErrors),
-					e.AverageDuration.Round(time.Microsecond).String(), list(e.Loading), list(e.Behind))
-			}
-		}
-		if err := tw.Flush(); err != nil {
+	t := statusTable{w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
+	for _, section := range []func(statusTable, *statusReport) error{
+		printInstances, printOverBudget, printBuckets, printNodes, printRefusals, printMalformed,
+	} {
+		if err := section(t, r); err != nil {
 			return err
 		}
-		fmt.Fprintln(w, "(refused on arrival: bad requests, the copy still loading, the queue full, as micro counts errors;\n"+
-			" failed after acceptance: a 503 after waiting for a worker or a revision, or an answer that could not be sent)")
-		for _, in := range r.Instances {
-			for _, e := range in.Endpoints {
-				if e.LastError != "" {
-					fmt.Fprintf(w, "last error of %s on %s: %s\n", in.ID, e.Name, e.LastError)
-				}
+	}
+	return nil
+}
+
+// statusTable writes status's sections: lines to w, aligned rows through tw.
+type statusTable struct {
+	w  io.Writer
+	tw *tabwriter.Writer
+}
+
+func (t statusTable) row(cells ...string)          { fmt.Fprintln(t.tw, strings.Join(cells, "\t")) }
+func (t statusTable) line(format string, a ...any) { fmt.Fprintf(t.w, format+"\n", a...) }
+
+func commaList(names []string) string { return dash(strings.Join(names, ",")) }
+func num(n uint64) string             { return strconv.FormatUint(n, 10) }
+
+// printInstances writes the instances found by discovery, an endpoint a row.
+func printInstances(t statusTable, r *statusReport) error {
+	t.line("Instances (%d) serving %s", len(r.Instances), wire.ServiceName)
+	if len(r.Instances) == 0 {
+		t.line("none answered discovery: no instance serves on this NATS")
+		return nil
+	}
+	t.row("ID", "VERSION", "STARTED", "SEAT", "ENDPOINT", "REQUESTS", "REFUSED ON ARRIVAL", "ANSWERED", "FAILED AFTER ACCEPTANCE", "AVERAGE TIME", "STILL LOADING", "BEHIND ON")
+	for _, in := range r.Instances {
+		seat := dash(in.Seat)
+		if in.Seat == "standby" && in.SeatHolder != "" {
+			seat += " (held by " + in.SeatHolder + ")"
+		}
+		if in.SeatSince != "" {
+			seat += " since " + in.SeatSince
+		}
+		for i, e := range in.Endpoints {
+			id, version, started := in.ID, in.Version, in.Started.UTC().Format(time.RFC3339)
+			if i > 0 {
+				id, version, started, seat = "", "", "", ""
+			}
+			t.row(id, version, started, seat, e.Name, strconv.Itoa(e.Requests), strconv.Itoa(e.Errors), num(e.Answered), num(e.AnswerErrors),
+				e.AverageDuration.Round(time.Microsecond).String(), commaList(e.Loading), commaList(e.Behind))
+		}
+	}
+	if err := t.tw.Flush(); err != nil {
+		return err
+	}
+	t.line("(refused on arrival: bad requests, the copy still loading, the queue full, as micro counts errors;\n" +
+		" failed after acceptance: a 503 after waiting for a worker or a revision, or an answer that could not be sent)")
+	for _, in := range r.Instances {
+		for _, e := range in.Endpoints {
+			if e.LastError != "" {
+				t.line("last error of %s on %s: %s", in.ID, e.Name, e.LastError)
 			}
 		}
-	} else {
-		fmt.Fprintln(w, "none answered discovery: no instance serves on this NATS")
 	}
+	return nil
+}
 
+// printOverBudget writes, for each instance, the nodes over their budget in
+// its copy.
+func printOverBudget(t statusTable, r *statusReport) error {
 	for _, in := range r.Instances {
 		if len(in.OverBudget) == 0 {
 			continue
 		}
-		fmt.Fprintf(w, "\nNodes over their budget in the copy of %s (%d): keys beyond it are not held, and are listed as malformed\n", in.ID, len(in.OverBudget))
-		row("BUCKET", "NODE", "KEYS HELD", "BYTES HELD", "KEYS REFUSED")
+		t.line("\nNodes over their budget in the copy of %s (%d): keys beyond it are not held, and are listed as malformed", in.ID, len(in.OverBudget))
+		t.row("BUCKET", "NODE", "KEYS HELD", "BYTES HELD", "KEYS REFUSED")
 		for _, x := range in.OverBudget {
-			row(x.GetBucket(), x.GetNode(), num(x.GetKeys()), num(x.GetBytes()), num(x.GetRefused()))
+			t.row(x.GetBucket(), x.GetNode(), num(x.GetKeys()), num(x.GetBytes()), num(x.GetRefused()))
 		}
-		if err := tw.Flush(); err != nil {
+		if err := t.tw.Flush(); err != nil {
 			return err
 		}
 	}
-	fmt.Fprintln(w, "\nBuckets (records, malformed keys, nodes, copy revision and lag as the longest serving instance's copy counts them)")
-	row("BUCKET", "MESSAGES", "LAST SEQ", "RECORDS", "MALFORMED", "NODES", "COPY AT", "LAG")
-	malformed := 0
+	return nil
+}
+
+// printBuckets writes each bucket's stream and its copy.
+func printBuckets(t statusTable, r *statusReport) error {
+	t.line("\nBuckets (records, malformed keys, nodes, copy revision and lag as the longest serving instance's copy counts them)")
+	t.row("BUCKET", "MESSAGES", "LAST SEQ", "RECORDS", "MALFORMED", "NODES", "COPY AT", "LAG")
 	for _, b := range r.Buckets {
-		row(b.Bucket, num(b.Messages), num(b.LastSeq), strconv.Itoa(b.Records), strconv.Itoa(b.Malformed), strconv.Itoa(b.Nodes), num(b.CopyAt), num(b.Lag))
-		malformed += b.Malformed
+		t.row(b.Bucket, num(b.Messages), num(b.LastSeq), strconv.Itoa(b.Records), strconv.Itoa(b.Malformed), strconv.Itoa(b.Nodes), num(b.CopyAt), num(b.Lag))
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
+	return t.tw.Flush()
+}
 
-	fmt.Fprintf(w, "\nNodes (%d) with %d %s\n", r.Refusals.NodesTotal, r.Needs, plural(r.Needs, "need"))
-	if len(r.Nodes) == 0 && r.Refusals.NodesTotal > 0 {
-		fmt.Fprintln(w, "(listed with --records)")
-	}
-	if len(r.Nodes) > 0 {
-		row("NODE", "NEEDS")
-		for _, n := range r.Nodes {
-			row(n.Node, strconv.Itoa(n.Needs))
+// printNodes writes the nodes and their needs.
+func printNodes(t statusTable, r *statusReport) error {
+	t.line("\nNodes (%d) with %d %s", r.Refusals.NodesTotal, r.Needs, plural(r.Needs, "need"))
+	if len(r.Nodes) == 0 {
+		if r.Refusals.NodesTotal > 0 {
+			t.line("(listed with --records)")
 		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
+		return nil
 	}
+	t.row("NODE", "NEEDS")
+	for _, n := range r.Nodes {
+		t.row(n.Node, strconv.Itoa(n.Needs))
+	}
+	return t.tw.Flush()
+}
 
-	fmt.Fprintf(w, "\nRefusals by reason, composing %d of %d %s (at most --compose-nodes, with --records)\n",
+// printRefusals writes the refusals of the nodes composed, by reason.
+func printRefusals(t statusTable, r *statusReport) error {
+	t.line("\nRefusals by reason, composing %d of %d %s (at most --compose-nodes, with --records)",
 		r.Refusals.NodesComposed, r.Refusals.NodesTotal, plural(r.Refusals.NodesTotal, "node"))
 	switch {
 	case len(r.Refusals.ByReason) == 0 && len(r.Nodes) == 0 && r.Refusals.NodesTotal > 0:
-		fmt.Fprintln(w, "(counted with --records)")
+		t.line("(counted with --records)")
+		return nil
 	case len(r.Refusals.ByReason) == 0:
-		fmt.Fprintln(w, "none")
-	default:
-		row("REASON", "NEEDS")
-		for _, reason := range slices.Sorted(maps.Keys(r.Refusals.ByReason)) {
-			row(reason, strconv.Itoa(r.Refusals.ByReason[reason]))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
+		t.line("none")
+		return nil
 	}
+	t.row("REASON", "NEEDS")
+	for _, reason := range slices.Sorted(maps.Keys(r.Refusals.ByReason)) {
+		t.row(reason, strconv.Itoa(r.Refusals.ByReason[reason]))
+	}
+	return t.tw.Flush()
+}
 
-	fmt.Fprintf(w, "\nMalformed keys (%d)\n", max(malformed, len(r.Malformed)))
-	if len(r.Malformed) == 0 && malformed > 0 {
-		fmt.Fprintln(w, "(listed with --records)")
+// printMalformed writes the malformed keys: counted per bucket, listed with
+// --records.
+func printMalformed(t statusTable, r *statusReport) error {
+	malformed := 0
+	for _, b := range r.Buckets {
+		malformed += b.Malformed
 	}
-	if len(r.Malformed) > 0 {
-		row("BUCKET", "KEY", "REASON")
-		for _, m := range r.Malformed {
-			row(m.Bucket, m.Key, m.Reason)
+	t.line("\nMalformed keys (%d)", max(malformed, len(r.Malformed)))
+	if len(r.Malformed) == 0 {
+		if malformed > 0 {
+			t.line("(listed with --records)")
 		}
+		return nil
 	}
-	return tw.Flush()
+	t.row("BUCKET", "KEY", "REASON")
+	for _, m := range r.Malformed {
+		t.row(m.Bucket, m.Key, m.Reason)
+	}
+	return t.tw.Flush()
 }
