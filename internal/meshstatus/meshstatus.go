@@ -192,7 +192,7 @@ func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNode
 	c := client.New(nc)
 	needsPerNode := map[string]int{}
 	for _, bucket := range keys.Buckets() {
-		answer, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: whatOf(bucket)})
+		answer, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: whatOfBucket(bucket)})
 		if err != nil {
 			return fmt.Errorf("read %s through the provisioning verb: %w", bucket, err)
 		}
@@ -239,7 +239,7 @@ func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNode
 }
 
 // whatOf returns the provisioning verb's what that reads bucket.
-func whatOf(bucket string) provisionerv1.What {
+func whatOfBucket(bucket string) provisionerv1.What {
 	return map[string]provisionerv1.What{
 		keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
 		keys.NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
