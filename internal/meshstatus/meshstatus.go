@@ -238,7 +238,7 @@ func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNode
 	return nil
 }
 
-// whatOf returns the provisioning verb's what that reads bucket.
+// whatOfBucket returns the provisioning verb's what that reads bucket.
 func whatOfBucket(bucket string) provisionerv1.What {
 	return map[string]provisionerv1.What{
 		keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
