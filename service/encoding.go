@@ -55,12 +55,18 @@ func (e encoding) unmarshal(data []byte, msg proto.Message) *wire.Error {
 		return nil // an empty body is the default request
 	}
 	if e.json {
-		// Unknown fields are dropped before decoding, not by protojson's
-		// DiscardUnknown, which would also read an enum name it does not know
-		// (a newer what) as the zero value and answer another question.
-		known, err := knownFields(data, msg.ProtoReflect().Descriptor())
-		if err == nil {
-			err = protojson.Unmarshal(known, msg)
+		// A request with only known fields, nearly every one, is decoded
+		// once. One with unknown fields is decoded again without them, not
+		// with protojson's DiscardUnknown, which would also read an enum name
+		// it does not know (a newer what) as the zero value and answer
+		// another question.
+		err := protojson.Unmarshal(data, msg)
+		if err != nil && strings.Contains(err.Error(), "unknown field") {
+			proto.Reset(msg)
+			var known []byte
+			if known, err = knownFields(data, msg.ProtoReflect().Descriptor()); err == nil {
+				err = protojson.Unmarshal(known, msg)
+			}
 		}
 		if err != nil {
 			return wire.Errorf(wire.CodeBadRequest, "the JSON request does not decode as %s: %v", name, err)
