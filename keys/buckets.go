@@ -2,7 +2,7 @@ package keys
 
 // The provisioning buckets. Only the mesh-provisioner server writes the
 // registry; each node's provisioner client writes its own node's keys of the
-// other three.
+// others.
 const (
 	// RegistryBucket holds one registry entry per kind, keyed <kind>.
 	RegistryBucket = "mesh-provisioner_registry"
@@ -13,15 +13,18 @@ const (
 	// CollectBucket holds collection items, keyed
 	// <node>.<collection>.<contributor> with the collection escaped.
 	CollectBucket = "mesh-provisioner_collect"
+	// ManifestsBucket holds what each provider offers, keyed
+	// <node>.<provider> by the nodes that run it.
+	ManifestsBucket = "mesh-provisioner_manifests"
 )
 
 // Buckets lists every provisioning bucket, the registry first.
 func Buckets() []string {
-	return []string{RegistryBucket, NeedsBucket, AppliedBucket, CollectBucket}
+	return []string{RegistryBucket, NeedsBucket, AppliedBucket, CollectBucket, ManifestsBucket}
 }
 
 // StateBuckets lists the buckets that node clients write, each node its own
 // keys.
 func StateBuckets() []string {
-	return []string{NeedsBucket, AppliedBucket, CollectBucket}
+	return []string{NeedsBucket, AppliedBucket, CollectBucket, ManifestsBucket}
 }

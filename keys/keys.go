@@ -17,6 +17,11 @@ type AppliedKey struct {
 	Node, Module string
 }
 
+// ManifestKey is a key of ManifestsBucket: <node>.<provider>.
+type ManifestKey struct {
+	Node, Provider string
+}
+
 // CollectKey is a key of CollectBucket: <node>.<collection>.<contributor>.
 // Collection is the readable name; the key holds it escaped.
 type CollectKey struct {
@@ -106,6 +111,20 @@ func ParseAppliedKey(key string) (AppliedKey, error) {
 		return AppliedKey{}, err
 	}
 	return AppliedKey{Node: t[0], Module: t[1]}, nil
+}
+
+// Key returns the key of the manifest, or an error wrapping ErrInvalidPart.
+func (k ManifestKey) Key() (string, error) {
+	return format(part{"node", k.Node}, part{"provider", k.Provider})
+}
+
+// ParseManifestKey returns the parts of a key of ManifestsBucket.
+func ParseManifestKey(key string) (ManifestKey, error) {
+	t, err := split(key, "node", "provider")
+	if err != nil {
+		return ManifestKey{}, err
+	}
+	return ManifestKey{Node: t[0], Provider: t[1]}, nil
 }
 
 // Key returns the key of the collection item, with the collection escaped, or

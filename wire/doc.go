@@ -2,8 +2,9 @@
 // contract, shared by the server and every Go client: every name on the bus
 // (the service's, the verbs' subjects, the buckets' streams and key
 // subjects, the seat's subject, the inbox prefix of each identity and the
-// reply prefixes the service answers to), the content types, and [Error],
-// the coded error a verb answers with.
+// reply prefixes the service answers to, a provider's bucket), the content
+// types, a manifest's digest ([ManifestDigest]), and [Error], the coded
+// error a verb answers with.
 //
 // It imports of the project only the generated types (the stats data's
 // message), and of the outside world nats.go (a reply's headers, micro's

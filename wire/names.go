@@ -1,6 +1,11 @@
 package wire
 
-import "github.com/nats-io/nats.go/micro"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+
+	"github.com/nats-io/nats.go/micro"
+)
 
 // Names under which the service is found on the bus.
 const (
@@ -55,6 +60,13 @@ const (
 	ErrorCodeHeader = micro.ErrorCodeHeader
 )
 
+// BoundSuffix ends the name of every provider's bucket.
+const BoundSuffix = "_bound"
+
+// BoundBucket returns the name of a provider's bucket, <provider>_bound,
+// where it writes what it has provisioned (the registry's "bound" entry).
+func BoundBucket(provider string) string { return provider + BoundSuffix }
+
 // StreamOf returns the name of the JetStream stream that holds a KV bucket.
 func StreamOf(bucket string) string { return "KV_" + bucket }
 
@@ -83,3 +95,10 @@ const SeatSubject = "$SEAT." + ServiceName
 // (nodeclient.Config.APIPrefix). A put of key K of bucket B is then published
 // to "$PROVISIONER.API.$KV.B.K".
 const RunsAsAPIPrefix = "$PROVISIONER.API"
+
+// ManifestDigest returns the digest of a provider's manifest as stored in
+// the manifests bucket: "sha256:" and the hex SHA-256 of its bytes.
+func ManifestDigest(value []byte) string {
+	sum := sha256.Sum256(value)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}

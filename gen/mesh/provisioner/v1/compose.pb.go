@@ -34,6 +34,11 @@ const (
 	RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE RefusalReason = 2
 	// The need's key is out of shape, or its value does not decode.
 	RefusalReason_REFUSAL_REASON_MALFORMED_NEED RefusalReason = 3
+	// The provider's manifest does not offer the provision the need asks.
+	RefusalReason_REFUSAL_REASON_NOT_OFFERED RefusalReason = 4
+	// The provider bound the need's key but has declared no manifest, so
+	// nothing says what its entry holds.
+	RefusalReason_REFUSAL_REASON_NO_MANIFEST RefusalReason = 5
 )
 
 // Enum value maps for RefusalReason.
@@ -43,12 +48,16 @@ var (
 		1: "REFUSAL_REASON_NO_DOMAIN",
 		2: "REFUSAL_REASON_UNFILLABLE_KEY_SHAPE",
 		3: "REFUSAL_REASON_MALFORMED_NEED",
+		4: "REFUSAL_REASON_NOT_OFFERED",
+		5: "REFUSAL_REASON_NO_MANIFEST",
 	}
 	RefusalReason_value = map[string]int32{
 		"REFUSAL_REASON_UNSPECIFIED":          0,
 		"REFUSAL_REASON_NO_DOMAIN":            1,
 		"REFUSAL_REASON_UNFILLABLE_KEY_SHAPE": 2,
 		"REFUSAL_REASON_MALFORMED_NEED":       3,
+		"REFUSAL_REASON_NOT_OFFERED":          4,
+		"REFUSAL_REASON_NO_MANIFEST":          5,
 	}
 )
 
@@ -89,7 +98,12 @@ type Revisions struct {
 	// Of mesh-provisioner_applied.
 	Applied uint64 `protobuf:"varint,3,opt,name=applied,proto3" json:"applied,omitempty"`
 	// Of mesh-provisioner_collect.
-	Collect       uint64 `protobuf:"varint,4,opt,name=collect,proto3" json:"collect,omitempty"`
+	Collect uint64 `protobuf:"varint,4,opt,name=collect,proto3" json:"collect,omitempty"`
+	// Of mesh-provisioner_manifests.
+	Manifests uint64 `protobuf:"varint,5,opt,name=manifests,proto3" json:"manifests,omitempty"`
+	// Of each provider's bucket the server watches, by bucket
+	// (<provider>_bound); a bucket not yet written is left out.
+	Bound         map[string]uint64 `protobuf:"bytes,6,rep,name=bound,proto3" json:"bound,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +164,20 @@ func (x *Revisions) GetCollect() uint64 {
 		return x.Collect
 	}
 	return 0
+}
+
+func (x *Revisions) GetManifests() uint64 {
+	if x != nil {
+		return x.Manifests
+	}
+	return 0
+}
+
+func (x *Revisions) GetBound() map[string]uint64 {
+	if x != nil {
+		return x.Bound
+	}
+	return nil
 }
 
 // ComposeRequest asks for the composition of one node, or of one module on it.
@@ -368,7 +396,14 @@ type ModulePlan struct {
 	// The module.
 	Module string `protobuf:"bytes,1,opt,name=module,proto3" json:"module,omitempty"`
 	// Its resolved needs, in key order (kind, then name).
-	Items         []*PlanItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	Items []*PlanItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// The build the node wants (Applied.wanted_build), or empty when the
+	// module's applied record names no build.
+	WantedBuild string `protobuf:"bytes,3,opt,name=wanted_build,json=wantedBuild,proto3" json:"wanted_build,omitempty"`
+	// The newest build the node knows of: the same as wanted_build unless the
+	// node is between builds. The plan at a build is the items whose builds
+	// name it: each need is resolved once, whichever builds share it.
+	NewestBuild   string `protobuf:"bytes,4,opt,name=newest_build,json=newestBuild,proto3" json:"newest_build,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -417,6 +452,20 @@ func (x *ModulePlan) GetItems() []*PlanItem {
 	return nil
 }
 
+func (x *ModulePlan) GetWantedBuild() string {
+	if x != nil {
+		return x.WantedBuild
+	}
+	return ""
+}
+
+func (x *ModulePlan) GetNewestBuild() string {
+	if x != nil {
+		return x.NewestBuild
+	}
+	return ""
+}
+
 // PlanItem is one need resolved: who answers it and where its value is.
 type PlanItem struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -441,7 +490,10 @@ type PlanItem struct {
 	// in contributor order.
 	Items []*CollectedItem `protobuf:"bytes,8,rep,name=items,proto3" json:"items,omitempty"`
 	// The revision at which the need was last written.
-	Revision      uint64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The module's builds (wanted, then newest) whose plan holds the item;
+	// empty when the module's applied record names no build.
+	Builds        []string `protobuf:"bytes,10,rep,name=builds,proto3" json:"builds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -548,6 +600,13 @@ func (x *PlanItem) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *PlanItem) GetBuilds() []string {
+	if x != nil {
+		return x.Builds
+	}
+	return nil
 }
 
 type isPlanItem_Location interface {
@@ -707,9 +766,19 @@ type Provision struct {
 	Name string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
 	// The node whose need asks it: set in a ProvisionsResponse, which spans
 	// the mesh; empty in a ComposeResponse, which is of one node.
-	Node          string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Node string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
+	// The builds of the module that ask it (as PlanItem.builds); empty when
+	// the module's applied record names no build.
+	Builds []string `protobuf:"bytes,9,rep,name=builds,proto3" json:"builds,omitempty"`
+	// The revision of the key in the provider's bucket: the provider has
+	// bound it. Zero while it is pending (the key, or the bucket, does not
+	// exist yet).
+	BoundRevision uint64 `protobuf:"varint,10,opt,name=bound_revision,json=boundRevision,proto3" json:"bound_revision,omitempty"`
+	// The digest of the provider's manifest that offers the provision; empty
+	// while the provider has declared none.
+	ManifestDigest string `protobuf:"bytes,11,opt,name=manifest_digest,json=manifestDigest,proto3" json:"manifest_digest,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Provision) Reset() {
@@ -798,6 +867,27 @@ func (x *Provision) GetNode() string {
 	return ""
 }
 
+func (x *Provision) GetBuilds() []string {
+	if x != nil {
+		return x.Builds
+	}
+	return nil
+}
+
+func (x *Provision) GetBoundRevision() uint64 {
+	if x != nil {
+		return x.BoundRevision
+	}
+	return 0
+}
+
+func (x *Provision) GetManifestDigest() string {
+	if x != nil {
+		return x.ManifestDigest
+	}
+	return ""
+}
+
 // Refusal is a need that cannot be resolved.
 type Refusal struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -813,7 +903,10 @@ type Refusal struct {
 	// Why.
 	Reason RefusalReason `protobuf:"varint,5,opt,name=reason,proto3,enum=mesh.provisioner.v1.RefusalReason" json:"reason,omitempty"`
 	// What exactly, in a sentence.
-	Detail        string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,6,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The builds of the module whose plan would hold the need; empty when the
+	// module's applied record names no build (or the need does not decode).
+	Builds        []string `protobuf:"bytes,7,rep,name=builds,proto3" json:"builds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -890,6 +983,13 @@ func (x *Refusal) GetDetail() string {
 	return ""
 }
 
+func (x *Refusal) GetBuilds() []string {
+	if x != nil {
+		return x.Builds
+	}
+	return nil
+}
+
 // Phase is one step of a composition and the time it took.
 type Phase struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -949,12 +1049,18 @@ var File_mesh_provisioner_v1_compose_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\n" +
-	"!mesh/provisioner/v1/compose.proto\x12\x13mesh.provisioner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"q\n" +
+	"!mesh/provisioner/v1/compose.proto\x12\x13mesh.provisioner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\x8a\x02\n" +
 	"\tRevisions\x12\x1a\n" +
 	"\bregistry\x18\x01 \x01(\x04R\bregistry\x12\x14\n" +
 	"\x05needs\x18\x02 \x01(\x04R\x05needs\x12\x18\n" +
 	"\aapplied\x18\x03 \x01(\x04R\aapplied\x12\x18\n" +
-	"\acollect\x18\x04 \x01(\x04R\acollect\"\xbd\x01\n" +
+	"\acollect\x18\x04 \x01(\x04R\acollect\x12\x1c\n" +
+	"\tmanifests\x18\x05 \x01(\x04R\tmanifests\x12?\n" +
+	"\x05bound\x18\x06 \x03(\v2).mesh.provisioner.v1.Revisions.BoundEntryR\x05bound\x1a8\n" +
+	"\n" +
+	"BoundEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xbd\x01\n" +
 	"\x0eComposeRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x12C\n" +
@@ -973,11 +1079,13 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\x06phases\x18\x06 \x03(\v2\x1a.mesh.provisioner.v1.PhaseR\x06phases\x12<\n" +
 	"\trevisions\x18\a \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\trevisions\x12&\n" +
 	"\x0fnext_page_token\x18\b \x01(\tR\rnextPageToken\x12\x16\n" +
-	"\x06behind\x18\t \x03(\tR\x06behind\"Y\n" +
+	"\x06behind\x18\t \x03(\tR\x06behind\"\x9f\x01\n" +
 	"\n" +
 	"ModulePlan\x12\x16\n" +
 	"\x06module\x18\x01 \x01(\tR\x06module\x123\n" +
-	"\x05items\x18\x02 \x03(\v2\x1d.mesh.provisioner.v1.PlanItemR\x05items\"\xdd\x02\n" +
+	"\x05items\x18\x02 \x03(\v2\x1d.mesh.provisioner.v1.PlanItemR\x05items\x12!\n" +
+	"\fwanted_build\x18\x03 \x01(\tR\vwantedBuild\x12!\n" +
+	"\fnewest_build\x18\x04 \x01(\tR\vnewestBuild\"\xf5\x02\n" +
 	"\bPlanItem\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12 \n" +
@@ -989,7 +1097,9 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"collection\x18\a \x01(\tR\n" +
 	"collection\x128\n" +
 	"\x05items\x18\b \x03(\v2\".mesh.provisioner.v1.CollectedItemR\x05items\x12\x1a\n" +
-	"\brevision\x18\t \x01(\x04R\brevisionB\n" +
+	"\brevision\x18\t \x01(\x04R\brevision\x12\x16\n" +
+	"\x06builds\x18\n" +
+	" \x03(\tR\x06buildsB\n" +
 	"\n" +
 	"\blocation\"\x83\x01\n" +
 	"\rCollectedItem\x12 \n" +
@@ -998,7 +1108,7 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\"5\n" +
 	"\tBucketKey\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xc5\x01\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\xad\x02\n" +
 	"\tProvision\x12\x1a\n" +
 	"\bprovider\x18\x01 \x01(\tR\bprovider\x12\x16\n" +
 	"\x06bucket\x18\x02 \x01(\tR\x06bucket\x12\x10\n" +
@@ -1007,22 +1117,29 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\tprovision\x18\x05 \x01(\tR\tprovision\x12\x14\n" +
 	"\x05local\x18\x06 \x01(\tR\x05local\x12\x12\n" +
 	"\x04name\x18\a \x01(\tR\x04name\x12\x12\n" +
-	"\x04node\x18\b \x01(\tR\x04node\"\xaf\x01\n" +
+	"\x04node\x18\b \x01(\tR\x04node\x12\x16\n" +
+	"\x06builds\x18\t \x03(\tR\x06builds\x12%\n" +
+	"\x0ebound_revision\x18\n" +
+	" \x01(\x04R\rboundRevision\x12'\n" +
+	"\x0fmanifest_digest\x18\v \x01(\tR\x0emanifestDigest\"\xc7\x01\n" +
 	"\aRefusal\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12:\n" +
 	"\x06reason\x18\x05 \x01(\x0e2\".mesh.provisioner.v1.RefusalReasonR\x06reason\x12\x16\n" +
-	"\x06detail\x18\x06 \x01(\tR\x06detail\"R\n" +
+	"\x06detail\x18\x06 \x01(\tR\x06detail\x12\x16\n" +
+	"\x06builds\x18\a \x03(\tR\x06builds\"R\n" +
 	"\x05Phase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x125\n" +
-	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration*\x99\x01\n" +
+	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration*\xd9\x01\n" +
 	"\rRefusalReason\x12\x1e\n" +
 	"\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18REFUSAL_REASON_NO_DOMAIN\x10\x01\x12'\n" +
 	"#REFUSAL_REASON_UNFILLABLE_KEY_SHAPE\x10\x02\x12!\n" +
-	"\x1dREFUSAL_REASON_MALFORMED_NEED\x10\x03B\xde\x01\n" +
+	"\x1dREFUSAL_REASON_MALFORMED_NEED\x10\x03\x12\x1e\n" +
+	"\x1aREFUSAL_REASON_NOT_OFFERED\x10\x04\x12\x1e\n" +
+	"\x1aREFUSAL_REASON_NO_MANIFEST\x10\x05B\xde\x01\n" +
 	"\x17com.mesh.provisioner.v1B\fComposeProtoP\x01ZGgithub.com/novox/mesh-provisioner/gen/mesh/provisioner/v1;provisionerv1\xa2\x02\x03MPX\xaa\x02\x13Mesh.Provisioner.V1\xca\x02\x13Mesh\\Provisioner\\V1\xe2\x02\x1fMesh\\Provisioner\\V1\\GPBMetadata\xea\x02\x15Mesh::Provisioner::V1b\x06proto3"
 
 var (
@@ -1038,7 +1155,7 @@ func file_mesh_provisioner_v1_compose_proto_rawDescGZIP() []byte {
 }
 
 var file_mesh_provisioner_v1_compose_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_mesh_provisioner_v1_compose_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_mesh_provisioner_v1_compose_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_mesh_provisioner_v1_compose_proto_goTypes = []any{
 	(RefusalReason)(0),          // 0: mesh.provisioner.v1.RefusalReason
 	(*Revisions)(nil),           // 1: mesh.provisioner.v1.Revisions
@@ -1051,29 +1168,31 @@ var file_mesh_provisioner_v1_compose_proto_goTypes = []any{
 	(*Provision)(nil),           // 8: mesh.provisioner.v1.Provision
 	(*Refusal)(nil),             // 9: mesh.provisioner.v1.Refusal
 	(*Phase)(nil),               // 10: mesh.provisioner.v1.Phase
-	(*VerbSource)(nil),          // 11: mesh.provisioner.v1.VerbSource
-	(*CollectItem)(nil),         // 12: mesh.provisioner.v1.CollectItem
-	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
+	nil,                         // 11: mesh.provisioner.v1.Revisions.BoundEntry
+	(*VerbSource)(nil),          // 12: mesh.provisioner.v1.VerbSource
+	(*CollectItem)(nil),         // 13: mesh.provisioner.v1.CollectItem
+	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
 }
 var file_mesh_provisioner_v1_compose_proto_depIdxs = []int32{
-	1,  // 0: mesh.provisioner.v1.ComposeRequest.min_revisions:type_name -> mesh.provisioner.v1.Revisions
-	4,  // 1: mesh.provisioner.v1.ComposeResponse.plans:type_name -> mesh.provisioner.v1.ModulePlan
-	8,  // 2: mesh.provisioner.v1.ComposeResponse.provisions:type_name -> mesh.provisioner.v1.Provision
-	9,  // 3: mesh.provisioner.v1.ComposeResponse.refusals:type_name -> mesh.provisioner.v1.Refusal
-	10, // 4: mesh.provisioner.v1.ComposeResponse.phases:type_name -> mesh.provisioner.v1.Phase
-	1,  // 5: mesh.provisioner.v1.ComposeResponse.revisions:type_name -> mesh.provisioner.v1.Revisions
-	5,  // 6: mesh.provisioner.v1.ModulePlan.items:type_name -> mesh.provisioner.v1.PlanItem
-	7,  // 7: mesh.provisioner.v1.PlanItem.bucket:type_name -> mesh.provisioner.v1.BucketKey
-	11, // 8: mesh.provisioner.v1.PlanItem.verb:type_name -> mesh.provisioner.v1.VerbSource
-	6,  // 9: mesh.provisioner.v1.PlanItem.items:type_name -> mesh.provisioner.v1.CollectedItem
-	12, // 10: mesh.provisioner.v1.CollectedItem.item:type_name -> mesh.provisioner.v1.CollectItem
-	0,  // 11: mesh.provisioner.v1.Refusal.reason:type_name -> mesh.provisioner.v1.RefusalReason
-	13, // 12: mesh.provisioner.v1.Phase.duration:type_name -> google.protobuf.Duration
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	11, // 0: mesh.provisioner.v1.Revisions.bound:type_name -> mesh.provisioner.v1.Revisions.BoundEntry
+	1,  // 1: mesh.provisioner.v1.ComposeRequest.min_revisions:type_name -> mesh.provisioner.v1.Revisions
+	4,  // 2: mesh.provisioner.v1.ComposeResponse.plans:type_name -> mesh.provisioner.v1.ModulePlan
+	8,  // 3: mesh.provisioner.v1.ComposeResponse.provisions:type_name -> mesh.provisioner.v1.Provision
+	9,  // 4: mesh.provisioner.v1.ComposeResponse.refusals:type_name -> mesh.provisioner.v1.Refusal
+	10, // 5: mesh.provisioner.v1.ComposeResponse.phases:type_name -> mesh.provisioner.v1.Phase
+	1,  // 6: mesh.provisioner.v1.ComposeResponse.revisions:type_name -> mesh.provisioner.v1.Revisions
+	5,  // 7: mesh.provisioner.v1.ModulePlan.items:type_name -> mesh.provisioner.v1.PlanItem
+	7,  // 8: mesh.provisioner.v1.PlanItem.bucket:type_name -> mesh.provisioner.v1.BucketKey
+	12, // 9: mesh.provisioner.v1.PlanItem.verb:type_name -> mesh.provisioner.v1.VerbSource
+	6,  // 10: mesh.provisioner.v1.PlanItem.items:type_name -> mesh.provisioner.v1.CollectedItem
+	13, // 11: mesh.provisioner.v1.CollectedItem.item:type_name -> mesh.provisioner.v1.CollectItem
+	0,  // 12: mesh.provisioner.v1.Refusal.reason:type_name -> mesh.provisioner.v1.RefusalReason
+	14, // 13: mesh.provisioner.v1.Phase.duration:type_name -> google.protobuf.Duration
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_compose_proto_init() }
@@ -1093,7 +1212,7 @@ func file_mesh_provisioner_v1_compose_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_compose_proto_rawDesc), len(file_mesh_provisioner_v1_compose_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -35,6 +35,8 @@ const (
 	What_WHAT_APPLIED What = 3
 	// The items of collections on nodes.
 	What_WHAT_COLLECT What = 4
+	// The manifests of providers, by the nodes that run them.
+	What_WHAT_MANIFESTS What = 5
 )
 
 // Enum value maps for What.
@@ -45,6 +47,7 @@ var (
 		2: "WHAT_NEEDS",
 		3: "WHAT_APPLIED",
 		4: "WHAT_COLLECT",
+		5: "WHAT_MANIFESTS",
 	}
 	What_value = map[string]int32{
 		"WHAT_UNSPECIFIED": 0,
@@ -52,6 +55,7 @@ var (
 		"WHAT_NEEDS":       2,
 		"WHAT_APPLIED":     3,
 		"WHAT_COLLECT":     4,
+		"WHAT_MANIFESTS":   5,
 	}
 )
 
@@ -89,7 +93,7 @@ type ProvisioningRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The bucket to read; unset reads the registry.
 	What What `protobuf:"varint,1,opt,name=what,proto3,enum=mesh.provisioner.v1.What" json:"what,omitempty"`
-	// Only records of this node (needs, applied, collect).
+	// Only records of this node (needs, applied, collect, manifests).
 	Node string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
 	// Only records of this module (needs, applied).
 	Module string `protobuf:"bytes,3,opt,name=module,proto3" json:"module,omitempty"`
@@ -216,6 +220,8 @@ type ProvisioningResponse struct {
 	Applied []*AppliedRecord `protobuf:"bytes,5,rep,name=applied,proto3" json:"applied,omitempty"`
 	// Collection items, for WHAT_COLLECT.
 	Collect []*CollectRecord `protobuf:"bytes,6,rep,name=collect,proto3" json:"collect,omitempty"`
+	// Manifests, for WHAT_MANIFESTS.
+	Manifests []*ManifestRecord `protobuf:"bytes,10,rep,name=manifests,proto3" json:"manifests,omitempty"`
 	// Keys of the bucket read that are out of its shape. Each is listed, never
 	// dropped; a filter narrows them only where the key's parts can be read.
 	Malformed []*MalformedKey `protobuf:"bytes,7,rep,name=malformed,proto3" json:"malformed,omitempty"`
@@ -298,6 +304,13 @@ func (x *ProvisioningResponse) GetApplied() []*AppliedRecord {
 func (x *ProvisioningResponse) GetCollect() []*CollectRecord {
 	if x != nil {
 		return x.Collect
+	}
+	return nil
+}
+
+func (x *ProvisioningResponse) GetManifests() []*ManifestRecord {
+	if x != nil {
+		return x.Manifests
 	}
 	return nil
 }
@@ -633,6 +646,89 @@ func (x *CollectRecord) GetRevision() uint64 {
 	return 0
 }
 
+// ManifestRecord is one key of mesh-provisioner_manifests, with its parts
+// decoded.
+type ManifestRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node that runs the provider.
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The provider module.
+	Provider string `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`
+	// The manifest.
+	Manifest *Manifest `protobuf:"bytes,3,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// "sha256:" and the hex SHA-256 of the value's bytes.
+	Digest string `protobuf:"bytes,4,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The revision at which the key was last written.
+	Revision      uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ManifestRecord) Reset() {
+	*x = ManifestRecord{}
+	mi := &file_mesh_provisioner_v1_provisioning_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ManifestRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ManifestRecord) ProtoMessage() {}
+
+func (x *ManifestRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_provisioning_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ManifestRecord.ProtoReflect.Descriptor instead.
+func (*ManifestRecord) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_provisioning_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ManifestRecord) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ManifestRecord) GetProvider() string {
+	if x != nil {
+		return x.Provider
+	}
+	return ""
+}
+
+func (x *ManifestRecord) GetManifest() *Manifest {
+	if x != nil {
+		return x.Manifest
+	}
+	return nil
+}
+
+func (x *ManifestRecord) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *ManifestRecord) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // MalformedKey is a key out of its bucket's shape, or whose value does not
 // decode.
 type MalformedKey struct {
@@ -651,7 +747,7 @@ type MalformedKey struct {
 
 func (x *MalformedKey) Reset() {
 	*x = MalformedKey{}
-	mi := &file_mesh_provisioner_v1_provisioning_proto_msgTypes[6]
+	mi := &file_mesh_provisioner_v1_provisioning_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +759,7 @@ func (x *MalformedKey) String() string {
 func (*MalformedKey) ProtoMessage() {}
 
 func (x *MalformedKey) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_provisioning_proto_msgTypes[6]
+	mi := &file_mesh_provisioner_v1_provisioning_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +772,7 @@ func (x *MalformedKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MalformedKey.ProtoReflect.Descriptor instead.
 func (*MalformedKey) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_provisioning_proto_rawDescGZIP(), []int{6}
+	return file_mesh_provisioner_v1_provisioning_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MalformedKey) GetBucket() string {
@@ -723,14 +819,16 @@ const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"\fmin_revision\x18\x06 \x01(\x04R\vminRevision\x12\x1b\n" +
 	"\tpage_size\x18\a \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\b \x01(\tR\tpageToken\"\xd6\x03\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\"\x99\x04\n" +
 	"\x14ProvisioningResponse\x12-\n" +
 	"\x04what\x18\x01 \x01(\x0e2\x19.mesh.provisioner.v1.WhatR\x04what\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12?\n" +
 	"\bregistry\x18\x03 \x03(\v2#.mesh.provisioner.v1.RegistryRecordR\bregistry\x125\n" +
 	"\x05needs\x18\x04 \x03(\v2\x1f.mesh.provisioner.v1.NeedRecordR\x05needs\x12<\n" +
 	"\aapplied\x18\x05 \x03(\v2\".mesh.provisioner.v1.AppliedRecordR\aapplied\x12<\n" +
-	"\acollect\x18\x06 \x03(\v2\".mesh.provisioner.v1.CollectRecordR\acollect\x12?\n" +
+	"\acollect\x18\x06 \x03(\v2\".mesh.provisioner.v1.CollectRecordR\acollect\x12A\n" +
+	"\tmanifests\x18\n" +
+	" \x03(\v2#.mesh.provisioner.v1.ManifestRecordR\tmanifests\x12?\n" +
 	"\tmalformed\x18\a \x03(\v2!.mesh.provisioner.v1.MalformedKeyR\tmalformed\x12&\n" +
 	"\x0fnext_page_token\x18\b \x01(\tR\rnextPageToken\x12\x16\n" +
 	"\x06behind\x18\t \x03(\tR\x06behind\"z\n" +
@@ -758,19 +856,26 @@ const file_mesh_provisioner_v1_provisioning_proto_rawDesc = "" +
 	"collection\x12 \n" +
 	"\vcontributor\x18\x03 \x01(\tR\vcontributor\x124\n" +
 	"\x04item\x18\x04 \x01(\v2 .mesh.provisioner.v1.CollectItemR\x04item\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\"\xaf\x01\n" +
+	"\x0eManifestRecord\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1a\n" +
+	"\bprovider\x18\x02 \x01(\tR\bprovider\x129\n" +
+	"\bmanifest\x18\x03 \x01(\v2\x1d.mesh.provisioner.v1.ManifestR\bmanifest\x12\x16\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x04R\brevision\"l\n" +
 	"\fMalformedKey\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision*c\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision*w\n" +
 	"\x04What\x12\x14\n" +
 	"\x10WHAT_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rWHAT_REGISTRY\x10\x01\x12\x0e\n" +
 	"\n" +
 	"WHAT_NEEDS\x10\x02\x12\x10\n" +
 	"\fWHAT_APPLIED\x10\x03\x12\x10\n" +
-	"\fWHAT_COLLECT\x10\x042\xd0\x01\n" +
+	"\fWHAT_COLLECT\x10\x04\x12\x12\n" +
+	"\x0eWHAT_MANIFESTS\x10\x052\xd0\x01\n" +
 	"\x13ProvisioningService\x12c\n" +
 	"\fProvisioning\x12(.mesh.provisioner.v1.ProvisioningRequest\x1a).mesh.provisioner.v1.ProvisioningResponse\x12T\n" +
 	"\aCompose\x12#.mesh.provisioner.v1.ComposeRequest\x1a$.mesh.provisioner.v1.ComposeResponseB\xe3\x01\n" +
@@ -789,7 +894,7 @@ func file_mesh_provisioner_v1_provisioning_proto_rawDescGZIP() []byte {
 }
 
 var file_mesh_provisioner_v1_provisioning_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_mesh_provisioner_v1_provisioning_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_mesh_provisioner_v1_provisioning_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_mesh_provisioner_v1_provisioning_proto_goTypes = []any{
 	(What)(0),                    // 0: mesh.provisioner.v1.What
 	(*ProvisioningRequest)(nil),  // 1: mesh.provisioner.v1.ProvisioningRequest
@@ -798,13 +903,15 @@ var file_mesh_provisioner_v1_provisioning_proto_goTypes = []any{
 	(*NeedRecord)(nil),           // 4: mesh.provisioner.v1.NeedRecord
 	(*AppliedRecord)(nil),        // 5: mesh.provisioner.v1.AppliedRecord
 	(*CollectRecord)(nil),        // 6: mesh.provisioner.v1.CollectRecord
-	(*MalformedKey)(nil),         // 7: mesh.provisioner.v1.MalformedKey
-	(*RegistryEntry)(nil),        // 8: mesh.provisioner.v1.RegistryEntry
-	(*Need)(nil),                 // 9: mesh.provisioner.v1.Need
-	(*Applied)(nil),              // 10: mesh.provisioner.v1.Applied
-	(*CollectItem)(nil),          // 11: mesh.provisioner.v1.CollectItem
-	(*ComposeRequest)(nil),       // 12: mesh.provisioner.v1.ComposeRequest
-	(*ComposeResponse)(nil),      // 13: mesh.provisioner.v1.ComposeResponse
+	(*ManifestRecord)(nil),       // 7: mesh.provisioner.v1.ManifestRecord
+	(*MalformedKey)(nil),         // 8: mesh.provisioner.v1.MalformedKey
+	(*RegistryEntry)(nil),        // 9: mesh.provisioner.v1.RegistryEntry
+	(*Need)(nil),                 // 10: mesh.provisioner.v1.Need
+	(*Applied)(nil),              // 11: mesh.provisioner.v1.Applied
+	(*CollectItem)(nil),          // 12: mesh.provisioner.v1.CollectItem
+	(*Manifest)(nil),             // 13: mesh.provisioner.v1.Manifest
+	(*ComposeRequest)(nil),       // 14: mesh.provisioner.v1.ComposeRequest
+	(*ComposeResponse)(nil),      // 15: mesh.provisioner.v1.ComposeResponse
 }
 var file_mesh_provisioner_v1_provisioning_proto_depIdxs = []int32{
 	0,  // 0: mesh.provisioner.v1.ProvisioningRequest.what:type_name -> mesh.provisioner.v1.What
@@ -813,20 +920,22 @@ var file_mesh_provisioner_v1_provisioning_proto_depIdxs = []int32{
 	4,  // 3: mesh.provisioner.v1.ProvisioningResponse.needs:type_name -> mesh.provisioner.v1.NeedRecord
 	5,  // 4: mesh.provisioner.v1.ProvisioningResponse.applied:type_name -> mesh.provisioner.v1.AppliedRecord
 	6,  // 5: mesh.provisioner.v1.ProvisioningResponse.collect:type_name -> mesh.provisioner.v1.CollectRecord
-	7,  // 6: mesh.provisioner.v1.ProvisioningResponse.malformed:type_name -> mesh.provisioner.v1.MalformedKey
-	8,  // 7: mesh.provisioner.v1.RegistryRecord.entry:type_name -> mesh.provisioner.v1.RegistryEntry
-	9,  // 8: mesh.provisioner.v1.NeedRecord.need:type_name -> mesh.provisioner.v1.Need
-	10, // 9: mesh.provisioner.v1.AppliedRecord.applied:type_name -> mesh.provisioner.v1.Applied
-	11, // 10: mesh.provisioner.v1.CollectRecord.item:type_name -> mesh.provisioner.v1.CollectItem
-	1,  // 11: mesh.provisioner.v1.ProvisioningService.Provisioning:input_type -> mesh.provisioner.v1.ProvisioningRequest
-	12, // 12: mesh.provisioner.v1.ProvisioningService.Compose:input_type -> mesh.provisioner.v1.ComposeRequest
-	2,  // 13: mesh.provisioner.v1.ProvisioningService.Provisioning:output_type -> mesh.provisioner.v1.ProvisioningResponse
-	13, // 14: mesh.provisioner.v1.ProvisioningService.Compose:output_type -> mesh.provisioner.v1.ComposeResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 6: mesh.provisioner.v1.ProvisioningResponse.manifests:type_name -> mesh.provisioner.v1.ManifestRecord
+	8,  // 7: mesh.provisioner.v1.ProvisioningResponse.malformed:type_name -> mesh.provisioner.v1.MalformedKey
+	9,  // 8: mesh.provisioner.v1.RegistryRecord.entry:type_name -> mesh.provisioner.v1.RegistryEntry
+	10, // 9: mesh.provisioner.v1.NeedRecord.need:type_name -> mesh.provisioner.v1.Need
+	11, // 10: mesh.provisioner.v1.AppliedRecord.applied:type_name -> mesh.provisioner.v1.Applied
+	12, // 11: mesh.provisioner.v1.CollectRecord.item:type_name -> mesh.provisioner.v1.CollectItem
+	13, // 12: mesh.provisioner.v1.ManifestRecord.manifest:type_name -> mesh.provisioner.v1.Manifest
+	1,  // 13: mesh.provisioner.v1.ProvisioningService.Provisioning:input_type -> mesh.provisioner.v1.ProvisioningRequest
+	14, // 14: mesh.provisioner.v1.ProvisioningService.Compose:input_type -> mesh.provisioner.v1.ComposeRequest
+	2,  // 15: mesh.provisioner.v1.ProvisioningService.Provisioning:output_type -> mesh.provisioner.v1.ProvisioningResponse
+	15, // 16: mesh.provisioner.v1.ProvisioningService.Compose:output_type -> mesh.provisioner.v1.ComposeResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_provisioning_proto_init() }
@@ -843,7 +952,7 @@ func file_mesh_provisioner_v1_provisioning_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_provisioning_proto_rawDesc), len(file_mesh_provisioner_v1_provisioning_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -36,7 +36,11 @@ type Need struct {
 	// An optional local part, filling a key shape's optional [.<local>] tail.
 	Local string `protobuf:"bytes,4,opt,name=local,proto3" json:"local,omitempty"`
 	// The module cannot start without the value.
-	Required      bool `protobuf:"varint,5,opt,name=required,proto3" json:"required,omitempty"`
+	Required bool `protobuf:"varint,5,opt,name=required,proto3" json:"required,omitempty"`
+	// The builds of the module whose configuration carries the placeholder;
+	// empty: every build. A composition includes the need in the plan of a
+	// build it names (see Applied.wanted_build and Applied.newest_build).
+	Builds        []string `protobuf:"bytes,6,rep,name=builds,proto3" json:"builds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -106,6 +110,13 @@ func (x *Need) GetRequired() bool {
 	return false
 }
 
+func (x *Need) GetBuilds() []string {
+	if x != nil {
+		return x.Builds
+	}
+	return nil
+}
+
 // Applied is what is applied of one module on one node. It is the value of key
 // <node>.<module> in the bucket mesh-provisioner_applied, written by that
 // node's provisioner client.
@@ -116,7 +127,16 @@ type Applied struct {
 	// When the plan was applied.
 	AppliedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=applied_at,json=appliedAt,proto3" json:"applied_at,omitempty"`
 	// The placeholders the applied plan resolved.
-	Placeholders  []string `protobuf:"bytes,3,rep,name=placeholders,proto3" json:"placeholders,omitempty"`
+	Placeholders []string `protobuf:"bytes,3,rep,name=placeholders,proto3" json:"placeholders,omitempty"`
+	// The build of the module the node runs, or is moving to. Empty, with
+	// newest_build empty too, when the node's client does not know builds:
+	// the module's plan holds every need, as it always has.
+	WantedBuild string `protobuf:"bytes,4,opt,name=wanted_build,json=wantedBuild,proto3" json:"wanted_build,omitempty"`
+	// The newest build of the module the node knows of. When it differs from
+	// wanted_build, a composition answers the module's plan at both builds,
+	// so that providers can provision what the newest needs before the node
+	// moves to it. Empty means the same as wanted_build.
+	NewestBuild   string `protobuf:"bytes,5,opt,name=newest_build,json=newestBuild,proto3" json:"newest_build,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -170,6 +190,20 @@ func (x *Applied) GetPlaceholders() []string {
 		return x.Placeholders
 	}
 	return nil
+}
+
+func (x *Applied) GetWantedBuild() string {
+	if x != nil {
+		return x.WantedBuild
+	}
+	return ""
+}
+
+func (x *Applied) GetNewestBuild() string {
+	if x != nil {
+		return x.NewestBuild
+	}
+	return ""
 }
 
 // CollectItem is one contributor's item of a collection on one node. It is the
@@ -239,28 +273,173 @@ func (x *CollectItem) GetAttributes() map[string]string {
 	return nil
 }
 
+// Manifest is what a provider module declares it offers. It is the value of
+// key <node>.<provider> in the bucket mesh-provisioner_manifests, written by
+// the client of a node that runs the provider. Its digest is the SHA-256 of
+// the value's bytes ("sha256:<hex>"): the server decodes each digest once,
+// however many compositions read it.
+type Manifest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provisions the provider makes, in any order; a bound need that asks
+	// a provision not listed here is refused.
+	Offers []*Offer `protobuf:"bytes,1,rep,name=offers,proto3" json:"offers,omitempty"`
+	// Free-form attributes a consumer must know of the provider: a protocol
+	// version, an endpoint.
+	Attributes    map[string]string `protobuf:"bytes,2,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Manifest) Reset() {
+	*x = Manifest{}
+	mi := &file_mesh_provisioner_v1_state_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Manifest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Manifest) ProtoMessage() {}
+
+func (x *Manifest) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_state_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Manifest.ProtoReflect.Descriptor instead.
+func (*Manifest) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_state_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Manifest) GetOffers() []*Offer {
+	if x != nil {
+		return x.Offers
+	}
+	return nil
+}
+
+func (x *Manifest) GetAttributes() map[string]string {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+// Offer is one provision a provider makes.
+type Offer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provision, as a bound need's provision (or name) asks it.
+	Provision string `protobuf:"bytes,1,opt,name=provision,proto3" json:"provision,omitempty"`
+	// What it is, for people.
+	Description string `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// Free-form attributes of the provision.
+	Attributes    map[string]string `protobuf:"bytes,3,rep,name=attributes,proto3" json:"attributes,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Offer) Reset() {
+	*x = Offer{}
+	mi := &file_mesh_provisioner_v1_state_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Offer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Offer) ProtoMessage() {}
+
+func (x *Offer) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_state_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Offer.ProtoReflect.Descriptor instead.
+func (*Offer) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_state_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Offer) GetProvision() string {
+	if x != nil {
+		return x.Provision
+	}
+	return ""
+}
+
+func (x *Offer) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Offer) GetAttributes() map[string]string {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
 var File_mesh_provisioner_v1_state_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_state_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/state.proto\x12\x13mesh.provisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x94\x01\n" +
+	"\x1fmesh/provisioner/v1/state.proto\x12\x13mesh.provisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xac\x01\n" +
 	"\x04Need\x12 \n" +
 	"\vplaceholder\x18\x01 \x01(\tR\vplaceholder\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1c\n" +
 	"\tprovision\x18\x03 \x01(\tR\tprovision\x12\x14\n" +
 	"\x05local\x18\x04 \x01(\tR\x05local\x12\x1a\n" +
-	"\brequired\x18\x05 \x01(\bR\brequired\"\x89\x01\n" +
+	"\brequired\x18\x05 \x01(\bR\brequired\x12\x16\n" +
+	"\x06builds\x18\x06 \x03(\tR\x06builds\"\xcf\x01\n" +
 	"\aApplied\x12\x1f\n" +
 	"\vplan_digest\x18\x01 \x01(\tR\n" +
 	"planDigest\x129\n" +
 	"\n" +
 	"applied_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tappliedAt\x12\"\n" +
-	"\fplaceholders\x18\x03 \x03(\tR\fplaceholders\"\xca\x01\n" +
+	"\fplaceholders\x18\x03 \x03(\tR\fplaceholders\x12!\n" +
+	"\fwanted_build\x18\x04 \x01(\tR\vwantedBuild\x12!\n" +
+	"\fnewest_build\x18\x05 \x01(\tR\vnewestBuild\"\xca\x01\n" +
 	"\vCollectItem\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x14\n" +
 	"\x05order\x18\x02 \x01(\x05R\x05order\x12P\n" +
 	"\n" +
 	"attributes\x18\x03 \x03(\v20.mesh.provisioner.v1.CollectItem.AttributesEntryR\n" +
+	"attributes\x1a=\n" +
+	"\x0fAttributesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcc\x01\n" +
+	"\bManifest\x122\n" +
+	"\x06offers\x18\x01 \x03(\v2\x1a.mesh.provisioner.v1.OfferR\x06offers\x12M\n" +
+	"\n" +
+	"attributes\x18\x02 \x03(\v2-.mesh.provisioner.v1.Manifest.AttributesEntryR\n" +
+	"attributes\x1a=\n" +
+	"\x0fAttributesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd2\x01\n" +
+	"\x05Offer\x12\x1c\n" +
+	"\tprovision\x18\x01 \x01(\tR\tprovision\x12 \n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12J\n" +
+	"\n" +
+	"attributes\x18\x03 \x03(\v2*.mesh.provisioner.v1.Offer.AttributesEntryR\n" +
 	"attributes\x1a=\n" +
 	"\x0fAttributesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -280,22 +459,29 @@ func file_mesh_provisioner_v1_state_proto_rawDescGZIP() []byte {
 	return file_mesh_provisioner_v1_state_proto_rawDescData
 }
 
-var file_mesh_provisioner_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_mesh_provisioner_v1_state_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_mesh_provisioner_v1_state_proto_goTypes = []any{
 	(*Need)(nil),                  // 0: mesh.provisioner.v1.Need
 	(*Applied)(nil),               // 1: mesh.provisioner.v1.Applied
 	(*CollectItem)(nil),           // 2: mesh.provisioner.v1.CollectItem
-	nil,                           // 3: mesh.provisioner.v1.CollectItem.AttributesEntry
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*Manifest)(nil),              // 3: mesh.provisioner.v1.Manifest
+	(*Offer)(nil),                 // 4: mesh.provisioner.v1.Offer
+	nil,                           // 5: mesh.provisioner.v1.CollectItem.AttributesEntry
+	nil,                           // 6: mesh.provisioner.v1.Manifest.AttributesEntry
+	nil,                           // 7: mesh.provisioner.v1.Offer.AttributesEntry
+	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
 }
 var file_mesh_provisioner_v1_state_proto_depIdxs = []int32{
-	4, // 0: mesh.provisioner.v1.Applied.applied_at:type_name -> google.protobuf.Timestamp
-	3, // 1: mesh.provisioner.v1.CollectItem.attributes:type_name -> mesh.provisioner.v1.CollectItem.AttributesEntry
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	8, // 0: mesh.provisioner.v1.Applied.applied_at:type_name -> google.protobuf.Timestamp
+	5, // 1: mesh.provisioner.v1.CollectItem.attributes:type_name -> mesh.provisioner.v1.CollectItem.AttributesEntry
+	4, // 2: mesh.provisioner.v1.Manifest.offers:type_name -> mesh.provisioner.v1.Offer
+	6, // 3: mesh.provisioner.v1.Manifest.attributes:type_name -> mesh.provisioner.v1.Manifest.AttributesEntry
+	7, // 4: mesh.provisioner.v1.Offer.attributes:type_name -> mesh.provisioner.v1.Offer.AttributesEntry
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_state_proto_init() }
@@ -309,7 +495,7 @@ func file_mesh_provisioner_v1_state_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_state_proto_rawDesc), len(file_mesh_provisioner_v1_state_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -18,22 +18,37 @@ class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REFUSAL_REASON_NO_DOMAIN: _ClassVar[RefusalReason]
     REFUSAL_REASON_UNFILLABLE_KEY_SHAPE: _ClassVar[RefusalReason]
     REFUSAL_REASON_MALFORMED_NEED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_NOT_OFFERED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_NO_MANIFEST: _ClassVar[RefusalReason]
 REFUSAL_REASON_UNSPECIFIED: RefusalReason
 REFUSAL_REASON_NO_DOMAIN: RefusalReason
 REFUSAL_REASON_UNFILLABLE_KEY_SHAPE: RefusalReason
 REFUSAL_REASON_MALFORMED_NEED: RefusalReason
+REFUSAL_REASON_NOT_OFFERED: RefusalReason
+REFUSAL_REASON_NO_MANIFEST: RefusalReason
 
 class Revisions(_message.Message):
-    __slots__ = ("registry", "needs", "applied", "collect")
+    __slots__ = ("registry", "needs", "applied", "collect", "manifests", "bound")
+    class BoundEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     REGISTRY_FIELD_NUMBER: _ClassVar[int]
     NEEDS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     COLLECT_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_FIELD_NUMBER: _ClassVar[int]
     registry: int
     needs: int
     applied: int
     collect: int
-    def __init__(self, registry: _Optional[int] = ..., needs: _Optional[int] = ..., applied: _Optional[int] = ..., collect: _Optional[int] = ...) -> None: ...
+    manifests: int
+    bound: _containers.ScalarMap[str, int]
+    def __init__(self, registry: _Optional[int] = ..., needs: _Optional[int] = ..., applied: _Optional[int] = ..., collect: _Optional[int] = ..., manifests: _Optional[int] = ..., bound: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class ComposeRequest(_message.Message):
     __slots__ = ("node", "module", "min_revisions", "page_size", "page_token")
@@ -72,15 +87,19 @@ class ComposeResponse(_message.Message):
     def __init__(self, node: _Optional[str] = ..., module: _Optional[str] = ..., plans: _Optional[_Iterable[_Union[ModulePlan, _Mapping]]] = ..., provisions: _Optional[_Iterable[_Union[Provision, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[Refusal, _Mapping]]] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., revisions: _Optional[_Union[Revisions, _Mapping]] = ..., next_page_token: _Optional[str] = ..., behind: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ModulePlan(_message.Message):
-    __slots__ = ("module", "items")
+    __slots__ = ("module", "items", "wanted_build", "newest_build")
     MODULE_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    WANTED_BUILD_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_BUILD_FIELD_NUMBER: _ClassVar[int]
     module: str
     items: _containers.RepeatedCompositeFieldContainer[PlanItem]
-    def __init__(self, module: _Optional[str] = ..., items: _Optional[_Iterable[_Union[PlanItem, _Mapping]]] = ...) -> None: ...
+    wanted_build: str
+    newest_build: str
+    def __init__(self, module: _Optional[str] = ..., items: _Optional[_Iterable[_Union[PlanItem, _Mapping]]] = ..., wanted_build: _Optional[str] = ..., newest_build: _Optional[str] = ...) -> None: ...
 
 class PlanItem(_message.Message):
-    __slots__ = ("kind", "name", "placeholder", "owner", "bucket", "verb", "collection", "items", "revision")
+    __slots__ = ("kind", "name", "placeholder", "owner", "bucket", "verb", "collection", "items", "revision", "builds")
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +109,7 @@ class PlanItem(_message.Message):
     COLLECTION_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    BUILDS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     name: str
     placeholder: str
@@ -99,7 +119,8 @@ class PlanItem(_message.Message):
     collection: str
     items: _containers.RepeatedCompositeFieldContainer[CollectedItem]
     revision: int
-    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., placeholder: _Optional[str] = ..., owner: _Optional[str] = ..., bucket: _Optional[_Union[BucketKey, _Mapping]] = ..., verb: _Optional[_Union[_registry_pb2.VerbSource, _Mapping]] = ..., collection: _Optional[str] = ..., items: _Optional[_Iterable[_Union[CollectedItem, _Mapping]]] = ..., revision: _Optional[int] = ...) -> None: ...
+    builds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., placeholder: _Optional[str] = ..., owner: _Optional[str] = ..., bucket: _Optional[_Union[BucketKey, _Mapping]] = ..., verb: _Optional[_Union[_registry_pb2.VerbSource, _Mapping]] = ..., collection: _Optional[str] = ..., items: _Optional[_Iterable[_Union[CollectedItem, _Mapping]]] = ..., revision: _Optional[int] = ..., builds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CollectedItem(_message.Message):
     __slots__ = ("contributor", "item", "revision")
@@ -120,7 +141,7 @@ class BucketKey(_message.Message):
     def __init__(self, bucket: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class Provision(_message.Message):
-    __slots__ = ("provider", "bucket", "key", "module", "provision", "local", "name", "node")
+    __slots__ = ("provider", "bucket", "key", "module", "provision", "local", "name", "node", "builds", "bound_revision", "manifest_digest")
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     BUCKET_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +150,9 @@ class Provision(_message.Message):
     LOCAL_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
+    BUILDS_FIELD_NUMBER: _ClassVar[int]
+    BOUND_REVISION_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     provider: str
     bucket: str
     key: str
@@ -137,23 +161,28 @@ class Provision(_message.Message):
     local: str
     name: str
     node: str
-    def __init__(self, provider: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., module: _Optional[str] = ..., provision: _Optional[str] = ..., local: _Optional[str] = ..., name: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...
+    builds: _containers.RepeatedScalarFieldContainer[str]
+    bound_revision: int
+    manifest_digest: str
+    def __init__(self, provider: _Optional[str] = ..., bucket: _Optional[str] = ..., key: _Optional[str] = ..., module: _Optional[str] = ..., provision: _Optional[str] = ..., local: _Optional[str] = ..., name: _Optional[str] = ..., node: _Optional[str] = ..., builds: _Optional[_Iterable[str]] = ..., bound_revision: _Optional[int] = ..., manifest_digest: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
-    __slots__ = ("key", "module", "kind", "name", "reason", "detail")
+    __slots__ = ("key", "module", "kind", "name", "reason", "detail", "builds")
     KEY_FIELD_NUMBER: _ClassVar[int]
     MODULE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    BUILDS_FIELD_NUMBER: _ClassVar[int]
     key: str
     module: str
     kind: str
     name: str
     reason: RefusalReason
     detail: str
-    def __init__(self, key: _Optional[str] = ..., module: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., reason: _Optional[_Union[RefusalReason, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    builds: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., module: _Optional[str] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., reason: _Optional[_Union[RefusalReason, str]] = ..., detail: _Optional[str] = ..., builds: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Phase(_message.Message):
     __slots__ = ("name", "duration")

@@ -27,29 +27,31 @@ from mesh.provisioner.v1 import registry_pb2 as mesh_dot_provisioner_dot_v1_dot_
 from mesh.provisioner.v1 import state_pb2 as mesh_dot_provisioner_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&mesh/provisioner/v1/provisioning.proto\x12\x13mesh.provisioner.v1\x1a!mesh/provisioner/v1/compose.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xc2\x01\n\x13ProvisioningRequest\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06module\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontributor\x18\x04 \x01(\t\x12\x12\n\ncollection\x18\x05 \x01(\t\x12\x14\n\x0cmin_revision\x18\x06 \x01(\x04\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x12\n\npage_token\x18\x08 \x01(\t\"\x81\x03\n\x14ProvisioningResponse\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x35\n\x08registry\x18\x03 \x03(\x0b\x32#.mesh.provisioner.v1.RegistryRecord\x12.\n\x05needs\x18\x04 \x03(\x0b\x32\x1f.mesh.provisioner.v1.NeedRecord\x12\x33\n\x07\x61pplied\x18\x05 \x03(\x0b\x32\".mesh.provisioner.v1.AppliedRecord\x12\x33\n\x07\x63ollect\x18\x06 \x03(\x0b\x32\".mesh.provisioner.v1.CollectRecord\x12\x34\n\tmalformed\x18\x07 \x03(\x0b\x32!.mesh.provisioner.v1.MalformedKey\x12\x17\n\x0fnext_page_token\x18\x08 \x01(\t\x12\x0e\n\x06\x62\x65hind\x18\t \x03(\t\"c\n\x0eRegistryRecord\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x31\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\".mesh.provisioner.v1.RegistryEntry\x12\x10\n\x08revision\x18\x03 \x01(\x04\"\x81\x01\n\nNeedRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\'\n\x04need\x18\x05 \x01(\x0b\x32\x19.mesh.provisioner.v1.Need\x12\x10\n\x08revision\x18\x06 \x01(\x04\"n\n\rAppliedRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12-\n\x07\x61pplied\x18\x03 \x01(\x0b\x32\x1c.mesh.provisioner.v1.Applied\x12\x10\n\x08revision\x18\x04 \x01(\x04\"\x88\x01\n\rCollectRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\ncollection\x18\x02 \x01(\t\x12\x13\n\x0b\x63ontributor\x18\x03 \x01(\t\x12.\n\x04item\x18\x04 \x01(\x0b\x32 .mesh.provisioner.v1.CollectItem\x12\x10\n\x08revision\x18\x05 \x01(\x04\"M\n\x0cMalformedKey\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x04*c\n\x04What\x12\x14\n\x10WHAT_UNSPECIFIED\x10\x00\x12\x11\n\rWHAT_REGISTRY\x10\x01\x12\x0e\n\nWHAT_NEEDS\x10\x02\x12\x10\n\x0cWHAT_APPLIED\x10\x03\x12\x10\n\x0cWHAT_COLLECT\x10\x04\x32\xd0\x01\n\x13ProvisioningService\x12\x63\n\x0cProvisioning\x12(.mesh.provisioner.v1.ProvisioningRequest\x1a).mesh.provisioner.v1.ProvisioningResponse\x12T\n\x07\x43ompose\x12#.mesh.provisioner.v1.ComposeRequest\x1a$.mesh.provisioner.v1.ComposeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&mesh/provisioner/v1/provisioning.proto\x12\x13mesh.provisioner.v1\x1a!mesh/provisioner/v1/compose.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xc2\x01\n\x13ProvisioningRequest\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x0e\n\x06module\x18\x03 \x01(\t\x12\x13\n\x0b\x63ontributor\x18\x04 \x01(\t\x12\x12\n\ncollection\x18\x05 \x01(\t\x12\x14\n\x0cmin_revision\x18\x06 \x01(\x04\x12\x11\n\tpage_size\x18\x07 \x01(\r\x12\x12\n\npage_token\x18\x08 \x01(\t\"\xb9\x03\n\x14ProvisioningResponse\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x10\n\x08revision\x18\x02 \x01(\x04\x12\x35\n\x08registry\x18\x03 \x03(\x0b\x32#.mesh.provisioner.v1.RegistryRecord\x12.\n\x05needs\x18\x04 \x03(\x0b\x32\x1f.mesh.provisioner.v1.NeedRecord\x12\x33\n\x07\x61pplied\x18\x05 \x03(\x0b\x32\".mesh.provisioner.v1.AppliedRecord\x12\x33\n\x07\x63ollect\x18\x06 \x03(\x0b\x32\".mesh.provisioner.v1.CollectRecord\x12\x36\n\tmanifests\x18\n \x03(\x0b\x32#.mesh.provisioner.v1.ManifestRecord\x12\x34\n\tmalformed\x18\x07 \x03(\x0b\x32!.mesh.provisioner.v1.MalformedKey\x12\x17\n\x0fnext_page_token\x18\x08 \x01(\t\x12\x0e\n\x06\x62\x65hind\x18\t \x03(\t\"c\n\x0eRegistryRecord\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x31\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\".mesh.provisioner.v1.RegistryEntry\x12\x10\n\x08revision\x18\x03 \x01(\x04\"\x81\x01\n\nNeedRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\'\n\x04need\x18\x05 \x01(\x0b\x32\x19.mesh.provisioner.v1.Need\x12\x10\n\x08revision\x18\x06 \x01(\x04\"n\n\rAppliedRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12-\n\x07\x61pplied\x18\x03 \x01(\x0b\x32\x1c.mesh.provisioner.v1.Applied\x12\x10\n\x08revision\x18\x04 \x01(\x04\"\x88\x01\n\rCollectRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x12\n\ncollection\x18\x02 \x01(\t\x12\x13\n\x0b\x63ontributor\x18\x03 \x01(\t\x12.\n\x04item\x18\x04 \x01(\x0b\x32 .mesh.provisioner.v1.CollectItem\x12\x10\n\x08revision\x18\x05 \x01(\x04\"\x83\x01\n\x0eManifestRecord\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12/\n\x08manifest\x18\x03 \x01(\x0b\x32\x1d.mesh.provisioner.v1.Manifest\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12\x10\n\x08revision\x18\x05 \x01(\x04\"M\n\x0cMalformedKey\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08revision\x18\x04 \x01(\x04*w\n\x04What\x12\x14\n\x10WHAT_UNSPECIFIED\x10\x00\x12\x11\n\rWHAT_REGISTRY\x10\x01\x12\x0e\n\nWHAT_NEEDS\x10\x02\x12\x10\n\x0cWHAT_APPLIED\x10\x03\x12\x10\n\x0cWHAT_COLLECT\x10\x04\x12\x12\n\x0eWHAT_MANIFESTS\x10\x05\x32\xd0\x01\n\x13ProvisioningService\x12\x63\n\x0cProvisioning\x12(.mesh.provisioner.v1.ProvisioningRequest\x1a).mesh.provisioner.v1.ProvisioningResponse\x12T\n\x07\x43ompose\x12#.mesh.provisioner.v1.ComposeRequest\x1a$.mesh.provisioner.v1.ComposeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'mesh.provisioner.v1.provisioning_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WHAT']._serialized_start=1315
-  _globals['_WHAT']._serialized_end=1414
+  _globals['_WHAT']._serialized_start=1505
+  _globals['_WHAT']._serialized_end=1624
   _globals['_PROVISIONINGREQUEST']._serialized_start=168
   _globals['_PROVISIONINGREQUEST']._serialized_end=362
   _globals['_PROVISIONINGRESPONSE']._serialized_start=365
-  _globals['_PROVISIONINGRESPONSE']._serialized_end=750
-  _globals['_REGISTRYRECORD']._serialized_start=752
-  _globals['_REGISTRYRECORD']._serialized_end=851
-  _globals['_NEEDRECORD']._serialized_start=854
-  _globals['_NEEDRECORD']._serialized_end=983
-  _globals['_APPLIEDRECORD']._serialized_start=985
-  _globals['_APPLIEDRECORD']._serialized_end=1095
-  _globals['_COLLECTRECORD']._serialized_start=1098
-  _globals['_COLLECTRECORD']._serialized_end=1234
-  _globals['_MALFORMEDKEY']._serialized_start=1236
-  _globals['_MALFORMEDKEY']._serialized_end=1313
-  _globals['_PROVISIONINGSERVICE']._serialized_start=1417
-  _globals['_PROVISIONINGSERVICE']._serialized_end=1625
+  _globals['_PROVISIONINGRESPONSE']._serialized_end=806
+  _globals['_REGISTRYRECORD']._serialized_start=808
+  _globals['_REGISTRYRECORD']._serialized_end=907
+  _globals['_NEEDRECORD']._serialized_start=910
+  _globals['_NEEDRECORD']._serialized_end=1039
+  _globals['_APPLIEDRECORD']._serialized_start=1041
+  _globals['_APPLIEDRECORD']._serialized_end=1151
+  _globals['_COLLECTRECORD']._serialized_start=1154
+  _globals['_COLLECTRECORD']._serialized_end=1290
+  _globals['_MANIFESTRECORD']._serialized_start=1293
+  _globals['_MANIFESTRECORD']._serialized_end=1424
+  _globals['_MALFORMEDKEY']._serialized_start=1426
+  _globals['_MALFORMEDKEY']._serialized_end=1503
+  _globals['_PROVISIONINGSERVICE']._serialized_start=1627
+  _globals['_PROVISIONINGSERVICE']._serialized_end=1835
 # @@protoc_insertion_point(module_scope)

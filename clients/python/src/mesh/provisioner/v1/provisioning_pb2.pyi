@@ -17,11 +17,13 @@ class What(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WHAT_NEEDS: _ClassVar[What]
     WHAT_APPLIED: _ClassVar[What]
     WHAT_COLLECT: _ClassVar[What]
+    WHAT_MANIFESTS: _ClassVar[What]
 WHAT_UNSPECIFIED: What
 WHAT_REGISTRY: What
 WHAT_NEEDS: What
 WHAT_APPLIED: What
 WHAT_COLLECT: What
+WHAT_MANIFESTS: What
 
 class ProvisioningRequest(_message.Message):
     __slots__ = ("what", "node", "module", "contributor", "collection", "min_revision", "page_size", "page_token")
@@ -44,13 +46,14 @@ class ProvisioningRequest(_message.Message):
     def __init__(self, what: _Optional[_Union[What, str]] = ..., node: _Optional[str] = ..., module: _Optional[str] = ..., contributor: _Optional[str] = ..., collection: _Optional[str] = ..., min_revision: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ProvisioningResponse(_message.Message):
-    __slots__ = ("what", "revision", "registry", "needs", "applied", "collect", "malformed", "next_page_token", "behind")
+    __slots__ = ("what", "revision", "registry", "needs", "applied", "collect", "manifests", "malformed", "next_page_token", "behind")
     WHAT_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     REGISTRY_FIELD_NUMBER: _ClassVar[int]
     NEEDS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     COLLECT_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
     MALFORMED_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BEHIND_FIELD_NUMBER: _ClassVar[int]
@@ -60,10 +63,11 @@ class ProvisioningResponse(_message.Message):
     needs: _containers.RepeatedCompositeFieldContainer[NeedRecord]
     applied: _containers.RepeatedCompositeFieldContainer[AppliedRecord]
     collect: _containers.RepeatedCompositeFieldContainer[CollectRecord]
+    manifests: _containers.RepeatedCompositeFieldContainer[ManifestRecord]
     malformed: _containers.RepeatedCompositeFieldContainer[MalformedKey]
     next_page_token: str
     behind: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, what: _Optional[_Union[What, str]] = ..., revision: _Optional[int] = ..., registry: _Optional[_Iterable[_Union[RegistryRecord, _Mapping]]] = ..., needs: _Optional[_Iterable[_Union[NeedRecord, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[AppliedRecord, _Mapping]]] = ..., collect: _Optional[_Iterable[_Union[CollectRecord, _Mapping]]] = ..., malformed: _Optional[_Iterable[_Union[MalformedKey, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., behind: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, what: _Optional[_Union[What, str]] = ..., revision: _Optional[int] = ..., registry: _Optional[_Iterable[_Union[RegistryRecord, _Mapping]]] = ..., needs: _Optional[_Iterable[_Union[NeedRecord, _Mapping]]] = ..., applied: _Optional[_Iterable[_Union[AppliedRecord, _Mapping]]] = ..., collect: _Optional[_Iterable[_Union[CollectRecord, _Mapping]]] = ..., manifests: _Optional[_Iterable[_Union[ManifestRecord, _Mapping]]] = ..., malformed: _Optional[_Iterable[_Union[MalformedKey, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., behind: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegistryRecord(_message.Message):
     __slots__ = ("kind", "entry", "revision")
@@ -116,6 +120,20 @@ class CollectRecord(_message.Message):
     item: _state_pb2.CollectItem
     revision: int
     def __init__(self, node: _Optional[str] = ..., collection: _Optional[str] = ..., contributor: _Optional[str] = ..., item: _Optional[_Union[_state_pb2.CollectItem, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class ManifestRecord(_message.Message):
+    __slots__ = ("node", "provider", "manifest", "digest", "revision")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    provider: str
+    manifest: _state_pb2.Manifest
+    digest: str
+    revision: int
+    def __init__(self, node: _Optional[str] = ..., provider: _Optional[str] = ..., manifest: _Optional[_Union[_state_pb2.Manifest, _Mapping]] = ..., digest: _Optional[str] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class MalformedKey(_message.Message):
     __slots__ = ("bucket", "key", "reason", "revision")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmesh/provisioner/v1/state.proto\x12\x13mesh.provisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"a\n\x04Need\x12\x13\n\x0bplaceholder\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x11\n\tprovision\x18\x03 \x01(\t\x12\r\n\x05local\x18\x04 \x01(\t\x12\x10\n\x08required\x18\x05 \x01(\x08\"d\n\x07\x41pplied\x12\x13\n\x0bplan_digest\x18\x01 \x01(\t\x12.\n\napplied_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cplaceholders\x18\x03 \x03(\t\"\xa4\x01\n\x0b\x43ollectItem\x12\r\n\x05value\x18\x01 \x01(\t\x12\r\n\x05order\x18\x02 \x01(\x05\x12\x44\n\nattributes\x18\x03 \x03(\x0b\x32\x30.mesh.provisioner.v1.CollectItem.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmesh/provisioner/v1/state.proto\x12\x13mesh.provisioner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"q\n\x04Need\x12\x13\n\x0bplaceholder\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x11\n\tprovision\x18\x03 \x01(\t\x12\r\n\x05local\x18\x04 \x01(\t\x12\x10\n\x08required\x18\x05 \x01(\x08\x12\x0e\n\x06\x62uilds\x18\x06 \x03(\t\"\x90\x01\n\x07\x41pplied\x12\x13\n\x0bplan_digest\x18\x01 \x01(\t\x12.\n\napplied_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cplaceholders\x18\x03 \x03(\t\x12\x14\n\x0cwanted_build\x18\x04 \x01(\t\x12\x14\n\x0cnewest_build\x18\x05 \x01(\t\"\xa4\x01\n\x0b\x43ollectItem\x12\r\n\x05value\x18\x01 \x01(\t\x12\r\n\x05order\x18\x02 \x01(\x05\x12\x44\n\nattributes\x18\x03 \x03(\x0b\x32\x30.mesh.provisioner.v1.CollectItem.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xac\x01\n\x08Manifest\x12*\n\x06offers\x18\x01 \x03(\x0b\x32\x1a.mesh.provisioner.v1.Offer\x12\x41\n\nattributes\x18\x02 \x03(\x0b\x32-.mesh.provisioner.v1.Manifest.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa2\x01\n\x05Offer\x12\x11\n\tprovision\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12>\n\nattributes\x18\x03 \x03(\x0b\x32*.mesh.provisioner.v1.Offer.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,12 +34,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_COLLECTITEM_ATTRIBUTESENTRY']._loaded_options = None
   _globals['_COLLECTITEM_ATTRIBUTESENTRY']._serialized_options = b'8\001'
+  _globals['_MANIFEST_ATTRIBUTESENTRY']._loaded_options = None
+  _globals['_MANIFEST_ATTRIBUTESENTRY']._serialized_options = b'8\001'
+  _globals['_OFFER_ATTRIBUTESENTRY']._loaded_options = None
+  _globals['_OFFER_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_NEED']._serialized_start=89
-  _globals['_NEED']._serialized_end=186
-  _globals['_APPLIED']._serialized_start=188
-  _globals['_APPLIED']._serialized_end=288
-  _globals['_COLLECTITEM']._serialized_start=291
-  _globals['_COLLECTITEM']._serialized_end=455
-  _globals['_COLLECTITEM_ATTRIBUTESENTRY']._serialized_start=406
-  _globals['_COLLECTITEM_ATTRIBUTESENTRY']._serialized_end=455
+  _globals['_NEED']._serialized_end=202
+  _globals['_APPLIED']._serialized_start=205
+  _globals['_APPLIED']._serialized_end=349
+  _globals['_COLLECTITEM']._serialized_start=352
+  _globals['_COLLECTITEM']._serialized_end=516
+  _globals['_COLLECTITEM_ATTRIBUTESENTRY']._serialized_start=467
+  _globals['_COLLECTITEM_ATTRIBUTESENTRY']._serialized_end=516
+  _globals['_MANIFEST']._serialized_start=519
+  _globals['_MANIFEST']._serialized_end=691
+  _globals['_MANIFEST_ATTRIBUTESENTRY']._serialized_start=467
+  _globals['_MANIFEST_ATTRIBUTESENTRY']._serialized_end=516
+  _globals['_OFFER']._serialized_start=694
+  _globals['_OFFER']._serialized_end=856
+  _globals['_OFFER_ATTRIBUTESENTRY']._serialized_start=467
+  _globals['_OFFER_ATTRIBUTESENTRY']._serialized_end=516
 # @@protoc_insertion_point(module_scope)

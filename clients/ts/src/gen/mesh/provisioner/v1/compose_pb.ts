@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/compose.proto.
  */
 export const file_mesh_provisioner_v1_compose: GenFile = /*@__PURE__*/
-  fileDesc("CiFtZXNoL3Byb3Zpc2lvbmVyL3YxL2NvbXBvc2UucHJvdG8SE21lc2gucHJvdmlzaW9uZXIudjEiTgoJUmV2aXNpb25zEhAKCHJlZ2lzdHJ5GAEgASgEEg0KBW5lZWRzGAIgASgEEg8KB2FwcGxpZWQYAyABKAQSDwoHY29sbGVjdBgEIAEoBCKMAQoOQ29tcG9zZVJlcXVlc3QSDAoEbm9kZRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSNQoNbWluX3JldmlzaW9ucxgDIAEoCzIeLm1lc2gucHJvdmlzaW9uZXIudjEuUmV2aXNpb25zEhEKCXBhZ2Vfc2l6ZRgEIAEoDRISCgpwYWdlX3Rva2VuGAUgASgJIssCCg9Db21wb3NlUmVzcG9uc2USDAoEbm9kZRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSLgoFcGxhbnMYAyADKAsyHy5tZXNoLnByb3Zpc2lvbmVyLnYxLk1vZHVsZVBsYW4SMgoKcHJvdmlzaW9ucxgEIAMoCzIeLm1lc2gucHJvdmlzaW9uZXIudjEuUHJvdmlzaW9uEi4KCHJlZnVzYWxzGAUgAygLMhwubWVzaC5wcm92aXNpb25lci52MS5SZWZ1c2FsEioKBnBoYXNlcxgGIAMoCzIaLm1lc2gucHJvdmlzaW9uZXIudjEuUGhhc2USMQoJcmV2aXNpb25zGAcgASgLMh4ubWVzaC5wcm92aXNpb25lci52MS5SZXZpc2lvbnMSFwoPbmV4dF9wYWdlX3Rva2VuGAggASgJEg4KBmJlaGluZBgJIAMoCSJKCgpNb2R1bGVQbGFuEg4KBm1vZHVsZRgBIAEoCRIsCgVpdGVtcxgCIAMoCzIdLm1lc2gucHJvdmlzaW9uZXIudjEuUGxhbkl0ZW0ikgIKCFBsYW5JdGVtEgwKBGtpbmQYASABKAkSDAoEbmFtZRgCIAEoCRITCgtwbGFjZWhvbGRlchgDIAEoCRINCgVvd25lchgEIAEoCRIwCgZidWNrZXQYBSABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldEtleUgAEi8KBHZlcmIYBiABKAsyHy5tZXNoLnByb3Zpc2lvbmVyLnYxLlZlcmJTb3VyY2VIABISCgpjb2xsZWN0aW9uGAcgASgJEjEKBWl0ZW1zGAggAygLMiIubWVzaC5wcm92aXNpb25lci52MS5Db2xsZWN0ZWRJdGVtEhAKCHJldmlzaW9uGAkgASgEQgoKCGxvY2F0aW9uImYKDUNvbGxlY3RlZEl0ZW0SEwoLY29udHJpYnV0b3IYASABKAkSLgoEaXRlbRgCIAEoCzIgLm1lc2gucHJvdmlzaW9uZXIudjEuQ29sbGVjdEl0ZW0SEAoIcmV2aXNpb24YAyABKAQiKAoJQnVja2V0S2V5Eg4KBmJ1Y2tldBgBIAEoCRILCgNrZXkYAiABKAkiiAEKCVByb3Zpc2lvbhIQCghwcm92aWRlchgBIAEoCRIOCgZidWNrZXQYAiABKAkSCwoDa2V5GAMgASgJEg4KBm1vZHVsZRgEIAEoCRIRCglwcm92aXNpb24YBSABKAkSDQoFbG9jYWwYBiABKAkSDAoEbmFtZRgHIAEoCRIMCgRub2RlGAggASgJIoYBCgdSZWZ1c2FsEgsKA2tleRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSDAoEa2luZBgDIAEoCRIMCgRuYW1lGAQgASgJEjIKBnJlYXNvbhgFIAEoDjIiLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbFJlYXNvbhIOCgZkZXRhaWwYBiABKAkiQgoFUGhhc2USDAoEbmFtZRgBIAEoCRIrCghkdXJhdGlvbhgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiqZAQoNUmVmdXNhbFJlYXNvbhIeChpSRUZVU0FMX1JFQVNPTl9VTlNQRUNJRklFRBAAEhwKGFJFRlVTQUxfUkVBU09OX05PX0RPTUFJThABEicKI1JFRlVTQUxfUkVBU09OX1VORklMTEFCTEVfS0VZX1NIQVBFEAISIQodUkVGVVNBTF9SRUFTT05fTUFMRk9STUVEX05FRUQQA0LeAQoXY29tLm1lc2gucHJvdmlzaW9uZXIudjFCDENvbXBvc2VQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z", [file_google_protobuf_duration, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
+  fileDesc("CiFtZXNoL3Byb3Zpc2lvbmVyL3YxL2NvbXBvc2UucHJvdG8SE21lc2gucHJvdmlzaW9uZXIudjEiyQEKCVJldmlzaW9ucxIQCghyZWdpc3RyeRgBIAEoBBINCgVuZWVkcxgCIAEoBBIPCgdhcHBsaWVkGAMgASgEEg8KB2NvbGxlY3QYBCABKAQSEQoJbWFuaWZlc3RzGAUgASgEEjgKBWJvdW5kGAYgAygLMikubWVzaC5wcm92aXNpb25lci52MS5SZXZpc2lvbnMuQm91bmRFbnRyeRosCgpCb3VuZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEijAEKDkNvbXBvc2VSZXF1ZXN0EgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEjUKDW1pbl9yZXZpc2lvbnMYAyABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLlJldmlzaW9ucxIRCglwYWdlX3NpemUYBCABKA0SEgoKcGFnZV90b2tlbhgFIAEoCSLLAgoPQ29tcG9zZVJlc3BvbnNlEgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEi4KBXBsYW5zGAMgAygLMh8ubWVzaC5wcm92aXNpb25lci52MS5Nb2R1bGVQbGFuEjIKCnByb3Zpc2lvbnMYBCADKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLlByb3Zpc2lvbhIuCghyZWZ1c2FscxgFIAMoCzIcLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbBIqCgZwaGFzZXMYBiADKAsyGi5tZXNoLnByb3Zpc2lvbmVyLnYxLlBoYXNlEjEKCXJldmlzaW9ucxgHIAEoCzIeLm1lc2gucHJvdmlzaW9uZXIudjEuUmV2aXNpb25zEhcKD25leHRfcGFnZV90b2tlbhgIIAEoCRIOCgZiZWhpbmQYCSADKAkidgoKTW9kdWxlUGxhbhIOCgZtb2R1bGUYASABKAkSLAoFaXRlbXMYAiADKAsyHS5tZXNoLnByb3Zpc2lvbmVyLnYxLlBsYW5JdGVtEhQKDHdhbnRlZF9idWlsZBgDIAEoCRIUCgxuZXdlc3RfYnVpbGQYBCABKAkiogIKCFBsYW5JdGVtEgwKBGtpbmQYASABKAkSDAoEbmFtZRgCIAEoCRITCgtwbGFjZWhvbGRlchgDIAEoCRINCgVvd25lchgEIAEoCRIwCgZidWNrZXQYBSABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldEtleUgAEi8KBHZlcmIYBiABKAsyHy5tZXNoLnByb3Zpc2lvbmVyLnYxLlZlcmJTb3VyY2VIABISCgpjb2xsZWN0aW9uGAcgASgJEjEKBWl0ZW1zGAggAygLMiIubWVzaC5wcm92aXNpb25lci52MS5Db2xsZWN0ZWRJdGVtEhAKCHJldmlzaW9uGAkgASgEEg4KBmJ1aWxkcxgKIAMoCUIKCghsb2NhdGlvbiJmCg1Db2xsZWN0ZWRJdGVtEhMKC2NvbnRyaWJ1dG9yGAEgASgJEi4KBGl0ZW0YAiABKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RJdGVtEhAKCHJldmlzaW9uGAMgASgEIigKCUJ1Y2tldEtleRIOCgZidWNrZXQYASABKAkSCwoDa2V5GAIgASgJIskBCglQcm92aXNpb24SEAoIcHJvdmlkZXIYASABKAkSDgoGYnVja2V0GAIgASgJEgsKA2tleRgDIAEoCRIOCgZtb2R1bGUYBCABKAkSEQoJcHJvdmlzaW9uGAUgASgJEg0KBWxvY2FsGAYgASgJEgwKBG5hbWUYByABKAkSDAoEbm9kZRgIIAEoCRIOCgZidWlsZHMYCSADKAkSFgoOYm91bmRfcmV2aXNpb24YCiABKAQSFwoPbWFuaWZlc3RfZGlnZXN0GAsgASgJIpYBCgdSZWZ1c2FsEgsKA2tleRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSDAoEa2luZBgDIAEoCRIMCgRuYW1lGAQgASgJEjIKBnJlYXNvbhgFIAEoDjIiLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbFJlYXNvbhIOCgZkZXRhaWwYBiABKAkSDgoGYnVpbGRzGAcgAygJIkIKBVBoYXNlEgwKBG5hbWUYASABKAkSKwoIZHVyYXRpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24q2QEKDVJlZnVzYWxSZWFzb24SHgoaUkVGVVNBTF9SRUFTT05fVU5TUEVDSUZJRUQQABIcChhSRUZVU0FMX1JFQVNPTl9OT19ET01BSU4QARInCiNSRUZVU0FMX1JFQVNPTl9VTkZJTExBQkxFX0tFWV9TSEFQRRACEiEKHVJFRlVTQUxfUkVBU09OX01BTEZPUk1FRF9ORUVEEAMSHgoaUkVGVVNBTF9SRUFTT05fTk9UX09GRkVSRUQQBBIeChpSRUZVU0FMX1JFQVNPTl9OT19NQU5JRkVTVBAFQt4BChdjb20ubWVzaC5wcm92aXNpb25lci52MUIMQ29tcG9zZVByb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM", [file_google_protobuf_duration, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
 
 /**
  * Revisions holds a revision (stream sequence) of each provisioning bucket.
@@ -51,6 +51,21 @@ export type Revisions = Message<"mesh.provisioner.v1.Revisions"> & {
    * @generated from field: uint64 collect = 4;
    */
   collect: bigint;
+
+  /**
+   * Of mesh-provisioner_manifests.
+   *
+   * @generated from field: uint64 manifests = 5;
+   */
+  manifests: bigint;
+
+  /**
+   * Of each provider's bucket the server watches, by bucket
+   * (<provider>_bound); a bucket not yet written is left out.
+   *
+   * @generated from field: map<string, uint64> bound = 6;
+   */
+  bound: { [key: string]: bigint };
 };
 
 /**
@@ -215,6 +230,23 @@ export type ModulePlan = Message<"mesh.provisioner.v1.ModulePlan"> & {
    * @generated from field: repeated mesh.provisioner.v1.PlanItem items = 2;
    */
   items: PlanItem[];
+
+  /**
+   * The build the node wants (Applied.wanted_build), or empty when the
+   * module's applied record names no build.
+   *
+   * @generated from field: string wanted_build = 3;
+   */
+  wantedBuild: string;
+
+  /**
+   * The newest build the node knows of: the same as wanted_build unless the
+   * node is between builds. The plan at a build is the items whose builds
+   * name it: each need is resolved once, whichever builds share it.
+   *
+   * @generated from field: string newest_build = 4;
+   */
+  newestBuild: string;
 };
 
 /**
@@ -303,6 +335,14 @@ export type PlanItem = Message<"mesh.provisioner.v1.PlanItem"> & {
    * @generated from field: uint64 revision = 9;
    */
   revision: bigint;
+
+  /**
+   * The module's builds (wanted, then newest) whose plan holds the item;
+   * empty when the module's applied record names no build.
+   *
+   * @generated from field: repeated string builds = 10;
+   */
+  builds: string[];
 };
 
 /**
@@ -437,6 +477,31 @@ export type Provision = Message<"mesh.provisioner.v1.Provision"> & {
    * @generated from field: string node = 8;
    */
   node: string;
+
+  /**
+   * The builds of the module that ask it (as PlanItem.builds); empty when
+   * the module's applied record names no build.
+   *
+   * @generated from field: repeated string builds = 9;
+   */
+  builds: string[];
+
+  /**
+   * The revision of the key in the provider's bucket: the provider has
+   * bound it. Zero while it is pending (the key, or the bucket, does not
+   * exist yet).
+   *
+   * @generated from field: uint64 bound_revision = 10;
+   */
+  boundRevision: bigint;
+
+  /**
+   * The digest of the provider's manifest that offers the provision; empty
+   * while the provider has declared none.
+   *
+   * @generated from field: string manifest_digest = 11;
+   */
+  manifestDigest: string;
 };
 
 /**
@@ -494,6 +559,14 @@ export type Refusal = Message<"mesh.provisioner.v1.Refusal"> & {
    * @generated from field: string detail = 6;
    */
   detail: string;
+
+  /**
+   * The builds of the module whose plan would hold the need; empty when the
+   * module's applied record names no build (or the need does not decode).
+   *
+   * @generated from field: repeated string builds = 7;
+   */
+  builds: string[];
 };
 
 /**
@@ -564,6 +637,21 @@ export enum RefusalReason {
    * @generated from enum value: REFUSAL_REASON_MALFORMED_NEED = 3;
    */
   MALFORMED_NEED = 3,
+
+  /**
+   * The provider's manifest does not offer the provision the need asks.
+   *
+   * @generated from enum value: REFUSAL_REASON_NOT_OFFERED = 4;
+   */
+  NOT_OFFERED = 4,
+
+  /**
+   * The provider bound the need's key but has declared no manifest, so
+   * nothing says what its entry holds.
+   *
+   * @generated from enum value: REFUSAL_REASON_NO_MANIFEST = 5;
+   */
+  NO_MANIFEST = 5,
 }
 
 /**

@@ -8,7 +8,7 @@ import type { ComposeRequestSchema, ComposeResponseSchema } from "./compose_pb.j
 import { file_mesh_provisioner_v1_compose } from "./compose_pb.js";
 import type { RegistryEntry } from "./registry_pb.js";
 import { file_mesh_provisioner_v1_registry } from "./registry_pb.js";
-import type { Applied, CollectItem, Need } from "./state_pb.js";
+import type { Applied, CollectItem, Manifest, Need } from "./state_pb.js";
 import { file_mesh_provisioner_v1_state } from "./state_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/provisioning.proto.
  */
 export const file_mesh_provisioner_v1_provisioning: GenFile = /*@__PURE__*/
-  fileDesc("CiZtZXNoL3Byb3Zpc2lvbmVyL3YxL3Byb3Zpc2lvbmluZy5wcm90bxITbWVzaC5wcm92aXNpb25lci52MSLCAQoTUHJvdmlzaW9uaW5nUmVxdWVzdBInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EgwKBG5vZGUYAiABKAkSDgoGbW9kdWxlGAMgASgJEhMKC2NvbnRyaWJ1dG9yGAQgASgJEhIKCmNvbGxlY3Rpb24YBSABKAkSFAoMbWluX3JldmlzaW9uGAYgASgEEhEKCXBhZ2Vfc2l6ZRgHIAEoDRISCgpwYWdlX3Rva2VuGAggASgJIoEDChRQcm92aXNpb25pbmdSZXNwb25zZRInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EhAKCHJldmlzaW9uGAIgASgEEjUKCHJlZ2lzdHJ5GAMgAygLMiMubWVzaC5wcm92aXNpb25lci52MS5SZWdpc3RyeVJlY29yZBIuCgVuZWVkcxgEIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuTmVlZFJlY29yZBIzCgdhcHBsaWVkGAUgAygLMiIubWVzaC5wcm92aXNpb25lci52MS5BcHBsaWVkUmVjb3JkEjMKB2NvbGxlY3QYBiADKAsyIi5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RSZWNvcmQSNAoJbWFsZm9ybWVkGAcgAygLMiEubWVzaC5wcm92aXNpb25lci52MS5NYWxmb3JtZWRLZXkSFwoPbmV4dF9wYWdlX3Rva2VuGAggASgJEg4KBmJlaGluZBgJIAMoCSJjCg5SZWdpc3RyeVJlY29yZBIMCgRraW5kGAEgASgJEjEKBWVudHJ5GAIgASgLMiIubWVzaC5wcm92aXNpb25lci52MS5SZWdpc3RyeUVudHJ5EhAKCHJldmlzaW9uGAMgASgEIoEBCgpOZWVkUmVjb3JkEgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEgwKBGtpbmQYAyABKAkSDAoEbmFtZRgEIAEoCRInCgRuZWVkGAUgASgLMhkubWVzaC5wcm92aXNpb25lci52MS5OZWVkEhAKCHJldmlzaW9uGAYgASgEIm4KDUFwcGxpZWRSZWNvcmQSDAoEbm9kZRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSLQoHYXBwbGllZBgDIAEoCzIcLm1lc2gucHJvdmlzaW9uZXIudjEuQXBwbGllZBIQCghyZXZpc2lvbhgEIAEoBCKIAQoNQ29sbGVjdFJlY29yZBIMCgRub2RlGAEgASgJEhIKCmNvbGxlY3Rpb24YAiABKAkSEwoLY29udHJpYnV0b3IYAyABKAkSLgoEaXRlbRgEIAEoCzIgLm1lc2gucHJvdmlzaW9uZXIudjEuQ29sbGVjdEl0ZW0SEAoIcmV2aXNpb24YBSABKAQiTQoMTWFsZm9ybWVkS2V5Eg4KBmJ1Y2tldBgBIAEoCRILCgNrZXkYAiABKAkSDgoGcmVhc29uGAMgASgJEhAKCHJldmlzaW9uGAQgASgEKmMKBFdoYXQSFAoQV0hBVF9VTlNQRUNJRklFRBAAEhEKDVdIQVRfUkVHSVNUUlkQARIOCgpXSEFUX05FRURTEAISEAoMV0hBVF9BUFBMSUVEEAMSEAoMV0hBVF9DT0xMRUNUEAQy0AEKE1Byb3Zpc2lvbmluZ1NlcnZpY2USYwoMUHJvdmlzaW9uaW5nEigubWVzaC5wcm92aXNpb25lci52MS5Qcm92aXNpb25pbmdSZXF1ZXN0GikubWVzaC5wcm92aXNpb25lci52MS5Qcm92aXNpb25pbmdSZXNwb25zZRJUCgdDb21wb3NlEiMubWVzaC5wcm92aXNpb25lci52MS5Db21wb3NlUmVxdWVzdBokLm1lc2gucHJvdmlzaW9uZXIudjEuQ29tcG9zZVJlc3BvbnNlQuMBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIRUHJvdmlzaW9uaW5nUHJvdG9QAVpHZ2l0aHViLmNvbS9ub3ZveC9tZXNoLXByb3Zpc2lvbmVyL2dlbi9tZXNoL3Byb3Zpc2lvbmVyL3YxO3Byb3Zpc2lvbmVydjGiAgNNUFiqAhNNZXNoLlByb3Zpc2lvbmVyLlYxygITTWVzaFxQcm92aXNpb25lclxWMeICH01lc2hcUHJvdmlzaW9uZXJcVjFcR1BCTWV0YWRhdGHqAhVNZXNoOjpQcm92aXNpb25lcjo6VjFiBnByb3RvMw", [file_mesh_provisioner_v1_compose, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
+  fileDesc("CiZtZXNoL3Byb3Zpc2lvbmVyL3YxL3Byb3Zpc2lvbmluZy5wcm90bxITbWVzaC5wcm92aXNpb25lci52MSLCAQoTUHJvdmlzaW9uaW5nUmVxdWVzdBInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EgwKBG5vZGUYAiABKAkSDgoGbW9kdWxlGAMgASgJEhMKC2NvbnRyaWJ1dG9yGAQgASgJEhIKCmNvbGxlY3Rpb24YBSABKAkSFAoMbWluX3JldmlzaW9uGAYgASgEEhEKCXBhZ2Vfc2l6ZRgHIAEoDRISCgpwYWdlX3Rva2VuGAggASgJIrkDChRQcm92aXNpb25pbmdSZXNwb25zZRInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EhAKCHJldmlzaW9uGAIgASgEEjUKCHJlZ2lzdHJ5GAMgAygLMiMubWVzaC5wcm92aXNpb25lci52MS5SZWdpc3RyeVJlY29yZBIuCgVuZWVkcxgEIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuTmVlZFJlY29yZBIzCgdhcHBsaWVkGAUgAygLMiIubWVzaC5wcm92aXNpb25lci52MS5BcHBsaWVkUmVjb3JkEjMKB2NvbGxlY3QYBiADKAsyIi5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RSZWNvcmQSNgoJbWFuaWZlc3RzGAogAygLMiMubWVzaC5wcm92aXNpb25lci52MS5NYW5pZmVzdFJlY29yZBI0CgltYWxmb3JtZWQYByADKAsyIS5tZXNoLnByb3Zpc2lvbmVyLnYxLk1hbGZvcm1lZEtleRIXCg9uZXh0X3BhZ2VfdG9rZW4YCCABKAkSDgoGYmVoaW5kGAkgAygJImMKDlJlZ2lzdHJ5UmVjb3JkEgwKBGtpbmQYASABKAkSMQoFZW50cnkYAiABKAsyIi5tZXNoLnByb3Zpc2lvbmVyLnYxLlJlZ2lzdHJ5RW50cnkSEAoIcmV2aXNpb24YAyABKAQigQEKCk5lZWRSZWNvcmQSDAoEbm9kZRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSDAoEa2luZBgDIAEoCRIMCgRuYW1lGAQgASgJEicKBG5lZWQYBSABKAsyGS5tZXNoLnByb3Zpc2lvbmVyLnYxLk5lZWQSEAoIcmV2aXNpb24YBiABKAQibgoNQXBwbGllZFJlY29yZBIMCgRub2RlGAEgASgJEg4KBm1vZHVsZRgCIAEoCRItCgdhcHBsaWVkGAMgASgLMhwubWVzaC5wcm92aXNpb25lci52MS5BcHBsaWVkEhAKCHJldmlzaW9uGAQgASgEIogBCg1Db2xsZWN0UmVjb3JkEgwKBG5vZGUYASABKAkSEgoKY29sbGVjdGlvbhgCIAEoCRITCgtjb250cmlidXRvchgDIAEoCRIuCgRpdGVtGAQgASgLMiAubWVzaC5wcm92aXNpb25lci52MS5Db2xsZWN0SXRlbRIQCghyZXZpc2lvbhgFIAEoBCKDAQoOTWFuaWZlc3RSZWNvcmQSDAoEbm9kZRgBIAEoCRIQCghwcm92aWRlchgCIAEoCRIvCghtYW5pZmVzdBgDIAEoCzIdLm1lc2gucHJvdmlzaW9uZXIudjEuTWFuaWZlc3QSDgoGZGlnZXN0GAQgASgJEhAKCHJldmlzaW9uGAUgASgEIk0KDE1hbGZvcm1lZEtleRIOCgZidWNrZXQYASABKAkSCwoDa2V5GAIgASgJEg4KBnJlYXNvbhgDIAEoCRIQCghyZXZpc2lvbhgEIAEoBCp3CgRXaGF0EhQKEFdIQVRfVU5TUEVDSUZJRUQQABIRCg1XSEFUX1JFR0lTVFJZEAESDgoKV0hBVF9ORUVEUxACEhAKDFdIQVRfQVBQTElFRBADEhAKDFdIQVRfQ09MTEVDVBAEEhIKDldIQVRfTUFOSUZFU1RTEAUy0AEKE1Byb3Zpc2lvbmluZ1NlcnZpY2USYwoMUHJvdmlzaW9uaW5nEigubWVzaC5wcm92aXNpb25lci52MS5Qcm92aXNpb25pbmdSZXF1ZXN0GikubWVzaC5wcm92aXNpb25lci52MS5Qcm92aXNpb25pbmdSZXNwb25zZRJUCgdDb21wb3NlEiMubWVzaC5wcm92aXNpb25lci52MS5Db21wb3NlUmVxdWVzdBokLm1lc2gucHJvdmlzaW9uZXIudjEuQ29tcG9zZVJlc3BvbnNlQuMBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIRUHJvdmlzaW9uaW5nUHJvdG9QAVpHZ2l0aHViLmNvbS9ub3ZveC9tZXNoLXByb3Zpc2lvbmVyL2dlbi9tZXNoL3Byb3Zpc2lvbmVyL3YxO3Byb3Zpc2lvbmVydjGiAgNNUFiqAhNNZXNoLlByb3Zpc2lvbmVyLlYxygITTWVzaFxQcm92aXNpb25lclxWMeICH01lc2hcUHJvdmlzaW9uZXJcVjFcR1BCTWV0YWRhdGHqAhVNZXNoOjpQcm92aXNpb25lcjo6VjFiBnByb3RvMw", [file_mesh_provisioner_v1_compose, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
 
 /**
  * ProvisioningRequest asks for one bucket's records, narrowed by filters. An
@@ -34,7 +34,7 @@ export type ProvisioningRequest = Message<"mesh.provisioner.v1.ProvisioningReque
   what: What;
 
   /**
-   * Only records of this node (needs, applied, collect).
+   * Only records of this node (needs, applied, collect, manifests).
    *
    * @generated from field: string node = 2;
    */
@@ -145,6 +145,13 @@ export type ProvisioningResponse = Message<"mesh.provisioner.v1.ProvisioningResp
    * @generated from field: repeated mesh.provisioner.v1.CollectRecord collect = 6;
    */
   collect: CollectRecord[];
+
+  /**
+   * Manifests, for WHAT_MANIFESTS.
+   *
+   * @generated from field: repeated mesh.provisioner.v1.ManifestRecord manifests = 10;
+   */
+  manifests: ManifestRecord[];
 
   /**
    * Keys of the bucket read that are out of its shape. Each is listed, never
@@ -362,6 +369,56 @@ export const CollectRecordSchema: GenMessage<CollectRecord> = /*@__PURE__*/
   messageDesc(file_mesh_provisioner_v1_provisioning, 5);
 
 /**
+ * ManifestRecord is one key of mesh-provisioner_manifests, with its parts
+ * decoded.
+ *
+ * @generated from message mesh.provisioner.v1.ManifestRecord
+ */
+export type ManifestRecord = Message<"mesh.provisioner.v1.ManifestRecord"> & {
+  /**
+   * The node that runs the provider.
+   *
+   * @generated from field: string node = 1;
+   */
+  node: string;
+
+  /**
+   * The provider module.
+   *
+   * @generated from field: string provider = 2;
+   */
+  provider: string;
+
+  /**
+   * The manifest.
+   *
+   * @generated from field: mesh.provisioner.v1.Manifest manifest = 3;
+   */
+  manifest?: Manifest | undefined;
+
+  /**
+   * "sha256:" and the hex SHA-256 of the value's bytes.
+   *
+   * @generated from field: string digest = 4;
+   */
+  digest: string;
+
+  /**
+   * The revision at which the key was last written.
+   *
+   * @generated from field: uint64 revision = 5;
+   */
+  revision: bigint;
+};
+
+/**
+ * Describes the message mesh.provisioner.v1.ManifestRecord.
+ * Use `create(ManifestRecordSchema)` to create a new message.
+ */
+export const ManifestRecordSchema: GenMessage<ManifestRecord> = /*@__PURE__*/
+  messageDesc(file_mesh_provisioner_v1_provisioning, 6);
+
+/**
  * MalformedKey is a key out of its bucket's shape, or whose value does not
  * decode.
  *
@@ -402,7 +459,7 @@ export type MalformedKey = Message<"mesh.provisioner.v1.MalformedKey"> & {
  * Use `create(MalformedKeySchema)` to create a new message.
  */
 export const MalformedKeySchema: GenMessage<MalformedKey> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_provisioning, 6);
+  messageDesc(file_mesh_provisioner_v1_provisioning, 7);
 
 /**
  * What names the bucket an answer reads.
@@ -444,6 +501,13 @@ export enum What {
    * @generated from enum value: WHAT_COLLECT = 4;
    */
   COLLECT = 4,
+
+  /**
+   * The manifests of providers, by the nodes that run them.
+   *
+   * @generated from enum value: WHAT_MANIFESTS = 5;
+   */
+  MANIFESTS = 5,
 }
 
 /**

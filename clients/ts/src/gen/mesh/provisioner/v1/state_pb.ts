@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/state.proto.
  */
 export const file_mesh_provisioner_v1_state: GenFile = /*@__PURE__*/
-  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3N0YXRlLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxImEKBE5lZWQSEwoLcGxhY2Vob2xkZXIYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSEQoJcHJvdmlzaW9uGAMgASgJEg0KBWxvY2FsGAQgASgJEhAKCHJlcXVpcmVkGAUgASgIImQKB0FwcGxpZWQSEwoLcGxhbl9kaWdlc3QYASABKAkSLgoKYXBwbGllZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMcGxhY2Vob2xkZXJzGAMgAygJIqQBCgtDb2xsZWN0SXRlbRINCgV2YWx1ZRgBIAEoCRINCgVvcmRlchgCIAEoBRJECgphdHRyaWJ1dGVzGAMgAygLMjAubWVzaC5wcm92aXNpb25lci52MS5Db2xsZWN0SXRlbS5BdHRyaWJ1dGVzRW50cnkaMQoPQXR0cmlidXRlc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAFC3AEKF2NvbS5tZXNoLnByb3Zpc2lvbmVyLnYxQgpTdGF0ZVByb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM", [file_google_protobuf_timestamp]);
+  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3N0YXRlLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxInEKBE5lZWQSEwoLcGxhY2Vob2xkZXIYASABKAkSEAoIcHJvdmlkZXIYAiABKAkSEQoJcHJvdmlzaW9uGAMgASgJEg0KBWxvY2FsGAQgASgJEhAKCHJlcXVpcmVkGAUgASgIEg4KBmJ1aWxkcxgGIAMoCSKQAQoHQXBwbGllZBITCgtwbGFuX2RpZ2VzdBgBIAEoCRIuCgphcHBsaWVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIUCgxwbGFjZWhvbGRlcnMYAyADKAkSFAoMd2FudGVkX2J1aWxkGAQgASgJEhQKDG5ld2VzdF9idWlsZBgFIAEoCSKkAQoLQ29sbGVjdEl0ZW0SDQoFdmFsdWUYASABKAkSDQoFb3JkZXIYAiABKAUSRAoKYXR0cmlidXRlcxgDIAMoCzIwLm1lc2gucHJvdmlzaW9uZXIudjEuQ29sbGVjdEl0ZW0uQXR0cmlidXRlc0VudHJ5GjEKD0F0dHJpYnV0ZXNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIqwBCghNYW5pZmVzdBIqCgZvZmZlcnMYASADKAsyGi5tZXNoLnByb3Zpc2lvbmVyLnYxLk9mZmVyEkEKCmF0dHJpYnV0ZXMYAiADKAsyLS5tZXNoLnByb3Zpc2lvbmVyLnYxLk1hbmlmZXN0LkF0dHJpYnV0ZXNFbnRyeRoxCg9BdHRyaWJ1dGVzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKiAQoFT2ZmZXISEQoJcHJvdmlzaW9uGAEgASgJEhMKC2Rlc2NyaXB0aW9uGAIgASgJEj4KCmF0dHJpYnV0ZXMYAyADKAsyKi5tZXNoLnByb3Zpc2lvbmVyLnYxLk9mZmVyLkF0dHJpYnV0ZXNFbnRyeRoxCg9BdHRyaWJ1dGVzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AULcAQoXY29tLm1lc2gucHJvdmlzaW9uZXIudjFCClN0YXRlUHJvdG9QAVpHZ2l0aHViLmNvbS9ub3ZveC9tZXNoLXByb3Zpc2lvbmVyL2dlbi9tZXNoL3Byb3Zpc2lvbmVyL3YxO3Byb3Zpc2lvbmVydjGiAgNNUFiqAhNNZXNoLlByb3Zpc2lvbmVyLlYxygITTWVzaFxQcm92aXNpb25lclxWMeICH01lc2hcUHJvdmlzaW9uZXJcVjFcR1BCTWV0YWRhdGHqAhVNZXNoOjpQcm92aXNpb25lcjo6VjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * Need is what one module on one node needs for one placeholder. It is the
@@ -56,6 +56,15 @@ export type Need = Message<"mesh.provisioner.v1.Need"> & {
    * @generated from field: bool required = 5;
    */
   required: boolean;
+
+  /**
+   * The builds of the module whose configuration carries the placeholder;
+   * empty: every build. A composition includes the need in the plan of a
+   * build it names (see Applied.wanted_build and Applied.newest_build).
+   *
+   * @generated from field: repeated string builds = 6;
+   */
+  builds: string[];
 };
 
 /**
@@ -93,6 +102,25 @@ export type Applied = Message<"mesh.provisioner.v1.Applied"> & {
    * @generated from field: repeated string placeholders = 3;
    */
   placeholders: string[];
+
+  /**
+   * The build of the module the node runs, or is moving to. Empty, with
+   * newest_build empty too, when the node's client does not know builds:
+   * the module's plan holds every need, as it always has.
+   *
+   * @generated from field: string wanted_build = 4;
+   */
+  wantedBuild: string;
+
+  /**
+   * The newest build of the module the node knows of. When it differs from
+   * wanted_build, a composition answers the module's plan at both builds,
+   * so that providers can provision what the newest needs before the node
+   * moves to it. Empty means the same as wanted_build.
+   *
+   * @generated from field: string newest_build = 5;
+   */
+  newestBuild: string;
 };
 
 /**
@@ -139,4 +167,73 @@ export type CollectItem = Message<"mesh.provisioner.v1.CollectItem"> & {
  */
 export const CollectItemSchema: GenMessage<CollectItem> = /*@__PURE__*/
   messageDesc(file_mesh_provisioner_v1_state, 2);
+
+/**
+ * Manifest is what a provider module declares it offers. It is the value of
+ * key <node>.<provider> in the bucket mesh-provisioner_manifests, written by
+ * the client of a node that runs the provider. Its digest is the SHA-256 of
+ * the value's bytes ("sha256:<hex>"): the server decodes each digest once,
+ * however many compositions read it.
+ *
+ * @generated from message mesh.provisioner.v1.Manifest
+ */
+export type Manifest = Message<"mesh.provisioner.v1.Manifest"> & {
+  /**
+   * The provisions the provider makes, in any order; a bound need that asks
+   * a provision not listed here is refused.
+   *
+   * @generated from field: repeated mesh.provisioner.v1.Offer offers = 1;
+   */
+  offers: Offer[];
+
+  /**
+   * Free-form attributes a consumer must know of the provider: a protocol
+   * version, an endpoint.
+   *
+   * @generated from field: map<string, string> attributes = 2;
+   */
+  attributes: { [key: string]: string };
+};
+
+/**
+ * Describes the message mesh.provisioner.v1.Manifest.
+ * Use `create(ManifestSchema)` to create a new message.
+ */
+export const ManifestSchema: GenMessage<Manifest> = /*@__PURE__*/
+  messageDesc(file_mesh_provisioner_v1_state, 3);
+
+/**
+ * Offer is one provision a provider makes.
+ *
+ * @generated from message mesh.provisioner.v1.Offer
+ */
+export type Offer = Message<"mesh.provisioner.v1.Offer"> & {
+  /**
+   * The provision, as a bound need's provision (or name) asks it.
+   *
+   * @generated from field: string provision = 1;
+   */
+  provision: string;
+
+  /**
+   * What it is, for people.
+   *
+   * @generated from field: string description = 2;
+   */
+  description: string;
+
+  /**
+   * Free-form attributes of the provision.
+   *
+   * @generated from field: map<string, string> attributes = 3;
+   */
+  attributes: { [key: string]: string };
+};
+
+/**
+ * Describes the message mesh.provisioner.v1.Offer.
+ * Use `create(OfferSchema)` to create a new message.
+ */
+export const OfferSchema: GenMessage<Offer> = /*@__PURE__*/
+  messageDesc(file_mesh_provisioner_v1_state, 4);
 
