@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,12 +15,27 @@ import (
 	"github.com/novox/mesh-provisioner/keyshape"
 )
 
+// Sources are what a composition reads beyond a node's own needs and items:
+// the registry, the nodes' builds, the providers' entries and manifests.
+// A nil function reads nothing: no builds, nothing bound, no manifests.
+type Sources struct {
+	// Registry returns the registry entry that answers kind, or nil.
+	Registry func(kind string) *provisionerv1.RegistryEntry
+	// Builds returns the wanted and newest builds of a module on a node,
+	// from its applied record; empty when it names none.
+	Builds func(node, module string) (wanted, newest string)
+	// Bound returns the revision of key in a provider's bucket: zero while
+	// the provider has not bound it.
+	Bound func(bucket, key string) uint64
+	// Manifest returns a provider's manifest, or nil when it has none.
+	Manifest func(provider string) *provisionerv1.ManifestRecord
+}
+
 // Input is what a composition reads.
 type Input struct {
 	// Node is the node composed; Module, if set, the only module composed.
 	Node, Module string
-	// Registry returns the registry entry that answers kind, or nil.
-	Registry func(kind string) *provisionerv1.RegistryEntry
+	Sources
 	// Needs are the node's needs in key order.
 	Needs []*provisionerv1.NeedRecord
 	// Malformed are the node's need keys that are out of shape, in key order.
@@ -51,18 +67,69 @@ func (r *resolved) bucketOf(provider string) string {
 	return b
 }
 
-// resolver makes each registry entry ready once per composition.
+// resolver makes each registry entry ready once per composition, and
+// reads each module's builds once.
 type resolver struct {
-	registry func(kind string) *provisionerv1.RegistryEntry
-	kinds    map[string]*resolved
+	Sources
+	kinds map[string]*resolved
 	// Needs come in key order, so runs of one kind are common: the last kind
 	// resolved is kept at hand.
 	lastKind string
 	last     *resolved
+	// The builds of the last module met, for the same reason.
+	lastModule builds
 }
 
-func newResolver(registry func(kind string) *provisionerv1.RegistryEntry) *resolver {
-	return &resolver{registry: registry, kinds: map[string]*resolved{}}
+// builds are a module's builds on a node: wanted, then newest, once each
+// (none when its applied record names none).
+type builds struct {
+	node, module string
+	list         []string
+	wanted       string
+	newest       string
+}
+
+func newResolver(sources Sources) *resolver {
+	return &resolver{Sources: sources, kinds: map[string]*resolved{}}
+}
+
+// buildsOf returns the builds of module on node.
+func (rs *resolver) buildsOf(node, module string) *builds {
+	b := &rs.lastModule
+	if b.list != nil && b.node == node && b.module == module || rs.Builds == nil {
+		return b
+	}
+	wanted, newest := rs.Builds(node, module)
+	wanted, newest = cmp.Or(wanted, newest), cmp.Or(newest, wanted)
+	*b = builds{node: node, module: module, wanted: wanted, newest: newest, list: []string{}}
+	switch wanted {
+	case "":
+	case newest:
+		b.list = []string{wanted}
+	default:
+		b.list = []string{wanted, newest}
+	}
+	return b
+}
+
+// of returns the module's builds whose plan holds need, and whether any
+// does: a need that names no build belongs to every build, and every need
+// belongs to a module that names none.
+func (b *builds) of(need *provisionerv1.Need) ([]string, bool) {
+	if len(b.list) == 0 {
+		return nil, true
+	}
+	named := need.GetBuilds()
+	if len(named) == 0 {
+		return b.list, true
+	}
+	var in []string
+	for _, build := range b.list {
+		if slices.Contains(named, build) {
+			in = append(in, build)
+		}
+	}
+	return in, len(in) > 0
 }
 
 // resolve returns the entry that answers kind, made ready, or nil.
@@ -72,7 +139,7 @@ func (rs *resolver) resolve(kind string) *resolved {
 	}
 	r, ok := rs.kinds[kind]
 	if !ok {
-		if entry := rs.registry(kind); entry != nil {
+		if entry := rs.Registry(kind); entry != nil {
 			r = &resolved{entry: entry}
 			if b := entry.GetBucket(); b != nil {
 				r.shape, r.err = keyshape.Parse(b.GetKeyShape())
@@ -95,20 +162,24 @@ type ProvisionsOf struct {
 	resolver *resolver
 }
 
-// NewProvisionsOf returns a finder of provider's provisions against registry.
-func NewProvisionsOf(provider string, registry func(kind string) *provisionerv1.RegistryEntry) *ProvisionsOf {
-	return &ProvisionsOf{provider: provider, resolver: newResolver(registry)}
+// NewProvisionsOf returns a finder of provider's provisions in sources.
+func NewProvisionsOf(provider string, sources Sources) *ProvisionsOf {
+	return &ProvisionsOf{provider: provider, resolver: newResolver(sources)}
 }
 
 // Need returns what need asks of the provider, with the need's node, or nil
-// if it asks nothing of it.
+// if it asks nothing of it (or its composition refuses it).
 func (p *ProvisionsOf) Need(need *provisionerv1.NeedRecord) *provisionerv1.Provision {
 	r := p.resolver.resolve(need.GetKind())
-	if r == nil || !r.perProvider {
-		return nil // no provider answers this kind
+	if r == nil || !r.perProvider || need.GetNeed().GetProvider() != p.provider {
+		return nil // not a need of this provider
 	}
-	_, provision, _ := resolveNeed(need.GetNode(), need, r, newArena(1))
-	if provision == nil || provision.GetProvider() != p.provider {
+	builds, in := p.resolver.buildsOf(need.GetNode(), need.GetModule()).of(need.GetNeed())
+	if !in {
+		return nil
+	}
+	_, provision, refusal := p.resolver.resolveNeed(need.GetNode(), need, r, builds, newArena(1))
+	if refusal != nil || provision == nil {
 		return nil
 	}
 	provision.Node = need.GetNode()
@@ -120,7 +191,7 @@ func (p *ProvisionsOf) Need(need *provisionerv1.NeedRecord) *provisionerv1.Provi
 func Compose(in Input) *provisionerv1.ComposeResponse {
 	start := time.Now()
 	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
-	resolve := newResolver(in.Registry).resolve
+	rs := newResolver(in.Sources)
 
 	// Needs come in key order, so a module's items are contiguous: each
 	// plan's items are a window on one backing array.
@@ -133,7 +204,12 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 		if in.Module != "" && need.GetModule() != in.Module {
 			continue
 		}
-		item, provision, refusal := resolveNeed(in.Node, need, resolve(need.GetKind()), arena)
+		moduleBuilds := rs.buildsOf(in.Node, need.GetModule())
+		builds, inPlan := moduleBuilds.of(need.GetNeed())
+		if !inPlan {
+			continue // of a build the node neither wants nor knows as newest
+		}
+		item, provision, refusal := rs.resolveNeed(in.Node, need, rs.resolve(need.GetKind()), builds, arena)
 		if refusal != nil {
 			out.Refusals = append(out.Refusals, refusal)
 			continue
@@ -142,7 +218,7 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 			collections = append(collections, item)
 		}
 		if plan == nil || plan.GetModule() != need.GetModule() {
-			plan = &provisionerv1.ModulePlan{Module: need.GetModule()}
+			plan = &provisionerv1.ModulePlan{Module: need.GetModule(), WantedBuild: moduleBuilds.wanted, NewestBuild: moduleBuilds.newest}
 			out.Plans = append(out.Plans, plan)
 			planStart = len(items)
 		}
@@ -230,14 +306,14 @@ func (a *arena) bucketKey(bucket, key string) *provisionerv1.PlanItem_Bucket {
 	return b
 }
 
-// resolveNeed resolves one need: a plan item (and a provision, for an entry
-// that each provider answers), or a refusal.
-func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, arena *arena) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
+// resolveNeed resolves one need of the builds given: a plan item (and a
+// provision, for an entry that each provider answers), or a refusal.
+func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, builds []string, arena *arena) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
 	refuse := func(reason provisionerv1.RefusalReason, format string, args ...any) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
 		key, _ := keys.NeedKey{Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName()}.Key()
 		return nil, nil, &provisionerv1.Refusal{
 			Key: key, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName(),
-			Reason: reason, Detail: fmt.Sprintf(format, args...),
+			Reason: reason, Detail: fmt.Sprintf(format, args...), Builds: builds,
 		}
 	}
 	if r == nil {
@@ -245,7 +321,7 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, arena
 	}
 	item := arena.item()
 	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
-	item.Owner, item.Revision = r.entry.GetOwner(), need.GetRevision()
+	item.Owner, item.Revision, item.Builds = r.entry.GetOwner(), need.GetRevision(), builds
 	if verb := r.entry.GetVerb(); verb != nil {
 		item.Location = &provisionerv1.PlanItem_Verb{Verb: verb}
 		return item, nil, nil
@@ -286,8 +362,45 @@ func resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, arena
 	if !r.perProvider {
 		return item, nil, nil
 	}
-	return item, &provisionerv1.Provision{
+	p := &provisionerv1.Provision{
 		Provider: provider, Bucket: bucket, Key: key,
 		Module: need.GetModule(), Provision: provision, Local: need.GetNeed().GetLocal(), Name: need.GetName(),
-	}, nil
+		Builds: builds,
+	}
+	if rs.Bound != nil {
+		p.BoundRevision = rs.Bound(bucket, key)
+	}
+	var manifest *provisionerv1.ManifestRecord
+	if rs.Manifest != nil {
+		manifest = rs.Manifest(provider)
+	}
+	switch {
+	case manifest != nil && !offers(manifest.GetManifest(), provision):
+		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NOT_OFFERED, "provider %q does not offer provision %q: its manifest (%s, from node %s) offers %s",
+			provider, provision, manifest.GetDigest(), manifest.GetNode(), offered(manifest.GetManifest()))
+	case manifest != nil:
+		p.ManifestDigest = manifest.GetDigest()
+	case p.GetBoundRevision() > 0:
+		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_MANIFEST, "provider %q bound key %s of %s (revision %d) but has declared no manifest: a node that runs it must write its manifest to %s",
+			provider, key, bucket, p.GetBoundRevision(), keys.ManifestsBucket)
+	}
+	return item, p, nil
+}
+
+// offers reports whether a manifest offers provision.
+func offers(m *provisionerv1.Manifest, provision string) bool {
+	return slices.ContainsFunc(m.GetOffers(), func(o *provisionerv1.Offer) bool { return o.GetProvision() == provision })
+}
+
+// offered lists what a manifest offers, for a sentence.
+func offered(m *provisionerv1.Manifest) string {
+	if len(m.GetOffers()) == 0 {
+		return "nothing"
+	}
+	names := make([]string, len(m.GetOffers()))
+	for i, o := range m.GetOffers() {
+		names[i] = strconv.Quote(o.GetProvision())
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }

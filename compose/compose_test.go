@@ -27,13 +27,101 @@ func TestCompose(t *testing.T) {
 	bucket := func(b, k string) *provisionerv1.PlanItem_Bucket {
 		return &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: b, Key: k}}
 	}
+	// web is between builds b1 (wanted) and b2 (newest); db is at b1.
+	builds := func(node, module string) (string, string) {
+		switch module {
+		case "web":
+			return "b1", "b2"
+		case "db":
+			return "b1", ""
+		}
+		return "", ""
+	}
+	pgManifest := &provisionerv1.ManifestRecord{Node: "g14", Provider: "pg", Digest: "sha256:aa",
+		Manifest: &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "ro"}, {Provision: "db"}}}}
+	manifest := func(provider string) *provisionerv1.ManifestRecord {
+		if provider == "pg" {
+			return pgManifest
+		}
+		return nil
+	}
+	bound := func(bucket, key string) uint64 {
+		if key == "ace.web.db" || key == "ace.web.cache" {
+			return 41
+		}
+		return 0
+	}
 	tests := []struct {
-		name   string
-		module string
-		needs  []*provisionerv1.NeedRecord
-		bad    []*provisionerv1.MalformedKey
-		want   *provisionerv1.ComposeResponse
+		name    string
+		module  string
+		needs   []*provisionerv1.NeedRecord
+		bad     []*provisionerv1.MalformedKey
+		sources compose.Sources
+		want    *provisionerv1.ComposeResponse
 	}{
+		{
+			name: "a module between builds: each need once, with the builds whose plan holds it",
+			needs: []*provisionerv1.NeedRecord{
+				need("db", "port", "admin", &provisionerv1.Need{Builds: []string{"b0"}}),
+				need("db", "port", "sql", nil),
+				need("web", "port", "http", nil),
+				need("web", "port", "old", &provisionerv1.Need{Builds: []string{"b0", "b1"}}),
+				need("web", "port", "quic", &provisionerv1.Need{Builds: []string{"b2", "b3"}}),
+				need("web", "port", "gone", &provisionerv1.Need{Builds: []string{"b0"}}),
+			},
+			sources: compose.Sources{Builds: builds},
+			want: &provisionerv1.ComposeResponse{Node: "ace", Plans: []*provisionerv1.ModulePlan{
+				{Module: "db", WantedBuild: "b1", NewestBuild: "b1", Items: []*provisionerv1.PlanItem{
+					{Kind: "port", Name: "sql", Owner: "mesh-controller", Location: bucket("mesh-controller_assignments", "ace.db"), Revision: 7, Builds: []string{"b1"}},
+				}},
+				{Module: "web", WantedBuild: "b1", NewestBuild: "b2", Items: []*provisionerv1.PlanItem{
+					{Kind: "port", Name: "http", Owner: "mesh-controller", Location: bucket("mesh-controller_assignments", "ace.web"), Revision: 7, Builds: []string{"b1", "b2"}},
+					{Kind: "port", Name: "old", Owner: "mesh-controller", Location: bucket("mesh-controller_assignments", "ace.web"), Revision: 7, Builds: []string{"b1"}},
+					{Kind: "port", Name: "quic", Owner: "mesh-controller", Location: bucket("mesh-controller_assignments", "ace.web"), Revision: 7, Builds: []string{"b2"}},
+				}},
+			}},
+		},
+		{
+			name: "provisions bound and pending, offered by the provider's manifest",
+			needs: []*provisionerv1.NeedRecord{
+				need("web", "bound", "db", &provisionerv1.Need{Provider: "pg"}),
+				need("web", "bound", "replica", &provisionerv1.Need{Provider: "pg", Provision: "ro"}),
+			},
+			sources: compose.Sources{Bound: bound, Manifest: manifest},
+			want: &provisionerv1.ComposeResponse{Node: "ace",
+				Plans: []*provisionerv1.ModulePlan{{Module: "web", Items: []*provisionerv1.PlanItem{
+					{Kind: "bound", Name: "db", Owner: "pg", Location: bucket("pg_bound", "ace.web.db"), Revision: 7},
+					{Kind: "bound", Name: "replica", Owner: "pg", Location: bucket("pg_bound", "ace.web.ro"), Revision: 7},
+				}}},
+				Provisions: []*provisionerv1.Provision{
+					{Provider: "pg", Bucket: "pg_bound", Key: "ace.web.db", Module: "web", Provision: "db", Name: "db", BoundRevision: 41, ManifestDigest: "sha256:aa"},
+					{Provider: "pg", Bucket: "pg_bound", Key: "ace.web.ro", Module: "web", Provision: "ro", Name: "replica", ManifestDigest: "sha256:aa"},
+				},
+			},
+		},
+		{
+			name: "a provision not offered, and one bound by a provider without a manifest, are refused",
+			needs: []*provisionerv1.NeedRecord{
+				need("web", "bound", "cache", &provisionerv1.Need{Provider: "redis"}),
+				need("web", "bound", "queue", &provisionerv1.Need{Provider: "pg"}),
+				need("web", "bound", "stream", &provisionerv1.Need{Provider: "redis"}),
+			},
+			sources: compose.Sources{Bound: bound, Manifest: manifest},
+			want: &provisionerv1.ComposeResponse{Node: "ace",
+				Plans: []*provisionerv1.ModulePlan{{Module: "web", Items: []*provisionerv1.PlanItem{
+					{Kind: "bound", Name: "stream", Owner: "redis", Location: bucket("redis_bound", "ace.web.stream"), Revision: 7},
+				}}},
+				Provisions: []*provisionerv1.Provision{
+					{Provider: "redis", Bucket: "redis_bound", Key: "ace.web.stream", Module: "web", Provision: "stream", Name: "stream"},
+				},
+				Refusals: []*provisionerv1.Refusal{
+					{Key: "ace.web.bound.cache", Module: "web", Kind: "bound", Name: "cache", Reason: provisionerv1.RefusalReason_REFUSAL_REASON_NO_MANIFEST,
+						Detail: `provider "redis" bound key ace.web.cache of redis_bound (revision 41) but has declared no manifest: a node that runs it must write its manifest to mesh-provisioner_manifests`},
+					{Key: "ace.web.bound.queue", Module: "web", Kind: "bound", Name: "queue", Reason: provisionerv1.RefusalReason_REFUSAL_REASON_NOT_OFFERED,
+						Detail: `provider "pg" does not offer provision "queue": its manifest (sha256:aa, from node g14) offers "db", "ro"`},
+				},
+			},
+		},
 		{
 			name:  "a placement and a collection with its items",
 			needs: []*provisionerv1.NeedRecord{need("web", "port", "http", nil), need("web", "shell", "zsh:normal", nil)},
@@ -72,9 +160,10 @@ func TestCompose(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			sources := tt.sources
+			sources.Registry = func(k string) *provisionerv1.RegistryEntry { return entries[k] }
 			got := compose.Compose(compose.Input{
-				Node: "ace", Module: tt.module, Needs: tt.needs, Malformed: tt.bad, Items: items,
-				Registry: func(k string) *provisionerv1.RegistryEntry { return entries[k] },
+				Node: "ace", Module: tt.module, Needs: tt.needs, Malformed: tt.bad, Items: items, Sources: sources,
 			})
 			if diff := cmp.Diff(tt.want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
 				t.Errorf("Compose (-want +got):\n%s", diff)

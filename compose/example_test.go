@@ -14,8 +14,8 @@ func ExampleCompose() {
 		entries[e.GetKind()] = e
 	}
 	out := compose.Compose(compose.Input{
-		Node:     "ace",
-		Registry: func(kind string) *provisionerv1.RegistryEntry { return entries[kind] },
+		Node:    "ace",
+		Sources: compose.Sources{Registry: func(kind string) *provisionerv1.RegistryEntry { return entries[kind] }},
 		Needs: []*provisionerv1.NeedRecord{
 			{Node: "ace", Module: "web", Kind: "bound", Name: "db", Need: &provisionerv1.Need{Provider: "pg", Local: "ro"}},
 			{Node: "ace", Module: "web", Kind: "gpu", Name: "cuda", Need: &provisionerv1.Need{}},

@@ -9,10 +9,10 @@ import (
 )
 
 // stamp identifies what an answer read: the stamps of the copies' groups it
-// read (see mirror.Copy.Stamp) and whether each copy was behind. Equal
-// stamps mean an equal answer, but for its revisions and phases, which are
-// added to it as it is sent.
-type stamp [4]uint64
+// read (see mirror.Copy.Stamp) and whether each copy was behind, in an
+// order each endpoint fixes. Equal stamps mean an equal answer, but for its
+// revisions and phases, which are added to it as it is sent.
+type stamp [8]uint64
 
 // cacheKey is a request as the cache knows it: the endpoint, the encoding,
 // and the request itself without its minimum revisions (which decide when
@@ -42,8 +42,25 @@ type sentAnswer struct {
 	data      []byte
 }
 
-// revisions are the revisions the four copies had reached.
-type revisions [4]uint64
+// revisions are the revisions the copies had reached, and the stamp of the
+// providers' buckets' copy, whose revisions (bound) it identifies.
+type revisions struct {
+	registry, needs, applied, collect, manifests uint64
+	boundStamp                                   uint64
+	bound                                        map[string]uint64
+}
+
+// same reports whether two sets of revisions are equal.
+func (r revisions) same(o revisions) bool {
+	return r.registry == o.registry && r.needs == o.needs && r.applied == o.applied &&
+		r.collect == o.collect && r.manifests == o.manifests && r.boundStamp == o.boundStamp
+}
+
+// proto returns the revisions as an answer carries them.
+func (r revisions) proto() *provisionerv1.Revisions {
+	return &provisionerv1.Revisions{Registry: r.registry, Needs: r.needs, Applied: r.applied,
+		Collect: r.collect, Manifests: r.manifests, Bound: r.bound}
+}
 
 // answerCache keeps encoded answers for reuse, within a byte budget, the
 // least recently used out first: a repeated request costs a lookup and a

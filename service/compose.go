@@ -1,7 +1,9 @@
 package service
 
 import (
+	"context"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -28,6 +30,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 				{s.mirror.Needs, least.GetNeeds()},
 				{s.mirror.Applied, least.GetApplied()},
 				{s.mirror.Collect, least.GetCollect()},
+				{s.mirror.Manifests, least.GetManifests()},
 			}
 			// checkCompose read the token already: it decodes.
 			if t, _ := readToken(in.GetPageToken(), composeDigest(in)); len(t.Revisions) == len(waits) {
@@ -35,7 +38,11 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 					waits = append(waits, revisionWait{waits[i].bucket, rev})
 				}
 			}
-			return waits
+			// checkCompose checked the buckets' names.
+			for bucket, rev := range least.GetBound() {
+				waits = append(waits, revisionWait{s.mirror.Bound.Bucket(bucket), rev})
+			}
+			return append(waits, boundUnread(s.mirror, in.GetNode())...)
 		},
 		unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
@@ -53,29 +60,18 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			registry, _ := s.mirror.Registry.Stamp("")
 			needs, _ := s.mirror.Needs.Stamp(in.GetNode())
 			items, _ := s.mirror.Collect.Stamp(in.GetNode())
-			return stamp{registry, needs, items, behindBits(s.mirror)}
+			applied, _ := s.mirror.Applied.Stamp(in.GetNode())
+			manifests, _ := s.mirror.Manifests.Stamp("")
+			return stamp{registry, needs, items, applied, manifests, s.mirror.Bound.Stamp(), behindBits(s.mirror)}
 		},
 		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 			return composeFrom(s.mirror, in, enc, budget)
 		},
 		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
-			tail := &provisionerv1.ComposeResponse{
-				Revisions: &provisionerv1.Revisions{Registry: revs[0], Needs: revs[1], Applied: revs[2], Collect: revs[3]},
-				Phases:    phasesOf(t),
-			}
+			tail := &provisionerv1.ComposeResponse{Revisions: revs.proto(), Phases: phasesOf(t)}
 			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)
 			return tail
 		},
-	}
-}
-
-// revisionsOf returns the revisions a mirror's copies have reached.
-func revisionsOf(m *mirror.Mirror) *provisionerv1.Revisions {
-	return &provisionerv1.Revisions{
-		Registry: m.Registry.Revision(),
-		Needs:    m.Needs.Revision(),
-		Applied:  m.Applied.Revision(),
-		Collect:  m.Collect.Revision(),
 	}
 }
 
@@ -102,6 +98,11 @@ func checkCompose(in *provisionerv1.ComposeRequest) *wire.Error {
 	}
 	if werr := checkName("module", in.GetModule(), true); werr != nil {
 		return werr
+	}
+	for bucket := range in.GetMinRevisions().GetBound() {
+		if werr := checkName("a bucket of min_revisions.bound", bucket, true); werr != nil {
+			return werr
+		}
 	}
 	_, werr := readToken(in.GetPageToken(), composeDigest(in))
 	return werr
@@ -139,12 +140,18 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 	start := time.Now()
 	entries, _, needsRevision := m.Needs.Group(in.GetNode())
 	items, _, collectRevision := m.Collect.Group(in.GetNode())
-	revisions := &provisionerv1.Revisions{
-		Registry: m.Registry.Revision(),
-		Needs:    needsRevision,
-		Applied:  m.Applied.Revision(),
-		Collect:  collectRevision,
+	applied, _, appliedRevision := m.Applied.Group(in.GetNode())
+	if applied == nil {
+		applied = []*mirror.Entry[*provisionerv1.AppliedRecord]{} // read: none
 	}
+	revisions := &provisionerv1.Revisions{
+		Registry:  m.Registry.Revision(),
+		Needs:     needsRevision,
+		Applied:   appliedRevision,
+		Collect:   collectRevision,
+		Manifests: m.Manifests.Revision(),
+	}
+	sources := sourcesOf(m, applied)
 	var records []*provisionerv1.CollectRecord
 	for _, e := range items {
 		if e.Malformed == nil {
@@ -161,7 +168,7 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 	}
 	read := time.Since(start)
 
-	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule(), Behind: m.Behind()}
+	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule()}
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	var resolve, collect time.Duration
 	done := 0
@@ -181,7 +188,7 @@ chunks:
 			break
 		}
 		for {
-			part := composeNeeds(m, in, needs[done:done+n], records, revisions)
+			part := composeNeeds(sources, in, needs[done:done+n], records, revisions)
 			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
 			if p.used+size <= p.budget {
 				p.used += size
@@ -205,10 +212,24 @@ chunks:
 	}
 	if done < len(needs) {
 		t := pageToken{Request: composeDigest(in), After: needs[done-1].Key,
-			Revisions: []uint64{revisions.GetRegistry(), revisions.GetNeeds(), revisions.GetApplied(), revisions.GetCollect()}}
+			Revisions: []uint64{revisions.GetRegistry(), revisions.GetNeeds(), revisions.GetApplied(), revisions.GetCollect(), revisions.GetManifests()}}
 		out.NextPageToken = t.encode()
 	}
+	out.Behind = append(m.Behind(), boundBehind(m, out.GetProvisions())...)
 	return out, timings{read: read, resolve: resolve, items: collect}, nil
+}
+
+// boundBehind returns the providers' buckets of provisions whose copy is
+// behind, sorted.
+func boundBehind(m *mirror.Mirror, provisions []*provisionerv1.Provision) []string {
+	var behind []string
+	for _, p := range provisions {
+		if !slices.Contains(behind, p.GetBucket()) && m.Bound.Bucket(p.GetBucket()).Behind() {
+			behind = append(behind, p.GetBucket())
+		}
+	}
+	slices.Sort(behind)
+	return behind
 }
 
 // moduleOf returns the module token of a need key, well formed or not.
@@ -221,9 +242,91 @@ func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
 	return module
 }
 
+// boundUnread names to the copy the providers' buckets that the node's
+// needs read, so that it follows them, and returns a wait for each it has
+// not read yet: a provider met for the first time is read before the
+// composition that names it is answered, not reported behind.
+func boundUnread(m *mirror.Mirror, node string) []revisionWait {
+	entries, _, _ := m.Needs.Group(node)
+	var waits []revisionWait
+	var lastBucket string
+	for _, e := range entries {
+		provider := e.Record.GetNeed().GetProvider()
+		if e.Malformed != nil || provider == "" {
+			continue
+		}
+		bucket, ok := m.BoundBucketOf(e.Record.GetKind(), provider)
+		if !ok || bucket == lastBucket {
+			continue
+		}
+		lastBucket = bucket
+		if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
+			waits = append(waits, revisionWait{boundLoaded{bb}, 1})
+		}
+	}
+	return waits
+}
+
+// providerUnread is boundUnread for one provider's buckets: one for each
+// registry entry that each provider answers.
+func providerUnread(m *mirror.Mirror, provider string) []revisionWait {
+	var waits []revisionWait
+	entries, _ := m.Registry.All()
+	for _, e := range entries {
+		if bucket, ok := m.BoundBucketOf(e.Key, provider); ok && e.Malformed == nil {
+			if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
+				waits = append(waits, revisionWait{boundLoaded{bb}, 1})
+			}
+		}
+	}
+	return waits
+}
+
+// boundLoaded is a wait for the copy of a provider's bucket to be read
+// once: revision 1 stands for "read".
+type boundLoaded struct{ *mirror.BoundBucket }
+
+func (b boundLoaded) Revision() uint64 {
+	if b.Loaded() {
+		return 1
+	}
+	return 0
+}
+
+func (b boundLoaded) WaitFor(ctx context.Context, _ uint64) bool { return b.WaitLoaded(ctx) }
+
+// sourcesOf returns what compositions read of a mirror beyond a node's own
+// needs and items. The builds are those of applied, the node's applied
+// records read with its needs, or, when nil, each module's as the copy holds
+// it when it is read.
+func sourcesOf(m *mirror.Mirror, applied []*mirror.Entry[*provisionerv1.AppliedRecord]) compose.Sources {
+	builds := func(node, module string) (string, string) {
+		r, _ := m.Applied.Get(node, node+"."+module)
+		return r.GetApplied().GetWantedBuild(), r.GetApplied().GetNewestBuild()
+	}
+	if applied != nil {
+		builds = func(_, module string) (string, string) {
+			i, found := sort.Find(len(applied), func(i int) int { return strings.Compare(module, appliedModule(applied[i])) })
+			if !found || applied[i].Malformed != nil {
+				return "", ""
+			}
+			a := applied[i].Record.GetApplied()
+			return a.GetWantedBuild(), a.GetNewestBuild()
+		}
+	}
+	return compose.Sources{Registry: m.RegistryEntry, Builds: builds, Bound: m.Bound.Key, Manifest: m.ManifestOf}
+}
+
+// appliedModule returns the module token of an applied key, well formed or
+// not: the applied records of a node are in module order.
+func appliedModule(e *mirror.Entry[*provisionerv1.AppliedRecord]) string {
+	_, module, _ := strings.Cut(e.Key, ".")
+	return module
+}
+
 // composeNeeds composes some of a node's needs, in key order.
-func composeNeeds(m *mirror.Mirror, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions) *provisionerv1.ComposeResponse {
-	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Registry: m.RegistryEntry, Items: items, Revisions: revisions}
+func composeNeeds(sources compose.Sources, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions) *provisionerv1.ComposeResponse {
+	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Sources: sources, Items: items, Revisions: revisions}
 	for _, e := range needs {
 		if e.Malformed != nil {
 			input.Malformed = append(input.Malformed, e.Malformed)

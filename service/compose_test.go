@@ -295,7 +295,7 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(capture.GetBuckets()) != 4 {
+	if len(capture.GetBuckets()) != 5 {
 		t.Fatalf("capture holds %d buckets", len(capture.GetBuckets()))
 	}
 	replay, err := service.NewReplay(capture)

@@ -1,7 +1,7 @@
 // Package service serves the mesh-provisioner micro service: the read-only
 // verbs mesh-provisioner.provisioning (the registry or a state bucket's
 // records, narrowed) and mesh-provisioner.compose (a node's plan), answered
-// from a watched in-memory copy of the four provisioning buckets.
+// from a watched in-memory copy of the five provisioning buckets.
 //
 // [Start] opens the buckets (create them first with buckets.Ensure), starts
 // one watcher per bucket and adds the micro service with one endpoint per

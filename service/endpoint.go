@@ -118,8 +118,17 @@ func (ep endpoint[Req, Res]) register(s *Service) error {
 // revisionWait is a revision a request asks one bucket's copy to reach
 // before it is answered.
 type revisionWait struct {
-	bucket   mirror.Watched
+	bucket   revisionSource
 	revision uint64
+}
+
+// revisionSource is the copy of a bucket a request can wait on: a
+// provisioning bucket's (mirror.Watched) or a provider's (mirror.BoundBucket).
+type revisionSource interface {
+	Bucket() string
+	Revision() uint64
+	Behind() bool
+	WaitFor(ctx context.Context, revision uint64) bool
 }
 
 // handle reads and checks a request on the micro callback, so that micro
@@ -296,7 +305,7 @@ func (ep endpoint[Req, Res]) reuse(s *Service, in Req, enc encoding) ([]byte, bo
 	// Read after the stamp: the answer names revisions at least as new as
 	// what it holds.
 	revs := revisionsNow(s.mirror)
-	if sent := cached.sent.Load(); sent != nil && sent.revisions == revs {
+	if sent := cached.sent.Load(); sent != nil && sent.revisions.same(revs) {
 		return sent.data, true
 	}
 	whole, werr := ep.withTail(s, in, enc, cached.data, timings{}, revs)
@@ -365,7 +374,13 @@ func (ep endpoint[Req, Res]) build(s *Service, in Req, enc encoding) ([]byte, ti
 
 // revisionsNow returns the revisions the copies have reached.
 func revisionsNow(m *mirror.Mirror) revisions {
-	return revisions{m.Registry.Revision(), m.Needs.Revision(), m.Applied.Revision(), m.Collect.Revision()}
+	// The stamp first: the revisions read after it are at least as new.
+	boundStamp := m.Bound.Stamp()
+	return revisions{
+		registry: m.Registry.Revision(), needs: m.Needs.Revision(), applied: m.Applied.Revision(),
+		collect: m.Collect.Revision(), manifests: m.Manifests.Revision(),
+		boundStamp: boundStamp, bound: m.Bound.Revisions(),
+	}
 }
 
 // waitRevisions waits, at most RevisionWait, until every copy has reached

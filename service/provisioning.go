@@ -46,8 +46,7 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 			return out, timings{read: time.Since(start)}, werr
 		},
 		tail: func(in *provisionerv1.ProvisioningRequest, _ timings, revs revisions) *provisionerv1.ProvisioningResponse {
-			// revisions are in What order: registry, needs, applied, collect.
-			return &provisionerv1.ProvisioningResponse{Revision: revs[whatOf(in)-1]}
+			return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, whatOf(in))}
 		},
 	}
 }
@@ -58,6 +57,8 @@ var filtersOf = map[provisionerv1.What][]string{
 	provisionerv1.What_WHAT_NEEDS:    {"node", "module"},
 	provisionerv1.What_WHAT_APPLIED:  {"node", "module"},
 	provisionerv1.What_WHAT_COLLECT:  {"node", "contributor", "collection"},
+	// A provider is a module: module narrows manifests by provider.
+	provisionerv1.What_WHAT_MANIFESTS: {"node", "module"},
 }
 
 // checkProvisioning refuses an unknown what, a filter that does not apply to
@@ -67,7 +68,7 @@ func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
 	what := whatOf(in)
 	allowed, ok := filtersOf[what]
 	if !ok {
-		return wire.Errorf(wire.CodeBadRequest, "what %d is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT", in.GetWhat())
+		return wire.Errorf(wire.CodeBadRequest, "what %d is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT, WHAT_MANIFESTS", in.GetWhat())
 	}
 	set := []struct{ name, value string }{
 		{"node", in.GetNode()}, {"module", in.GetModule()}, {"contributor", in.GetContributor()}, {"collection", in.GetCollection()},
@@ -115,6 +116,8 @@ func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
 		return m.Applied
 	case provisionerv1.What_WHAT_COLLECT:
 		return m.Collect
+	case provisionerv1.What_WHAT_MANIFESTS:
+		return m.Manifests
 	}
 	return m.Registry
 }
@@ -161,6 +164,12 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 			func(tokens []string) bool {
 				return tokenIs(tokens, 1, collection) && tokenIs(tokens, 2, in.GetContributor())
 			})
+	case provisionerv1.What_WHAT_MANIFESTS:
+		out.Manifests, out.Malformed, next, werr = fill(m.Manifests, p, token.After, in.GetNode(),
+			func(r *provisionerv1.ManifestRecord) bool {
+				return in.GetModule() == "" || r.GetProvider() == in.GetModule()
+			},
+			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
 	}
 	if werr != nil {
 		return nil, werr
@@ -218,6 +227,22 @@ func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep
 func requestKey(req proto.Message) string {
 	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	return string(b)
+}
+
+// revisionOf returns the revision of the bucket what reads.
+func revisionOf(revs revisions, what provisionerv1.What) uint64 {
+	switch what {
+	case provisionerv1.What_WHAT_NEEDS:
+		return revs.needs
+	case provisionerv1.What_WHAT_APPLIED:
+		return revs.applied
+	case provisionerv1.What_WHAT_COLLECT:
+		return revs.collect
+	case provisionerv1.What_WHAT_MANIFESTS:
+		return revs.manifests
+	default:
+		return revs.registry
+	}
 }
 
 // behindBits says which copies are behind, one bit each.

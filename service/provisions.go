@@ -30,7 +30,8 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 					waits = append(waits, revisionWait{waits[i].bucket, rev})
 				}
 			}
-			return waits
+			// checkProvisions checked the provider's name.
+			return append(waits, providerUnread(s.mirror, in.GetProvider())...)
 		},
 		unavailable: func(*provisionerv1.ProvisionsRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
@@ -47,13 +48,15 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 		stamp: func(*provisionerv1.ProvisionsRequest) stamp {
 			registry, _ := s.mirror.Registry.Stamp("")
 			needs, _ := s.mirror.Needs.Stamp("")
-			return stamp{registry, needs, behindBits(s.mirror)}
+			applied, _ := s.mirror.Applied.Stamp("")
+			manifests, _ := s.mirror.Manifests.Stamp("")
+			return stamp{registry, needs, applied, manifests, s.mirror.Bound.Stamp(), behindBits(s.mirror)}
 		},
 		answer: func(in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
 			return provisionsFrom(s.mirror, in, enc, budget)
 		},
 		tail: func(_ *provisionerv1.ProvisionsRequest, _ timings, revs revisions) *provisionerv1.ProvisionsResponse {
-			return &provisionerv1.ProvisionsResponse{Revisions: &provisionerv1.Revisions{Registry: revs[0], Needs: revs[1], Applied: revs[2], Collect: revs[3]}}
+			return &provisionerv1.ProvisionsResponse{Revisions: revs.proto()}
 		},
 	}
 }
@@ -101,8 +104,8 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc e
 	needs = needs[sort.Search(len(needs), func(i int) bool { return needs[i].Key > token.After }):]
 	read := time.Since(start)
 
-	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider(), Behind: m.Behind()}
-	find := compose.NewProvisionsOf(in.GetProvider(), m.RegistryEntry)
+	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider()}
+	find := compose.NewProvisionsOf(in.GetProvider(), sourcesOf(m, nil))
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	for i, e := range needs {
 		if e.Malformed != nil {
@@ -122,5 +125,6 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc e
 		}
 		out.Provisions = append(out.Provisions, provision)
 	}
+	out.Behind = append(m.Behind(), boundBehind(m, out.GetProvisions())...)
 	return out, timings{read: read, resolve: time.Since(start) - read}, nil
 }

@@ -36,7 +36,7 @@ func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.Compo
 		return nil, werr
 	}
 	t.built = true
-	out.Revisions, out.Phases = revisionsOf(r.mirror), phasesOf(t)
+	out.Revisions, out.Phases = revisionsNow(r.mirror).proto(), phasesOf(t)
 	return out, nil
 }
 

@@ -13,10 +13,11 @@ import (
 // delivered the bucket's initial values.
 var ErrWatcherStopped = errors.New("watcher stopped before the initial values were in")
 
-// Live returns every live entry of kv (deleted keys left out), in the order
+// Live returns every live entry of kv (deleted keys left out; opts such as
+// jetstream.MetaOnly narrow what is read), in the order
 // the watcher delivers them.
-func Live(ctx context.Context, kv jetstream.KeyValue) ([]jetstream.KeyValueEntry, error) {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+func Live(ctx context.Context, kv jetstream.KeyValue, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+	w, err := kv.WatchAll(ctx, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -3,26 +3,37 @@ package mirror
 import (
 	"context"
 	"slices"
+	"strings"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/keyshape"
 )
 
-// Mirror is the watched copy of the four provisioning buckets.
+// Mirror is the watched copy of the five provisioning buckets, and of the
+// keys of the providers' buckets (Bound).
 type Mirror struct {
-	Registry *Copy[*provisionerv1.RegistryRecord]
-	Needs    *Copy[*provisionerv1.NeedRecord]
-	Applied  *Copy[*provisionerv1.AppliedRecord]
-	Collect  *Copy[*provisionerv1.CollectRecord]
+	Registry  *Copy[*provisionerv1.RegistryRecord]
+	Needs     *Copy[*provisionerv1.NeedRecord]
+	Applied   *Copy[*provisionerv1.AppliedRecord]
+	Collect   *Copy[*provisionerv1.CollectRecord]
+	Manifests *Copy[*provisionerv1.ManifestRecord]
+	Bound     *Bound
+
+	manifests *manifests
 }
 
 // New returns an empty mirror.
 func New() *Mirror {
+	ms := &manifests{byDigest: map[string]*provisionerv1.Manifest{}}
 	return &Mirror{
-		Registry: NewCopy(keys.RegistryBucket, decodeRegistry),
-		Needs:    NewCopy(keys.NeedsBucket, decodeNeed),
-		Applied:  NewCopy(keys.AppliedBucket, decodeApplied),
-		Collect:  NewCopy(keys.CollectBucket, decodeCollect),
+		Registry:  NewCopy(keys.RegistryBucket, decodeRegistry),
+		Needs:     NewCopy(keys.NeedsBucket, decodeNeed),
+		Applied:   NewCopy(keys.AppliedBucket, decodeApplied),
+		Collect:   NewCopy(keys.CollectBucket, decodeCollect),
+		Manifests: NewCopy(keys.ManifestsBucket, ms.decode),
+		Bound:     NewBound(),
+		manifests: ms,
 	}
 }
 
@@ -48,14 +59,20 @@ type Watched interface {
 	liveKeys() (n int, oldest, revision uint64)
 }
 
-// Copies returns the four copies, the registry first.
+// Copies returns the five copies of the provisioning buckets, the registry
+// first.
 func (m *Mirror) Copies() []Watched {
-	return []Watched{m.Registry, m.Needs, m.Applied, m.Collect}
+	return []Watched{m.Registry, m.Needs, m.Applied, m.Collect, m.Manifests}
 }
 
 // Ready reports whether every copy holds its bucket's initial values.
 func (m *Mirror) Ready() bool {
-	return m.Registry.Ready() && m.Needs.Ready() && m.Applied.Ready() && m.Collect.Ready()
+	for _, c := range m.Copies() {
+		if !c.Ready() {
+			return false
+		}
+	}
+	return true
 }
 
 // Loading returns the buckets whose initial values are not in yet.
@@ -69,7 +86,8 @@ func (m *Mirror) Loading() []string {
 	return buckets
 }
 
-// Behind returns the buckets whose copy is known to lag the bucket.
+// Behind returns the provisioning buckets whose copy is known to lag the
+// bucket (Bound.Behind says it of the providers' buckets).
 func (m *Mirror) Behind() []string {
 	var buckets []string
 	for _, c := range m.Copies() {
@@ -87,11 +105,12 @@ func (m *Mirror) SetBudget(b Budget, onChange func(Excess)) {
 	m.Needs.SetBudget(b, onChange)
 	m.Applied.SetBudget(b, onChange)
 	m.Collect.SetBudget(b, onChange)
+	m.Manifests.SetBudget(b, onChange)
 }
 
 // OverBudget returns the nodes over their budget, bucket by bucket.
 func (m *Mirror) OverBudget() []Excess {
-	return append(slices.Concat(m.Needs.OverBudget(), m.Applied.OverBudget(), m.Collect.OverBudget()), []Excess{}...)
+	return append(slices.Concat(m.Needs.OverBudget(), m.Applied.OverBudget(), m.Collect.OverBudget(), m.Manifests.OverBudget()), []Excess{}...)
 }
 
 // RegistryEntry returns the entry that answers kind, or nil.
@@ -101,4 +120,14 @@ func (m *Mirror) RegistryEntry(kind string) *provisionerv1.RegistryEntry {
 		return nil
 	}
 	return r.GetEntry()
+}
+
+// BoundBucketOf returns the bucket in which provider answers needs of kind,
+// if the registry's entry of kind is answered by each provider.
+func (m *Mirror) BoundBucketOf(kind, provider string) (string, bool) {
+	template := m.RegistryEntry(kind).GetBucket().GetBucket()
+	if !strings.Contains(template, keyshape.ProviderOwner) || keys.CheckToken(provider) != nil {
+		return "", false
+	}
+	return strings.ReplaceAll(template, keyshape.ProviderOwner, provider), true
 }

@@ -60,17 +60,18 @@ const (
 type Watchers struct {
 	mirror    *Mirror
 	conn      *nats.Conn
+	js        jetstream.JetStream
 	followers []*follower // in the order of Mirror.Copies
 	logger    *slog.Logger
 }
 
-// Open binds the four buckets; Run then watches them. A nil logger means
+// Open binds the five buckets; Run then watches them. A nil logger means
 // slog.Default().
 func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) (*Watchers, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	w := &Watchers{mirror: m, conn: js.Conn(), logger: logger}
+	w := &Watchers{mirror: m, conn: js.Conn(), js: js, logger: logger}
 	for _, c := range m.Copies() {
 		kv, err := js.KeyValue(ctx, c.Bucket())
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -98,11 +99,13 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 }
 
 // Run watches every bucket until ctx is done, starting a lost watcher again
-// from its copy's revision; it returns once every watcher has stopped.
+// from its copy's revision, and the providers' buckets as they are named
+// (Bound.Run); it returns once every watcher has stopped.
 func (w *Watchers) Run(ctx context.Context) {
 	statuses := w.conn.StatusChanged(nats.RECONNECTING, nats.CONNECTED)
 	defer w.conn.RemoveStatusListener(statuses)
 	var wg sync.WaitGroup
+	wg.Go(func() { w.mirror.Bound.Run(ctx, w.js, w.logger) })
 	for _, f := range w.followers {
 		wg.Go(func() { f.run(ctx) })
 		wg.Go(func() { f.pollWhileBehind(ctx) })

@@ -1,0 +1,350 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// How the providers' buckets are found and followed.
+const (
+	// boundRetry is how often a provider's bucket that does not exist yet
+	// is looked for again: until then its provisions are pending.
+	boundRetry = 2 * time.Second
+)
+
+// Bound is the watched copy of the providers' buckets (<provider>_bound):
+// the keys each holds and their revisions, never their values, which may
+// be a provider's secrets (its watchers ask for headers only). A bucket is
+// followed from the first time a composition (or a wait) names it: the set
+// of buckets follows the registry and the needs. Until a bucket's keys are
+// in, the copy says it is behind; a bucket that does not exist yet holds
+// nothing, and every provision of it is pending.
+type Bound struct {
+	mu      sync.RWMutex
+	buckets map[string]*BoundBucket
+	// gen counts every change of any bucket (a key, a bucket found or
+	// loaded): answers that read the copy are stamped with it.
+	gen   atomic.Uint64
+	wants chan *BoundBucket // buckets named and not yet followed
+	// held says the copy is all there is (a capture's): a bucket it lacks
+	// holds nothing, and is not followed.
+	held bool
+}
+
+// NewBound returns an empty copy of the providers' buckets.
+func NewBound() *Bound {
+	return &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024)}
+}
+
+// BoundBucket is the copy of one provider's bucket.
+type BoundBucket struct {
+	bound  *Bound
+	bucket string
+
+	mu       sync.RWMutex
+	keys     map[string]uint64 // key → revision of its last put
+	revision uint64
+	// loaded: the bucket's keys are in, or it is known not to exist (yet),
+	// or it could not be read (failing): its provisions are pending.
+	loaded   bool
+	failing  bool
+	advanced chan struct{} // closed and replaced when revision or loaded moves
+}
+
+// Bucket returns the copy of bucket, which it starts following if it does
+// not yet.
+func (b *Bound) Bucket(bucket string) *BoundBucket {
+	b.mu.RLock()
+	bb := b.buckets[bucket]
+	b.mu.RUnlock()
+	if bb != nil {
+		return bb
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bb = b.buckets[bucket]; bb == nil {
+		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held}
+		b.buckets[bucket] = bb
+		b.gen.Add(1)
+		select {
+		case b.wants <- bb:
+		default:
+			// Run takes the rest from the map on its next look.
+		}
+	}
+	return bb
+}
+
+// Key returns the revision of key in bucket, zero when the copy does not
+// hold it.
+func (b *Bound) Key(bucket, key string) uint64 {
+	bb := b.Bucket(bucket)
+	bb.mu.RLock()
+	defer bb.mu.RUnlock()
+	return bb.keys[key]
+}
+
+// Stamp changes whenever any bucket of the copy does.
+func (b *Bound) Stamp() uint64 { return b.gen.Load() }
+
+// Revisions returns the revision of each bucket followed that holds any.
+func (b *Bound) Revisions() map[string]uint64 {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var out map[string]uint64
+	for name, bb := range b.buckets {
+		if rev := bb.Revision(); rev > 0 {
+			if out == nil {
+				out = map[string]uint64{}
+			}
+			out[name] = rev
+		}
+	}
+	return out
+}
+
+// Behind returns the buckets named whose keys are not in yet, sorted.
+func (b *Bound) Behind() []string {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var out []string
+	for name, bb := range b.buckets {
+		if bb.Behind() {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Counts returns how many buckets are followed and how many keys they hold.
+func (b *Bound) Counts() (buckets, keys int) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	for _, bb := range b.buckets {
+		bb.mu.RLock()
+		keys += len(bb.keys)
+		bb.mu.RUnlock()
+	}
+	return len(b.buckets), keys
+}
+
+// Bucket returns the bucket's name.
+func (bb *BoundBucket) Bucket() string { return bb.bucket }
+
+// Revision returns the revision the copy of the bucket has reached.
+func (bb *BoundBucket) Revision() uint64 {
+	bb.mu.RLock()
+	defer bb.mu.RUnlock()
+	return bb.revision
+}
+
+// Behind says the bucket's keys are not in yet, or that it cannot be read
+// (the server's identity may lack the grant: see permissions.ServerWriter).
+func (bb *BoundBucket) Behind() bool {
+	bb.mu.RLock()
+	defer bb.mu.RUnlock()
+	return !bb.loaded || bb.failing
+}
+
+// Loaded says the copy has read the bucket once, or found it missing, or
+// failed to read it: what it holds is all a composition will get for now.
+func (bb *BoundBucket) Loaded() bool {
+	bb.mu.RLock()
+	defer bb.mu.RUnlock()
+	return bb.loaded
+}
+
+// WaitLoaded waits until Loaded, or ctx is done; it reports whether the
+// bucket was loaded.
+func (bb *BoundBucket) WaitLoaded(ctx context.Context) bool {
+	for {
+		bb.mu.RLock()
+		loaded, advanced := bb.loaded, bb.advanced
+		bb.mu.RUnlock()
+		if loaded {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-advanced:
+		}
+	}
+}
+
+// WaitFor waits until the copy of the bucket reaches revision, or ctx is
+// done; it reports whether it did.
+func (bb *BoundBucket) WaitFor(ctx context.Context, revision uint64) bool {
+	for {
+		bb.mu.RLock()
+		reached, advanced := bb.revision >= revision, bb.advanced
+		bb.mu.RUnlock()
+		if reached {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-advanced:
+		}
+	}
+}
+
+// Keys returns the bucket's keys and their revisions.
+func (bb *BoundBucket) Keys() map[string]uint64 {
+	bb.mu.RLock()
+	defer bb.mu.RUnlock()
+	return maps.Clone(bb.keys)
+}
+
+// apply takes in one change of the bucket: a put's revision, or a delete.
+func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) {
+	bb.mu.Lock()
+	if deleted {
+		delete(bb.keys, key)
+	} else {
+		bb.keys[key] = revision
+	}
+	bb.revision = max(bb.revision, revision)
+	bb.advance()
+	bb.mu.Unlock()
+}
+
+// markLoaded says the bucket's keys are in, or that it does not exist
+// (failing false), or that it cannot be read (failing true).
+func (bb *BoundBucket) markLoaded(failing bool) {
+	bb.mu.Lock()
+	if !bb.loaded || bb.failing != failing {
+		bb.loaded, bb.failing = true, failing
+		bb.advance()
+	}
+	bb.mu.Unlock()
+}
+
+// advance wakes the waiters and stamps the change; bb.mu is held.
+func (bb *BoundBucket) advance() {
+	close(bb.advanced)
+	bb.advanced = make(chan struct{})
+	bb.bound.gen.Add(1)
+}
+
+// Run follows every bucket named, until ctx is done: a bucket that exists
+// through a KV watcher that asks for headers only, one that does not exist
+// yet by looking for it every few seconds.
+func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	b.mu.RLock()
+	named := make([]*BoundBucket, 0, len(b.buckets))
+	for _, bb := range b.buckets {
+		named = append(named, bb)
+	}
+	b.mu.RUnlock()
+	for _, bb := range named {
+		wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
+	}
+	seen := map[*BoundBucket]bool{}
+	for _, bb := range named {
+		seen[bb] = true
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case bb := <-b.wants:
+			if !seen[bb] {
+				seen[bb] = true
+				wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
+			}
+		}
+	}
+}
+
+// follow keeps the copy of one bucket until ctx is done.
+func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
+	for ctx.Err() == nil {
+		err := bb.watch(ctx, js)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			bb.markLoaded(false) // nothing is bound in a bucket not yet made
+		} else {
+			// Its provisions read as pending, and answers say the bucket
+			// is behind, rather than wait for it.
+			bb.markLoaded(true)
+			logger.Warn("cannot follow a provider's bucket; its provisions read as pending", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(boundRetry):
+		}
+	}
+}
+
+// watch reads the bucket's keys and follows them until ctx is done or the
+// watcher stops.
+func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error {
+	// Bounded as the watchers' API requests are: a request the server's
+	// identity may not send gets no answer at all, and compositions wait
+	// for the bucket's first read.
+	bind, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	kv, err := js.KeyValue(bind, bb.bucket)
+	if err != nil {
+		return err
+	}
+	w, err := kv.WatchAll(ctx, jetstream.MetaOnly())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	// The keys the watcher starts with replace the copy's: a key deleted
+	// while no watcher followed the bucket is not held on.
+	initial := map[string]uint64{}
+	var top uint64 // the newest revision among them, deletes included
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("the bucket's watcher stopped")
+			}
+			switch {
+			case e == nil: // the keys there were are in
+				bb.replace(initial, top)
+				initial = nil
+			case initial != nil:
+				if e.Operation() == jetstream.KeyValuePut {
+					initial[e.Key()] = e.Revision()
+				}
+				top = max(top, e.Revision())
+			default:
+				bb.apply(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut)
+			}
+		}
+	}
+}
+
+// replace sets the bucket's keys to a full read's, and marks it loaded.
+func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
+	bb.mu.Lock()
+	bb.keys = keys
+	bb.revision = max(bb.revision, revision)
+	bb.loaded, bb.failing = true, false
+	bb.advance()
+	bb.mu.Unlock()
+}
