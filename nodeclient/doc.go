@@ -3,7 +3,7 @@
 // and its collection items.
 //
 // A Client takes a connection the caller opened with the node's credentials,
-// binds the three state buckets (it never creates or reconfigures them), and
+// binds the four state buckets (it never creates or reconfigures them), and
 // builds every key with package keys, so parts that no key can hold are
 // refused with an error wrapping keys.ErrInvalidPart before anything is sent.
 // The node's permissions (mesh-provisioner permissions --node) let it write

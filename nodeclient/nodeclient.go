@@ -36,11 +36,11 @@ type Config struct {
 
 // Client writes one node's keys of the state buckets.
 type Client struct {
-	node                  string
-	needs, applied, items jetstream.KeyValue
+	node                             string
+	needs, applied, items, manifests jetstream.KeyValue
 }
 
-// New binds the three state buckets. It fails if a bucket does not exist:
+// New binds the four state buckets. It fails if a bucket does not exist:
 // the mesh-provisioner server creates them.
 func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Conn == nil {
@@ -63,7 +63,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	for _, b := range []struct {
 		name string
 		kv   *jetstream.KeyValue
-	}{{keys.NeedsBucket, &c.needs}, {keys.AppliedBucket, &c.applied}, {keys.CollectBucket, &c.items}} {
+	}{{keys.NeedsBucket, &c.needs}, {keys.AppliedBucket, &c.applied}, {keys.CollectBucket, &c.items}, {keys.ManifestsBucket, &c.manifests}} {
 		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
 			return nil, fmt.Errorf("nodeclient: bind bucket %s: %w", b.name, err)
 		}
@@ -129,6 +129,35 @@ func (c *Client) DeleteCollectItem(ctx context.Context, collection, contributor 
 		return err
 	}
 	return del(ctx, c.items, key)
+}
+
+// PutManifest writes the manifest of provider, a module this node runs, and
+// returns its digest (wire.ManifestDigest of the bytes written: what
+// compositions name in Provision.manifest_digest) and the revision it was
+// written at.
+func (c *Client) PutManifest(ctx context.Context, provider string, manifest *provisionerv1.Manifest) (digest string, revision uint64, err error) {
+	key, err := keys.ManifestKey{Node: c.node, Provider: provider}.Key()
+	if err != nil {
+		return "", 0, err
+	}
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(manifest)
+	if err != nil {
+		return "", 0, fmt.Errorf("encode %s: %w", key, err)
+	}
+	revision, err = c.manifests.Put(ctx, key, data)
+	if err != nil {
+		return "", 0, fmt.Errorf("put %s: %w", key, err)
+	}
+	return wire.ManifestDigest(data), revision, nil
+}
+
+// DeleteManifest deletes the manifest of provider.
+func (c *Client) DeleteManifest(ctx context.Context, provider string) error {
+	key, err := keys.ManifestKey{Node: c.node, Provider: provider}.Key()
+	if err != nil {
+		return err
+	}
+	return del(ctx, c.manifests, key)
 }
 
 func put(ctx context.Context, kv jetstream.KeyValue, key string, value proto.Message) (uint64, error) {

@@ -2,7 +2,7 @@
 // provisioning mesh, granting each the least that works:
 //
 //   - [Node]: a node's provisioner client writes its own node's keys of the
-//     three state buckets and asks the service; nothing else.
+//     four state buckets and asks the service; nothing else.
 //   - [Server]: the mesh-provisioner server's answering identity
 //     subscribes to its verbs and discovery and publishes only to inboxes;
 //     it writes nothing.

@@ -57,7 +57,7 @@ var adminDenied = []string{
 
 // Node returns the permissions of node's provisioner client:
 //
-//   - publish $KV.<state bucket>.<node>.> on each of the three state buckets:
+//   - publish $KV.<state bucket>.<node>.> on each of the four state buckets:
 //     put and delete its own keys;
 //   - publish $JS.API.STREAM.INFO.KV_<state bucket>: binding a bucket (the KV
 //     client reads its stream's configuration);
@@ -131,7 +131,7 @@ func Provider(module string) (Permissions, error) {
 	if err := keys.CheckToken(module); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for provider: module %q %w", module, err)
 	}
-	bound := module + "_bound"
+	bound := wire.BoundBucket(module)
 	var p Permissions
 	p.Publish.Allow = []string{
 		wire.ProviderSubject(module),
@@ -154,18 +154,21 @@ func Provider(module string) (Permissions, error) {
 //
 //   - publish mesh-provisioner.> (every verb, of every node and provider)
 //     and $SRV.> (micro discovery: the instances and their stats);
-//   - for each of the four buckets, publish $JS.API.STREAM.INFO of its
+//   - for each of the five buckets, publish $JS.API.STREAM.INFO of its
 //     stream, $JS.API.STREAM.MSG.GET and $JS.API.DIRECT.GET (its last write),
 //     and $JS.API.CONSUMER.CREATE.<stream>.> with $JS.FC.<stream>.> and
 //     $JS.API.CONSUMER.DELETE.<stream>.> (capture reads a bucket whole
 //     through an ordered consumer, and removes it after);
+//   - for each provider given, the same reads of its bucket's stream
+//     KV_<provider>_bound but for the last message: capture reads the
+//     keys the provider has bound (headers only);
 //   - subscribe _INBOX_MESH.operator.<name>.>: its replies.
 //
 // It is denied every bucket's keys, the seat and every other
 // administration subject. Deleting consumers writes no data; it could
 // delete a server's watcher, which the server notices within a second and
 // makes again (docs/security.md).
-func Operator(name string) (Permissions, error) {
+func Operator(name string, providers ...string) (Permissions, error) {
 	if err := keys.CheckToken(name); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for operator: name %q %w", name, err)
 	}
@@ -183,6 +186,11 @@ func Operator(name string) (Permissions, error) {
 			"$JS.FC."+stream+".>",
 		)
 	}
+	bound, err := followBound("operator", providers)
+	if err != nil {
+		return Permissions{}, err
+	}
+	p.Publish.Allow = append(p.Publish.Allow, bound...)
 	for _, bucket := range keys.Buckets() {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
@@ -223,8 +231,30 @@ func Server() Permissions {
 	return p
 }
 
+// followBound returns the subjects that follow the keys of each provider's
+// bucket through a KV watcher: its stream's information, an ordered
+// consumer (made, flow-controlled, removed).
+func followBound(who string, providers []string) ([]string, error) {
+	var subjects []string
+	for _, provider := range providers {
+		if err := keys.CheckToken(provider); err != nil {
+			return nil, fmt.Errorf("permissions for %s: provider %q %w", who, provider, err)
+		}
+		stream := wire.StreamOf(wire.BoundBucket(provider))
+		subjects = append(subjects,
+			jsAPI("STREAM.INFO", stream),
+			jsAPI("CONSUMER.CREATE", stream),
+			jsAPI("CONSUMER.CREATE", stream)+".>",
+			jsAPI("CONSUMER.DELETE", stream)+".>",
+			"$JS.FC."+stream+".>",
+		)
+	}
+	return subjects, nil
+}
+
 // ServerWriter returns the permissions of the server's writing identity
-// (wire.WriterIdentity), the connection that keeps the buckets:
+// (wire.WriterIdentity), the connection that keeps the buckets, for a mesh
+// whose providers are those given:
 //
 //   - publish $KV.mesh-provisioner_registry.>: write the registry;
 //   - publish $SEAT.mesh-provisioner and
@@ -232,22 +262,28 @@ func Server() Permissions {
 //     take, renew, hand back and read the provisioner seat (package seat);
 //   - publish $JS.API.INFO: the KV client reads the account's JetStream
 //     information before it creates a bucket;
-//   - for each of the four buckets, publish $JS.API.STREAM.INFO, .CREATE and
+//   - for each of the five buckets, publish $JS.API.STREAM.INFO, .CREATE and
 //     .UPDATE of its stream (create a missing bucket, refuse rollups and
 //     purges on the state buckets), and $JS.API.CONSUMER.CREATE.<stream>.>
 //     with $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch
 //     it, and remove its watcher's consumer when it stops);
-//   - for each of the four buckets, publish
+//   - for each of the five buckets, publish
 //     $JS.API.CONSUMER.MSG.NEXT.<stream>.> (pull from the consumer that
 //     keeps its copy) and $JS.API.DIRECT.GET.<stream> (read the changes
 //     after its copy's revision while that consumer is being made again);
+//   - for each provider given, its bucket's stream KV_<provider>_bound:
+//     publish $JS.API.STREAM.INFO, $JS.API.CONSUMER.CREATE.<stream> (and
+//     .>), $JS.API.CONSUMER.DELETE.<stream>.> and $JS.FC.<stream>.>: follow
+//     the keys it has bound (the server asks for headers only, never a
+//     provider's values), which compositions report as bound or pending;
 //   - subscribe _INBOX_MESH.server.mesh-provisioner-writer.>: its replies.
 //
 // It subscribes to nothing a node can publish to (the verbs and discovery
 // are denied outright), answers no request (no allow_responses), and is
 // denied the state buckets' keys, which it reads and never writes, and
-// stream deletion and purge.
-func ServerWriter() Permissions {
+// stream deletion and purge. A provider not given has its provisions read as
+// pending, and compositions say its bucket is behind.
+func ServerWriter(providers ...string) (Permissions, error) {
 	var p Permissions
 	registry := wire.StreamOf(keys.RegistryBucket)
 	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject,
@@ -265,11 +301,16 @@ func ServerWriter() Permissions {
 			jsAPI("DIRECT.GET", stream),
 		)
 	}
+	bound, err := followBound("the server's writer", providers)
+	if err != nil {
+		return Permissions{}, err
+	}
+	p.Publish.Allow = append(p.Publish.Allow, bound...)
 	for _, bucket := range keys.StateBuckets() {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, jsAPI("STREAM.DELETE", ">"), jsAPI("STREAM.PURGE", ">"))
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
 	p.Subscribe.Deny = []string{wire.ServiceName + ".>", "$SRV.>"}
-	return p
+	return p, nil
 }

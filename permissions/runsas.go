@@ -16,7 +16,7 @@ const (
 )
 
 // RunsAs is a mesh whose server runs in an account of its own: the server's
-// account owns the four buckets (so it alone can write the registry and the
+// account owns the five buckets (so it alone can write the registry and the
 // seat: nothing of them is exported), and the mesh account, where the nodes
 // are, imports from it exactly what a node's client needs:
 //
@@ -81,7 +81,13 @@ func (r RunsAs) Config() (string, error) {
 
 	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(server))
 	writeUser(&b, wire.ServerIdentity, Server())
-	writeUser(&b, wire.WriterIdentity, ServerWriter())
+	// The providers' buckets are in the mesh account, which exports none:
+	// their provisions read as pending (docs/security.md).
+	writer, err := ServerWriter()
+	if err != nil {
+		return "", err
+	}
+	writeUser(&b, wire.WriterIdentity, writer)
 	b.WriteString("    ]\n    exports = [\n")
 	for _, subject := range runsAsServices() {
 		fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(subject), q(mesh))

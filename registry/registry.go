@@ -21,7 +21,7 @@ const (
 const (
 	configBucket      = "mesh-config_values"
 	assignmentsBucket = "mesh-controller_assignments"
-	boundBucket       = "<provider>_bound"
+	boundBucket       = keyshape.ProviderOwner + wire.BoundSuffix
 )
 
 // Table returns the registry: which module answers each kind and where a

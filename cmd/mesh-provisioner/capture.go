@@ -15,7 +15,7 @@ import (
 
 const captureSynopsis = `Usage: mesh-provisioner capture --out FILE [flags]
 
-Reads every key, value and revision of the four provisioning buckets of a
+Reads every key, value and revision of the five provisioning buckets of a
 live mesh, one watcher per bucket, and writes them to FILE as one protobuf
 message mesh.provisioner.v1.Capture. The compose benchmark replays it:
 MESH_COMPOSE_CAPTURE=FILE make bench.`

@@ -35,7 +35,7 @@ type replyTarget struct {
 }
 
 // replyTargets are the reply subjects of the attacks: every JetStream API
-// subject a request could aim at, for each of the four streams and for a
+// subject a request could aim at, for each of the five streams and for a
 // stream of the attacker's own naming; a key of each bucket, another node's
 // among them; the seat; system subjects; and the server's writer's inbox.
 func replyTargets(meshStream string) []replyTarget {
@@ -293,7 +293,10 @@ func TestTheAnsweringIdentityPublishesOnlyToInboxes(t *testing.T) {
 	if got := permissions.Server().Publish.Allow; !slices.Equal(got, want) {
 		t.Errorf("the answering identity may publish %v, want only %v", got, want)
 	}
-	writer := permissions.ServerWriter()
+	writer, err := permissions.ServerWriter("pg")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, subject := range []string{wire.ServiceName + ".>", "$SRV.>"} {
 		if slices.Contains(writer.Subscribe.Allow, subject) || !slices.Contains(writer.Subscribe.Deny, subject) {
 			t.Errorf("the writing identity may subscribe to %s, which nodes publish to", subject)

@@ -11,25 +11,29 @@ import (
 	"github.com/novox/mesh-provisioner/permissions"
 )
 
-const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE | --operator NAME) [--json]
+const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE | --operator NAME) [--providers MODULES] [--json]
 
 Prints the NATS permissions of one identity of the mesh, granting the least
 that works, as a block to stand as a user's "permissions" in a nats-server
 configuration (or as JSON with --json, which nats-server reads too):
 
   --node NAME        a node's provisioner client: writes only keys NAME.> of
-                     the three state buckets, asks the service
+                     the four state buckets, asks the service
   --server           the mesh-provisioner server's answering identity: serve
                      --nats-url/--creds; subscribes to its verbs and
                      discovery, publishes only to inboxes, writes nothing
   --server-writer    the server's writing identity: serve --writer-nats-url/
                      --writer-creds; creates and watches the buckets, holds
-                     the seat, writes the registry, answers nothing
+                     the seat, writes the registry, answers nothing;
+                     with --providers (comma-separated modules), also
+                     follows the keys of each provider's bucket
+                     MODULE_bound, so that compositions say what is bound
   --provider MODULE  a provider module: asks what it must provision
                      (mesh-provisioner.provisions.MODULE), writes its own
                      bucket MODULE_bound, reads no provisioning bucket
   --operator NAME    an operator: reads the whole mesh (status, query of any
-                     node, capture), writes nothing
+                     node, capture), writes nothing; with --providers, also
+                     the keys of each provider's bucket (capture)
 
   --runs-as NODES    the nats-server "accounts" block of a mesh whose server
                      runs in an account of its own (PROVISIONER), the nodes
@@ -48,6 +52,7 @@ func definePermissions(fs *flag.FlagSet) action {
 	node := fs.String("node", "", "the node whose client the permissions are for")
 	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server's answering identity")
 	writer := fs.Bool("server-writer", false, "the permissions of the mesh-provisioner server's writing identity")
+	providers := fs.String("providers", "", "with --server-writer or --operator: the provider modules whose buckets it reads the keys of (comma-separated)")
 	provider := fs.String("provider", "", "the provider module the permissions are for")
 	operator := fs.String("operator", "", "the operator whose identity the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
@@ -62,6 +67,13 @@ func definePermissions(fs *flag.FlagSet) action {
 		}
 		if chosen != 1 {
 			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE, --operator NAME or --runs-as NODES")
+		}
+		if *providers != "" && !*writer && *operator == "" {
+			return errors.New("permissions: --providers goes with --server-writer or --operator")
+		}
+		var modules []string
+		if *providers != "" {
+			modules = strings.Split(*providers, ",")
 		}
 		if *runsAs != "" {
 			if *asJSON {
@@ -80,11 +92,11 @@ func definePermissions(fs *flag.FlagSet) action {
 		case *server:
 			p = permissions.Server()
 		case *writer:
-			p = permissions.ServerWriter()
+			p, err = permissions.ServerWriter(modules...)
 		case *node != "":
 			p, err = permissions.Node(*node)
 		case *operator != "":
-			p, err = permissions.Operator(*operator)
+			p, err = permissions.Operator(*operator, modules...)
 		default:
 			p, err = permissions.Provider(*provider)
 		}

@@ -49,15 +49,24 @@ func queryMesh(t *testing.T) string {
 		must(c.PutApplied(ctx, "web", &provisionerv1.Applied{PlanDigest: "sha256:" + node, AppliedAt: timestamppb.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)), Placeholders: []string{"${port:http}", "${bound:db}"}}))
 		must(c.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export PORT=8080", Order: 10}))
 		must(c.PutNeed(ctx, "web", "shell", "zsh:normal", &provisionerv1.Need{Placeholder: "${shell:zsh:normal}"}))
+		if node == "novox" { // novox runs pg, which has bound ace's need
+			_, _, err := c.PutManifest(ctx, "pg", &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}})
+			must(0, err)
+		}
 	}
+	js, _ := jetstream.New(nc)
+	pg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(pg.Put(ctx, "ace.web.db.ro", []byte("postgres://...")))
 	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
 	must(needs.Put(ctx, "ace.web.port", nil))
 	must(needs.Put(ctx, "novox.api.config.url", []byte{0xff, 0xff}))
 	// Wait until the copy holds every write: ask with each bucket's last
 	// revision (read your writes).
-	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
-		js, _ := jetstream.New(nc)
-		bucket := map[provisionerv1.What]string{provisionerv1.What_WHAT_NEEDS: keys.NeedsBucket, provisionerv1.What_WHAT_APPLIED: keys.AppliedBucket, provisionerv1.What_WHAT_COLLECT: keys.CollectBucket}[what]
+	for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT, provisionerv1.What_WHAT_MANIFESTS} {
+		bucket := map[provisionerv1.What]string{provisionerv1.What_WHAT_NEEDS: keys.NeedsBucket, provisionerv1.What_WHAT_APPLIED: keys.AppliedBucket, provisionerv1.What_WHAT_COLLECT: keys.CollectBucket, provisionerv1.What_WHAT_MANIFESTS: keys.ManifestsBucket}[what]
 		stream, err := js.Stream(ctx, "KV_"+bucket)
 		if err != nil {
 			t.Fatal(err)

@@ -149,7 +149,7 @@ authorization {
     { user: "ops", password: "ops-secret", permissions: %s }
     { user: "admin", password: "admin-secret" }
   ]
-}`, printed(t, "--server"), printed(t, "--server-writer"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json"), printed(t, "--operator", "ops")))
+}`, printed(t, "--server"), printed(t, "--server-writer", "--providers", "pg"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json"), printed(t, "--operator", "ops", "--providers", "pg")))
 }
 
 // serveAuthorized starts the service on s as the server's two identities,
@@ -434,7 +434,7 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	squeeze := func(s string) string { return strings.Join(strings.Fields(s), "") }
-	for _, args := range [][]string{{"--server"}, {"--server-writer"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}, {"--operator", "alice"}} {
+	for _, args := range [][]string{{"--server"}, {"--server-writer", "--providers", "pg"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}, {"--operator", "alice", "--providers", "pg"}} {
 		if !strings.Contains(squeeze(string(doc)), squeeze(printed(t, args...))) {
 			t.Errorf("docs/security.md does not hold what `permissions %s` prints; regenerate its example", strings.Join(args, " "))
 		}

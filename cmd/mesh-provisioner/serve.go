@@ -33,7 +33,7 @@ embeds a nats-server with JetStream, listening on --listen, its store in
 --state-dir, which one instance at a time may own (a second exits at once,
 naming the PID that holds it); with --nats-url it connects to that NATS and
 embeds nothing, and while it cannot be reached at start keeps trying, a log
-line per attempt (--connect-retry=false exits instead). It creates the four
+line per attempt (--connect-retry=false exits instead). It creates the five
 provisioning buckets if they are missing. Any number of instances may serve
 one mesh; the one that holds the provisioner seat writes the registry, at the
 start of its tenure, every --registry-interval and whenever an entry is

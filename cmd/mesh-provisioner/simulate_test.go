@@ -28,7 +28,7 @@ func TestSimulateThenCapture(t *testing.T) {
 	ctx := context.Background()
 
 	var out bytes.Buffer
-	if err := run(ctx, []string{"simulate", "--nodes", "3", "--modules", "4", "--needs", "10", "--nats-url", s.ClientURL()}, &out, &bytes.Buffer{}); err != nil {
+	if err := run(ctx, []string{"simulate", "--nodes", "3", "--modules", "4", "--needs", "10", "--builds", "50", "--bound", "50", "--nats-url", s.ClientURL()}, &out, &bytes.Buffer{}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(out.String(), "wrote 3 nodes x 4 modules x 10 needs") {
@@ -49,16 +49,25 @@ func TestSimulateThenCapture(t *testing.T) {
 	}
 	counts := map[string]int{}
 	revisions := map[string]uint64{}
+	bound := map[string]uint64{}
 	for _, b := range capture.GetBuckets() {
+		if strings.HasSuffix(b.GetBucket(), "_bound") {
+			bound[b.GetBucket()] = b.GetRevision()
+			continue
+		}
 		counts[b.GetBucket()] = len(b.GetEntries())
 		revisions[b.GetBucket()] = b.GetRevision()
 	}
 	// 3 nodes x 4 modules: 10 needs (+2 malformed per node), 1 applied,
-	// 3 items (+1 malformed per node).
+	// 3 items (+1 malformed per node); the first node's manifests of the
+	// four providers.
 	if diff := cmp.Diff(map[string]int{
-		keys.RegistryBucket: 13, keys.NeedsBucket: 3*4*10 + 3*2, keys.AppliedBucket: 3 * 4, keys.CollectBucket: 3*4*3 + 3,
+		keys.RegistryBucket: 13, keys.NeedsBucket: 3*4*10 + 3*2, keys.AppliedBucket: 3 * 4, keys.CollectBucket: 3*4*3 + 3, keys.ManifestsBucket: 4,
 	}, counts); diff != "" {
 		t.Errorf("captured keys per bucket (-want +got):\n%s", diff)
+	}
+	if len(bound) == 0 {
+		t.Error("the capture holds no provider's bucket")
 	}
 
 	replay, err := service.NewReplay(capture)
@@ -69,12 +78,27 @@ func TestSimulateThenCapture(t *testing.T) {
 		// Composed once the live copy holds what was captured.
 		live, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: &provisionerv1.Revisions{
 			Registry: revisions[keys.RegistryBucket], Needs: revisions[keys.NeedsBucket], Collect: revisions[keys.CollectBucket], Applied: revisions[keys.AppliedBucket],
+			Manifests: revisions[keys.ManifestsBucket], Bound: bound,
 		}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(live.GetPlans()) != 4 || len(live.GetRefusals()) < 2 {
 			t.Errorf("composition of %s: %d plans, %d refusals; want 4 plans and the malformed keys refused", node, len(live.GetPlans()), len(live.GetRefusals()))
+		}
+		var between, boundProvisions int
+		for _, p := range live.GetPlans() {
+			if p.GetWantedBuild() != p.GetNewestBuild() {
+				between++
+			}
+		}
+		for _, p := range live.GetProvisions() {
+			if p.GetBoundRevision() > 0 && p.GetManifestDigest() != "" {
+				boundProvisions++
+			}
+		}
+		if between == 0 || boundProvisions == 0 {
+			t.Errorf("composition of %s: %d modules between builds, %d provisions bound; want some of each", node, between, boundProvisions)
 		}
 		replayed, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
 		if err != nil {

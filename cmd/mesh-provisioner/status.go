@@ -86,7 +86,7 @@ func defineStatus(fs *flag.FlagSet) action {
 func printStatus(w io.Writer, r *statusReport) error {
 	t := statusTable{w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
 	for _, section := range []func(statusTable, *statusReport) error{
-		printInstances, printOverBudget, printBuckets, printNodes, printRefusals, printMalformed,
+		printInstances, printOverBudget, printBuckets, printNodes, printRefusals, printProviders, printMalformed,
 	} {
 		if err := section(t, r); err != nil {
 			return err
@@ -207,6 +207,26 @@ func printRefusals(t statusTable, r *statusReport) error {
 	t.row("REASON", "NEEDS")
 	for _, reason := range slices.Sorted(maps.Keys(r.Refusals.ByReason)) {
 		t.row(reason, strconv.Itoa(r.Refusals.ByReason[reason]))
+	}
+	return t.tw.Flush()
+}
+
+// printProviders writes the provisions of the nodes composed, by provider:
+// how many its bucket holds (bound) and how many it has still to make.
+func printProviders(t statusTable, r *statusReport) error {
+	t.line("\nProvisions by provider, composing %d of %d %s (with --records)",
+		r.Refusals.NodesComposed, r.Refusals.NodesTotal, plural(r.Refusals.NodesTotal, "node"))
+	switch {
+	case r.Refusals.NodesComposed == 0 && r.Refusals.NodesTotal > 0:
+		t.line("(counted with --records)")
+		return nil
+	case len(r.Providers) == 0:
+		t.line("none")
+		return nil
+	}
+	t.row("PROVIDER", "BOUND", "PENDING", "MANIFEST")
+	for _, p := range r.Providers {
+		t.row(p.Provider, strconv.Itoa(p.Bound), strconv.Itoa(p.Pending), dash(p.Manifest))
 	}
 	return t.tw.Flush()
 }

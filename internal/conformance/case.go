@@ -31,6 +31,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // ServeArgs are the flags every runner starts the binary with, after
@@ -165,16 +166,28 @@ func valueOf(bucket string) (proto.Message, error) {
 		return &provisionerv1.Applied{}, nil
 	case keys.CollectBucket:
 		return &provisionerv1.CollectItem{}, nil
+	case keys.ManifestsBucket:
+		return &provisionerv1.Manifest{}, nil
 	}
-	return nil, fmt.Errorf("bucket %q is not one of the four provisioning buckets", bucket)
+	if isProviderBucket(bucket) {
+		return nil, nil // a provider's own values: raw, or none
+	}
+	return nil, fmt.Errorf("bucket %q is neither one of the five provisioning buckets nor a provider's (<provider>_bound)", bucket)
+}
+
+// isProviderBucket reports whether bucket is a provider's, <provider>_bound.
+func isProviderBucket(bucket string) bool {
+	provider, ok := strings.CutSuffix(bucket, "_bound")
+	return ok && keys.CheckToken(provider) == nil && !strings.HasPrefix(bucket, wire.ServiceName)
 }
 
 // whatOf names the answer that reads each bucket.
 var whatOf = map[string]provisionerv1.What{
-	keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
-	keys.NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
-	keys.AppliedBucket:  provisionerv1.What_WHAT_APPLIED,
-	keys.CollectBucket:  provisionerv1.What_WHAT_COLLECT,
+	keys.RegistryBucket:  provisionerv1.What_WHAT_REGISTRY,
+	keys.NeedsBucket:     provisionerv1.What_WHAT_NEEDS,
+	keys.AppliedBucket:   provisionerv1.What_WHAT_APPLIED,
+	keys.CollectBucket:   provisionerv1.What_WHAT_COLLECT,
+	keys.ManifestsBucket: provisionerv1.What_WHAT_MANIFESTS,
 }
 
 // Bytes returns the value a write puts.
@@ -185,6 +198,12 @@ func (w Write) Bytes() ([]byte, error) {
 	m, err := valueOf(w.Bucket)
 	if err != nil {
 		return nil, err
+	}
+	if m == nil {
+		if len(w.Value) > 0 {
+			return nil, fmt.Errorf("value of %s in %s: a provider's bucket takes raw values only", w.Key, w.Bucket)
+		}
+		return nil, nil
 	}
 	if len(w.Value) > 0 {
 		if err := protojson.Unmarshal(w.Value, m); err != nil {
@@ -210,7 +229,13 @@ func Apply(ctx context.Context, nc *nats.Conn, c Case) (map[string]uint64, error
 			if _, err := valueOf(w.Bucket); err != nil {
 				return nil, err
 			}
-			if kv, err = js.KeyValue(ctx, w.Bucket); err != nil {
+			if isProviderBucket(w.Bucket) {
+				// A provider makes its own bucket; the case stands in for it.
+				kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: w.Bucket})
+			} else {
+				kv, err = js.KeyValue(ctx, w.Bucket)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("bind bucket %s: %w", w.Bucket, err)
 			}
 			kvs[w.Bucket] = kv
@@ -220,7 +245,7 @@ func Apply(ctx context.Context, nc *nats.Conn, c Case) (map[string]uint64, error
 				return nil, fmt.Errorf("delete %s in %s: %w", w.Key, w.Bucket, err)
 			}
 			// A delete is a write: the bucket's revision moves past it.
-			stream, err := js.Stream(ctx, "KV_"+w.Bucket)
+			stream, err := js.Stream(ctx, wire.StreamOf(w.Bucket))
 			if err != nil {
 				return nil, err
 			}
@@ -256,12 +281,19 @@ func WaitForCopy(ctx context.Context, nc *nats.Conn, last map[string]uint64) err
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	for bucket, rev := range last {
-		body, err := proto.Marshal(&provisionerv1.ProvisioningRequest{What: whatOf[bucket], MinRevision: rev})
+		subject := wire.ProvisioningSubject
+		var req proto.Message = &provisionerv1.ProvisioningRequest{What: whatOf[bucket], MinRevision: rev}
+		if isProviderBucket(bucket) {
+			// A provider's bucket is followed once a composition names it.
+			subject = wire.ComposeSubject
+			req = &provisionerv1.ComposeRequest{Node: "conformance", MinRevisions: &provisionerv1.Revisions{Bound: map[string]uint64{bucket: rev}}}
+		}
+		body, err := proto.Marshal(req)
 		if err != nil {
 			return err
 		}
 		for {
-			msg := nats.NewMsg("mesh-provisioner.provisioning")
+			msg := nats.NewMsg(subject)
 			msg.Data = body
 			msg.Header.Set("Content-Type", "application/protobuf")
 			reply, err := nc.RequestMsgWithContext(ctx, msg)

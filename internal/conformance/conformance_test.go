@@ -32,6 +32,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/conformance"
+	"github.com/novox/mesh-provisioner/keys"
 )
 
 const casesDir = "../../conformance/cases"
@@ -122,8 +123,8 @@ func checkStats(t *testing.T, nc *nats.Conn) {
 			t.Errorf("endpoint %s: data is not a %s: %v\n%s", e.Name, data.ProtoReflect().Descriptor().FullName(), err, e.Data)
 			continue
 		}
-		if len(data.GetBuckets()) != 4 || data.GetAnswerCache() == nil {
-			t.Errorf("endpoint %s: data has %d buckets and answer cache %v, want 4 and one", e.Name, len(data.GetBuckets()), data.GetAnswerCache())
+		if len(data.GetBuckets()) != len(keys.Buckets()) || data.GetAnswerCache() == nil {
+			t.Errorf("endpoint %s: data has %d buckets and answer cache %v, want %d and one", e.Name, len(data.GetBuckets()), data.GetAnswerCache(), len(keys.Buckets()))
 		}
 	}
 }

@@ -23,12 +23,24 @@ import (
 
 // Report is what status prints; --json prints it as is.
 type Report struct {
-	Instances []Instance     `json:"instances"`
-	Buckets   []Bucket       `json:"buckets"`
-	Nodes     []Node         `json:"nodes"`
-	Needs     int            `json:"needs"`
-	Refusals  Refusals       `json:"refusals"`
+	Instances []Instance `json:"instances"`
+	Buckets   []Bucket   `json:"buckets"`
+	Nodes     []Node     `json:"nodes"`
+	Needs     int        `json:"needs"`
+	Refusals  Refusals   `json:"refusals"`
+	// Providers count the provisions of the nodes composed, by provider:
+	// bound, or pending.
+	Providers []Provider     `json:"providers"`
 	Malformed []MalformedKey `json:"malformed"`
+}
+
+// Provider counts what the nodes composed ask of one provider.
+type Provider struct {
+	Provider string `json:"provider"`
+	Bound    int    `json:"bound"`
+	Pending  int    `json:"pending"`
+	// Manifest is the digest of its manifest, empty when it has none.
+	Manifest string `json:"manifest,omitempty"`
 }
 
 // Instance is one instance serving, as its $SRV.STATS reply reports it.
@@ -125,7 +137,7 @@ type Options struct {
 // The buckets' counts are the first instance's (the longest serving) that
 // reports them in its stats; the lag is its copy's.
 func Gather(ctx context.Context, nc *nats.Conn, opts Options) (*Report, error) {
-	report := &Report{Refusals: Refusals{ByReason: map[string]int{}}, Malformed: []MalformedKey{}}
+	report := &Report{Refusals: Refusals{ByReason: map[string]int{}}, Providers: []Provider{}, Malformed: []MalformedKey{}}
 	var err error
 	if report.Instances, err = discoverInstances(ctx, nc, opts.DiscoveryWait); err != nil {
 		return nil, err
@@ -218,6 +230,12 @@ func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNode
 		report.Nodes = append(report.Nodes, Node{Node: node, Needs: needsPerNode[node]})
 	}
 	report.Refusals.NodesTotal = len(report.Nodes)
+	providers := map[string]*Provider{}
+	defer func() {
+		for _, name := range slices.Sorted(maps.Keys(providers)) {
+			report.Providers = append(report.Providers, *providers[name])
+		}
+	}()
 	for i := range report.Nodes[:min(composeNodes, len(report.Nodes))] {
 		n := &report.Nodes[i]
 		composed, err := c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: n.Node})
@@ -226,6 +244,18 @@ func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNode
 		}
 		report.Refusals.NodesComposed++
 		n.Composed, n.Provisions = true, len(composed.GetProvisions())
+		for _, p := range composed.GetProvisions() {
+			counts := providers[p.GetProvider()]
+			if counts == nil {
+				counts = &Provider{Provider: p.GetProvider(), Manifest: p.GetManifestDigest()}
+				providers[p.GetProvider()] = counts
+			}
+			if p.GetBoundRevision() > 0 {
+				counts.Bound++
+			} else {
+				counts.Pending++
+			}
+		}
 		for _, r := range composed.GetRefusals() {
 			reason := strings.TrimPrefix(r.GetReason().String(), "REFUSAL_REASON_")
 			report.Refusals.ByReason[reason]++
@@ -241,10 +271,11 @@ func readRecords(ctx context.Context, nc *nats.Conn, report *Report, composeNode
 // whatOfBucket returns the provisioning verb's what that reads bucket.
 func whatOfBucket(bucket string) provisionerv1.What {
 	return map[string]provisionerv1.What{
-		keys.RegistryBucket: provisionerv1.What_WHAT_REGISTRY,
-		keys.NeedsBucket:    provisionerv1.What_WHAT_NEEDS,
-		keys.AppliedBucket:  provisionerv1.What_WHAT_APPLIED,
-		keys.CollectBucket:  provisionerv1.What_WHAT_COLLECT,
+		keys.RegistryBucket:  provisionerv1.What_WHAT_REGISTRY,
+		keys.NeedsBucket:     provisionerv1.What_WHAT_NEEDS,
+		keys.AppliedBucket:   provisionerv1.What_WHAT_APPLIED,
+		keys.CollectBucket:   provisionerv1.What_WHAT_COLLECT,
+		keys.ManifestsBucket: provisionerv1.What_WHAT_MANIFESTS,
 	}[bucket]
 }
 

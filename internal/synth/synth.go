@@ -1,15 +1,18 @@
 // Package synth makes a realistic synthetic mesh: nodes whose modules need a
 // value of every kind the registry answers (and a few it does not), with
-// collection items, applied records and a few malformed keys, the same for
-// the same configuration. mesh-provisioner simulate writes one into a live
+// collection items, applied records and a few malformed keys, and, as
+// configured, modules between two builds and providers with manifests and
+// bound entries; the same for the same configuration. mesh-provisioner simulate writes one into a live
 // NATS; the compose benchmark composes one.
 package synth
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // Config sizes a mesh.
@@ -28,11 +32,26 @@ type Config struct {
 	Nodes, Modules, Needs int
 	// Seed makes a different mesh of the same size.
 	Seed uint64
+	// Builds is the percentage of modules between two builds: wanted b1
+	// and newest b2, with half of their needs in both, a quarter in b1
+	// only and a quarter in b2 only. Zero: no module names a build.
+	Builds int
+	// Bound is the percentage of bound needs whose provider has bound
+	// them. When it is set, the first node runs every provider and writes
+	// its manifest, which offers every provision but one (each module's
+	// need of it is refused as not offered).
+	Bound int
 }
 
-// Mesh is a synthetic mesh, node by node.
+// NotOffered is the provision no synthetic provider's manifest offers.
+const NotOffered = "db1"
+
+// Mesh is a synthetic mesh, node by node, and what its providers hold.
 type Mesh struct {
 	Nodes []Node
+	// Bound are the keys the providers have bound, in their buckets, by
+	// bucket then key (the value is the provider's, opaque here).
+	Bound []Raw
 }
 
 // Node is one node's state, as its provisioner client would write it.
@@ -41,6 +60,8 @@ type Node struct {
 	Needs   []Need
 	Applied []Applied
 	Items   []Item
+	// Manifests are those of the providers the node runs.
+	Manifests []Manifest
 	// Malformed are keys out of shape, by bucket, with the bytes stored.
 	Malformed []Raw
 }
@@ -55,6 +76,12 @@ type Need struct {
 type Applied struct {
 	Module  string
 	Applied *provisionerv1.Applied
+}
+
+// Manifest is what a provider offers.
+type Manifest struct {
+	Provider string
+	Manifest *provisionerv1.Manifest
 }
 
 // Item is a module's item of a collection.
@@ -86,6 +113,10 @@ var (
 // malformed keys.
 func Generate(cfg Config) *Mesh {
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x6d657368))
+	// Builds and bound keys are drawn apart: a mesh with them is the same
+	// mesh as without, but for them.
+	builds := rand.New(rand.NewPCG(cfg.Seed, 0x6275696c6473))
+	binds := rand.New(rand.NewPCG(cfg.Seed, 0x626f756e64))
 	at := timestamppb.New(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC))
 	mesh := &Mesh{Nodes: make([]Node, cfg.Nodes)}
 	for n := range mesh.Nodes {
@@ -98,19 +129,33 @@ func Generate(cfg Config) *Mesh {
 			}
 			var placeholders []string
 			used := map[string]bool{}
+			betweenBuilds := builds.IntN(100) < cfg.Builds
 			for i := range cfg.Needs {
 				need := makeNeed(rng, module, i, used)
+				if betweenBuilds {
+					switch i % 4 {
+					case 1:
+						need.Need.Builds = []string{"b1"}
+					case 3:
+						need.Need.Builds = []string{"b2"}
+					}
+				}
 				node.Needs = append(node.Needs, need)
 				placeholders = append(placeholders, need.Need.GetPlaceholder())
 			}
-			node.Applied = append(node.Applied, Applied{Module: module, Applied: &provisionerv1.Applied{
-				PlanDigest: fmt.Sprintf("sha256:%016x", rng.Uint64()), AppliedAt: at, Placeholders: placeholders,
-			}})
+			applied := &provisionerv1.Applied{PlanDigest: fmt.Sprintf("sha256:%016x", rng.Uint64()), AppliedAt: at, Placeholders: placeholders}
+			if betweenBuilds {
+				applied.WantedBuild, applied.NewestBuild = "b1", "b2"
+			}
+			node.Applied = append(node.Applied, Applied{Module: module, Applied: applied})
 			node.Items = append(node.Items,
 				Item{Collection: "shell:zsh:normal", Contributor: module, Item: &provisionerv1.CollectItem{Value: "export " + module + "_HOME=/srv/" + module, Order: int32(m)}},
 				Item{Collection: "environment:" + module, Contributor: module, Item: &provisionerv1.CollectItem{Value: "ENV=production"}},
 				Item{Collection: "plugins", Contributor: module, Item: &provisionerv1.CollectItem{Value: module, Attributes: map[string]string{"version": "1"}}},
 			)
+		}
+		if cfg.Bound > 0 {
+			mesh.bind(binds, node, cfg.Bound)
 		}
 		node.Malformed = []Raw{
 			{keys.NeedsBucket, node.Name + ".web.port", []byte{}},
@@ -118,7 +163,39 @@ func Generate(cfg Config) *Mesh {
 			{keys.CollectBucket, node.Name + ".shell=3a.web", []byte{}},
 		}
 	}
+	if cfg.Bound > 0 && len(mesh.Nodes) > 0 {
+		first := &mesh.Nodes[0]
+		for _, provider := range providers {
+			offers := make([]*provisionerv1.Offer, 0, cfg.Needs)
+			for i := range cfg.Needs {
+				if provision := fmt.Sprintf("db%d", i); provision != NotOffered {
+					offers = append(offers, &provisionerv1.Offer{Provision: provision})
+				}
+			}
+			first.Manifests = append(first.Manifests, Manifest{Provider: provider, Manifest: &provisionerv1.Manifest{
+				Offers: offers, Attributes: map[string]string{"version": "1", "engine": provider},
+			}})
+		}
+	}
+	slices.SortFunc(mesh.Bound, func(a, b Raw) int { return cmp.Or(cmp.Compare(a.Bucket, b.Bucket), cmp.Compare(a.Key, b.Key)) })
 	return mesh
+}
+
+// bind has the providers bind percent of the node's bound needs, at the
+// key the registry's bound entry renders (<node>.<module>.<provision>
+// [.<local>]) in <provider>_bound.
+func (m *Mesh) bind(rng *rand.Rand, node *Node, percent int) {
+	for _, n := range node.Needs {
+		provider := n.Need.GetProvider()
+		if n.Kind != "bound" || provider == "" || rng.IntN(100) >= percent {
+			continue
+		}
+		key := node.Name + "." + n.Module + "." + cmp.Or(n.Need.GetProvision(), n.Name)
+		if n.Need.GetLocal() != "" {
+			key += "." + n.Need.GetLocal()
+		}
+		m.Bound = append(m.Bound, Raw{Bucket: wire.BoundBucket(provider), Key: key, Value: []byte("bound")})
+	}
 }
 
 // makeNeed makes the i-th need of a module; used holds the module's need
@@ -188,6 +265,14 @@ func (m *Mesh) Capture(registry []*provisionerv1.RegistryEntry) (*provisionerv1.
 		add(bucket, key, raw)
 		return nil
 	})
+	// A provider's bucket as the server holds it: keys and revisions.
+	for _, r := range m.Bound {
+		if _, ok := buckets[r.Bucket]; !ok {
+			buckets[r.Bucket] = &provisionerv1.CapturedBucket{Bucket: r.Bucket}
+			order = append(order, buckets[r.Bucket])
+		}
+		add(r.Bucket, r.Key, nil)
+	}
 	return &provisionerv1.Capture{CapturedAt: timestamppb.Now(), Buckets: order}, err
 }
 
@@ -220,6 +305,15 @@ func (m *Mesh) each(fn func(node *Node, bucket, key string, value proto.Message,
 				return err
 			}
 			if err := fn(node, keys.CollectBucket, key, it.Item, nil); err != nil {
+				return err
+			}
+		}
+		for _, mf := range node.Manifests {
+			key, err := keys.ManifestKey{Node: node.Name, Provider: mf.Provider}.Key()
+			if err != nil {
+				return err
+			}
+			if err := fn(node, keys.ManifestsBucket, key, mf.Manifest, nil); err != nil {
 				return err
 			}
 		}
@@ -277,7 +371,30 @@ func (m *Mesh) Write(ctx context.Context, js jetstream.JetStream, parallel int, 
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return m.writeBound(ctx, js)
+}
+
+// writeBound writes what the providers have bound, as each provider would
+// in its own bucket, which it makes if it does not exist.
+func (m *Mesh) writeBound(ctx context.Context, js jetstream.JetStream) error {
+	kvs := map[string]jetstream.KeyValue{}
+	for _, r := range m.Bound {
+		kv, ok := kvs[r.Bucket]
+		if !ok {
+			var err error
+			if kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: r.Bucket}); err != nil {
+				return fmt.Errorf("provider bucket %s: %w", r.Bucket, err)
+			}
+			kvs[r.Bucket] = kv
+		}
+		if _, err := kv.Put(ctx, r.Key, r.Value); err != nil {
+			return fmt.Errorf("provider bucket %s, key %s: %w", r.Bucket, r.Key, err)
+		}
+	}
+	return nil
 }
 
 // writeNode writes one node's keys through a node client of its own.
@@ -298,6 +415,11 @@ func (m *Mesh) writeNode(ctx context.Context, js jetstream.JetStream, raw map[st
 	}
 	for _, it := range node.Items {
 		if _, err := c.PutCollectItem(ctx, it.Collection, it.Contributor, it.Item); err != nil {
+			return err
+		}
+	}
+	for _, mf := range node.Manifests {
+		if _, _, err := c.PutManifest(ctx, mf.Provider, mf.Manifest); err != nil {
 			return err
 		}
 	}

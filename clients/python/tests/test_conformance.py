@@ -161,7 +161,7 @@ async def check_stats(nc: NATS) -> None:
             data = json_format.ParseDict(endpoint["data"], EndpointStatsData(), ignore_unknown_fields=False)
         except json_format.ParseError as err:
             pytest.fail(f"endpoint {endpoint['name']}: data is not a mesh.provisioner.v1.EndpointStatsData: {err}\n{endpoint['data']}")
-        assert len(data.buckets) == 4, f"endpoint {endpoint['name']}: buckets"
+        assert len(data.buckets) == 5, f"endpoint {endpoint['name']}: buckets (the five provisioning buckets)"
         assert data.HasField("answer_cache"), f"endpoint {endpoint['name']}: answer_cache"
 
 

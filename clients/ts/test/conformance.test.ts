@@ -255,7 +255,7 @@ async function checkStats(nc: NatsConnection): Promise<void> {
     } catch (err) {
       assert.fail(`endpoint ${e.name}: data is not a mesh.provisioner.v1.EndpointStatsData: ${String(err)}\n${JSON.stringify(e.data)}`);
     }
-    assert.equal(data.buckets.length, 4, `endpoint ${e.name}: buckets`);
+    assert.equal(data.buckets.length, 5, `endpoint ${e.name}: buckets (the five provisioning buckets)`);
     assert.ok(data.answerCache !== undefined, `endpoint ${e.name}: answer_cache`);
   }
 }

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// On a nats-server whose authorization is what the permissions command
+// prints (the writer with --providers pg): novox, which runs provider pg,
+// declares pg's manifest with its own node client; ace needs a database of
+// pg, pending until pg binds it in its own bucket, then bound, seen by ace
+// with min_revisions; and no node can read pg's bucket.
+func TestAProvisionIsBoundOnARealServer(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
+	serveAuthorized(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	novox := connectAs(t, s, wire.RoleNode, "novox")
+	novoxClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: novox.nc, Node: "novox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, manifestRev, err := novoxClient.PutManifest(ctx, "pg", &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}})
+	if err != nil {
+		t.Fatalf("novox declares pg's manifest: %v (violations %v)", err, novox.violations)
+	}
+
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	aceClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	needRev, err := aceClient.PutNeed(ctx, "web", "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "pg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	asAce := client.New(ace.nc, client.AsNode("ace"))
+	compose := func(least *provisionerv1.Revisions) *provisionerv1.Provision {
+		t.Helper()
+		plan, err := asAce.Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: least})
+		if err != nil {
+			t.Fatalf("ace composes: %v (violations %v)", err, ace.violations)
+		}
+		if len(plan.GetProvisions()) != 1 || len(plan.GetBehind()) != 0 {
+			t.Fatalf("ace's plan: %v, want one provision and nothing behind", plan)
+		}
+		return plan.GetProvisions()[0]
+	}
+	if p := compose(&provisionerv1.Revisions{Needs: needRev, Manifests: manifestRev}); p.GetBoundRevision() != 0 || p.GetManifestDigest() != digest {
+		t.Errorf("before pg binds: %v, want pending, offered by manifest %s", p, digest)
+	}
+
+	// The operator makes pg's bucket; pg writes its entry.
+	admin := connectAs(t, s, "", "admin")
+	if _, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")}); err != nil {
+		t.Fatal(err)
+	}
+	pg := connectAs(t, s, wire.RoleProvider, "pg")
+	pgBound, err := pg.js.KeyValue(ctx, wire.BoundBucket("pg"))
+	if err != nil {
+		t.Fatalf("pg binds its bucket: %v (violations %v)", err, pg.violations)
+	}
+	boundRev, err := pgBound.Put(ctx, "ace.web.db", []byte("postgres://ace-web@db/ace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := compose(&provisionerv1.Revisions{Bound: map[string]uint64{wire.BoundBucket("pg"): boundRev}})
+	if p.GetBoundRevision() != boundRev {
+		t.Errorf("after pg binds at revision %d: %v, want bound at it", boundRev, p)
+	}
+
+	// A node reads no provider's bucket.
+	// nats-server drops the denied request: it goes unanswered.
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort()
+	if _, err := ace.js.KeyValue(short, wire.BoundBucket("pg")); err == nil {
+		t.Error("ace binds pg's bucket")
+	}
+	if !ace.violated("$JS.API.STREAM.INFO.KV_pg_bound") {
+		t.Error("ace's read of pg's bucket was not refused by nats-server")
+	}
+}
