@@ -178,7 +178,7 @@ fuzz: ## Fuzz the key parsers and the collection escape (FUZZTIME each, default 
 	go test ./keys -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime $(or $(FUZZTIME),1m)
 
 .PHONY: bench
-bench: ## Compose benchmarks: a node (vs a by-key composer) and a 1,000-node mesh; MESH_COMPOSE_CAPTURE=file to replay a capture
+bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers' entries and manifests too), a 1,000-node mesh, two builds vs one; MESH_COMPOSE_CAPTURE=file to replay a capture
 	go test ./service -run '^$$' -bench 'BenchmarkCompose' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
 
 .PHONY: bench-verb

@@ -123,13 +123,19 @@ func (b *builds) of(need *provisionerv1.Need) ([]string, bool) {
 	if len(named) == 0 {
 		return b.list, true
 	}
-	var in []string
-	for _, build := range b.list {
-		if slices.Contains(named, build) {
-			in = append(in, build)
-		}
+	// Windows on the module's list, shared by its items: no allocation a
+	// need.
+	wanted := slices.Contains(named, b.list[0])
+	newest := len(b.list) > 1 && slices.Contains(named, b.list[1])
+	switch {
+	case wanted && newest:
+		return b.list, true
+	case wanted:
+		return b.list[:1:1], true
+	case newest:
+		return b.list[1:2:2], true
 	}
-	return in, len(in) > 0
+	return nil, false
 }
 
 // resolve returns the entry that answers kind, made ready, or nil.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -27,7 +28,8 @@ import (
 
 // The compose benchmarks read the capture named by MESH_COMPOSE_CAPTURE
 // (written by mesh-provisioner capture) or, without it, a synthetic mesh of
-// nodes of 60 modules x 25 needs: 4 nodes for BenchmarkComposeNode, 1,000 for
+// nodes of 60 modules x 25 needs, half of whose bound needs their providers
+// have bound: 4 nodes for BenchmarkComposeNode, 1,000 for
 // BenchmarkComposeMesh.
 //
 //	make bench
@@ -46,7 +48,7 @@ func benchCapture(b *testing.B, nodes int) *provisionerv1.Capture {
 		}
 		return capture
 	}
-	capture, err := synth.Generate(synth.Config{Nodes: nodes, Modules: 60, Needs: 25}).Capture(registry.Table())
+	capture, err := synth.Generate(synth.Config{Nodes: nodes, Modules: 60, Needs: 25, Bound: 50}).Capture(registry.Table())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -194,6 +196,11 @@ func restore(b *testing.B, capture *provisionerv1.Capture) jetstream.JetStream {
 		b.Fatal(err)
 	}
 	for _, bucket := range capture.GetBuckets() {
+		if strings.HasSuffix(bucket.GetBucket(), wire.BoundSuffix) { // a provider's, which it makes
+			if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket.GetBucket()}); err != nil {
+				b.Fatal(err)
+			}
+		}
 		for _, e := range bucket.GetEntries() {
 			if _, err := js.PublishAsync(wire.KVSubject(bucket.GetBucket(), e.GetKey()), e.GetValue()); err != nil {
 				b.Fatal(err)
@@ -210,18 +217,21 @@ func restore(b *testing.B, capture *provisionerv1.Capture) jetstream.JetStream {
 
 // byKeyComposer is the baseline: it reads every key a composition needs from
 // JetStream, one Get at a time, as provisioner composers did before a
-// watched copy. It lives in this benchmark only.
+// watched copy: the node's needs, items and applied records, the registry
+// entry of each kind, and for each provision its provider's manifests and
+// its key in the provider's bucket. It lives in this benchmark only.
 type byKeyComposer struct {
-	registry, needs, collect jetstream.KeyValue
+	js                                          jetstream.JetStream
+	registry, needs, collect, applied, manifest jetstream.KeyValue
 }
 
 func newByKeyComposer(ctx context.Context, js jetstream.JetStream) (*byKeyComposer, error) {
-	c := &byKeyComposer{}
+	c := &byKeyComposer{js: js}
 	var err error
 	for _, b := range []struct {
 		name string
 		kv   *jetstream.KeyValue
-	}{{keys.RegistryBucket, &c.registry}, {keys.NeedsBucket, &c.needs}, {keys.CollectBucket, &c.collect}} {
+	}{{keys.RegistryBucket, &c.registry}, {keys.NeedsBucket, &c.needs}, {keys.CollectBucket, &c.collect}, {keys.AppliedBucket, &c.applied}, {keys.ManifestsBucket, &c.manifest}} {
 		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
 			return nil, err
 		}
@@ -230,38 +240,96 @@ func newByKeyComposer(ctx context.Context, js jetstream.JetStream) (*byKeyCompos
 }
 
 func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv1.ComposeResponse, error) {
-	// Each key is read with its own Get and decoded as the copy decodes it.
-	m := mirror.New()
-	for _, read := range []struct {
-		kv   jetstream.KeyValue
-		copy mirror.Watched
-	}{{c.needs, m.Needs}, {c.collect, m.Collect}} {
-		keys, err := listKeys(ctx, read.kv, node)
+	// Each key is read with its own Get into a capture of what the
+	// composition reads, which a mirror then holds as the copy would.
+	read := map[string]*provisionerv1.CapturedBucket{}
+	get := func(kv jetstream.KeyValue, bucket, key string) (bool, error) {
+		e, err := kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if read[bucket] == nil {
+			read[bucket] = &provisionerv1.CapturedBucket{Bucket: bucket}
+		}
+		read[bucket].Entries = append(read[bucket].Entries, &provisionerv1.CapturedEntry{Key: key, Value: e.Value(), Revision: e.Revision()})
+		return true, nil
+	}
+	for _, b := range []struct {
+		kv     jetstream.KeyValue
+		bucket string
+	}{{c.needs, keys.NeedsBucket}, {c.collect, keys.CollectBucket}, {c.applied, keys.AppliedBucket}} {
+		keys, err := listKeys(ctx, b.kv, node+".>")
 		if err != nil {
 			return nil, err
 		}
 		for _, key := range keys {
-			e, err := read.kv.Get(ctx, key)
-			if err != nil {
+			if _, err := get(b.kv, b.bucket, key); err != nil {
 				return nil, err
 			}
-			read.copy.Apply(key, e.Value(), e.Revision(), false)
 		}
 	}
-	needs, _, _ := m.Needs.Group(node)
-	kinds := map[string]bool{}
-	for _, e := range needs {
-		if e.Malformed == nil && !kinds[e.Record.GetKind()] {
-			kinds[e.Record.GetKind()] = true
-			entry, err := c.registry.Get(ctx, e.Record.GetKind())
-			if errors.Is(err, jetstream.ErrKeyNotFound) {
-				continue
+	needs, err := mirror.Load(&provisionerv1.Capture{Buckets: []*provisionerv1.CapturedBucket{read[keys.NeedsBucket]}})
+	if err != nil {
+		return nil, err
+	}
+	entries, _, _ := needs.Needs.Group(node)
+	kinds, providers := map[string]bool{}, map[string]bool{}
+	for _, e := range entries {
+		if e.Malformed != nil {
+			continue
+		}
+		if kind := e.Record.GetKind(); !kinds[kind] {
+			kinds[kind] = true
+			if _, err := get(c.registry, keys.RegistryBucket, kind); err != nil {
+				return nil, err
+			}
+		}
+		if p := e.Record.GetNeed().GetProvider(); p != "" && !providers[p] && keys.CheckToken(p) == nil {
+			providers[p] = true
+			manifests, err := listKeys(ctx, c.manifest, "*."+p)
+			if err != nil {
+				return nil, err
+			}
+			for _, key := range manifests {
+				if _, err := get(c.manifest, keys.ManifestsBucket, key); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	// The provisions' keys, each read in its provider's bucket.
+	pending, err := mirror.Load(&provisionerv1.Capture{Buckets: slices.Collect(maps.Values(read))})
+	if err != nil {
+		return nil, err
+	}
+	first, _, werr := composeFrom(pending, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
+	if werr != nil {
+		return nil, werr
+	}
+	bound := map[string]jetstream.KeyValue{}
+	for _, p := range first.GetProvisions() {
+		kv, ok := bound[p.GetBucket()]
+		if !ok {
+			if kv, err = c.js.KeyValue(ctx, p.GetBucket()); errors.Is(err, jetstream.ErrBucketNotFound) {
+				kv, err = nil, nil
 			}
 			if err != nil {
 				return nil, err
 			}
-			m.Registry.Apply(entry.Key(), entry.Value(), entry.Revision(), false)
+			bound[p.GetBucket()] = kv
 		}
+		if kv != nil {
+			if _, err := get(kv, p.GetBucket(), p.GetKey()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	m, err := mirror.Load(&provisionerv1.Capture{Buckets: slices.Collect(maps.Values(read))})
+	if err != nil {
+		return nil, err
 	}
 	out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
 	if werr != nil {
@@ -270,9 +338,9 @@ func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv
 	return out, nil
 }
 
-// listKeys lists a node's keys of a bucket, in key order.
-func listKeys(ctx context.Context, kv jetstream.KeyValue, node string) ([]string, error) {
-	lister, err := kv.ListKeysFiltered(ctx, node+".>")
+// listKeys lists the keys of a bucket that filter matches, in key order.
+func listKeys(ctx context.Context, kv jetstream.KeyValue, filter string) ([]string, error) {
+	lister, err := kv.ListKeysFiltered(ctx, filter)
 	if err != nil {
 		return nil, err
 	}
