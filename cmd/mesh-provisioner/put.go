@@ -16,28 +16,31 @@ import (
 	"github.com/novox/mesh-provisioner/nodeclient"
 )
 
-const putSynopsis = `Usage: mesh-provisioner put need|applied|collect --node NODE [flags]
+const putSynopsis = `Usage: mesh-provisioner put need|applied|collect|manifest --node NODE [flags]
 
 Writes one record of a node's provisioning state, as the node's provisioner
 client does (package nodeclient), without encoding protobuf by hand:
 
-  put need --node ace --module web --placeholder '${port:http}' --required
-  put applied --node ace --module web --plan-digest sha256:... --placeholders '${port:http}'
+  put need --node ace --module web --placeholder '${port:http}' --required --builds b2
+  put applied --node ace --module web --plan-digest sha256:... --placeholders '${port:http}' --wanted-build b1 --newest-build b2
   put collect --node ace --collection shell:zsh:normal --contributor web --value 'export PORT=8080' --order 10
+  put manifest --node g14 --provider postgres --offers db,ro --attributes version=16
 
 It runs under the node's own permissions (mesh-provisioner permissions
 --node NODE): connect with the node's --creds; the inbox prefix defaults to
 the node's own, _INBOX_MESH.node.NODE. It prints the key and the revision
-written: ask with min_revision that revision to see the write.`
+written (and a manifest's digest): ask with min_revision that revision to see
+the write.`
 
-const deleteSynopsis = `Usage: mesh-provisioner delete need|applied|collect --node NODE [flags]
+const deleteSynopsis = `Usage: mesh-provisioner delete need|applied|collect|manifest --node NODE [flags]
 
 Deletes one record of a node's provisioning state, under the node's own
 permissions, as put writes it:
 
   delete need --node ace --module web --placeholder '${port:http}'
   delete applied --node ace --module web
-  delete collect --node ace --collection shell:zsh:normal --contributor web`
+  delete collect --node ace --collection shell:zsh:normal --contributor web
+  delete manifest --node g14 --provider postgres`
 
 // nodeWriteFlags are put's and delete's flags.
 type nodeWriteFlags struct {
@@ -56,6 +59,10 @@ type nodeWriteFlags struct {
 	value        string
 	order        int
 	attributes   string
+	builds       string
+	wanted       string
+	newest       string
+	offers       string
 }
 
 func (f *nodeWriteFlags) register(fs *flag.FlagSet, put bool) {
@@ -67,18 +74,22 @@ func (f *nodeWriteFlags) register(fs *flag.FlagSet, put bool) {
 	fs.StringVar(&f.placeholder, "placeholder", "", "the need's placeholder, such as ${port:http}: its kind and name make the key (need)")
 	fs.StringVar(&f.collection, "collection", "", "the collection, by its readable name such as shell:zsh:normal (collect)")
 	fs.StringVar(&f.contributor, "contributor", "", "the module contributing the item (collect)")
+	fs.StringVar(&f.need.Provider, "provider", "", "the module that provisions it, for a bound need (need); the provider whose manifest it is (manifest)")
 	if !put {
 		return
 	}
 	fs.BoolVar(&f.need.Required, "required", false, "the need must be resolved (need)")
-	fs.StringVar(&f.need.Provider, "provider", "", "the module that provisions it, for a bound need (need)")
 	fs.StringVar(&f.need.Provision, "provision", "", "what the provider provisions (need)")
 	fs.StringVar(&f.need.Local, "local", "", "the local side of a bound need, such as ro (need)")
 	fs.StringVar(&f.planDigest, "plan-digest", "", "the digest of the plan applied (applied)")
 	fs.StringVar(&f.placeholders, "placeholders", "", "the placeholders applied, comma-separated (applied)")
 	fs.StringVar(&f.value, "value", "", "the item's value (collect)")
 	fs.IntVar(&f.order, "order", 0, "the item's order in its collection (collect)")
-	fs.StringVar(&f.attributes, "attributes", "", "the item's attributes, comma-separated key=value pairs (collect)")
+	fs.StringVar(&f.attributes, "attributes", "", "attributes, comma-separated key=value pairs: the item's (collect), the provider's (manifest)")
+	fs.StringVar(&f.builds, "builds", "", "the builds of the module the need belongs to, comma-separated; none: every build (need)")
+	fs.StringVar(&f.wanted, "wanted-build", "", "the build of the module the node wants (applied)")
+	fs.StringVar(&f.newest, "newest-build", "", "the newest build of the module the node knows of (applied)")
+	fs.StringVar(&f.offers, "offers", "", "the provisions the provider offers, comma-separated (manifest)")
 }
 
 func definePut(fs *flag.FlagSet) action {
@@ -106,8 +117,8 @@ func kindAndName(placeholder string) (string, string, error) {
 
 func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) error {
 	what := inv.word
-	if what != "need" && what != "applied" && what != "collect" {
-		return fmt.Errorf("%s %q: %s need, applied or collect", verb, what, verb)
+	if what != "need" && what != "applied" && what != "collect" && what != "manifest" {
+		return fmt.Errorf("%s %q: %s need, applied, collect or manifest", verb, what, verb)
 	}
 	if f.node == "" {
 		return fmt.Errorf("%s %s: --node is required: the node whose state it is", verb, what)
@@ -130,6 +141,14 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		if f.collection == "" || f.contributor == "" {
 			return fmt.Errorf("%s collect: --collection and --contributor are required", verb)
 		}
+	case "manifest":
+		if f.need.GetProvider() == "" {
+			return fmt.Errorf("%s manifest: --provider is required: the provider module whose manifest it is", verb)
+		}
+	}
+	attributes, err := attributesOf(f.attributes)
+	if err != nil {
+		return err
 	}
 	if f.conn.inbox == "" {
 		f.conn.inbox = nodeclient.InboxPrefix(f.node)
@@ -150,7 +169,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		bucket = keys.NeedsBucket
 		key, err = keys.NeedKey{Node: f.node, Module: f.module, Kind: kind, Name: name}.Key()
 		if err == nil && verb == "put" {
-			f.need.Placeholder = f.placeholder
+			f.need.Placeholder, f.need.Builds = f.placeholder, splitList(f.builds)
 			revision, err = c.PutNeed(ctx, f.module, kind, name, &f.need)
 		} else if err == nil {
 			err = c.DeleteNeed(ctx, f.module, kind, name)
@@ -159,7 +178,8 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		bucket = keys.AppliedBucket
 		key, err = keys.AppliedKey{Node: f.node, Module: f.module}.Key()
 		if err == nil && verb == "put" {
-			applied := &provisionerv1.Applied{PlanDigest: f.planDigest, AppliedAt: timestamppb.Now(), Placeholders: splitList(f.placeholders)}
+			applied := &provisionerv1.Applied{PlanDigest: f.planDigest, AppliedAt: timestamppb.Now(), Placeholders: splitList(f.placeholders),
+				WantedBuild: f.wanted, NewestBuild: f.newest}
 			revision, err = c.PutApplied(ctx, f.module, applied)
 		} else if err == nil {
 			err = c.DeleteApplied(ctx, f.module)
@@ -168,17 +188,24 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		bucket = keys.CollectBucket
 		key, err = keys.CollectKey{Node: f.node, Collection: f.collection, Contributor: f.contributor}.Key()
 		if err == nil && verb == "put" {
-			item := &provisionerv1.CollectItem{Value: f.value, Order: int32(f.order), Attributes: map[string]string{}} //nolint:gosec // an order is small
-			for _, kv := range splitList(f.attributes) {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok {
-					return fmt.Errorf("--attributes %q: write key=value pairs, comma-separated", f.attributes)
-				}
-				item.Attributes[k] = v
-			}
+			item := &provisionerv1.CollectItem{Value: f.value, Order: int32(f.order), Attributes: attributes} //nolint:gosec // an order is small
 			revision, err = c.PutCollectItem(ctx, f.collection, f.contributor, item)
 		} else if err == nil {
 			err = c.DeleteCollectItem(ctx, f.collection, f.contributor)
+		}
+	case "manifest":
+		bucket = keys.ManifestsBucket
+		key, err = keys.ManifestKey{Node: f.node, Provider: f.need.GetProvider()}.Key()
+		if err == nil && verb == "put" {
+			manifest := &provisionerv1.Manifest{Attributes: attributes}
+			for _, offer := range splitList(f.offers) {
+				manifest.Offers = append(manifest.Offers, &provisionerv1.Offer{Provision: offer})
+			}
+			var digest string
+			digest, revision, err = c.PutManifest(ctx, f.need.GetProvider(), manifest)
+			key += " (" + digest + ")"
+		} else if err == nil {
+			err = c.DeleteManifest(ctx, f.need.GetProvider())
 		}
 	}
 	if err != nil {
@@ -190,6 +217,19 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		_, err = fmt.Fprintf(inv.stdout, "deleted %s %s\n", bucket, key)
 	}
 	return err
+}
+
+// attributesOf reads --attributes: comma-separated key=value pairs.
+func attributesOf(list string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range splitList(list) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("--attributes %q: write key=value pairs, comma-separated", list)
+		}
+		out[k] = v
+	}
+	return out, nil
 }
 
 // explain adds NATS's refusal, when there was one, to a write's error.

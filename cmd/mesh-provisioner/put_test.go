@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,7 +16,7 @@ import (
 )
 
 // TestPutUnderTheNodesPermissions writes and deletes a need, an applied
-// record and a collection item with put and delete, as node ace, on a
+// record, a collection item and a manifest with put and delete, as node ace, on a
 // nats-server that authorizes ace with what permissions --node ace prints;
 // and ace cannot write novox's.
 func TestPutUnderTheNodesPermissions(t *testing.T) {
@@ -76,14 +77,39 @@ func TestPutUnderTheNodesPermissions(t *testing.T) {
 		t.Errorf("the collection item written: %v", &item)
 	}
 
+	if _, err := cmd("put", "need", "--node", "ace", "--module", "web", "--placeholder", "${port:quic}", "--builds", "b2"); err != nil {
+		t.Fatal(err)
+	}
+	if !read(keys.NeedsBucket, "ace.web.port.quic", &need) || !slices.Equal(need.GetBuilds(), []string{"b2"}) {
+		t.Errorf("the need of build b2 written: %v", &need)
+	}
+	if _, err := cmd("put", "applied", "--node", "ace", "--module", "api", "--wanted-build", "b1", "--newest-build", "b2"); err != nil {
+		t.Fatal(err)
+	}
+	if !read(keys.AppliedBucket, "ace.api", &applied) || applied.GetWantedBuild() != "b1" || applied.GetNewestBuild() != "b2" {
+		t.Errorf("the applied record with builds written: %v", &applied)
+	}
+	out, err = cmd("put", "manifest", "--node", "ace", "--provider", "pg", "--offers", "db,ro", "--attributes", "version=16")
+	if err != nil || !strings.HasPrefix(out, "put mesh-provisioner_manifests ace.pg (sha256:") {
+		t.Fatalf("put manifest: %v %q", err, out)
+	}
+	var manifest provisionerv1.Manifest
+	if !read(keys.ManifestsBucket, "ace.pg", &manifest) || len(manifest.GetOffers()) != 2 || manifest.GetAttributes()["version"] != "16" {
+		t.Errorf("the manifest written: %v", &manifest)
+	}
+
 	if out, err := cmd("put", "need", "--node", "novox", "--module", "web", "--placeholder", "${port:http}"); err == nil {
 		t.Errorf("ace wrote novox's need: %q", out)
+	}
+	if out, err := cmd("put", "manifest", "--node", "novox", "--provider", "pg", "--offers", "db"); err == nil {
+		t.Errorf("ace wrote novox's manifest: %q", out)
 	}
 
 	for _, args := range [][]string{
 		{"delete", "need", "--node", "ace", "--module", "web", "--placeholder", "${port:http}"},
 		{"delete", "applied", "--node", "ace", "--module", "web"},
 		{"delete", "collect", "--node", "ace", "--collection", "shell:zsh:normal", "--contributor", "web"},
+		{"delete", "manifest", "--node", "ace", "--provider", "pg"},
 	} {
 		if out, err := cmd(args...); err != nil || !strings.HasPrefix(out, "deleted ") {
 			t.Errorf("%v: %v %q", args, err, out)
