@@ -52,7 +52,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = DefaultMaxBytes
 	}
-	for _, bucket := range keys.Buckets() {
+	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		_, err := js.KeyValue(ctx, bucket)
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			kv := jetstream.KeyValueConfig{
@@ -133,6 +133,7 @@ func configureState(ctx context.Context, js jetstream.JetStream, bucket string, 
 }
 
 var descriptions = map[string]string{
+	keys.PlansBucket:    "each node's plan digest, keyed <node>, written by the seat's holder",
 	keys.RegistryBucket: "which module answers each kind of placeholder, keyed <kind>",
 	keys.NeedsBucket:    "what each module needs, keyed <node>.<module>.<kind>.<name>",
 	keys.AppliedBucket:  "what is applied, keyed <node>.<module>",

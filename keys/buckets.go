@@ -16,6 +16,10 @@ const (
 	// ManifestsBucket holds what each provider offers, keyed
 	// <node>.<provider> by the nodes that run it.
 	ManifestsBucket = "mesh-provisioner_manifests"
+	// PlansBucket holds each node's plan digest (PlanDigest), keyed <node>,
+	// written by the seat's holder only; a node watches its own key. It is
+	// not a provisioning bucket: no verb reads it.
+	PlansBucket = "mesh-provisioner_plans"
 )
 
 // Buckets lists every provisioning bucket, the registry first.

@@ -292,7 +292,14 @@ type ComposeResponse struct {
 	NextPageToken string `protobuf:"bytes,8,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	// The buckets whose copy the server knows may be behind the bucket itself.
 	// Empty when the answer is fresh.
-	Behind        []string `protobuf:"bytes,9,rep,name=behind,proto3" json:"behind,omitempty"`
+	Behind []string `protobuf:"bytes,9,rep,name=behind,proto3" json:"behind,omitempty"`
+	// The digest of what the node must apply: the whole composition (every
+	// page of it) but for phases, revisions, behind and the revisions at
+	// which needs and items were written. Equal compositions have equal
+	// digests, on every instance and across restarts; the seat's holder
+	// keeps each node's in mesh-provisioner_plans (PlanDigest), which a
+	// node watches to learn that its plan changed.
+	PlanDigest    string `protobuf:"bytes,10,opt,name=plan_digest,json=planDigest,proto3" json:"plan_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -390,6 +397,71 @@ func (x *ComposeResponse) GetBehind() []string {
 	return nil
 }
 
+func (x *ComposeResponse) GetPlanDigest() string {
+	if x != nil {
+		return x.PlanDigest
+	}
+	return ""
+}
+
+// PlanDigest is the value of key <node> in the bucket
+// mesh-provisioner_plans, written by the seat's holder when the node's plan
+// digest changes: a node that watches its key composes again, asking with
+// these revisions, when the digest differs from its composition's.
+type PlanDigest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's ComposeResponse.plan_digest.
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// The revisions of the composition the digest is of.
+	Revisions     *Revisions `protobuf:"bytes,2,opt,name=revisions,proto3" json:"revisions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlanDigest) Reset() {
+	*x = PlanDigest{}
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlanDigest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlanDigest) ProtoMessage() {}
+
+func (x *PlanDigest) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlanDigest.ProtoReflect.Descriptor instead.
+func (*PlanDigest) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PlanDigest) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PlanDigest) GetRevisions() *Revisions {
+	if x != nil {
+		return x.Revisions
+	}
+	return nil
+}
+
 // ModulePlan is the plan of one module: each of its needs resolved.
 type ModulePlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -410,7 +482,7 @@ type ModulePlan struct {
 
 func (x *ModulePlan) Reset() {
 	*x = ModulePlan{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +494,7 @@ func (x *ModulePlan) String() string {
 func (*ModulePlan) ProtoMessage() {}
 
 func (x *ModulePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +507,7 @@ func (x *ModulePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModulePlan.ProtoReflect.Descriptor instead.
 func (*ModulePlan) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{3}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ModulePlan) GetModule() string {
@@ -500,7 +572,7 @@ type PlanItem struct {
 
 func (x *PlanItem) Reset() {
 	*x = PlanItem{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[4]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +584,7 @@ func (x *PlanItem) String() string {
 func (*PlanItem) ProtoMessage() {}
 
 func (x *PlanItem) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[4]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +597,7 @@ func (x *PlanItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanItem.ProtoReflect.Descriptor instead.
 func (*PlanItem) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{4}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PlanItem) GetKind() string {
@@ -643,7 +715,7 @@ type CollectedItem struct {
 
 func (x *CollectedItem) Reset() {
 	*x = CollectedItem{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[5]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +727,7 @@ func (x *CollectedItem) String() string {
 func (*CollectedItem) ProtoMessage() {}
 
 func (x *CollectedItem) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[5]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -668,7 +740,7 @@ func (x *CollectedItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectedItem.ProtoReflect.Descriptor instead.
 func (*CollectedItem) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{5}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CollectedItem) GetContributor() string {
@@ -705,7 +777,7 @@ type BucketKey struct {
 
 func (x *BucketKey) Reset() {
 	*x = BucketKey{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[6]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +789,7 @@ func (x *BucketKey) String() string {
 func (*BucketKey) ProtoMessage() {}
 
 func (x *BucketKey) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[6]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +802,7 @@ func (x *BucketKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketKey.ProtoReflect.Descriptor instead.
 func (*BucketKey) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{6}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *BucketKey) GetBucket() string {
@@ -783,7 +855,7 @@ type Provision struct {
 
 func (x *Provision) Reset() {
 	*x = Provision{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[7]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -795,7 +867,7 @@ func (x *Provision) String() string {
 func (*Provision) ProtoMessage() {}
 
 func (x *Provision) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[7]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -808,7 +880,7 @@ func (x *Provision) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provision.ProtoReflect.Descriptor instead.
 func (*Provision) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{7}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Provision) GetProvider() string {
@@ -913,7 +985,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[8]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +997,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[8]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1010,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{8}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Refusal) GetKey() string {
@@ -1003,7 +1075,7 @@ type Phase struct {
 
 func (x *Phase) Reset() {
 	*x = Phase{}
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[9]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1015,7 +1087,7 @@ func (x *Phase) String() string {
 func (*Phase) ProtoMessage() {}
 
 func (x *Phase) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[9]
+	mi := &file_mesh_provisioner_v1_compose_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1028,7 +1100,7 @@ func (x *Phase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Phase.ProtoReflect.Descriptor instead.
 func (*Phase) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{9}
+	return file_mesh_provisioner_v1_compose_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Phase) GetName() string {
@@ -1067,7 +1139,7 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\rmin_revisions\x18\x03 \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\fminRevisions\x12\x1b\n" +
 	"\tpage_size\x18\x04 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x05 \x01(\tR\tpageToken\"\xa0\x03\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\xc1\x03\n" +
 	"\x0fComposeResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06module\x18\x02 \x01(\tR\x06module\x125\n" +
@@ -1079,7 +1151,14 @@ const file_mesh_provisioner_v1_compose_proto_rawDesc = "" +
 	"\x06phases\x18\x06 \x03(\v2\x1a.mesh.provisioner.v1.PhaseR\x06phases\x12<\n" +
 	"\trevisions\x18\a \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\trevisions\x12&\n" +
 	"\x0fnext_page_token\x18\b \x01(\tR\rnextPageToken\x12\x16\n" +
-	"\x06behind\x18\t \x03(\tR\x06behind\"\x9f\x01\n" +
+	"\x06behind\x18\t \x03(\tR\x06behind\x12\x1f\n" +
+	"\vplan_digest\x18\n" +
+	" \x01(\tR\n" +
+	"planDigest\"b\n" +
+	"\n" +
+	"PlanDigest\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12<\n" +
+	"\trevisions\x18\x02 \x01(\v2\x1e.mesh.provisioner.v1.RevisionsR\trevisions\"\x9f\x01\n" +
 	"\n" +
 	"ModulePlan\x12\x16\n" +
 	"\x06module\x18\x01 \x01(\tR\x06module\x123\n" +
@@ -1155,44 +1234,46 @@ func file_mesh_provisioner_v1_compose_proto_rawDescGZIP() []byte {
 }
 
 var file_mesh_provisioner_v1_compose_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_mesh_provisioner_v1_compose_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_mesh_provisioner_v1_compose_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_mesh_provisioner_v1_compose_proto_goTypes = []any{
 	(RefusalReason)(0),          // 0: mesh.provisioner.v1.RefusalReason
 	(*Revisions)(nil),           // 1: mesh.provisioner.v1.Revisions
 	(*ComposeRequest)(nil),      // 2: mesh.provisioner.v1.ComposeRequest
 	(*ComposeResponse)(nil),     // 3: mesh.provisioner.v1.ComposeResponse
-	(*ModulePlan)(nil),          // 4: mesh.provisioner.v1.ModulePlan
-	(*PlanItem)(nil),            // 5: mesh.provisioner.v1.PlanItem
-	(*CollectedItem)(nil),       // 6: mesh.provisioner.v1.CollectedItem
-	(*BucketKey)(nil),           // 7: mesh.provisioner.v1.BucketKey
-	(*Provision)(nil),           // 8: mesh.provisioner.v1.Provision
-	(*Refusal)(nil),             // 9: mesh.provisioner.v1.Refusal
-	(*Phase)(nil),               // 10: mesh.provisioner.v1.Phase
-	nil,                         // 11: mesh.provisioner.v1.Revisions.BoundEntry
-	(*VerbSource)(nil),          // 12: mesh.provisioner.v1.VerbSource
-	(*CollectItem)(nil),         // 13: mesh.provisioner.v1.CollectItem
-	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
+	(*PlanDigest)(nil),          // 4: mesh.provisioner.v1.PlanDigest
+	(*ModulePlan)(nil),          // 5: mesh.provisioner.v1.ModulePlan
+	(*PlanItem)(nil),            // 6: mesh.provisioner.v1.PlanItem
+	(*CollectedItem)(nil),       // 7: mesh.provisioner.v1.CollectedItem
+	(*BucketKey)(nil),           // 8: mesh.provisioner.v1.BucketKey
+	(*Provision)(nil),           // 9: mesh.provisioner.v1.Provision
+	(*Refusal)(nil),             // 10: mesh.provisioner.v1.Refusal
+	(*Phase)(nil),               // 11: mesh.provisioner.v1.Phase
+	nil,                         // 12: mesh.provisioner.v1.Revisions.BoundEntry
+	(*VerbSource)(nil),          // 13: mesh.provisioner.v1.VerbSource
+	(*CollectItem)(nil),         // 14: mesh.provisioner.v1.CollectItem
+	(*durationpb.Duration)(nil), // 15: google.protobuf.Duration
 }
 var file_mesh_provisioner_v1_compose_proto_depIdxs = []int32{
-	11, // 0: mesh.provisioner.v1.Revisions.bound:type_name -> mesh.provisioner.v1.Revisions.BoundEntry
+	12, // 0: mesh.provisioner.v1.Revisions.bound:type_name -> mesh.provisioner.v1.Revisions.BoundEntry
 	1,  // 1: mesh.provisioner.v1.ComposeRequest.min_revisions:type_name -> mesh.provisioner.v1.Revisions
-	4,  // 2: mesh.provisioner.v1.ComposeResponse.plans:type_name -> mesh.provisioner.v1.ModulePlan
-	8,  // 3: mesh.provisioner.v1.ComposeResponse.provisions:type_name -> mesh.provisioner.v1.Provision
-	9,  // 4: mesh.provisioner.v1.ComposeResponse.refusals:type_name -> mesh.provisioner.v1.Refusal
-	10, // 5: mesh.provisioner.v1.ComposeResponse.phases:type_name -> mesh.provisioner.v1.Phase
+	5,  // 2: mesh.provisioner.v1.ComposeResponse.plans:type_name -> mesh.provisioner.v1.ModulePlan
+	9,  // 3: mesh.provisioner.v1.ComposeResponse.provisions:type_name -> mesh.provisioner.v1.Provision
+	10, // 4: mesh.provisioner.v1.ComposeResponse.refusals:type_name -> mesh.provisioner.v1.Refusal
+	11, // 5: mesh.provisioner.v1.ComposeResponse.phases:type_name -> mesh.provisioner.v1.Phase
 	1,  // 6: mesh.provisioner.v1.ComposeResponse.revisions:type_name -> mesh.provisioner.v1.Revisions
-	5,  // 7: mesh.provisioner.v1.ModulePlan.items:type_name -> mesh.provisioner.v1.PlanItem
-	7,  // 8: mesh.provisioner.v1.PlanItem.bucket:type_name -> mesh.provisioner.v1.BucketKey
-	12, // 9: mesh.provisioner.v1.PlanItem.verb:type_name -> mesh.provisioner.v1.VerbSource
-	6,  // 10: mesh.provisioner.v1.PlanItem.items:type_name -> mesh.provisioner.v1.CollectedItem
-	13, // 11: mesh.provisioner.v1.CollectedItem.item:type_name -> mesh.provisioner.v1.CollectItem
-	0,  // 12: mesh.provisioner.v1.Refusal.reason:type_name -> mesh.provisioner.v1.RefusalReason
-	14, // 13: mesh.provisioner.v1.Phase.duration:type_name -> google.protobuf.Duration
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	1,  // 7: mesh.provisioner.v1.PlanDigest.revisions:type_name -> mesh.provisioner.v1.Revisions
+	6,  // 8: mesh.provisioner.v1.ModulePlan.items:type_name -> mesh.provisioner.v1.PlanItem
+	8,  // 9: mesh.provisioner.v1.PlanItem.bucket:type_name -> mesh.provisioner.v1.BucketKey
+	13, // 10: mesh.provisioner.v1.PlanItem.verb:type_name -> mesh.provisioner.v1.VerbSource
+	7,  // 11: mesh.provisioner.v1.PlanItem.items:type_name -> mesh.provisioner.v1.CollectedItem
+	14, // 12: mesh.provisioner.v1.CollectedItem.item:type_name -> mesh.provisioner.v1.CollectItem
+	0,  // 13: mesh.provisioner.v1.Refusal.reason:type_name -> mesh.provisioner.v1.RefusalReason
+	15, // 14: mesh.provisioner.v1.Phase.duration:type_name -> google.protobuf.Duration
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_compose_proto_init() }
@@ -1202,7 +1283,7 @@ func file_mesh_provisioner_v1_compose_proto_init() {
 	}
 	file_mesh_provisioner_v1_registry_proto_init()
 	file_mesh_provisioner_v1_state_proto_init()
-	file_mesh_provisioner_v1_compose_proto_msgTypes[4].OneofWrappers = []any{
+	file_mesh_provisioner_v1_compose_proto_msgTypes[5].OneofWrappers = []any{
 		(*PlanItem_Bucket)(nil),
 		(*PlanItem_Verb)(nil),
 	}
@@ -1212,7 +1293,7 @@ func file_mesh_provisioner_v1_compose_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_compose_proto_rawDesc), len(file_mesh_provisioner_v1_compose_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

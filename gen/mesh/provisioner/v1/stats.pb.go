@@ -74,7 +74,10 @@ type EndpointStatsData struct {
 	// Refusals (400, 403, 503 on arrival) that serve sends on its answering
 	// connection, which micro does not count in num_errors: a service's errors
 	// are num_errors plus refused.
-	Refused       uint64 `protobuf:"varint,16,opt,name=refused,proto3" json:"refused,omitempty"`
+	Refused uint64 `protobuf:"varint,16,opt,name=refused,proto3" json:"refused,omitempty"`
+	// The plan digests this instance keeps in mesh-provisioner_plans, while
+	// it holds the seat (the counts are since the instance started).
+	Plans         *PlansStats `protobuf:"bytes,17,opt,name=plans,proto3" json:"plans,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -221,6 +224,107 @@ func (x *EndpointStatsData) GetRefused() uint64 {
 	return 0
 }
 
+func (x *EndpointStatsData) GetPlans() *PlansStats {
+	if x != nil {
+		return x.Plans
+	}
+	return nil
+}
+
+// PlansStats is what the seat's holder has done of mesh-provisioner_plans.
+type PlansStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Digests written because a node's plan changed (or had none).
+	Written uint64 `protobuf:"varint,1,opt,name=written,proto3" json:"written,omitempty"`
+	// Compositions made to learn whether a plan changed.
+	Composed uint64 `protobuf:"varint,2,opt,name=composed,proto3" json:"composed,omitempty"`
+	// When the last digest was written (RFC 3339); empty when none was.
+	LastWritten string `protobuf:"bytes,3,opt,name=last_written,json=lastWritten,proto3" json:"last_written,omitempty"`
+	// Nodes whose plan may have changed and is not composed yet: how far
+	// behind the writer is.
+	Pending uint64 `protobuf:"varint,4,opt,name=pending,proto3" json:"pending,omitempty"`
+	// How long the last pass took, from the changes it saw to their digests
+	// written, in milliseconds.
+	LastPassMs uint64 `protobuf:"varint,5,opt,name=last_pass_ms,json=lastPassMs,proto3" json:"last_pass_ms,omitempty"`
+	// Writes that failed (the bucket unreachable, or another writer's
+	// revision): retried on the next pass.
+	Failed        uint64 `protobuf:"varint,6,opt,name=failed,proto3" json:"failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PlansStats) Reset() {
+	*x = PlansStats{}
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PlansStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PlansStats) ProtoMessage() {}
+
+func (x *PlansStats) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PlansStats.ProtoReflect.Descriptor instead.
+func (*PlansStats) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PlansStats) GetWritten() uint64 {
+	if x != nil {
+		return x.Written
+	}
+	return 0
+}
+
+func (x *PlansStats) GetComposed() uint64 {
+	if x != nil {
+		return x.Composed
+	}
+	return 0
+}
+
+func (x *PlansStats) GetLastWritten() string {
+	if x != nil {
+		return x.LastWritten
+	}
+	return ""
+}
+
+func (x *PlansStats) GetPending() uint64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *PlansStats) GetLastPassMs() uint64 {
+	if x != nil {
+		return x.LastPassMs
+	}
+	return 0
+}
+
+func (x *PlansStats) GetFailed() uint64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
 // OverBudget is a node over its budget in one state bucket of the copy: keys
 // beyond the budget are not held, and are reported as malformed.
 type OverBudget struct {
@@ -241,7 +345,7 @@ type OverBudget struct {
 
 func (x *OverBudget) Reset() {
 	*x = OverBudget{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +357,7 @@ func (x *OverBudget) String() string {
 func (*OverBudget) ProtoMessage() {}
 
 func (x *OverBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +370,7 @@ func (x *OverBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverBudget.ProtoReflect.Descriptor instead.
 func (*OverBudget) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{1}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *OverBudget) GetBucket() string {
@@ -323,7 +427,7 @@ type AnswerCacheStats struct {
 
 func (x *AnswerCacheStats) Reset() {
 	*x = AnswerCacheStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +439,7 @@ func (x *AnswerCacheStats) String() string {
 func (*AnswerCacheStats) ProtoMessage() {}
 
 func (x *AnswerCacheStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +452,7 @@ func (x *AnswerCacheStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerCacheStats.ProtoReflect.Descriptor instead.
 func (*AnswerCacheStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{2}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AnswerCacheStats) GetEntries() uint64 {
@@ -409,7 +513,7 @@ type BucketStats struct {
 
 func (x *BucketStats) Reset() {
 	*x = BucketStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +525,7 @@ func (x *BucketStats) String() string {
 func (*BucketStats) ProtoMessage() {}
 
 func (x *BucketStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +538,7 @@ func (x *BucketStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketStats.ProtoReflect.Descriptor instead.
 func (*BucketStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{3}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *BucketStats) GetBucket() string {
@@ -476,7 +580,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xdc\x04\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\x93\x05\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -499,7 +603,17 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\abuckets\x18\x0e \x03(\v2 .mesh.provisioner.v1.BucketStatsR\abuckets\x12\x1d\n" +
 	"\n" +
 	"large_shed\x18\x0f \x01(\x04R\tlargeShed\x12\x18\n" +
-	"\arefused\x18\x10 \x01(\x04R\arefused\"|\n" +
+	"\arefused\x18\x10 \x01(\x04R\arefused\x125\n" +
+	"\x05plans\x18\x11 \x01(\v2\x1f.mesh.provisioner.v1.PlansStatsR\x05plans\"\xb9\x01\n" +
+	"\n" +
+	"PlansStats\x12\x18\n" +
+	"\awritten\x18\x01 \x01(\x04R\awritten\x12\x1a\n" +
+	"\bcomposed\x18\x02 \x01(\x04R\bcomposed\x12!\n" +
+	"\flast_written\x18\x03 \x01(\tR\vlastWritten\x12\x18\n" +
+	"\apending\x18\x04 \x01(\x04R\apending\x12 \n" +
+	"\flast_pass_ms\x18\x05 \x01(\x04R\n" +
+	"lastPassMs\x12\x16\n" +
+	"\x06failed\x18\x06 \x01(\x04R\x06failed\"|\n" +
 	"\n" +
 	"OverBudget\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x12\n" +
@@ -534,22 +648,24 @@ func file_mesh_provisioner_v1_stats_proto_rawDescGZIP() []byte {
 	return file_mesh_provisioner_v1_stats_proto_rawDescData
 }
 
-var file_mesh_provisioner_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_mesh_provisioner_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_mesh_provisioner_v1_stats_proto_goTypes = []any{
 	(*EndpointStatsData)(nil), // 0: mesh.provisioner.v1.EndpointStatsData
-	(*OverBudget)(nil),        // 1: mesh.provisioner.v1.OverBudget
-	(*AnswerCacheStats)(nil),  // 2: mesh.provisioner.v1.AnswerCacheStats
-	(*BucketStats)(nil),       // 3: mesh.provisioner.v1.BucketStats
+	(*PlansStats)(nil),        // 1: mesh.provisioner.v1.PlansStats
+	(*OverBudget)(nil),        // 2: mesh.provisioner.v1.OverBudget
+	(*AnswerCacheStats)(nil),  // 3: mesh.provisioner.v1.AnswerCacheStats
+	(*BucketStats)(nil),       // 4: mesh.provisioner.v1.BucketStats
 }
 var file_mesh_provisioner_v1_stats_proto_depIdxs = []int32{
-	1, // 0: mesh.provisioner.v1.EndpointStatsData.over_budget:type_name -> mesh.provisioner.v1.OverBudget
-	2, // 1: mesh.provisioner.v1.EndpointStatsData.answer_cache:type_name -> mesh.provisioner.v1.AnswerCacheStats
-	3, // 2: mesh.provisioner.v1.EndpointStatsData.buckets:type_name -> mesh.provisioner.v1.BucketStats
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	2, // 0: mesh.provisioner.v1.EndpointStatsData.over_budget:type_name -> mesh.provisioner.v1.OverBudget
+	3, // 1: mesh.provisioner.v1.EndpointStatsData.answer_cache:type_name -> mesh.provisioner.v1.AnswerCacheStats
+	4, // 2: mesh.provisioner.v1.EndpointStatsData.buckets:type_name -> mesh.provisioner.v1.BucketStats
+	1, // 3: mesh.provisioner.v1.EndpointStatsData.plans:type_name -> mesh.provisioner.v1.PlansStats
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_stats_proto_init() }
@@ -563,7 +679,7 @@ func file_mesh_provisioner_v1_stats_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_stats_proto_rawDesc), len(file_mesh_provisioner_v1_stats_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -27,7 +27,7 @@ from mesh.provisioner.v1 import registry_pb2 as mesh_dot_provisioner_dot_v1_dot_
 from mesh.provisioner.v1 import state_pb2 as mesh_dot_provisioner_dot_v1_dot_state__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!mesh/provisioner/v1/compose.proto\x12\x13mesh.provisioner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xc9\x01\n\tRevisions\x12\x10\n\x08registry\x18\x01 \x01(\x04\x12\r\n\x05needs\x18\x02 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x04\x12\x0f\n\x07\x63ollect\x18\x04 \x01(\x04\x12\x11\n\tmanifests\x18\x05 \x01(\x04\x12\x38\n\x05\x62ound\x18\x06 \x03(\x0b\x32).mesh.provisioner.v1.Revisions.BoundEntry\x1a,\n\nBoundEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8c\x01\n\x0e\x43omposeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12\x35\n\rmin_revisions\x18\x03 \x01(\x0b\x32\x1e.mesh.provisioner.v1.Revisions\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"\xcb\x02\n\x0f\x43omposeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12.\n\x05plans\x18\x03 \x03(\x0b\x32\x1f.mesh.provisioner.v1.ModulePlan\x12\x32\n\nprovisions\x18\x04 \x03(\x0b\x32\x1e.mesh.provisioner.v1.Provision\x12.\n\x08refusals\x18\x05 \x03(\x0b\x32\x1c.mesh.provisioner.v1.Refusal\x12*\n\x06phases\x18\x06 \x03(\x0b\x32\x1a.mesh.provisioner.v1.Phase\x12\x31\n\trevisions\x18\x07 \x01(\x0b\x32\x1e.mesh.provisioner.v1.Revisions\x12\x17\n\x0fnext_page_token\x18\x08 \x01(\t\x12\x0e\n\x06\x62\x65hind\x18\t \x03(\t\"v\n\nModulePlan\x12\x0e\n\x06module\x18\x01 \x01(\t\x12,\n\x05items\x18\x02 \x03(\x0b\x32\x1d.mesh.provisioner.v1.PlanItem\x12\x14\n\x0cwanted_build\x18\x03 \x01(\t\x12\x14\n\x0cnewest_build\x18\x04 \x01(\t\"\xa2\x02\n\x08PlanItem\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bplaceholder\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x30\n\x06\x62ucket\x18\x05 \x01(\x0b\x32\x1e.mesh.provisioner.v1.BucketKeyH\x00\x12/\n\x04verb\x18\x06 \x01(\x0b\x32\x1f.mesh.provisioner.v1.VerbSourceH\x00\x12\x12\n\ncollection\x18\x07 \x01(\t\x12\x31\n\x05items\x18\x08 \x03(\x0b\x32\".mesh.provisioner.v1.CollectedItem\x12\x10\n\x08revision\x18\t \x01(\x04\x12\x0e\n\x06\x62uilds\x18\n \x03(\tB\n\n\x08location\"f\n\rCollectedItem\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\t\x12.\n\x04item\x18\x02 \x01(\x0b\x32 .mesh.provisioner.v1.CollectItem\x12\x10\n\x08revision\x18\x03 \x01(\x04\"(\n\tBucketKey\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xc9\x01\n\tProvision\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x0e\n\x06module\x18\x04 \x01(\t\x12\x11\n\tprovision\x18\x05 \x01(\t\x12\r\n\x05local\x18\x06 \x01(\t\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x0c\n\x04node\x18\x08 \x01(\t\x12\x0e\n\x06\x62uilds\x18\t \x03(\t\x12\x16\n\x0e\x62ound_revision\x18\n \x01(\x04\x12\x17\n\x0fmanifest_digest\x18\x0b \x01(\t\"\x96\x01\n\x07Refusal\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x32\n\x06reason\x18\x05 \x01(\x0e\x32\".mesh.provisioner.v1.RefusalReason\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12\x0e\n\x06\x62uilds\x18\x07 \x03(\t\"B\n\x05Phase\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x08\x64uration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*\xd9\x01\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18REFUSAL_REASON_NO_DOMAIN\x10\x01\x12\'\n#REFUSAL_REASON_UNFILLABLE_KEY_SHAPE\x10\x02\x12!\n\x1dREFUSAL_REASON_MALFORMED_NEED\x10\x03\x12\x1e\n\x1aREFUSAL_REASON_NOT_OFFERED\x10\x04\x12\x1e\n\x1aREFUSAL_REASON_NO_MANIFEST\x10\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!mesh/provisioner/v1/compose.proto\x12\x13mesh.provisioner.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\"mesh/provisioner/v1/registry.proto\x1a\x1fmesh/provisioner/v1/state.proto\"\xc9\x01\n\tRevisions\x12\x10\n\x08registry\x18\x01 \x01(\x04\x12\r\n\x05needs\x18\x02 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x03 \x01(\x04\x12\x0f\n\x07\x63ollect\x18\x04 \x01(\x04\x12\x11\n\tmanifests\x18\x05 \x01(\x04\x12\x38\n\x05\x62ound\x18\x06 \x03(\x0b\x32).mesh.provisioner.v1.Revisions.BoundEntry\x1a,\n\nBoundEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8c\x01\n\x0e\x43omposeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12\x35\n\rmin_revisions\x18\x03 \x01(\x0b\x32\x1e.mesh.provisioner.v1.Revisions\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x12\n\npage_token\x18\x05 \x01(\t\"\xe0\x02\n\x0f\x43omposeResponse\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12.\n\x05plans\x18\x03 \x03(\x0b\x32\x1f.mesh.provisioner.v1.ModulePlan\x12\x32\n\nprovisions\x18\x04 \x03(\x0b\x32\x1e.mesh.provisioner.v1.Provision\x12.\n\x08refusals\x18\x05 \x03(\x0b\x32\x1c.mesh.provisioner.v1.Refusal\x12*\n\x06phases\x18\x06 \x03(\x0b\x32\x1a.mesh.provisioner.v1.Phase\x12\x31\n\trevisions\x18\x07 \x01(\x0b\x32\x1e.mesh.provisioner.v1.Revisions\x12\x17\n\x0fnext_page_token\x18\x08 \x01(\t\x12\x0e\n\x06\x62\x65hind\x18\t \x03(\t\x12\x13\n\x0bplan_digest\x18\n \x01(\t\"O\n\nPlanDigest\x12\x0e\n\x06\x64igest\x18\x01 \x01(\t\x12\x31\n\trevisions\x18\x02 \x01(\x0b\x32\x1e.mesh.provisioner.v1.Revisions\"v\n\nModulePlan\x12\x0e\n\x06module\x18\x01 \x01(\t\x12,\n\x05items\x18\x02 \x03(\x0b\x32\x1d.mesh.provisioner.v1.PlanItem\x12\x14\n\x0cwanted_build\x18\x03 \x01(\t\x12\x14\n\x0cnewest_build\x18\x04 \x01(\t\"\xa2\x02\n\x08PlanItem\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0bplaceholder\x18\x03 \x01(\t\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x30\n\x06\x62ucket\x18\x05 \x01(\x0b\x32\x1e.mesh.provisioner.v1.BucketKeyH\x00\x12/\n\x04verb\x18\x06 \x01(\x0b\x32\x1f.mesh.provisioner.v1.VerbSourceH\x00\x12\x12\n\ncollection\x18\x07 \x01(\t\x12\x31\n\x05items\x18\x08 \x03(\x0b\x32\".mesh.provisioner.v1.CollectedItem\x12\x10\n\x08revision\x18\t \x01(\x04\x12\x0e\n\x06\x62uilds\x18\n \x03(\tB\n\n\x08location\"f\n\rCollectedItem\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\t\x12.\n\x04item\x18\x02 \x01(\x0b\x32 .mesh.provisioner.v1.CollectItem\x12\x10\n\x08revision\x18\x03 \x01(\x04\"(\n\tBucketKey\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xc9\x01\n\tProvision\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x0e\n\x06\x62ucket\x18\x02 \x01(\t\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x0e\n\x06module\x18\x04 \x01(\t\x12\x11\n\tprovision\x18\x05 \x01(\t\x12\r\n\x05local\x18\x06 \x01(\t\x12\x0c\n\x04name\x18\x07 \x01(\t\x12\x0c\n\x04node\x18\x08 \x01(\t\x12\x0e\n\x06\x62uilds\x18\t \x03(\t\x12\x16\n\x0e\x62ound_revision\x18\n \x01(\x04\x12\x17\n\x0fmanifest_digest\x18\x0b \x01(\t\"\x96\x01\n\x07Refusal\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06module\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x32\n\x06reason\x18\x05 \x01(\x0e\x32\".mesh.provisioner.v1.RefusalReason\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\x12\x0e\n\x06\x62uilds\x18\x07 \x03(\t\"B\n\x05Phase\x12\x0c\n\x04name\x18\x01 \x01(\t\x12+\n\x08\x64uration\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration*\xd9\x01\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18REFUSAL_REASON_NO_DOMAIN\x10\x01\x12\'\n#REFUSAL_REASON_UNFILLABLE_KEY_SHAPE\x10\x02\x12!\n\x1dREFUSAL_REASON_MALFORMED_NEED\x10\x03\x12\x1e\n\x1aREFUSAL_REASON_NOT_OFFERED\x10\x04\x12\x1e\n\x1aREFUSAL_REASON_NO_MANIFEST\x10\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,8 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REVISIONS_BOUNDENTRY']._loaded_options = None
   _globals['_REVISIONS_BOUNDENTRY']._serialized_options = b'8\001'
-  _globals['_REFUSALREASON']._serialized_start=1825
-  _globals['_REFUSALREASON']._serialized_end=2042
+  _globals['_REFUSALREASON']._serialized_start=1927
+  _globals['_REFUSALREASON']._serialized_end=2144
   _globals['_REVISIONS']._serialized_start=160
   _globals['_REVISIONS']._serialized_end=361
   _globals['_REVISIONS_BOUNDENTRY']._serialized_start=317
@@ -45,19 +45,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPOSEREQUEST']._serialized_start=364
   _globals['_COMPOSEREQUEST']._serialized_end=504
   _globals['_COMPOSERESPONSE']._serialized_start=507
-  _globals['_COMPOSERESPONSE']._serialized_end=838
-  _globals['_MODULEPLAN']._serialized_start=840
-  _globals['_MODULEPLAN']._serialized_end=958
-  _globals['_PLANITEM']._serialized_start=961
-  _globals['_PLANITEM']._serialized_end=1251
-  _globals['_COLLECTEDITEM']._serialized_start=1253
-  _globals['_COLLECTEDITEM']._serialized_end=1355
-  _globals['_BUCKETKEY']._serialized_start=1357
-  _globals['_BUCKETKEY']._serialized_end=1397
-  _globals['_PROVISION']._serialized_start=1400
-  _globals['_PROVISION']._serialized_end=1601
-  _globals['_REFUSAL']._serialized_start=1604
-  _globals['_REFUSAL']._serialized_end=1754
-  _globals['_PHASE']._serialized_start=1756
-  _globals['_PHASE']._serialized_end=1822
+  _globals['_COMPOSERESPONSE']._serialized_end=859
+  _globals['_PLANDIGEST']._serialized_start=861
+  _globals['_PLANDIGEST']._serialized_end=940
+  _globals['_MODULEPLAN']._serialized_start=942
+  _globals['_MODULEPLAN']._serialized_end=1060
+  _globals['_PLANITEM']._serialized_start=1063
+  _globals['_PLANITEM']._serialized_end=1353
+  _globals['_COLLECTEDITEM']._serialized_start=1355
+  _globals['_COLLECTEDITEM']._serialized_end=1457
+  _globals['_BUCKETKEY']._serialized_start=1459
+  _globals['_BUCKETKEY']._serialized_end=1499
+  _globals['_PROVISION']._serialized_start=1502
+  _globals['_PROVISION']._serialized_end=1703
+  _globals['_REFUSAL']._serialized_start=1706
+  _globals['_REFUSAL']._serialized_end=1856
+  _globals['_PHASE']._serialized_start=1858
+  _globals['_PHASE']._serialized_end=1924
 # @@protoc_insertion_point(module_scope)

@@ -65,7 +65,7 @@ class ComposeRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ..., module: _Optional[str] = ..., min_revisions: _Optional[_Union[Revisions, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ComposeResponse(_message.Message):
-    __slots__ = ("node", "module", "plans", "provisions", "refusals", "phases", "revisions", "next_page_token", "behind")
+    __slots__ = ("node", "module", "plans", "provisions", "refusals", "phases", "revisions", "next_page_token", "behind", "plan_digest")
     NODE_FIELD_NUMBER: _ClassVar[int]
     MODULE_FIELD_NUMBER: _ClassVar[int]
     PLANS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class ComposeResponse(_message.Message):
     REVISIONS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BEHIND_FIELD_NUMBER: _ClassVar[int]
+    PLAN_DIGEST_FIELD_NUMBER: _ClassVar[int]
     node: str
     module: str
     plans: _containers.RepeatedCompositeFieldContainer[ModulePlan]
@@ -84,7 +85,16 @@ class ComposeResponse(_message.Message):
     revisions: Revisions
     next_page_token: str
     behind: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., module: _Optional[str] = ..., plans: _Optional[_Iterable[_Union[ModulePlan, _Mapping]]] = ..., provisions: _Optional[_Iterable[_Union[Provision, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[Refusal, _Mapping]]] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., revisions: _Optional[_Union[Revisions, _Mapping]] = ..., next_page_token: _Optional[str] = ..., behind: _Optional[_Iterable[str]] = ...) -> None: ...
+    plan_digest: str
+    def __init__(self, node: _Optional[str] = ..., module: _Optional[str] = ..., plans: _Optional[_Iterable[_Union[ModulePlan, _Mapping]]] = ..., provisions: _Optional[_Iterable[_Union[Provision, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[Refusal, _Mapping]]] = ..., phases: _Optional[_Iterable[_Union[Phase, _Mapping]]] = ..., revisions: _Optional[_Union[Revisions, _Mapping]] = ..., next_page_token: _Optional[str] = ..., behind: _Optional[_Iterable[str]] = ..., plan_digest: _Optional[str] = ...) -> None: ...
+
+class PlanDigest(_message.Message):
+    __slots__ = ("digest", "revisions")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REVISIONS_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    revisions: Revisions
+    def __init__(self, digest: _Optional[str] = ..., revisions: _Optional[_Union[Revisions, _Mapping]] = ...) -> None: ...
 
 class ModulePlan(_message.Message):
     __slots__ = ("module", "items", "wanted_build", "newest_build")

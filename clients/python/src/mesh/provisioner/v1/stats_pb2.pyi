@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EndpointStatsData(_message.Message):
-    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused")
+    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused", "plans")
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_ERRORS_FIELD_NUMBER: _ClassVar[int]
     SHED_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,7 @@ class EndpointStatsData(_message.Message):
     BUCKETS_FIELD_NUMBER: _ClassVar[int]
     LARGE_SHED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
     answered: int
     answer_errors: int
     shed: int
@@ -40,7 +41,24 @@ class EndpointStatsData(_message.Message):
     buckets: _containers.RepeatedCompositeFieldContainer[BucketStats]
     large_shed: int
     refused: int
-    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ...) -> None: ...
+    plans: PlansStats
+    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ..., plans: _Optional[_Union[PlansStats, _Mapping]] = ...) -> None: ...
+
+class PlansStats(_message.Message):
+    __slots__ = ("written", "composed", "last_written", "pending", "last_pass_ms", "failed")
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    COMPOSED_FIELD_NUMBER: _ClassVar[int]
+    LAST_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    LAST_PASS_MS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    written: int
+    composed: int
+    last_written: str
+    pending: int
+    last_pass_ms: int
+    failed: int
+    def __init__(self, written: _Optional[int] = ..., composed: _Optional[int] = ..., last_written: _Optional[str] = ..., pending: _Optional[int] = ..., last_pass_ms: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
 
 class OverBudget(_message.Message):
     __slots__ = ("bucket", "node", "keys", "bytes", "refused")

@@ -16,7 +16,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/compose.proto.
  */
 export const file_mesh_provisioner_v1_compose: GenFile = /*@__PURE__*/
-  fileDesc("CiFtZXNoL3Byb3Zpc2lvbmVyL3YxL2NvbXBvc2UucHJvdG8SE21lc2gucHJvdmlzaW9uZXIudjEiyQEKCVJldmlzaW9ucxIQCghyZWdpc3RyeRgBIAEoBBINCgVuZWVkcxgCIAEoBBIPCgdhcHBsaWVkGAMgASgEEg8KB2NvbGxlY3QYBCABKAQSEQoJbWFuaWZlc3RzGAUgASgEEjgKBWJvdW5kGAYgAygLMikubWVzaC5wcm92aXNpb25lci52MS5SZXZpc2lvbnMuQm91bmRFbnRyeRosCgpCb3VuZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEijAEKDkNvbXBvc2VSZXF1ZXN0EgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEjUKDW1pbl9yZXZpc2lvbnMYAyABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLlJldmlzaW9ucxIRCglwYWdlX3NpemUYBCABKA0SEgoKcGFnZV90b2tlbhgFIAEoCSLLAgoPQ29tcG9zZVJlc3BvbnNlEgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEi4KBXBsYW5zGAMgAygLMh8ubWVzaC5wcm92aXNpb25lci52MS5Nb2R1bGVQbGFuEjIKCnByb3Zpc2lvbnMYBCADKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLlByb3Zpc2lvbhIuCghyZWZ1c2FscxgFIAMoCzIcLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbBIqCgZwaGFzZXMYBiADKAsyGi5tZXNoLnByb3Zpc2lvbmVyLnYxLlBoYXNlEjEKCXJldmlzaW9ucxgHIAEoCzIeLm1lc2gucHJvdmlzaW9uZXIudjEuUmV2aXNpb25zEhcKD25leHRfcGFnZV90b2tlbhgIIAEoCRIOCgZiZWhpbmQYCSADKAkidgoKTW9kdWxlUGxhbhIOCgZtb2R1bGUYASABKAkSLAoFaXRlbXMYAiADKAsyHS5tZXNoLnByb3Zpc2lvbmVyLnYxLlBsYW5JdGVtEhQKDHdhbnRlZF9idWlsZBgDIAEoCRIUCgxuZXdlc3RfYnVpbGQYBCABKAkiogIKCFBsYW5JdGVtEgwKBGtpbmQYASABKAkSDAoEbmFtZRgCIAEoCRITCgtwbGFjZWhvbGRlchgDIAEoCRINCgVvd25lchgEIAEoCRIwCgZidWNrZXQYBSABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldEtleUgAEi8KBHZlcmIYBiABKAsyHy5tZXNoLnByb3Zpc2lvbmVyLnYxLlZlcmJTb3VyY2VIABISCgpjb2xsZWN0aW9uGAcgASgJEjEKBWl0ZW1zGAggAygLMiIubWVzaC5wcm92aXNpb25lci52MS5Db2xsZWN0ZWRJdGVtEhAKCHJldmlzaW9uGAkgASgEEg4KBmJ1aWxkcxgKIAMoCUIKCghsb2NhdGlvbiJmCg1Db2xsZWN0ZWRJdGVtEhMKC2NvbnRyaWJ1dG9yGAEgASgJEi4KBGl0ZW0YAiABKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RJdGVtEhAKCHJldmlzaW9uGAMgASgEIigKCUJ1Y2tldEtleRIOCgZidWNrZXQYASABKAkSCwoDa2V5GAIgASgJIskBCglQcm92aXNpb24SEAoIcHJvdmlkZXIYASABKAkSDgoGYnVja2V0GAIgASgJEgsKA2tleRgDIAEoCRIOCgZtb2R1bGUYBCABKAkSEQoJcHJvdmlzaW9uGAUgASgJEg0KBWxvY2FsGAYgASgJEgwKBG5hbWUYByABKAkSDAoEbm9kZRgIIAEoCRIOCgZidWlsZHMYCSADKAkSFgoOYm91bmRfcmV2aXNpb24YCiABKAQSFwoPbWFuaWZlc3RfZGlnZXN0GAsgASgJIpYBCgdSZWZ1c2FsEgsKA2tleRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSDAoEa2luZBgDIAEoCRIMCgRuYW1lGAQgASgJEjIKBnJlYXNvbhgFIAEoDjIiLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbFJlYXNvbhIOCgZkZXRhaWwYBiABKAkSDgoGYnVpbGRzGAcgAygJIkIKBVBoYXNlEgwKBG5hbWUYASABKAkSKwoIZHVyYXRpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24q2QEKDVJlZnVzYWxSZWFzb24SHgoaUkVGVVNBTF9SRUFTT05fVU5TUEVDSUZJRUQQABIcChhSRUZVU0FMX1JFQVNPTl9OT19ET01BSU4QARInCiNSRUZVU0FMX1JFQVNPTl9VTkZJTExBQkxFX0tFWV9TSEFQRRACEiEKHVJFRlVTQUxfUkVBU09OX01BTEZPUk1FRF9ORUVEEAMSHgoaUkVGVVNBTF9SRUFTT05fTk9UX09GRkVSRUQQBBIeChpSRUZVU0FMX1JFQVNPTl9OT19NQU5JRkVTVBAFQt4BChdjb20ubWVzaC5wcm92aXNpb25lci52MUIMQ29tcG9zZVByb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM", [file_google_protobuf_duration, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
+  fileDesc("CiFtZXNoL3Byb3Zpc2lvbmVyL3YxL2NvbXBvc2UucHJvdG8SE21lc2gucHJvdmlzaW9uZXIudjEiyQEKCVJldmlzaW9ucxIQCghyZWdpc3RyeRgBIAEoBBINCgVuZWVkcxgCIAEoBBIPCgdhcHBsaWVkGAMgASgEEg8KB2NvbGxlY3QYBCABKAQSEQoJbWFuaWZlc3RzGAUgASgEEjgKBWJvdW5kGAYgAygLMikubWVzaC5wcm92aXNpb25lci52MS5SZXZpc2lvbnMuQm91bmRFbnRyeRosCgpCb3VuZEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEijAEKDkNvbXBvc2VSZXF1ZXN0EgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEjUKDW1pbl9yZXZpc2lvbnMYAyABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLlJldmlzaW9ucxIRCglwYWdlX3NpemUYBCABKA0SEgoKcGFnZV90b2tlbhgFIAEoCSLgAgoPQ29tcG9zZVJlc3BvbnNlEgwKBG5vZGUYASABKAkSDgoGbW9kdWxlGAIgASgJEi4KBXBsYW5zGAMgAygLMh8ubWVzaC5wcm92aXNpb25lci52MS5Nb2R1bGVQbGFuEjIKCnByb3Zpc2lvbnMYBCADKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLlByb3Zpc2lvbhIuCghyZWZ1c2FscxgFIAMoCzIcLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbBIqCgZwaGFzZXMYBiADKAsyGi5tZXNoLnByb3Zpc2lvbmVyLnYxLlBoYXNlEjEKCXJldmlzaW9ucxgHIAEoCzIeLm1lc2gucHJvdmlzaW9uZXIudjEuUmV2aXNpb25zEhcKD25leHRfcGFnZV90b2tlbhgIIAEoCRIOCgZiZWhpbmQYCSADKAkSEwoLcGxhbl9kaWdlc3QYCiABKAkiTwoKUGxhbkRpZ2VzdBIOCgZkaWdlc3QYASABKAkSMQoJcmV2aXNpb25zGAIgASgLMh4ubWVzaC5wcm92aXNpb25lci52MS5SZXZpc2lvbnMidgoKTW9kdWxlUGxhbhIOCgZtb2R1bGUYASABKAkSLAoFaXRlbXMYAiADKAsyHS5tZXNoLnByb3Zpc2lvbmVyLnYxLlBsYW5JdGVtEhQKDHdhbnRlZF9idWlsZBgDIAEoCRIUCgxuZXdlc3RfYnVpbGQYBCABKAkiogIKCFBsYW5JdGVtEgwKBGtpbmQYASABKAkSDAoEbmFtZRgCIAEoCRITCgtwbGFjZWhvbGRlchgDIAEoCRINCgVvd25lchgEIAEoCRIwCgZidWNrZXQYBSABKAsyHi5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldEtleUgAEi8KBHZlcmIYBiABKAsyHy5tZXNoLnByb3Zpc2lvbmVyLnYxLlZlcmJTb3VyY2VIABISCgpjb2xsZWN0aW9uGAcgASgJEjEKBWl0ZW1zGAggAygLMiIubWVzaC5wcm92aXNpb25lci52MS5Db2xsZWN0ZWRJdGVtEhAKCHJldmlzaW9uGAkgASgEEg4KBmJ1aWxkcxgKIAMoCUIKCghsb2NhdGlvbiJmCg1Db2xsZWN0ZWRJdGVtEhMKC2NvbnRyaWJ1dG9yGAEgASgJEi4KBGl0ZW0YAiABKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkNvbGxlY3RJdGVtEhAKCHJldmlzaW9uGAMgASgEIigKCUJ1Y2tldEtleRIOCgZidWNrZXQYASABKAkSCwoDa2V5GAIgASgJIskBCglQcm92aXNpb24SEAoIcHJvdmlkZXIYASABKAkSDgoGYnVja2V0GAIgASgJEgsKA2tleRgDIAEoCRIOCgZtb2R1bGUYBCABKAkSEQoJcHJvdmlzaW9uGAUgASgJEg0KBWxvY2FsGAYgASgJEgwKBG5hbWUYByABKAkSDAoEbm9kZRgIIAEoCRIOCgZidWlsZHMYCSADKAkSFgoOYm91bmRfcmV2aXNpb24YCiABKAQSFwoPbWFuaWZlc3RfZGlnZXN0GAsgASgJIpYBCgdSZWZ1c2FsEgsKA2tleRgBIAEoCRIOCgZtb2R1bGUYAiABKAkSDAoEa2luZBgDIAEoCRIMCgRuYW1lGAQgASgJEjIKBnJlYXNvbhgFIAEoDjIiLm1lc2gucHJvdmlzaW9uZXIudjEuUmVmdXNhbFJlYXNvbhIOCgZkZXRhaWwYBiABKAkSDgoGYnVpbGRzGAcgAygJIkIKBVBoYXNlEgwKBG5hbWUYASABKAkSKwoIZHVyYXRpb24YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24q2QEKDVJlZnVzYWxSZWFzb24SHgoaUkVGVVNBTF9SRUFTT05fVU5TUEVDSUZJRUQQABIcChhSRUZVU0FMX1JFQVNPTl9OT19ET01BSU4QARInCiNSRUZVU0FMX1JFQVNPTl9VTkZJTExBQkxFX0tFWV9TSEFQRRACEiEKHVJFRlVTQUxfUkVBU09OX01BTEZPUk1FRF9ORUVEEAMSHgoaUkVGVVNBTF9SRUFTT05fTk9UX09GRkVSRUQQBBIeChpSRUZVU0FMX1JFQVNPTl9OT19NQU5JRkVTVBAFQt4BChdjb20ubWVzaC5wcm92aXNpb25lci52MUIMQ29tcG9zZVByb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM", [file_google_protobuf_duration, file_mesh_provisioner_v1_registry, file_mesh_provisioner_v1_state]);
 
 /**
  * Revisions holds a revision (stream sequence) of each provisioning bucket.
@@ -202,6 +202,18 @@ export type ComposeResponse = Message<"mesh.provisioner.v1.ComposeResponse"> & {
    * @generated from field: repeated string behind = 9;
    */
   behind: string[];
+
+  /**
+   * The digest of what the node must apply: the whole composition (every
+   * page of it) but for phases, revisions, behind and the revisions at
+   * which needs and items were written. Equal compositions have equal
+   * digests, on every instance and across restarts; the seat's holder
+   * keeps each node's in mesh-provisioner_plans (PlanDigest), which a
+   * node watches to learn that its plan changed.
+   *
+   * @generated from field: string plan_digest = 10;
+   */
+  planDigest: string;
 };
 
 /**
@@ -210,6 +222,37 @@ export type ComposeResponse = Message<"mesh.provisioner.v1.ComposeResponse"> & {
  */
 export const ComposeResponseSchema: GenMessage<ComposeResponse> = /*@__PURE__*/
   messageDesc(file_mesh_provisioner_v1_compose, 2);
+
+/**
+ * PlanDigest is the value of key <node> in the bucket
+ * mesh-provisioner_plans, written by the seat's holder when the node's plan
+ * digest changes: a node that watches its key composes again, asking with
+ * these revisions, when the digest differs from its composition's.
+ *
+ * @generated from message mesh.provisioner.v1.PlanDigest
+ */
+export type PlanDigest = Message<"mesh.provisioner.v1.PlanDigest"> & {
+  /**
+   * The node's ComposeResponse.plan_digest.
+   *
+   * @generated from field: string digest = 1;
+   */
+  digest: string;
+
+  /**
+   * The revisions of the composition the digest is of.
+   *
+   * @generated from field: mesh.provisioner.v1.Revisions revisions = 2;
+   */
+  revisions?: Revisions | undefined;
+};
+
+/**
+ * Describes the message mesh.provisioner.v1.PlanDigest.
+ * Use `create(PlanDigestSchema)` to create a new message.
+ */
+export const PlanDigestSchema: GenMessage<PlanDigest> = /*@__PURE__*/
+  messageDesc(file_mesh_provisioner_v1_compose, 3);
 
 /**
  * ModulePlan is the plan of one module: each of its needs resolved.
@@ -254,7 +297,7 @@ export type ModulePlan = Message<"mesh.provisioner.v1.ModulePlan"> & {
  * Use `create(ModulePlanSchema)` to create a new message.
  */
 export const ModulePlanSchema: GenMessage<ModulePlan> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 3);
+  messageDesc(file_mesh_provisioner_v1_compose, 4);
 
 /**
  * PlanItem is one need resolved: who answers it and where its value is.
@@ -350,7 +393,7 @@ export type PlanItem = Message<"mesh.provisioner.v1.PlanItem"> & {
  * Use `create(PlanItemSchema)` to create a new message.
  */
 export const PlanItemSchema: GenMessage<PlanItem> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 4);
+  messageDesc(file_mesh_provisioner_v1_compose, 5);
 
 /**
  * CollectedItem is one contributor's item of a collection on the node.
@@ -385,7 +428,7 @@ export type CollectedItem = Message<"mesh.provisioner.v1.CollectedItem"> & {
  * Use `create(CollectedItemSchema)` to create a new message.
  */
 export const CollectedItemSchema: GenMessage<CollectedItem> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 5);
+  messageDesc(file_mesh_provisioner_v1_compose, 6);
 
 /**
  * BucketKey is a concrete key in a bucket.
@@ -413,7 +456,7 @@ export type BucketKey = Message<"mesh.provisioner.v1.BucketKey"> & {
  * Use `create(BucketKeySchema)` to create a new message.
  */
 export const BucketKeySchema: GenMessage<BucketKey> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 6);
+  messageDesc(file_mesh_provisioner_v1_compose, 7);
 
 /**
  * Provision is what a provider must provision for a bound need.
@@ -509,7 +552,7 @@ export type Provision = Message<"mesh.provisioner.v1.Provision"> & {
  * Use `create(ProvisionSchema)` to create a new message.
  */
 export const ProvisionSchema: GenMessage<Provision> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 7);
+  messageDesc(file_mesh_provisioner_v1_compose, 8);
 
 /**
  * Refusal is a need that cannot be resolved.
@@ -574,7 +617,7 @@ export type Refusal = Message<"mesh.provisioner.v1.Refusal"> & {
  * Use `create(RefusalSchema)` to create a new message.
  */
 export const RefusalSchema: GenMessage<Refusal> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 8);
+  messageDesc(file_mesh_provisioner_v1_compose, 9);
 
 /**
  * Phase is one step of a composition and the time it took.
@@ -602,7 +645,7 @@ export type Phase = Message<"mesh.provisioner.v1.Phase"> & {
  * Use `create(PhaseSchema)` to create a new message.
  */
 export const PhaseSchema: GenMessage<Phase> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_compose, 9);
+  messageDesc(file_mesh_provisioner_v1_compose, 10);
 
 /**
  * RefusalReason says why a need cannot be resolved.

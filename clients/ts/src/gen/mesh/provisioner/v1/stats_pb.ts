@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/stats.proto.
  */
 export const file_mesh_provisioner_v1_stats: GenFile = /*@__PURE__*/
-  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3N0YXRzLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIrEDChFFbmRwb2ludFN0YXRzRGF0YRIQCghhbnN3ZXJlZBgBIAEoBBIVCg1hbnN3ZXJfZXJyb3JzGAIgASgEEgwKBHNoZWQYAyABKAQSEgoKcXVldWVfZnVsbBgEIAEoBBIVCg1zbG93X2NvbnN1bWVyGAUgASgEEhcKD3JlZnVzZWRfcmVwbGllcxgGIAEoBBIPCgdsb2FkaW5nGAcgAygJEg4KBmJlaGluZBgIIAMoCRI0CgtvdmVyX2J1ZGdldBgJIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuT3ZlckJ1ZGdldBI7CgxhbnN3ZXJfY2FjaGUYCiABKAsyJS5tZXNoLnByb3Zpc2lvbmVyLnYxLkFuc3dlckNhY2hlU3RhdHMSDAoEc2VhdBgLIAEoCRISCgpzZWF0X3NpbmNlGAwgASgJEhMKC3NlYXRfaG9sZGVyGA0gASgJEjEKB2J1Y2tldHMYDiADKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldFN0YXRzEhIKCmxhcmdlX3NoZWQYDyABKAQSDwoHcmVmdXNlZBgQIAEoBCJYCgpPdmVyQnVkZ2V0Eg4KBmJ1Y2tldBgBIAEoCRIMCgRub2RlGAIgASgJEgwKBGtleXMYAyABKAQSDQoFYnl0ZXMYBCABKAQSDwoHcmVmdXNlZBgFIAEoBCJfChBBbnN3ZXJDYWNoZVN0YXRzEg8KB2VudHJpZXMYASABKAQSDQoFYnl0ZXMYAiABKAQSDQoFbGltaXQYAyABKAMSDAoEaGl0cxgEIAEoBBIOCgZtaXNzZXMYBSABKAQiYgoLQnVja2V0U3RhdHMSDgoGYnVja2V0GAEgASgJEhAKCHJldmlzaW9uGAIgASgEEg8KB3JlY29yZHMYAyABKAQSEQoJbWFsZm9ybWVkGAQgASgEEg0KBW5vZGVzGAUgASgEQtwBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIKU3RhdHNQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z");
+  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3N0YXRzLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIuEDChFFbmRwb2ludFN0YXRzRGF0YRIQCghhbnN3ZXJlZBgBIAEoBBIVCg1hbnN3ZXJfZXJyb3JzGAIgASgEEgwKBHNoZWQYAyABKAQSEgoKcXVldWVfZnVsbBgEIAEoBBIVCg1zbG93X2NvbnN1bWVyGAUgASgEEhcKD3JlZnVzZWRfcmVwbGllcxgGIAEoBBIPCgdsb2FkaW5nGAcgAygJEg4KBmJlaGluZBgIIAMoCRI0CgtvdmVyX2J1ZGdldBgJIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuT3ZlckJ1ZGdldBI7CgxhbnN3ZXJfY2FjaGUYCiABKAsyJS5tZXNoLnByb3Zpc2lvbmVyLnYxLkFuc3dlckNhY2hlU3RhdHMSDAoEc2VhdBgLIAEoCRISCgpzZWF0X3NpbmNlGAwgASgJEhMKC3NlYXRfaG9sZGVyGA0gASgJEjEKB2J1Y2tldHMYDiADKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldFN0YXRzEhIKCmxhcmdlX3NoZWQYDyABKAQSDwoHcmVmdXNlZBgQIAEoBBIuCgVwbGFucxgRIAEoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuUGxhbnNTdGF0cyJ8CgpQbGFuc1N0YXRzEg8KB3dyaXR0ZW4YASABKAQSEAoIY29tcG9zZWQYAiABKAQSFAoMbGFzdF93cml0dGVuGAMgASgJEg8KB3BlbmRpbmcYBCABKAQSFAoMbGFzdF9wYXNzX21zGAUgASgEEg4KBmZhaWxlZBgGIAEoBCJYCgpPdmVyQnVkZ2V0Eg4KBmJ1Y2tldBgBIAEoCRIMCgRub2RlGAIgASgJEgwKBGtleXMYAyABKAQSDQoFYnl0ZXMYBCABKAQSDwoHcmVmdXNlZBgFIAEoBCJfChBBbnN3ZXJDYWNoZVN0YXRzEg8KB2VudHJpZXMYASABKAQSDQoFYnl0ZXMYAiABKAQSDQoFbGltaXQYAyABKAMSDAoEaGl0cxgEIAEoBBIOCgZtaXNzZXMYBSABKAQiYgoLQnVja2V0U3RhdHMSDgoGYnVja2V0GAEgASgJEhAKCHJldmlzaW9uGAIgASgEEg8KB3JlY29yZHMYAyABKAQSEQoJbWFsZm9ybWVkGAQgASgEEg0KBW5vZGVzGAUgASgEQtwBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIKU3RhdHNQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z");
 
 /**
  * EndpointStatsData is the "data" of each endpoint in an instance's answer to
@@ -148,6 +148,14 @@ export type EndpointStatsData = Message<"mesh.provisioner.v1.EndpointStatsData">
    * @generated from field: uint64 refused = 16;
    */
   refused: bigint;
+
+  /**
+   * The plan digests this instance keeps in mesh-provisioner_plans, while
+   * it holds the seat (the counts are since the instance started).
+   *
+   * @generated from field: mesh.provisioner.v1.PlansStats plans = 17;
+   */
+  plans?: PlansStats | undefined;
 };
 
 /**
@@ -156,6 +164,65 @@ export type EndpointStatsData = Message<"mesh.provisioner.v1.EndpointStatsData">
  */
 export const EndpointStatsDataSchema: GenMessage<EndpointStatsData> = /*@__PURE__*/
   messageDesc(file_mesh_provisioner_v1_stats, 0);
+
+/**
+ * PlansStats is what the seat's holder has done of mesh-provisioner_plans.
+ *
+ * @generated from message mesh.provisioner.v1.PlansStats
+ */
+export type PlansStats = Message<"mesh.provisioner.v1.PlansStats"> & {
+  /**
+   * Digests written because a node's plan changed (or had none).
+   *
+   * @generated from field: uint64 written = 1;
+   */
+  written: bigint;
+
+  /**
+   * Compositions made to learn whether a plan changed.
+   *
+   * @generated from field: uint64 composed = 2;
+   */
+  composed: bigint;
+
+  /**
+   * When the last digest was written (RFC 3339); empty when none was.
+   *
+   * @generated from field: string last_written = 3;
+   */
+  lastWritten: string;
+
+  /**
+   * Nodes whose plan may have changed and is not composed yet: how far
+   * behind the writer is.
+   *
+   * @generated from field: uint64 pending = 4;
+   */
+  pending: bigint;
+
+  /**
+   * How long the last pass took, from the changes it saw to their digests
+   * written, in milliseconds.
+   *
+   * @generated from field: uint64 last_pass_ms = 5;
+   */
+  lastPassMs: bigint;
+
+  /**
+   * Writes that failed (the bucket unreachable, or another writer's
+   * revision): retried on the next pass.
+   *
+   * @generated from field: uint64 failed = 6;
+   */
+  failed: bigint;
+};
+
+/**
+ * Describes the message mesh.provisioner.v1.PlansStats.
+ * Use `create(PlansStatsSchema)` to create a new message.
+ */
+export const PlansStatsSchema: GenMessage<PlansStats> = /*@__PURE__*/
+  messageDesc(file_mesh_provisioner_v1_stats, 1);
 
 /**
  * OverBudget is a node over its budget in one state bucket of the copy: keys
@@ -205,7 +272,7 @@ export type OverBudget = Message<"mesh.provisioner.v1.OverBudget"> & {
  * Use `create(OverBudgetSchema)` to create a new message.
  */
 export const OverBudgetSchema: GenMessage<OverBudget> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 1);
+  messageDesc(file_mesh_provisioner_v1_stats, 2);
 
 /**
  * AnswerCacheStats counts the encoded answers kept for reuse.
@@ -254,7 +321,7 @@ export type AnswerCacheStats = Message<"mesh.provisioner.v1.AnswerCacheStats"> &
  * Use `create(AnswerCacheStatsSchema)` to create a new message.
  */
 export const AnswerCacheStatsSchema: GenMessage<AnswerCacheStats> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 2);
+  messageDesc(file_mesh_provisioner_v1_stats, 3);
 
 /**
  * BucketStats is the copy of one bucket as the instance holds it.
@@ -307,5 +374,5 @@ export type BucketStats = Message<"mesh.provisioner.v1.BucketStats"> & {
  * Use `create(BucketStatsSchema)` to create a new message.
  */
 export const BucketStatsSchema: GenMessage<BucketStats> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 3);
+  messageDesc(file_mesh_provisioner_v1_stats, 4);
 
