@@ -158,14 +158,15 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 			records = append(records, e.Record)
 		}
 	}
-	// The needs this request composes, after the token's key.
-	first := sort.Search(len(entries), func(i int) bool { return entries[i].Key > token.After })
-	var needs []*mirror.Entry[*provisionerv1.NeedRecord]
-	for _, e := range entries[first:] {
+	// The needs this request composes (every page), and this page's: those
+	// after the token's key.
+	var all []*mirror.Entry[*provisionerv1.NeedRecord]
+	for _, e := range entries {
 		if in.GetModule() == "" || moduleOf(e) == in.GetModule() {
-			needs = append(needs, e)
+			all = append(all, e)
 		}
 	}
+	needs := all[sort.Search(len(all), func(i int) bool { return all[i].Key > token.After }):]
 	read := time.Since(start)
 
 	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule()}
@@ -216,6 +217,13 @@ chunks:
 		out.NextPageToken = t.encode()
 	}
 	out.Behind = append(m.Behind(), boundBehind(m, out.GetProvisions())...)
+	// The digest is of the whole composition: this page's when it is all,
+	// else the composition of every page, made once more.
+	whole := out
+	if len(needs) < len(all) || done < len(needs) {
+		whole = composeNeeds(sources, in, all, records, revisions)
+	}
+	out.PlanDigest = compose.Digest(whole)
 	return out, timings{read: read, resolve: resolve, items: collect}, nil
 }
 

@@ -105,10 +105,11 @@ func (m *composeMesh) compose(t *testing.T, req *provisionerv1.ComposeRequest) *
 }
 
 // ignoreVolatile leaves out what differs between equal compositions and
-// what the tests do not fix: phases and revisions.
+// what the tests do not fix: phases and revisions, and the digest, which
+// TestPlanDigest checks.
 var ignoreVolatile = []cmp.Option{
 	protocmp.Transform(),
-	protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases", "revisions"),
+	protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases", "revisions", "plan_digest"),
 	protocmp.IgnoreFields(&provisionerv1.PlanItem{}, "revision"),
 	protocmp.IgnoreFields(&provisionerv1.CollectedItem{}, "revision"),
 }

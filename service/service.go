@@ -175,8 +175,12 @@ type Service struct {
 	// flood of them cannot flood the log.
 	failures rate.Sometimes
 	// slow logs the bursts of requests dropped by a full pending buffer.
-	slow     *burstLog
-	stopOnce sync.Once
+	slow *burstLog
+	// plans counts what RunPlans did; planFailures rate-limits its
+	// warnings.
+	plans        plansStats
+	planFailures rate.Sometimes
+	stopOnce     sync.Once
 }
 
 // Start opens the provisioning buckets, starts watching them and adds the
@@ -251,6 +255,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 
 		replyPrefixes:  slices.Clone(cfg.ReplyPrefixes),
 		refusedReplies: rate.Sometimes{Interval: time.Second},
+		planFailures:   rate.Sometimes{Interval: time.Second},
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
@@ -508,6 +513,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.cache.stats(),
+		Plans:          s.plans.proto(),
 	}
 	for _, x := range s.mirror.OverBudget() {
 		data.OverBudget = append(data.OverBudget, &provisionerv1.OverBudget{

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,8 +33,12 @@ type Bound struct {
 	buckets map[string]*BoundBucket
 	// gen counts every change of any bucket (a key, a bucket found or
 	// loaded): answers that read the copy are stamped with it.
-	gen   atomic.Uint64
-	wants chan *BoundBucket // buckets named and not yet followed
+	gen atomic.Uint64
+	// changed is the generation at which keys whose first token is the
+	// map's key last changed, in any bucket (Changed).
+	changedMu sync.Mutex
+	changed   map[string]uint64
+	wants     chan *BoundBucket // buckets named and not yet followed
 	// held says the copy is all there is (a capture's): a bucket it lacks
 	// holds nothing, and is not followed.
 	held bool
@@ -41,7 +46,7 @@ type Bound struct {
 
 // NewBound returns an empty copy of the providers' buckets.
 func NewBound() *Bound {
-	return &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024)}
+	return &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{}}
 }
 
 // BoundBucket is the copy of one provider's bucket.
@@ -217,6 +222,35 @@ func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) {
 	bb.revision = max(bb.revision, revision)
 	bb.advance()
 	bb.mu.Unlock()
+	bb.bound.markChanged(key)
+}
+
+// markChanged records that keys of key's first token changed now.
+func (b *Bound) markChanged(keys ...string) {
+	b.changedMu.Lock()
+	defer b.changedMu.Unlock()
+	// Counted under the lock with the marks: Changed sees every mark up to
+	// the stamp it returns.
+	gen := b.gen.Add(1)
+	for _, key := range keys {
+		first, _, _ := strings.Cut(key, ".")
+		b.changed[first] = gen
+	}
+}
+
+// Changed returns the first tokens (nodes, by the bound entry's key shape)
+// of the keys that changed in any bucket after the copy's stamp gen, and
+// its stamp now.
+func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
+	b.changedMu.Lock()
+	defer b.changedMu.Unlock()
+	now = b.gen.Load()
+	for first, at := range b.changed {
+		if at > gen {
+			firsts = append(firsts, first)
+		}
+	}
+	return firsts, now
 }
 
 // markLoaded says the bucket's keys are in, or that it does not exist
@@ -342,9 +376,18 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 // replace sets the bucket's keys to a full read's, and marks it loaded.
 func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	bb.mu.Lock()
+	old := bb.keys
 	bb.keys = keys
 	bb.revision = max(bb.revision, revision)
 	bb.loaded, bb.failing = true, false
 	bb.advance()
 	bb.mu.Unlock()
+	changed := make([]string, 0, len(keys)+len(old))
+	for key := range keys {
+		changed = append(changed, key)
+	}
+	for key := range old {
+		changed = append(changed, key)
+	}
+	bb.bound.markChanged(changed...)
 }

@@ -526,3 +526,21 @@ func (c *Copy[R]) Get(first, key string) (R, bool) {
 	}
 	return e.Record, true
 }
+
+// Changed returns the first tokens of the groups changed after the copy's
+// generation gen (every group, for gen zero), and its generation now: a
+// reader that keeps the generation learns what changed since it last
+// looked. A group emptied since is not among them (Stamp says zero).
+func (c *Copy[R]) Changed(gen uint64) (firsts []string, now uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.gen == gen {
+		return nil, gen
+	}
+	for first, g := range c.groups {
+		if g.gen > gen {
+			firsts = append(firsts, first)
+		}
+	}
+	return firsts, c.gen
+}

@@ -73,3 +73,19 @@ func Bucket(t testing.TB, nc *nats.Conn, bucket string) jetstream.KeyValue {
 	}
 	return kv
 }
+
+// RunPlans keeps mesh-provisioner_plans through writer, as the seat's
+// holder does, until the test ends.
+func RunPlans(t testing.TB, svc *service.Service, writer *nats.Conn, interval time.Duration) {
+	t.Helper()
+	kv := Bucket(t, writer, keys.PlansBucket)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.RunPlans(ctx, service.PlansConfig{KV: kv, Interval: interval}) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunPlans: %v", err)
+		}
+	})
+}
