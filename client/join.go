@@ -36,13 +36,15 @@ func JoinComposePages(pages []*provisionerv1.ComposeResponse) *provisionerv1.Com
 		if n := len(whole.GetPlans()); n > 0 && len(plans) > 0 && whole.GetPlans()[n-1].GetModule() == plans[0].GetModule() {
 			last := whole.GetPlans()[n-1]
 			// A fresh plan: the pages' own stay as they came.
-			whole.Plans[n-1] = &provisionerv1.ModulePlan{Module: last.GetModule(), Items: slices.Concat(last.GetItems(), plans[0].GetItems())}
+			whole.Plans[n-1] = &provisionerv1.ModulePlan{Module: last.GetModule(), Items: slices.Concat(last.GetItems(), plans[0].GetItems()),
+				WantedBuild: last.GetWantedBuild(), NewestBuild: last.GetNewestBuild()}
 			plans = plans[1:]
 		}
 		whole.Plans = append(whole.Plans, plans...)
 		whole.Provisions = append(whole.Provisions, page.GetProvisions()...)
 		whole.Refusals = append(whole.Refusals, page.GetRefusals()...)
 		whole.Node, whole.Module, whole.Revisions = page.GetNode(), page.GetModule(), page.GetRevisions()
+		whole.PlanDigest = page.GetPlanDigest() // every page's is the whole composition's
 		whole.Behind = union(whole.GetBehind(), page.GetBehind())
 		if i == 0 {
 			whole.Phases = page.GetPhases()

@@ -65,11 +65,14 @@ var adminDenied = []string{
 //     mesh-provisioner.compose.<node>: ask both verbs on its own subjects,
 //     where the service answers its own records and plan and the registry,
 //     nothing of any other node;
+//   - publish what watching its own key of mesh-provisioner_plans takes
+//     (watchOwnPlan): learn that its plan changed without asking;
 //   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
 //     writes and the answers to its requests.
 //
 // It is denied the registry's subjects and the seat's, every other node's keys (by not being
-// allowed them), and every stream and consumer administration subject.
+// allowed them), every stream administration subject, consumer deletion,
+// and consumers of the provisioning buckets.
 func Node(node string) (Permissions, error) {
 	return nodePermissions(node, "")
 }
@@ -103,14 +106,36 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 		p.Publish.Allow = append(p.Publish.Allow, info(wire.StreamOf(bucket)))
 	}
 	p.Publish.Allow = append(p.Publish.Allow, nodeVerbs(node)...)
+	if apiPrefix == "" {
+		p.Publish.Allow = append(p.Publish.Allow, watchOwnPlan(node)...)
+	}
 	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject}
 	if apiPrefix != "" {
 		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
-	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
+	// Every consumer but the watch of its own plan: none of the buckets'
+	// (a consumer reads every node's keys), whatever is allowed later.
+	for _, bucket := range keys.Buckets() {
+		p.Publish.Deny = append(p.Publish.Deny, under(jsAPI("CONSUMER.CREATE", wire.StreamOf(bucket))+".>"))
+	}
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
 	return p, nil
+}
+
+// watchOwnPlan returns the subjects through which node watches its own key
+// of the plans bucket with a KV watcher (client.WatchPlan): the stream's
+// information, an ordered consumer filtered on $KV.mesh-provisioner_plans.
+// <node> (nats-server checks that the filter in the subject is the
+// consumer's), and its flow control. Another node's key would be another
+// filter, which the subject does not allow.
+func watchOwnPlan(node string) []string {
+	stream := wire.StreamOf(keys.PlansBucket)
+	return []string{
+		jsAPI("STREAM.INFO", stream),
+		jsAPI("CONSUMER.CREATE", stream) + ".*." + wire.KVSubject(keys.PlansBucket, node),
+		"$JS.FC." + stream + ".>",
+	}
 }
 
 // Provider returns the permissions of a provider module that provisions
@@ -174,7 +199,7 @@ func Operator(name string, providers ...string) (Permissions, error) {
 	}
 	var p Permissions
 	p.Publish.Allow = []string{wire.ServiceName + ".>", "$SRV.>"}
-	for _, bucket := range keys.Buckets() {
+	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		stream := wire.StreamOf(bucket)
 		p.Publish.Allow = append(p.Publish.Allow,
 			jsAPI("STREAM.INFO", stream),
@@ -191,7 +216,7 @@ func Operator(name string, providers ...string) (Permissions, error) {
 		return Permissions{}, err
 	}
 	p.Publish.Allow = append(p.Publish.Allow, bound...)
-	for _, bucket := range keys.Buckets() {
+	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
@@ -257,12 +282,14 @@ func followBound(who string, providers []string) ([]string, error) {
 // whose providers are those given:
 //
 //   - publish $KV.mesh-provisioner_registry.>: write the registry;
+//   - publish $KV.mesh-provisioner_plans.>, and the direct and message gets
+//     of its stream: keep each node's plan digest (service.RunPlans);
 //   - publish $SEAT.mesh-provisioner and
 //     $JS.API.DIRECT.GET.KV_mesh-provisioner_registry.$SEAT.mesh-provisioner:
 //     take, renew, hand back and read the provisioner seat (package seat);
 //   - publish $JS.API.INFO: the KV client reads the account's JetStream
 //     information before it creates a bucket;
-//   - for each of the five buckets, publish $JS.API.STREAM.INFO, .CREATE and
+//   - for each of the five buckets and the plans', publish $JS.API.STREAM.INFO, .CREATE and
 //     .UPDATE of its stream (create a missing bucket, refuse rollups and
 //     purges on the state buckets), and $JS.API.CONSUMER.CREATE.<stream>.>
 //     with $JS.FC.<stream>.> and $JS.API.CONSUMER.DELETE.<stream>.> (watch
@@ -286,9 +313,11 @@ func followBound(who string, providers []string) ([]string, error) {
 func ServerWriter(providers ...string) (Permissions, error) {
 	var p Permissions
 	registry := wire.StreamOf(keys.RegistryBucket)
+	plans := wire.StreamOf(keys.PlansBucket)
 	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject,
-		jsAPI("DIRECT.GET", registry) + "." + wire.SeatSubject, "$JS.API.INFO"}
-	for _, bucket := range keys.Buckets() {
+		jsAPI("DIRECT.GET", registry) + "." + wire.SeatSubject, "$JS.API.INFO",
+		kvSubjects(keys.PlansBucket, ""), jsAPI("DIRECT.GET", plans) + ".>", jsAPI("STREAM.MSG.GET", plans)}
+	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		stream := wire.StreamOf(bucket)
 		p.Publish.Allow = append(p.Publish.Allow,
 			jsAPI("STREAM.INFO", stream),

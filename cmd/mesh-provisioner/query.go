@@ -21,14 +21,17 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-const querySynopsis = `Usage: mesh-provisioner query registry|needs|applied|collect|compose [flags]
+const querySynopsis = `Usage: mesh-provisioner query registry|needs|applied|collect|manifests|compose [flags]
 
 Asks the verb mesh-provisioner.provisioning (or, for compose, the verb
 mesh-provisioner.compose) and prints the answer: an aligned table for people,
 malformed keys, provisions and refusals in sections of their own, or protobuf
 JSON with --json. needs and applied are narrowed by --node and --module;
-collect by --node, --contributor and --collection; the registry by nothing;
-compose takes --node and, to compose one module, --module. With a node's
+collect by --node, --contributor and --collection; manifests by --node and
+--module (the provider); the registry by nothing; compose takes --node and,
+to compose one module, --module. compose --watch prints the node's
+composition, then each new one as its plan changes (the node's key of
+mesh-provisioner_plans, watched), until interrupted. With a node's
 inbox prefix (--inbox-prefix _INBOX_MESH.node.<node>) it asks as that node,
 on the node's own subjects (mesh-provisioner.compose.<node>, ...), which is
 all a node's permissions grant. Exits non-zero with the service's sentence
@@ -36,10 +39,11 @@ when it refuses the request.`
 
 // whats maps the command's words to the request's what.
 var whats = map[string]provisionerv1.What{
-	"registry": provisionerv1.What_WHAT_REGISTRY,
-	"needs":    provisionerv1.What_WHAT_NEEDS,
-	"applied":  provisionerv1.What_WHAT_APPLIED,
-	"collect":  provisionerv1.What_WHAT_COLLECT,
+	"registry":  provisionerv1.What_WHAT_REGISTRY,
+	"needs":     provisionerv1.What_WHAT_NEEDS,
+	"applied":   provisionerv1.What_WHAT_APPLIED,
+	"collect":   provisionerv1.What_WHAT_COLLECT,
+	"manifests": provisionerv1.What_WHAT_MANIFESTS,
 }
 
 func defineQuery(fs *flag.FlagSet) action {
@@ -49,6 +53,7 @@ func defineQuery(fs *flag.FlagSet) action {
 	logs.register(fs, slog.LevelWarn)
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the whole answer, every page")
 	asJSON := fs.Bool("json", false, "print the answer as protobuf JSON")
+	watchPlan := fs.Bool("watch", false, "with compose: print each new composition as the node's plan changes, until interrupted")
 	var req provisionerv1.ProvisioningRequest
 	fs.StringVar(&req.Node, "node", "", "only records of this node; for compose, the node composed")
 	fs.StringVar(&req.Module, "module", "", "only records of this module (needs, applied, compose)")
@@ -61,12 +66,18 @@ func defineQuery(fs *flag.FlagSet) action {
 		}
 		what, ok := whats[word]
 		if !ok && word != "compose" {
-			return fmt.Errorf("query %q: ask registry, needs, applied, collect or compose", word)
+			return fmt.Errorf("query %q: ask registry, needs, applied, collect, manifests or compose", word)
+		}
+		if *watchPlan && (word != "compose" || req.GetModule() != "") {
+			return fmt.Errorf("query: --watch watches a node's whole plan: query compose --node NODE --watch")
 		}
 		if word == "compose" && (req.GetContributor() != "" || req.GetCollection() != "") {
 			return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
 		}
 		req.What = what
+		if *watchPlan {
+			*timeout = 0 // until interrupted
+		}
 		nc, ctx, done, err := openClient(ctx, inv, &logs, &conn, "mesh-provisioner query", *timeout)
 		if err != nil {
 			return err
@@ -76,6 +87,12 @@ func defineQuery(fs *flag.FlagSet) action {
 		c := client.New(nc.Conn, conn.clientOptions()...)
 		if node := conn.node(); node != "" && req.GetNode() == "" && word != "registry" {
 			req.Node = node // a node reads its own: what its subjects answer
+		}
+		if *watchPlan {
+			err := c.WatchPlan(ctx, req.GetNode(), func(composed *provisionerv1.ComposeResponse) error {
+				return printAnswer(inv.stdout, composed, *asJSON, func() error { return printComposition(inv.stdout, composed) })
+			})
+			return requestError(err, watch, conn.url)
 		}
 		var answer proto.Message
 		var show func() error
@@ -91,16 +108,21 @@ func defineQuery(fs *flag.FlagSet) action {
 		if err := requestError(err, watch, conn.url); err != nil {
 			return err
 		}
-		if *asJSON {
-			b, err := protojson.MarshalOptions{Multiline: true}.Marshal(answer)
-			if err != nil {
-				return err
-			}
-			_, err = fmt.Fprintln(inv.stdout, string(b))
-			return err
-		}
+		return printAnswer(inv.stdout, answer, *asJSON, show)
+	}
+}
+
+// printAnswer prints an answer as protobuf JSON, or as show does.
+func printAnswer(w io.Writer, answer proto.Message, asJSON bool, show func() error) error {
+	if !asJSON {
 		return show()
 	}
+	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(answer)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
 }
 
 // requestError says why a request of a client command failed, in one
@@ -166,6 +188,16 @@ func printTable(w io.Writer, a *provisionerv1.ProvisioningResponse) error {
 			row(r.GetNode(), r.GetCollection(), r.GetContributor(), strconv.Itoa(int(r.GetItem().GetOrder())), strconv.Quote(r.GetItem().GetValue()), rev(r.GetRevision()))
 		}
 		count = len(a.GetCollect())
+	case provisionerv1.What_WHAT_MANIFESTS:
+		row("NODE", "PROVIDER", "OFFERS", "DIGEST", "REVISION")
+		for _, r := range a.GetManifests() {
+			var offers []string
+			for _, o := range r.GetManifest().GetOffers() {
+				offers = append(offers, o.GetProvision())
+			}
+			row(r.GetNode(), r.GetProvider(), dash(strings.Join(offers, " ")), r.GetDigest(), rev(r.GetRevision()))
+		}
+		count = len(a.GetManifests())
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -201,7 +233,7 @@ func plural(n int, word string) string {
 func printComposition(w io.Writer, a *provisionerv1.ComposeResponse) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
-	row("MODULE", "KIND", "NAME", "OWNER", "WHERE", "ITEMS")
+	row("MODULE", "KIND", "NAME", "OWNER", "WHERE", "ITEMS", "BUILDS")
 	items := 0
 	for _, plan := range a.GetPlans() {
 		for _, it := range plan.GetItems() {
@@ -214,7 +246,7 @@ func printComposition(w io.Writer, a *provisionerv1.ComposeResponse) error {
 			if it.GetCollection() != "" {
 				collected = strconv.Itoa(len(it.GetItems()))
 			}
-			row(plan.GetModule(), it.GetKind(), it.GetName(), it.GetOwner(), where, collected)
+			row(plan.GetModule(), it.GetKind(), it.GetName(), it.GetOwner(), where, collected, dash(strings.Join(it.GetBuilds(), " ")))
 			items++
 		}
 	}
@@ -222,13 +254,22 @@ func printComposition(w io.Writer, a *provisionerv1.ComposeResponse) error {
 		return err
 	}
 	r := a.GetRevisions()
-	fmt.Fprintf(w, "%d %s in %d %s, at revisions registry %d, needs %d, collect %d\n",
-		items, plural(items, "need"), len(a.GetPlans()), plural(len(a.GetPlans()), "plan"), r.GetRegistry(), r.GetNeeds(), r.GetCollect())
+	fmt.Fprintf(w, "%d %s in %d %s, at revisions registry %d, needs %d, collect %d; plan digest %s\n",
+		items, plural(items, "need"), len(a.GetPlans()), plural(len(a.GetPlans()), "plan"), r.GetRegistry(), r.GetNeeds(), r.GetCollect(), dash(a.GetPlanDigest()))
+	for _, plan := range a.GetPlans() {
+		if plan.GetWantedBuild() != plan.GetNewestBuild() {
+			fmt.Fprintf(w, "%s is between builds: wanted %s, newest %s\n", plan.GetModule(), plan.GetWantedBuild(), plan.GetNewestBuild())
+		}
+	}
 	if len(a.GetProvisions()) > 0 {
 		fmt.Fprintf(w, "\nProvisions (%d): what providers must provision\n", len(a.GetProvisions()))
-		row("PROVIDER", "BUCKET", "KEY", "MODULE", "PROVISION")
+		row("PROVIDER", "BUCKET", "KEY", "MODULE", "PROVISION", "STATE")
 		for _, p := range a.GetProvisions() {
-			row(p.GetProvider(), p.GetBucket(), p.GetKey(), p.GetModule(), p.GetProvision())
+			state := "pending"
+			if p.GetBoundRevision() > 0 {
+				state = "bound at " + strconv.FormatUint(p.GetBoundRevision(), 10)
+			}
+			row(p.GetProvider(), p.GetBucket(), p.GetKey(), p.GetModule(), p.GetProvision(), state)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

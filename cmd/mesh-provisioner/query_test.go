@@ -137,7 +137,7 @@ func TestQueryJSONAndErrors(t *testing.T) {
 		says string
 	}{
 		{[]string{"query", "needs", "--contributor", "web", "--nats-url", url}, "the service refused: 400: filter contributor does not apply to WHAT_NEEDS"},
-		{[]string{"query", "everything", "--nats-url", url}, `query "everything": ask registry, needs, applied, collect or compose`},
+		{[]string{"query", "everything", "--nats-url", url}, `query "everything": ask registry, needs, applied, collect, manifests or compose`},
 		{[]string{"query", "compose", "--nats-url", url}, "the service refused: 400: node is required"},
 		{[]string{"query", "compose", "--node", "ace", "--contributor", "web", "--nats-url", url}, "--contributor and --collection do not apply"},
 		{[]string{"query", "needs", "--nats-url", "nats://127.0.0.1:1"}, "cannot reach NATS at nats://127.0.0.1:1"},

@@ -54,6 +54,7 @@ type serveFlags struct {
 	stateDir         string
 	replicas         int
 	registryInterval time.Duration
+	plansInterval    time.Duration
 	restoreDelay     time.Duration
 	readyTimeout     time.Duration
 	slowCompose      time.Duration
@@ -78,6 +79,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store, locked by one instance at a time (mesh-provisioner.lock holds its PID)")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
 	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
+	fs.DurationVar(&f.plansInterval, "plans-interval", service.DefaultPlansInterval, "how often the seat's holder looks for changed plans to write their digests to mesh-provisioner_plans; changes within one interval are composed once")
 	fs.DurationVar(&f.restoreDelay, "registry-restore-delay", registry.DefaultRestoreDelay, "how long a registry entry changed by anyone else stands before the seat's holder restores it (a burst is restored once)")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
 	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")
@@ -143,29 +145,39 @@ func waitForRegistry(ctx context.Context, svc *service.Service, provisionerSeat 
 	}
 }
 
-// prepareBuckets makes the buckets, opens the registry's and binds the seat,
-// each step tried again while it fails (an election, a stream not yet
-// placed): a start keeps trying.
-func prepareBuckets(ctx context.Context, js jetstream.JetStream, logger *slog.Logger, cfg buckets.Config) (jetstream.KeyValue, *seat.Seat, error) {
+// preparedBuckets are what the seat's holder writes, and the seat.
+type preparedBuckets struct {
+	registry, plans jetstream.KeyValue
+	seat            *seat.Seat
+}
+
+// prepareBuckets makes the buckets, opens the registry's and the plans',
+// and binds the seat, each step tried again while it fails (an election, a
+// stream not yet placed): a start keeps trying.
+func prepareBuckets(ctx context.Context, js jetstream.JetStream, logger *slog.Logger, cfg buckets.Config) (preparedBuckets, error) {
+	var prepared preparedBuckets
 	if err := retryStart(ctx, logger, "make the buckets", func(ctx context.Context) error { return buckets.Ensure(ctx, js, cfg) }); err != nil {
-		return nil, nil, err
+		return prepared, err
 	}
-	var registryKV jetstream.KeyValue
-	err := retryStart(ctx, logger, "open the registry bucket", func(ctx context.Context) (err error) {
-		registryKV, err = js.KeyValue(ctx, keys.RegistryBucket)
-		return err
-	})
-	if err != nil {
-		return nil, nil, err
+	for _, open := range []struct {
+		bucket string
+		kv     *jetstream.KeyValue
+	}{{keys.RegistryBucket, &prepared.registry}, {keys.PlansBucket, &prepared.plans}} {
+		err := retryStart(ctx, logger, "open the bucket "+open.bucket, func(ctx context.Context) (err error) {
+			*open.kv, err = js.KeyValue(ctx, open.bucket)
+			return err
+		})
+		if err != nil {
+			return prepared, err
+		}
 	}
 	// Of all instances on the mesh, the one that holds the seat writes the
 	// registry, each write fenced by its lease; the others stand by.
-	var provisionerSeat *seat.Seat
-	err = retryStart(ctx, logger, "bind the provisioner seat", func(sctx context.Context) (err error) {
-		provisionerSeat, err = seat.New(sctx, seat.Config{JS: js, Logger: logger})
+	err := retryStart(ctx, logger, "bind the provisioner seat", func(sctx context.Context) (err error) {
+		prepared.seat, err = seat.New(sctx, seat.Config{JS: js, Logger: logger})
 		return err
 	})
-	return registryKV, provisionerSeat, err
+	return prepared, err
 }
 
 // ErrJetStreamNotEnabled: the NATS joined has no JetStream for this
@@ -325,11 +337,11 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			return err
 		}
 	}
-	registryKV, provisionerSeat, err := prepareBuckets(ctx, js, logger, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes})
+	prepared, err := prepareBuckets(ctx, js, logger, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes})
 	if err != nil {
 		return err
 	}
-	svc, err := f.startService(ctx, conns, provisionerSeat, httpServer, logger)
+	svc, err := f.startService(ctx, conns, prepared.seat, httpServer, logger)
 	if err != nil {
 		return err
 	}
@@ -340,7 +352,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	}
 	defer closePage()
 	attachHTTP(httpServer, svc, conns.requests, conns.writer, ask)
-	if err := f.serve(ctx, logger, url, conns, svc, provisionerSeat, registryKV); err != nil {
+	if err := f.serve(ctx, logger, url, conns, svc, prepared); err != nil {
 		return err
 	}
 	logger.Info("shutting down: draining the service and the connection")
@@ -381,9 +393,10 @@ func (f *serveFlags) startService(ctx context.Context, conns *serveConns, provis
 // and it returns once each has stopped, the seat handed back before the
 // connections drain. It says "serving" once the copy is whole and holds the
 // registry.
-func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string, conns *serveConns, svc *service.Service, provisionerSeat *seat.Seat, registryKV jetstream.KeyValue) error {
+func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string, conns *serveConns, svc *service.Service, prepared preparedBuckets) error {
+	provisionerSeat := prepared.seat
 	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
-	reconciler := &registry.Reconciler{KV: registryKV, Interval: f.registryInterval, RestoreDelay: f.restoreDelay, Publisher: provisionerSeat, Logger: logger,
+	reconciler := &registry.Reconciler{KV: prepared.registry, Interval: f.registryInterval, RestoreDelay: f.restoreDelay, Publisher: provisionerSeat, Logger: logger,
 		Reconciled: func(r registry.Report) {
 			select {
 			case reconciled <- r.Revision:
@@ -403,7 +416,16 @@ func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string,
 		return nil
 	})
 	g.Go(func() error {
-		if err := provisionerSeat.Run(gctx, reconciler.Run); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
+		// The holder's tenure: the registry, and each node's plan digest.
+		tenure := func(ctx context.Context) error {
+			tg, tctx := errgroup.WithContext(ctx)
+			tg.Go(func() error { return reconciler.Run(tctx) })
+			tg.Go(func() error {
+				return svc.RunPlans(tctx, service.PlansConfig{KV: prepared.plans, Interval: f.plansInterval})
+			})
+			return tg.Wait()
+		}
+		if err := provisionerSeat.Run(gctx, tenure); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
 			return fmt.Errorf("reconcile registry: %w", err)
 		}
 		return nil

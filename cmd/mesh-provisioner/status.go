@@ -86,7 +86,7 @@ func defineStatus(fs *flag.FlagSet) action {
 func printStatus(w io.Writer, r *statusReport) error {
 	t := statusTable{w: w, tw: tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)}
 	for _, section := range []func(statusTable, *statusReport) error{
-		printInstances, printOverBudget, printBuckets, printNodes, printRefusals, printProviders, printMalformed,
+		printInstances, printOverBudget, printPlans, printBuckets, printNodes, printRefusals, printProviders, printMalformed,
 	} {
 		if err := section(t, r); err != nil {
 			return err
@@ -209,6 +209,19 @@ func printRefusals(t statusTable, r *statusReport) error {
 		t.row(reason, strconv.Itoa(r.Refusals.ByReason[reason]))
 	}
 	return t.tw.Flush()
+}
+
+// printPlans writes what the seat's holder did of mesh-provisioner_plans.
+func printPlans(t statusTable, r *statusReport) error {
+	for _, in := range r.Instances {
+		p := in.Plans
+		if in.Seat != "held" || p == nil {
+			continue
+		}
+		t.line("\nPlan digests (mesh-provisioner_plans), kept by %s: %d written, last %s; %d compositions; %d pending; last pass %dms; %d failed",
+			in.ID, p.GetWritten(), dash(p.GetLastWritten()), p.GetComposed(), p.GetPending(), p.GetLastPassMs(), p.GetFailed())
+	}
+	return nil
 }
 
 // printProviders writes the provisions of the nodes composed, by provider:

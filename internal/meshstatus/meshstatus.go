@@ -56,6 +56,8 @@ type Instance struct {
 	OverBudget []*provisionerv1.OverBudget `json:"over_budget"`
 	// Buckets are this instance's copy of each bucket, counted.
 	Buckets []*provisionerv1.BucketStats `json:"-"`
+	// Plans is what the instance did of mesh-provisioner_plans.
+	Plans *provisionerv1.PlansStats `json:"plans,omitempty"`
 }
 
 // Endpoint is one endpoint of an instance with its counters.
@@ -337,6 +339,9 @@ func InstanceOf(stats micro.Stats) Instance {
 		in.SeatHolder = cmp.Or(in.SeatHolder, data.GetSeatHolder())
 		if in.OverBudget == nil { // every endpoint reports the same copy
 			in.OverBudget = data.GetOverBudget()
+		}
+		if in.Plans == nil {
+			in.Plans = data.GetPlans()
 		}
 		if in.Buckets == nil {
 			in.Buckets = data.GetBuckets()

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// On a nats-server whose authorization is what the permissions command
+// prints: node ace watches its own plan and gets a new composition when it
+// writes a need, none when nothing changed; it cannot watch novox's.
+func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
+	srv := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
+	writer := connectAs(t, s, wire.RoleServer, wire.WriterIdentity)
+	svc := servicetest.StartAs(t, srv.nc, writer.nc)
+	servicetest.RunPlans(t, svc, writer.nc, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	aceClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := aceClient.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		t.Fatal(err)
+	}
+	compositions := make(chan *provisionerv1.ComposeResponse, 16)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() {
+		watched <- client.New(ace.nc, client.AsNode("ace")).WatchPlan(watchCtx, "ace", func(c *provisionerv1.ComposeResponse) error {
+			compositions <- c
+			return nil
+		})
+	}()
+	next := func(what string) *provisionerv1.ComposeResponse {
+		t.Helper()
+		select {
+		case c := <-compositions:
+			return c
+		case err := <-watched:
+			t.Fatalf("%s: the watch ended: %v (violations %v)", what, err, ace.violations)
+		case <-ctx.Done():
+			t.Fatalf("%s: no composition (violations %v)", what, ace.violations)
+		}
+		return nil
+	}
+	first := next("the current plan")
+	if len(first.GetPlans()) != 1 || first.GetPlanDigest() == "" {
+		t.Fatalf("the first composition: %v", first)
+	}
+	rev, err := aceClient.PutNeed(ctx, "web", "port", "admin", &provisionerv1.Need{Placeholder: "${port:admin}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := next("after a need written")
+	if changed.GetRevisions().GetNeeds() < rev || changed.GetPlanDigest() == first.GetPlanDigest() || len(changed.GetPlans()[0].GetItems()) != 2 {
+		t.Errorf("after the need written at revision %d: %v", rev, changed)
+	}
+	// Written again unchanged: the digest holds, nothing is delivered.
+	if _, err := aceClient.PutNeed(ctx, "web", "port", "admin", &provisionerv1.Need{Placeholder: "${port:admin}"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case c := <-compositions:
+		t.Errorf("a composition after an unchanged write: %v", c)
+	case <-time.After(300 * time.Millisecond):
+	}
+	stopWatch()
+	if err := <-watched; err != nil {
+		t.Errorf("the watch ended with %v, want nil on its context's end", err)
+	}
+
+	// ace cannot watch novox's key: the consumer's filter is not its own.
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	err = client.New(ace.nc, client.AsNode("ace")).WatchPlan(short, "novox", func(*provisionerv1.ComposeResponse) error { return errors.New("delivered") })
+	if err == nil {
+		t.Error("ace watched novox's plan")
+	}
+	ace.mu.Lock()
+	refused := slices.ContainsFunc(ace.violations, func(v string) bool {
+		return strings.Contains(v, "$JS.API.CONSUMER.CREATE."+wire.StreamOf(keys.PlansBucket)+".") && strings.HasSuffix(v, wire.KVSubject(keys.PlansBucket, "novox")+`"`)
+	})
+	ace.mu.Unlock()
+	if !refused {
+		t.Errorf("no permission violation for ace's watch of novox: %v (%v)", ace.violations, err)
+	}
+}
+
+// query compose --watch prints the node's composition, then each new one.
+func TestQueryComposeWatch(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	svc := servicetest.Start(t, nc)
+	servicetest.RunPlans(t, svc, nc, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &testlog.Buffer{}
+	watchCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(watchCtx, []string{"query", "compose", "--node", "ace", "--watch", "--nats-url", s.ClientURL()}, out, &bytes.Buffer{})
+	}()
+	printed := func(n int) {
+		t.Helper()
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			if got := strings.Count(out.String(), "plan digest sha256:"); got < n {
+				return fmt.Errorf("%d compositions printed, want %d:\n%s", got, n, out.String())
+			}
+			return nil
+		})
+	}
+	printed(1)
+	if _, err := ace.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		t.Fatal(err)
+	}
+	printed(2)
+	if !strings.Contains(out.String(), "mesh-controller_assignments ace.web") {
+		t.Errorf("the second composition lacks the need written:\n%s", out.String())
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("query --watch ended with %v, want nil when interrupted", err)
+	}
+}
