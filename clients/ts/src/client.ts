@@ -556,6 +556,7 @@ export function joinProvisioningPages(pages: ProvisioningResponse[]): Provisioni
     whole.needs.push(...page.needs);
     whole.applied.push(...page.applied);
     whole.collect.push(...page.collect);
+    whole.manifests.push(...page.manifests);
     whole.malformed.push(...page.malformed);
     whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
   }

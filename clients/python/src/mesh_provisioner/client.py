@@ -379,7 +379,7 @@ def join_provisioning_pages(pages: list[ProvisioningResponse]) -> ProvisioningRe
     """Joins the pages of a provisioning answer, in order, into one answer."""
     whole = ProvisioningResponse()
     for page in pages:
-        _join(whole, page, ("registry", "needs", "applied", "collect", "malformed"))
+        _join(whole, page, ("registry", "needs", "applied", "collect", "manifests", "malformed"))
         whole.what, whole.revision = page.what, page.revision
     return whole
 
