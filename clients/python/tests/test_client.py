@@ -184,7 +184,7 @@ async def test_discovery_names_the_instance(nc: NATS) -> None:
     [stats] = await client.stats()
     assert [e["name"] for e in stats["endpoints"]] == ["provisioning", "compose", "provisioning-node", "compose-node", "provisions"]
     data = stats["endpoints"][0]["data"]
-    assert isinstance(data, EndpointStatsData) and list(data.loading) == [] and len(data.buckets) == 4
+    assert isinstance(data, EndpointStatsData) and list(data.loading) == [] and len(data.buckets) == 5
     assert await client.ping(id="no-such-instance", max_wait=0.5) == []
 
 

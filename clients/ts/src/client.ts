@@ -11,6 +11,9 @@ import {
   ComposeRequestSchema,
   ComposeResponseSchema,
   type ComposeResponse,
+  type ModulePlan,
+  type PlanItem,
+  type Provision,
 } from "./gen/mesh/provisioner/v1/compose_pb.js";
 import {
   ProvisioningRequestSchema,
@@ -330,6 +333,13 @@ export class ProvisionerClient {
    * (or of one module on it), and returns its decoded answer. `node` is
    * required.
    *
+   * To read your writes, `minRevisions` names a revision per bucket
+   * (`registry`, `needs`, `applied`, `collect`, `manifests`) and, in
+   * `bound`, per provider's bucket: `{ bound: { postgres_bound: 7n } }`
+   * once the provider bound a key at revision 7. The answer's `revisions`
+   * says the same of the copy it read. A module of builds answers its plan
+   * at each: {@link planAt}; a provision's state: {@link isBound}.
+   *
    * @throws {ProvisionerError} when the service refuses the request.
    * @throws the nats.js error of the request otherwise, such as a
    *   RequestError when no instance runs or a TimeoutError.
@@ -556,6 +566,7 @@ export function joinProvisioningPages(pages: ProvisioningResponse[]): Provisioni
     whole.needs.push(...page.needs);
     whole.applied.push(...page.applied);
     whole.collect.push(...page.collect);
+    whole.manifests.push(...page.manifests);
     whole.malformed.push(...page.malformed);
     whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
   }
@@ -602,4 +613,45 @@ export function joinProvisionsPages(pages: ProvisionsResponse[]): ProvisionsResp
     whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
   }
   return whole;
+}
+
+/**
+ * Returns the items of a module's plan at a build: the plan that the module
+ * at `build` applies (docs/protocol.md, "Builds").
+ *
+ * - A plan that names no build (its module's applied record names none:
+ *   `wantedBuild` and `newestBuild` empty, and no item has `builds`) is the
+ *   same at every build: every item, whatever `build` is.
+ * - Otherwise, the items whose `builds` name `build`. A build that is
+ *   neither the plan's `wantedBuild` nor its `newestBuild` holds none, nor
+ *   does the empty build: the composition did not resolve the module at it.
+ *
+ * Items keep their order (key order); the array is new, the items are the
+ * plan's own. Join a paged composition first ({@link joinComposePages}): a
+ * plan split across pages holds only part of its items on each.
+ *
+ * ```ts
+ * const whole = await client.composeAll({ node: "ace", module: "web" });
+ * for (const plan of whole.plans) {
+ *   const now = planAt(plan, plan.wantedBuild);  // what the node runs, or is moving to
+ *   const next = planAt(plan, plan.newestBuild); // what its newest build will need
+ * }
+ * ```
+ */
+export function planAt(plan: ModulePlan, build: string): PlanItem[] {
+  if (plan.wantedBuild === "" && plan.newestBuild === "") {
+    return [...plan.items];
+  }
+  return plan.items.filter((item) => item.builds.includes(build));
+}
+
+/**
+ * Reports whether a provider has bound a provision: its `boundRevision`,
+ * the revision of its key in the provider's bucket (`<provider>_bound`), is
+ * set. Zero is pending: the key, or the bucket, does not exist yet. A node
+ * that saw the provider bind at revision R reads its own write back with
+ * `minRevisions: { bound: { [provision.bucket]: R } }`.
+ */
+export function isBound(provision: Provision): boolean {
+  return provision.boundRevision > 0n;
 }

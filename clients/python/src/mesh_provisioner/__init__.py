@@ -3,9 +3,11 @@
 ProvisionerClient asks the verbs (provisioning and compose, as an operator
 or as a node on its own subjects, and a provider's provisions) over a
 nats-py connection; inbox_prefix is a mesh identity's inbox prefix, to
-connect with; ProvisionerError is a refusal, with its code and sentence. The
-contract's messages (package mesh.provisioner.v1) are generated from proto/
-into the package mesh.provisioner.v1 and re-exported here.
+connect with; ProvisionerError is a refusal, with its code and sentence;
+plan_at is a module's plan at one of its builds, and is_bound whether a
+provider has bound a provision. The contract's messages (package
+mesh.provisioner.v1) are generated from proto/ into the package
+mesh.provisioner.v1 and re-exported here.
 """
 
 from mesh.provisioner.v1.compose_pb2 import (
@@ -24,12 +26,14 @@ from mesh.provisioner.v1.compose_pb2 import (
 from mesh.provisioner.v1.provisioning_pb2 import (
     WHAT_APPLIED,
     WHAT_COLLECT,
+    WHAT_MANIFESTS,
     WHAT_NEEDS,
     WHAT_REGISTRY,
     WHAT_UNSPECIFIED,
     AppliedRecord,
     CollectRecord,
     MalformedKey,
+    ManifestRecord,
     NeedRecord,
     ProvisioningRequest,
     ProvisioningResponse,
@@ -38,7 +42,7 @@ from mesh.provisioner.v1.provisioning_pb2 import (
 )
 from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
 from mesh.provisioner.v1.registry_pb2 import BucketSource, RegistryEntry, VerbSource
-from mesh.provisioner.v1.state_pb2 import Applied, CollectItem, Need
+from mesh.provisioner.v1.state_pb2 import Applied, CollectItem, Manifest, Need, Offer
 from mesh.provisioner.v1.stats_pb2 import AnswerCacheStats, BucketStats, EndpointStatsData, OverBudget
 
 from .client import (
@@ -58,10 +62,12 @@ from .client import (
     StatsResponse,
     error_of,
     inbox_prefix,
+    is_bound,
     join_compose_pages,
     join_provisioning_pages,
     join_provisions_pages,
     node_subject,
+    plan_at,
     provider_subject,
 )
 
@@ -74,6 +80,7 @@ __all__ = [
     "SERVICE_NAME",
     "WHAT_APPLIED",
     "WHAT_COLLECT",
+    "WHAT_MANIFESTS",
     "WHAT_NEEDS",
     "WHAT_REGISTRY",
     "WHAT_UNSPECIFIED",
@@ -93,9 +100,12 @@ __all__ = [
     "EndpointStatsData",
     "InfoResponse",
     "MalformedKey",
+    "Manifest",
+    "ManifestRecord",
     "ModulePlan",
     "Need",
     "NeedRecord",
+    "Offer",
     "OverBudget",
     "Phase",
     "PlanItem",
@@ -118,9 +128,11 @@ __all__ = [
     "What",
     "error_of",
     "inbox_prefix",
+    "is_bound",
     "join_compose_pages",
     "join_provisioning_pages",
     "join_provisions_pages",
     "node_subject",
+    "plan_at",
     "provider_subject",
 ]

@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 
-from mesh.provisioner.v1.compose_pb2 import ComposeRequest, ComposeResponse
+from mesh.provisioner.v1.compose_pb2 import ComposeRequest, ComposeResponse, ModulePlan, PlanItem, Provision
 from mesh.provisioner.v1.provisioning_pb2 import ProvisioningRequest, ProvisioningResponse
 from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
 from mesh.provisioner.v1.stats_pb2 import EndpointStatsData
@@ -238,7 +238,14 @@ class ProvisionerClient:
 
     async def compose(self, request: ComposeRequest, *, timeout: float | None = None) -> ComposeResponse:
         """Asks the compose verb once for the composition of a node (node is
-        required): one page of it. Raises as provisioning does."""
+        required): one page of it. Raises as provisioning does.
+
+        To read your writes, min_revisions names a revision per bucket
+        (registry, needs, applied, collect, manifests) and, in its map bound,
+        per provider's bucket: Revisions(bound={"postgres_bound": 7}) once
+        the provider bound a key at revision 7. The answer's revisions says
+        the same of the copy it read. A module of builds answers its plan at
+        each (plan_at); a provision's state is is_bound."""
         return await self._call(self._compose_subject, request, ComposeResponse(), timeout)
 
     async def provisions(self, request: ProvisionsRequest, *, timeout: float | None = None) -> ProvisionsResponse:
@@ -379,7 +386,7 @@ def join_provisioning_pages(pages: list[ProvisioningResponse]) -> ProvisioningRe
     """Joins the pages of a provisioning answer, in order, into one answer."""
     whole = ProvisioningResponse()
     for page in pages:
-        _join(whole, page, ("registry", "needs", "applied", "collect", "malformed"))
+        _join(whole, page, ("registry", "needs", "applied", "collect", "manifests", "malformed"))
         whole.what, whole.revision = page.what, page.revision
     return whole
 
@@ -412,6 +419,40 @@ def join_provisions_pages(pages: list[ProvisionsResponse]) -> ProvisionsResponse
         whole.provider = page.provider
         whole.revisions.CopyFrom(page.revisions)
     return whole
+
+
+def plan_at(plan: ModulePlan, build: str) -> list[PlanItem]:
+    """The items of a module's plan at a build: the plan that the module at
+    build applies (docs/protocol.md, "Builds").
+
+    A plan that names no build (its module's applied record names none:
+    wanted_build and newest_build empty, and no item has builds) is the same
+    at every build: every item, whatever build is. Otherwise, the items whose
+    builds name build; a build that is neither the plan's wanted_build nor
+    its newest_build holds none, nor does the empty build: the composition
+    did not resolve the module at it.
+
+    Items keep their order (key order), in a new list of the plan's own
+    items. Join a paged composition first (join_compose_pages): a plan split
+    across pages holds only part of its items on each::
+
+        whole = await client.compose_all(ComposeRequest(node="ace", module="web"))
+        for plan in whole.plans:
+            now = plan_at(plan, plan.wanted_build)    # what the node runs, or is moving to
+            later = plan_at(plan, plan.newest_build)  # what its newest build will need
+    """
+    if not plan.wanted_build and not plan.newest_build:
+        return list(plan.items)
+    return [item for item in plan.items if build in item.builds]
+
+
+def is_bound(provision: Provision) -> bool:
+    """Whether a provider has bound a provision: its bound_revision, the
+    revision of its key in the provider's bucket (<provider>_bound), is set.
+    Zero is pending: the key, or the bucket, does not exist yet. A node that
+    saw the provider bind at revision R reads its own write back with
+    ComposeRequest(min_revisions=Revisions(bound={provision.bucket: R}))."""
+    return provision.bound_revision > 0
 
 
 def _join(whole: Message, page: Message, fields: tuple[str, ...]) -> None:
