@@ -62,6 +62,9 @@ type BoundBucket struct {
 	loaded   bool
 	failing  bool
 	advanced chan struct{} // closed and replaced when revision or loaded moves
+	// look asks the follower to look for a missing bucket now: a request
+	// waits for a revision of it.
+	look chan struct{}
 }
 
 // Bucket returns the copy of bucket, which it starts following if it does
@@ -76,7 +79,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if bb = b.buckets[bucket]; bb == nil {
-		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held}
+		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held, look: make(chan struct{}, 1)}
 		b.buckets[bucket] = bb
 		b.gen.Add(1)
 		select {
@@ -187,7 +190,8 @@ func (bb *BoundBucket) WaitLoaded(ctx context.Context) bool {
 }
 
 // WaitFor waits until the copy of the bucket reaches revision, or ctx is
-// done; it reports whether it did.
+// done; it reports whether it did. A bucket found missing is looked for
+// again at once: the asker knows of a revision of it.
 func (bb *BoundBucket) WaitFor(ctx context.Context, revision uint64) bool {
 	for {
 		bb.mu.RLock()
@@ -195,6 +199,10 @@ func (bb *BoundBucket) WaitFor(ctx context.Context, revision uint64) bool {
 		bb.mu.RUnlock()
 		if reached {
 			return true
+		}
+		select {
+		case bb.look <- struct{}{}:
+		default:
 		}
 		select {
 		case <-ctx.Done():
@@ -324,6 +332,7 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logge
 		select {
 		case <-ctx.Done():
 		case <-time.After(boundRetry):
+		case <-bb.look:
 		}
 	}
 }
