@@ -117,13 +117,20 @@ func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {
 				ins = append(ins, campaign(t, s.ClientURL(), cfg))
 			}
 			holder, _ := waitForOneHolder(t, ins, 5*time.Second)
-			// For several renewals, never two holders, never none: watched
-			// for two TTLs, the time itself is not what is checked.
-			for watch := time.Now().Add(2 * cfg.TTL); time.Now().Before(watch); time.Sleep(5 * time.Millisecond) {
+			// For several renewals, never two holders, never none: sampled
+			// every 5ms for two TTLs, a period, not a condition waited for.
+			sample, watch := time.NewTicker(5*time.Millisecond), time.After(2*cfg.TTL)
+			for watching := true; watching; {
 				if h := holders(ins); len(h) != 1 || h[0] != holder {
 					t.Fatalf("holders changed to %d while the holder lived", len(h))
 				}
+				select {
+				case <-watch:
+					watching = false
+				case <-sample.C:
+				}
 			}
+			sample.Stop()
 			// Standbys know who holds it.
 			for _, in := range without(ins, holder) {
 				if st := in.seat.Status(); st.Held || st.Holder != holder.seat.ID() {
