@@ -104,7 +104,7 @@ type Config struct {
 	Observe Observer
 }
 
-// NoLimit, in a Config field that takes it, lifts the field's limit.
+// NoLimit lifts the limit of a Config field that takes it.
 const NoLimit = -1
 
 // Defaults of Config.
