@@ -357,47 +357,64 @@ func (s *Seat) renew(ctx context.Context) (held bool, next time.Duration) {
 	defer cancel()
 	sent := time.Now()
 	ack, err := s.publishLease(rctx, lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
-	switch {
-	case err == nil:
+	if err == nil {
 		if s.failing > 0 {
 			s.logger.Info("renewed the provisioner seat after failed renewals", "failed", s.failing,
 				"lease_left", left.Round(time.Millisecond))
 		}
 		s.rev, s.renewed, s.failing = ack.Sequence, sent, 0
 		return true, s.cfg.TTL / renewsPerTTL
-	case isWrongLastSequence(err) && s.adoptLocked(ctx):
-		// An attempt whose answer was lost had gone through: its sequence
-		// is adopted, but when it was stored is not known, so the lease
-		// is renewed again at once on that sequence.
-		return true, 0
-	case isWrongLastSequence(err):
-		s.loseLocked("the lease was taken over or expired", err)
-		return false, 0
-	case time.Since(s.renewed) >= s.cfg.TTL:
+	}
+	if isWrongLastSequence(err) {
+		adopted, readErr := s.tryAdoptLocked(ctx)
+		switch {
+		case adopted:
+			// An attempt whose answer was lost had gone through: its
+			// sequence is adopted, but when it was stored is not known,
+			// so the lease is renewed again at once on that sequence.
+			return true, 0
+		case readErr == nil:
+			s.loseLocked("the lease was taken over or expired", err)
+			return false, 0
+		}
+		// Refused, but whose the seat is could not be read: a failed
+		// renewal, tried again while the lease lasts.
+		err = fmt.Errorf("%w; then reading the seat: %w", err, readErr)
+	}
+	if time.Since(s.renewed) >= s.cfg.TTL {
 		s.loseLocked("the lease could not be renewed within its TTL", err)
 		return false, 0
-	default:
-		if s.failing == 0 && ctx.Err() == nil {
-			s.logger.Warn("renewing the provisioner seat failed; trying again until the lease runs out", "err", err, "every", renewRetry,
-				"lease_left", left.Round(time.Millisecond))
-		}
-		s.failing++
-		return true, min(renewRetry, max(s.cfg.TTL-time.Since(s.renewed), 0))
 	}
+	if s.failing == 0 && ctx.Err() == nil {
+		s.logger.Warn("renewing the provisioner seat failed; trying again until the lease runs out", "err", err, "every", renewRetry,
+			"lease_left", left.Round(time.Millisecond))
+	}
+	s.failing++
+	return true, min(renewRetry, max(s.cfg.TTL-time.Since(s.renewed), 0))
 }
 
 // adoptLocked reads the seat after a refused compare-and-set: if the lease
 // there is this tenure's own (an earlier publish went through but its answer
 // was lost), it adopts its sequence and reports true.
 func (s *Seat) adoptLocked(ctx context.Context) bool {
+	adopted, _ := s.tryAdoptLocked(ctx)
+	return adopted
+}
+
+// tryAdoptLocked is adoptLocked that tells a seat read as another's (false,
+// nil) from a seat it could not read (false, the error).
+func (s *Seat) tryAdoptLocked(ctx context.Context) (bool, error) {
 	rctx, cancel := context.WithTimeout(ctx, s.attempt())
 	defer cancel()
 	current, seq, err := s.read(rctx)
-	if err != nil || current.Holder != s.cfg.ID || !current.Since.Equal(s.since.UTC()) {
-		return false
+	if err != nil {
+		return false, err
+	}
+	if current.Holder != s.cfg.ID || !current.Since.Equal(s.since.UTC()) {
+		return false, nil
 	}
 	s.rev = seq
-	return true
+	return true, nil
 }
 
 // PublishMsg publishes a registry write conditional on the lease held: the

@@ -271,6 +271,51 @@ func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	}
 }
 
+// A renewal refused because an earlier attempt went through unanswered
+// adopts its own lease's sequence and renews again at once; one refused
+// because the lease is another's loses the seat.
+func TestARenewalAdoptsItsOwnLeaseOnly(t *testing.T) {
+	t.Parallel()
+	_, js := startWithBuckets(t)
+	s, err := New(t.Context(), Config{JS: js, TTL: 5 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.tryAcquire(t.Context()) {
+		t.Fatal("the vacant seat was not taken")
+	}
+	// The attempt that went through but whose answer was lost.
+	s.mu.Lock()
+	ack, err := s.publishLease(t.Context(), lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
+	renewedBefore := s.renewed
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, next := s.renew(t.Context())
+	s.mu.Lock()
+	rev, renewed := s.rev, s.renewed
+	s.mu.Unlock()
+	if !held || next != 0 || rev != ack.Sequence || !renewed.Equal(renewedBefore) {
+		t.Fatalf("after a refused renewal of its own lease: held %v, next %s, rev %d (want %d), renewed moved %v: want adopted, not counted as renewed, renewed again at once",
+			held, next, rev, ack.Sequence, !renewed.Equal(renewedBefore))
+	}
+	if held, next = s.renew(t.Context()); !held || next != s.cfg.TTL/renewsPerTTL {
+		t.Fatalf("the renewal after the adoption: held %v, next %s", held, next)
+	}
+
+	// Another's lease at the seat: the next renewal loses it.
+	s.mu.Lock()
+	_, err = s.publishLease(t.Context(), lease{Holder: "another", Since: time.Now().UTC()}, s.rev)
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, _ = s.renew(t.Context()); held || s.Status().Held {
+		t.Fatal("a renewal over another's lease kept the seat")
+	}
+}
+
 // has reports whether a line of the log holds every one of parts.
 // logBuffer is a log the seats' goroutines write at once.
 type logBuffer struct{ testlog.Buffer }
