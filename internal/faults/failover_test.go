@@ -97,6 +97,7 @@ func (p *supervised) loop() {
 
 // term asks the process to stop (SIGTERM); the supervisor starts it again.
 func (p *supervised) term() {
+	p.tl.stopping(p.name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil && p.cmd.Process != nil {
@@ -277,11 +278,17 @@ func (tl *timeline) note(what string) {
 }
 
 func (tl *timeline) ended(name string) {
+	tl.stopping(name)
+	tl.lose(name, false, "exited")
+}
+
+// stopping records that name is asked to stop or has ended: it serves
+// again once it says so.
+func (tl *timeline) stopping(name string) {
 	tl.mu.Lock()
+	defer tl.mu.Unlock()
 	tl.serving[name] = false
 	tl.changedLocked()
-	tl.mu.Unlock()
-	tl.lose(name, false, "exited")
 }
 
 func (tl *timeline) current() string {
