@@ -364,6 +364,8 @@ func TestReconcilerRestoresChangedEntries(t *testing.T) {
 			}()
 			waitUntil(t, 5*time.Second, func() bool { return holds(t, kv, table) })
 			settled := lastRevision(t, kv)
+			// Nothing is written in the next 200ms: a quiet window is
+			// what is checked, so it is waited out, not polled.
 			time.Sleep(200 * time.Millisecond)
 			if after := lastRevision(t, kv); after != settled {
 				t.Fatalf("the reconciler kept writing after the registry was equal: revision %d → %d", settled, after)

@@ -10,8 +10,11 @@
 //
 //   - vacant: no message on the subject (never held, or its TTL ran out and
 //     the stream removed it) or an empty one (handed back on a clean stop);
-//   - held at sequence S: the holder's message, renewed every TTL/3 by a
-//     publish that expects S and so yields S'.
+//   - held at sequence S: the holder's message, renewed every TTL/12 by a
+//     publish that expects S and so yields S'. A failed renewal is tried
+//     again every 100ms until the lease runs out by the holder's own clock,
+//     so that the holder keeps its seat through any leader election of the
+//     stream that ends before its lease does.
 //
 // A standby reads the subject's last message every Config.Poll and, when the
 // seat is vacant, publishes its own lease expecting what it read: of several

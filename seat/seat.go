@@ -52,21 +52,27 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Defaults of Config. A holder renews every TTL/6 and, after a renewal that
-// failed (a leader election of the stream), every renewRetry, so that it
-// keeps its seat through an election that ends before its lease does; a
-// standby sees a lease gone within Poll, so a dead holder is replaced within
-// TTL + Poll and about a second of the stream's expiry timer.
+// Defaults of Config. A dead holder's lease runs out TTL after its last
+// renewal, and a standby sees it gone within Poll: a dead holder is replaced
+// within TTL + Poll and about a second of the stream's expiry timer.
 const (
 	DefaultTTL  = 6 * time.Second
 	DefaultPoll = 250 * time.Millisecond
 )
 
-// How often a holder renews: renewsPerTTL times a TTL, and every renewRetry
-// after a renewal failed.
+// How a holder keeps its lease. It renews it renewsPerTTL times a TTL. A
+// renewal that fails (the stream is electing a leader, and has no responder
+// or does not answer) is tried again every renewRetry, each attempt bounded
+// by attempt, until the lease runs out by the holder's own clock: TTL after
+// the last renewal that succeeded was sent, which is before the stream
+// stored it. So the holder keeps its seat through any election that ends
+// before its lease does (a renewal lands within attempt + renewRetry of the
+// election's end), and stops acting no later than the stream can have
+// removed its lease.
 const (
-	renewsPerTTL = 6
-	renewRetry   = 250 * time.Millisecond
+	renewsPerTTL = 12
+	renewRetry   = 100 * time.Millisecond
+	minAttempt   = 250 * time.Millisecond
 )
 
 // Status is what an instance knows of the seat.
@@ -103,6 +109,9 @@ type Seat struct {
 	rev     uint64    // the lease's sequence in the stream, while held
 	since   time.Time // when this tenure began
 	renewed time.Time // when the last renewal that succeeded was sent
+	// failing counts the renewals that failed since the last that
+	// succeeded.
+	failing int
 	// endTenure ends the running tenure's context; set while held.
 	endTenure context.CancelFunc
 
@@ -214,12 +223,8 @@ func (s *Seat) hold(ctx context.Context, tenure func(ctx context.Context) error)
 			}
 			done = nil // tenure is done with its work; keep the seat
 		case <-renew.C:
-			held, renewed := s.renew(ctx)
-			if renewed {
-				renew.Reset(s.cfg.TTL / renewsPerTTL)
-			} else {
-				renew.Reset(renewRetry)
-			}
+			held, next := s.renew(ctx)
+			renew.Reset(next)
 			if !held {
 				cancel()
 				if done != nil {
@@ -277,9 +282,15 @@ func liveLease(msg *jetstream.RawStreamMsg) (lease, bool) {
 	return l, true
 }
 
+// attempt bounds one read or publish of the seat's: TTL/renewsPerTTL, at
+// least minAttempt and at most TTL/3.
+func (s *Seat) attempt() time.Duration {
+	return min(max(s.cfg.TTL/renewsPerTTL, minAttempt), s.cfg.TTL/3)
+}
+
 // tryAcquire takes the seat if it is vacant, and reports whether it did.
 func (s *Seat) tryAcquire(ctx context.Context) bool {
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/3)
+	rctx, cancel := context.WithTimeout(ctx, s.attempt())
 	defer cancel()
 	current, seq, err := s.read(rctx)
 	if err != nil {
@@ -307,69 +318,103 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 		}
 		return false
 	}
-	s.held, s.rev, s.since, s.renewed = true, ack.Sequence, now, now
+	s.held, s.rev, s.since, s.renewed, s.failing = true, ack.Sequence, now, now, 0
 	s.status.Store(&Status{Held: true, Since: now, Holder: s.cfg.ID, HolderSince: mine.Since})
 	s.logger.Info("took the provisioner seat", "previous_holder", previous.Holder, "lease_sequence", ack.Sequence)
 	return true
 }
 
 // publishLease publishes l on the seat's subject, expecting the subject's
-// last sequence to be seq (zero: no message).
+// last sequence to be seq (zero: no message). It is tried once: a stream
+// without a leader has no responder, and the caller tries again on its own
+// schedule rather than nats.go's.
 func (s *Seat) publishLease(ctx context.Context, l lease, seq uint64) (*jetstream.PubAck, error) {
 	data, err := json.Marshal(l)
 	if err != nil {
 		return nil, err
 	}
 	return s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject, Data: data},
-		jetstream.WithExpectLastSequencePerSubject(seq), jetstream.WithMsgTTL(s.cfg.TTL))
+		jetstream.WithExpectLastSequencePerSubject(seq), jetstream.WithMsgTTL(s.cfg.TTL), jetstream.WithRetryAttempts(0))
 }
 
 // renew renews the lease, and reports whether the seat is still held and
-// whether the lease was renewed.
-func (s *Seat) renew(ctx context.Context) (held, renewed bool) {
+// when to renew next: at the next period after a renewal, after renewRetry
+// after a failed one, and never later than the lease's end by this holder's
+// clock, when the seat is lost unless a renewal went through.
+func (s *Seat) renew(ctx context.Context) (held bool, next time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.held {
-		return false, false
+		return false, 0
+	}
+	left := s.cfg.TTL - time.Since(s.renewed)
+	if left <= 0 {
+		s.loseLocked("the lease could not be renewed within its TTL", context.DeadlineExceeded)
+		return false, 0
 	}
 	// An attempt never outlives the lease: past it, the seat is lost.
-	left := s.cfg.TTL - time.Since(s.renewed)
-	rctx, cancel := context.WithTimeout(ctx, max(min(s.cfg.TTL/3, left), renewRetry))
+	rctx, cancel := context.WithTimeout(ctx, min(s.attempt(), left))
 	defer cancel()
 	sent := time.Now()
 	ack, err := s.publishLease(rctx, lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
-	switch {
-	case err == nil:
-		s.rev, s.renewed = ack.Sequence, sent
-		return true, true
-	case isWrongLastSequence(err) && s.adoptLocked(ctx):
-		return true, true // a renewal whose answer was lost had gone through
-	case isWrongLastSequence(err):
-		s.loseLocked("the lease was taken over or expired", err)
-		return false, false
-	case time.Since(s.renewed) >= s.cfg.TTL:
-		s.loseLocked("the lease could not be renewed within its TTL", err)
-		return false, false
-	default:
-		if ctx.Err() == nil {
-			s.logger.Warn("renewing the provisioner seat failed; trying again", "err", err, "in", renewRetry)
+	if err == nil {
+		if s.failing > 0 {
+			s.logger.Info("renewed the provisioner seat after failed renewals", "failed", s.failing,
+				"lease_left", left.Round(time.Millisecond))
 		}
-		return true, false
+		s.rev, s.renewed, s.failing = ack.Sequence, sent, 0
+		return true, s.cfg.TTL / renewsPerTTL
 	}
+	if isWrongLastSequence(err) {
+		adopted, readErr := s.tryAdoptLocked(ctx)
+		switch {
+		case adopted:
+			// An attempt whose answer was lost had gone through: its
+			// sequence is adopted, but when it was stored is not known,
+			// so the lease is renewed again at once on that sequence.
+			return true, 0
+		case readErr == nil:
+			s.loseLocked("the lease was taken over or expired", err)
+			return false, 0
+		}
+		// Refused, but whose the seat is could not be read: a failed
+		// renewal, tried again while the lease lasts.
+		err = fmt.Errorf("%w; then reading the seat: %w", err, readErr)
+	}
+	if time.Since(s.renewed) >= s.cfg.TTL {
+		s.loseLocked("the lease could not be renewed within its TTL", err)
+		return false, 0
+	}
+	if s.failing == 0 && ctx.Err() == nil {
+		s.logger.Warn("renewing the provisioner seat failed; trying again until the lease runs out", "err", err, "every", renewRetry,
+			"lease_left", left.Round(time.Millisecond))
+	}
+	s.failing++
+	return true, min(renewRetry, max(s.cfg.TTL-time.Since(s.renewed), 0))
 }
 
 // adoptLocked reads the seat after a refused compare-and-set: if the lease
 // there is this tenure's own (an earlier publish went through but its answer
 // was lost), it adopts its sequence and reports true.
 func (s *Seat) adoptLocked(ctx context.Context) bool {
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL/3)
+	adopted, _ := s.tryAdoptLocked(ctx)
+	return adopted
+}
+
+// tryAdoptLocked is adoptLocked that tells a seat read as another's (false,
+// nil) from a seat it could not read (false, the error).
+func (s *Seat) tryAdoptLocked(ctx context.Context) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.attempt())
 	defer cancel()
 	current, seq, err := s.read(rctx)
-	if err != nil || current.Holder != s.cfg.ID || !current.Since.Equal(s.since.UTC()) {
-		return false
+	if err != nil {
+		return false, err
+	}
+	if current.Holder != s.cfg.ID || !current.Since.Equal(s.since.UTC()) {
+		return false, nil
 	}
 	s.rev = seq
-	return true
+	return true, nil
 }
 
 // PublishMsg publishes a registry write conditional on the lease held: the

@@ -117,13 +117,20 @@ func TestExactlyOneHoldsAndAStandbyTakesOver(t *testing.T) {
 				ins = append(ins, campaign(t, s.ClientURL(), cfg))
 			}
 			holder, _ := waitForOneHolder(t, ins, 5*time.Second)
-			// For several renewals, never two holders, never none: watched
-			// for two TTLs, the time itself is not what is checked.
-			for watch := time.Now().Add(2 * cfg.TTL); time.Now().Before(watch); time.Sleep(5 * time.Millisecond) {
+			// For several renewals, never two holders, never none: sampled
+			// every 5ms for two TTLs, a period, not a condition waited for.
+			sample, watch := time.NewTicker(5*time.Millisecond), time.After(2*cfg.TTL)
+			for watching := true; watching; {
 				if h := holders(ins); len(h) != 1 || h[0] != holder {
 					t.Fatalf("holders changed to %d while the holder lived", len(h))
 				}
+				select {
+				case <-watch:
+					watching = false
+				case <-sample.C:
+				}
 			}
+			sample.Stop()
 			// Standbys know who holds it.
 			for _, in := range without(ins, holder) {
 				if st := in.seat.Status(); st.Held || st.Holder != holder.seat.ID() {
@@ -261,6 +268,51 @@ func TestRenewalsKeepFencedWritesValid(t *testing.T) {
 	l, seq, err := s.read(t.Context())
 	if err != nil || l.Holder != "" || seq == 0 {
 		t.Errorf("after Run: lease %+v at %d (%v), want the seat handed back", l, seq, err)
+	}
+}
+
+// A renewal refused because an earlier attempt went through unanswered
+// adopts its own lease's sequence and renews again at once; one refused
+// because the lease is another's loses the seat.
+func TestARenewalAdoptsItsOwnLeaseOnly(t *testing.T) {
+	t.Parallel()
+	_, js := startWithBuckets(t)
+	s, err := New(t.Context(), Config{JS: js, TTL: 5 * time.Second, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.tryAcquire(t.Context()) {
+		t.Fatal("the vacant seat was not taken")
+	}
+	// The attempt that went through but whose answer was lost.
+	s.mu.Lock()
+	ack, err := s.publishLease(t.Context(), lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
+	renewedBefore := s.renewed
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, next := s.renew(t.Context())
+	s.mu.Lock()
+	rev, renewed := s.rev, s.renewed
+	s.mu.Unlock()
+	if !held || next != 0 || rev != ack.Sequence || !renewed.Equal(renewedBefore) {
+		t.Fatalf("after a refused renewal of its own lease: held %v, next %s, rev %d (want %d), renewed moved %v: want adopted, not counted as renewed, renewed again at once",
+			held, next, rev, ack.Sequence, !renewed.Equal(renewedBefore))
+	}
+	if held, next = s.renew(t.Context()); !held || next != s.cfg.TTL/renewsPerTTL {
+		t.Fatalf("the renewal after the adoption: held %v, next %s", held, next)
+	}
+
+	// Another's lease at the seat: the next renewal loses it.
+	s.mu.Lock()
+	_, err = s.publishLease(t.Context(), lease{Holder: "another", Since: time.Now().UTC()}, s.rev)
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held, _ = s.renew(t.Context()); held || s.Status().Held {
+		t.Fatal("a renewal over another's lease kept the seat")
 	}
 }
 

@@ -28,7 +28,10 @@ import (
 // exist; create the buckets with buckets.Ensure first.
 var ErrBucketMissing = mirror.ErrBucketMissing
 
-// Config holds what Start needs.
+// Config holds what Start needs. In every field, zero means the default. A
+// negative value means "no limit", and only the fields whose comment says so
+// take one (NodeMaxKeys, NodeMaxBytes): Start refuses a negative value
+// anywhere else.
 type Config struct {
 	// Conn is the connection the service answers on, and watches the
 	// buckets through unless WatchConn is set. Required; the caller owns it.
@@ -73,15 +76,18 @@ type Config struct {
 	// MaxWaiting bounds the requests waiting for revisions at once; more
 	// are refused with a 503 rather than held. Zero means 1024.
 	MaxWaiting int
-	// NodeMaxKeys and NodeMaxBytes bound what the copy holds of one node in
-	// one state bucket: keys beyond them are not decoded nor held, and are
-	// reported as malformed with a reason that names the budget. Zero means
-	// DefaultNodeMaxKeys and DefaultNodeMaxBytes; negative, unbounded.
+	// NodeMaxKeys and NodeMaxBytes are the most keys and value bytes the
+	// copy holds of one node in one state bucket: keys beyond them are not
+	// decoded nor held, and are reported as malformed with a reason that
+	// names the budget. Zero means DefaultNodeMaxKeys and
+	// DefaultNodeMaxBytes; negative (NoLimit) means no limit.
 	NodeMaxKeys  int
 	NodeMaxBytes int
-	// AnswerCacheBytes bounds the encoded answers kept for reuse; zero means
-	// DefaultAnswerCacheBytes, negative keeps none.
-	AnswerCacheBytes int
+	// AnswerCacheMaxBytes is the most bytes of encoded answers kept for
+	// reuse; zero means DefaultAnswerCacheMaxBytes. It cannot be lifted.
+	AnswerCacheMaxBytes int
+	// NoAnswerCache keeps no answer for reuse: every request is computed.
+	NoAnswerCache bool
 	// ReplyPrefixes are the subject prefixes the service answers to; nil
 	// means wire.ReplyPrefixes(). A request whose reply subject starts with
 	// none of them gets no answer at all, on any path: it is counted in the
@@ -98,6 +104,9 @@ type Config struct {
 	Observe Observer
 }
 
+// NoLimit lifts the limit of a Config field that takes it.
+const NoLimit = -1
+
 // Defaults of Config.
 const (
 	DefaultRevisionWait = 5 * time.Second
@@ -108,7 +117,7 @@ const (
 	DefaultNodeMaxKeys  = 10_000
 	DefaultNodeMaxBytes = 4 << 20
 	// Enough for the answers of a few thousand nodes asked again and again.
-	DefaultAnswerCacheBytes = 64 << 20
+	DefaultAnswerCacheMaxBytes = 64 << 20
 	// DefaultMaxQueueWait is under the 2s that NATS clients commonly give a
 	// request (nats.go's own default timeout) and well under the nats
 	// CLI's 5s: an answer computed after it still reaches such a client.
@@ -183,6 +192,26 @@ type Service struct {
 	stopOnce     sync.Once
 }
 
+// checkSigns refuses a negative value in a field that has no "no limit".
+func (cfg *Config) checkSigns() error {
+	for _, f := range []struct {
+		name     string
+		negative bool
+	}{
+		{"Concurrency", cfg.Concurrency < 0},
+		{"MaxQueueWait", cfg.MaxQueueWait < 0},
+		{"RevisionWait", cfg.RevisionWait < 0},
+		{"SlowCompose", cfg.SlowCompose < 0},
+		{"MaxWaiting", cfg.MaxWaiting < 0},
+		{"AnswerCacheMaxBytes", cfg.AnswerCacheMaxBytes < 0},
+	} {
+		if f.negative {
+			return fmt.Errorf("service: Config.%s is negative: use zero for the default or a positive value; it has no \"no limit\"", f.name)
+		}
+	}
+	return nil
+}
+
 // Start opens the provisioning buckets, starts watching them and adds the
 // micro service. Alone on the bus, it returns once the server has the
 // endpoints' subscriptions, without waiting for the copy: until it is loaded
@@ -193,26 +222,32 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("service: Config.Conn is required")
 	}
+	if err := cfg.checkSigns(); err != nil {
+		return nil, err
+	}
 	if cfg.Version == "" {
 		cfg.Version = "0.0.0-dev"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Concurrency <= 0 {
+	if cfg.Concurrency == 0 {
 		cfg.Concurrency = 2 * runtime.GOMAXPROCS(0)
 	}
-	if cfg.RevisionWait <= 0 {
+	if cfg.RevisionWait == 0 {
 		cfg.RevisionWait = DefaultRevisionWait
 	}
-	if cfg.SlowCompose <= 0 {
+	if cfg.SlowCompose == 0 {
 		cfg.SlowCompose = DefaultSlowCompose
 	}
-	if cfg.MaxWaiting <= 0 {
+	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
-	if cfg.AnswerCacheBytes == 0 {
-		cfg.AnswerCacheBytes = DefaultAnswerCacheBytes
+	if cfg.AnswerCacheMaxBytes == 0 {
+		cfg.AnswerCacheMaxBytes = DefaultAnswerCacheMaxBytes
+	}
+	if cfg.NoAnswerCache {
+		cfg.AnswerCacheMaxBytes = 0
 	}
 	if cfg.NodeMaxKeys == 0 {
 		cfg.NodeMaxKeys = DefaultNodeMaxKeys
@@ -220,7 +255,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.NodeMaxBytes == 0 {
 		cfg.NodeMaxBytes = DefaultNodeMaxBytes
 	}
-	if cfg.MaxQueueWait <= 0 {
+	if cfg.MaxQueueWait == 0 {
 		cfg.MaxQueueWait = DefaultMaxQueueWait
 	}
 	if cfg.ReplyPrefixes == nil {
@@ -249,7 +284,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{},
 		failures:     rate.Sometimes{Interval: time.Second},
-		cache:        newAnswerCache(cfg.AnswerCacheBytes),
+		cache:        newAnswerCache(cfg.AnswerCacheMaxBytes),
 		seat:         cfg.Seat,
 		observe:      cfg.Observe,
 

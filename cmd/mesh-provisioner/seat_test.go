@@ -197,7 +197,7 @@ func TestOneSeatManyInstances(t *testing.T) {
 				failed.Add(1)
 				t.Logf("request failed: %v", err)
 			}
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the asker's rate: pacing
 		}
 	})
 
@@ -254,7 +254,14 @@ func TestOneSeatManyInstances(t *testing.T) {
 		t.Error("the last holder did not log taking the seat once")
 	}
 
-	time.Sleep(200 * time.Millisecond)
+	// The last holder answers too: ten more requests before the count.
+	n := asked.Load()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if asked.Load() < n+10 {
+			return fmt.Errorf("%d requests since the last takeover, want 10", asked.Load()-n)
+		}
+		return nil
+	})
 	stopAsking()
 	asking.Wait()
 	t.Logf("%d requests, %d failed", asked.Load(), failed.Load())

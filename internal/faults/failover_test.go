@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -89,12 +91,13 @@ func (p *supervised) loop() {
 		if final {
 			return
 		}
-		time.Sleep(500 * time.Millisecond) // the supervisor's restart delay
+		time.Sleep(500 * time.Millisecond) // the supervisor's restart delay (systemd's RestartSec): pacing, not a wait
 	}
 }
 
 // term asks the process to stop (SIGTERM); the supervisor starts it again.
 func (p *supervised) term() {
+	p.tl.stopping(p.name)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil && p.cmd.Process != nil {
@@ -140,10 +143,61 @@ type timeline struct {
 	took    chan string
 	lostBy  map[string]int
 	logTail map[string][]string
+	serving map[string]bool // the instances that said "serving" since they started
+	// changed is closed, and replaced, whenever the holder or an instance's
+	// serving changes.
+	changed chan struct{}
 }
 
 func newTimeline() *timeline {
-	return &timeline{vacant: time.Now(), took: make(chan string, 64), lostBy: map[string]int{}, logTail: map[string][]string{}}
+	return &timeline{vacant: time.Now(), took: make(chan string, 64), lostBy: map[string]int{}, logTail: map[string][]string{},
+		serving: map[string]bool{}, changed: make(chan struct{})}
+}
+
+// changedLocked wakes those waiting for a change.
+func (tl *timeline) changedLocked() {
+	close(tl.changed)
+	tl.changed = make(chan struct{})
+}
+
+// waitFor waits until cond, called with the timeline locked, holds, and
+// reports whether it did within timeout.
+func (tl *timeline) waitFor(timeout time.Duration, cond func() bool) bool {
+	deadline := time.After(timeout)
+	for {
+		tl.mu.Lock()
+		ok, changed := cond(), tl.changed
+		tl.mu.Unlock()
+		if ok {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// waitHolder waits until an instance holds the seat, and returns it, or ""
+// after within.
+func (tl *timeline) waitHolder(within time.Duration) string {
+	var h string
+	tl.waitFor(within, func() bool { h = tl.holder; return h != "" })
+	return h
+}
+
+// waitServing waits until every one of names has said "serving" since it
+// last started, and reports whether they did within timeout.
+func (tl *timeline) waitServing(timeout time.Duration, names ...string) bool {
+	return tl.waitFor(timeout, func() bool {
+		for _, n := range names {
+			if !tl.serving[n] {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // read follows one process's JSON log.
@@ -154,6 +208,8 @@ func (tl *timeline) read(name string, r io.Reader) {
 		for sc.Scan() {
 			var line struct {
 				Msg string `json:"msg"`
+				Why string `json:"why"`
+				Err string `json:"err"`
 			}
 			_ = json.Unmarshal(sc.Bytes(), &line)
 			tl.mu.Lock()
@@ -167,10 +223,20 @@ func (tl *timeline) read(name string, r io.Reader) {
 			case "took the provisioner seat":
 				tl.take(name)
 			case "lost the provisioner seat":
-				tl.lose(name, true)
+				tl.lose(name, true, line.Why)
 			case "handed the provisioner seat back", "handing the provisioner seat back failed; a standby takes it when the lease expires",
 				"NATS is unreachable: not handing the provisioner seat back; a standby takes it when the lease expires":
-				tl.lose(name, false)
+				tl.lose(name, false, line.Msg)
+			case "serving":
+				tl.mu.Lock()
+				tl.serving[name] = true
+				tl.changedLocked()
+				tl.mu.Unlock()
+				tl.note(name + ": serving")
+			default:
+				if strings.Contains(line.Msg, "seat") || strings.Contains(line.Msg, "reconcil") {
+					tl.note(strings.TrimSpace(fmt.Sprintf("%s: %s %s", name, line.Msg, line.Err)))
+				}
 			}
 		}
 	}()
@@ -183,14 +249,15 @@ func (tl *timeline) take(name string) {
 		tl.gaps = append(tl.gaps, time.Since(tl.vacant))
 	}
 	tl.holder, tl.vacant = name, time.Time{}
-	tl.events = append(tl.events, time.Now().Format("15:04:05.000")+" "+name+" took")
+	tl.events = append(tl.events, time.Now().Format("15:04:05.000")+" "+name+" took the seat")
+	tl.changedLocked()
 	select {
 	case tl.took <- name:
 	default:
 	}
 }
 
-func (tl *timeline) lose(name string, lost bool) {
+func (tl *timeline) lose(name string, lost bool, why string) {
 	tl.mu.Lock()
 	defer tl.mu.Unlock()
 	if lost {
@@ -198,11 +265,31 @@ func (tl *timeline) lose(name string, lost bool) {
 	}
 	if tl.holder == name {
 		tl.holder, tl.vacant = "", time.Now()
+		tl.changedLocked()
 	}
-	tl.events = append(tl.events, time.Now().Format("15:04:05.000")+" "+name+map[bool]string{true: " lost", false: " handed back"}[lost])
+	tl.events = append(tl.events, time.Now().Format("15:04:05.000")+" "+name+map[bool]string{true: " lost the seat: ", false: " "}[lost]+why)
 }
 
-func (tl *timeline) ended(name string) { tl.lose(name, false) }
+// note adds an event.
+func (tl *timeline) note(what string) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.events = append(tl.events, time.Now().Format("15:04:05.000")+" "+what)
+}
+
+func (tl *timeline) ended(name string) {
+	tl.stopping(name)
+	tl.lose(name, false, "exited")
+}
+
+// stopping records that name is asked to stop or has ended: it serves
+// again once it says so.
+func (tl *timeline) stopping(name string) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	tl.serving[name] = false
+	tl.changedLocked()
+}
 
 func (tl *timeline) current() string {
 	tl.mu.Lock()
@@ -214,15 +301,19 @@ func (tl *timeline) current() string {
 // three-server cluster (R3 buckets), and for ten rounds stops the seat's
 // holder and kills the registry stream's leader the moment a standby takes
 // the seat; the stopped instance is started again at once, during the
-// election. No instance may end itself, the seat should be vacant at most
-// 10s in a round (and may not be 15s), and writes acked meanwhile are all in
-// the copy.
-// vacancyGoal is issue 18's bound on a round's vacant seat; vacancyLimit
-// fails the test.
-const (
-	vacancyGoal  = 10 * time.Second
-	vacancyLimit = 15 * time.Second
-)
+// election. No instance may end itself, the seat may be vacant at most 10s
+// in a round, the taker keeps its seat through an election shorter than its
+// lease, and writes acked meanwhile are all in the copy.
+//
+// Where a round's vacancy goes: the stopped holder hands the seat back and a
+// standby takes it within its poll (250ms); then, if the election outlasts
+// the taker's fresh lease (nats-server elects in 4-9s after a kill, the
+// lease is 6s), the taker stops at its lease's end by its own clock, and a
+// standby (or the taker) takes the seat as soon as the stream has its new
+// leader: the vacancy is about the election less the lease.
+//
+// vacancyGoal is issue 18's bound on a round's vacant seat.
+const vacancyGoal = 10 * time.Second
 
 func TestFaultSeatFailover(t *testing.T) {
 	rounds := 10
@@ -239,28 +330,22 @@ func TestFaultSeatFailover(t *testing.T) {
 			"--state-dir", t.TempDir()))
 	}
 	registryStream := wire.StreamOf(keys.RegistryBucket)
-	waitHolder := func(within time.Duration) string {
-		deadline := time.Now().Add(within)
-		for time.Now().Before(deadline) {
-			if h := tl.current(); h != "" {
-				return h
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		return ""
-	}
-	if waitHolder(60*time.Second) == "" {
+	names := []string{"i0", "i1", "i2"}
+	if tl.waitHolder(60*time.Second) == "" {
 		t.Fatal("no instance took the seat within 60s of the start")
 	}
 	c.WaitStreamLeader(registryStream, 30*time.Second)
-	time.Sleep(2 * time.Second) // every instance up
+	if !tl.waitServing(60*time.Second, names...) {
+		t.Fatal("not every instance was serving within 60s of the start")
+	}
 	p := newProbe(t, c.Connect(0), c.Connect(1), "w")
 	stopProbe := p.run(50*time.Millisecond, 100*time.Millisecond)
 	var worst time.Duration
+	leasesLost, kills := 0, 0
 	for round := 1; round <= rounds; round++ {
 		holder := tl.current()
 		tl.mu.Lock()
-		gapsBefore := len(tl.gaps)
+		gapsBefore, eventsBefore := len(tl.gaps), len(tl.events)
 		tl.lostBy = map[string]int{}
 		tl.mu.Unlock()
 		for len(tl.took) > 0 {
@@ -282,15 +367,19 @@ func TestFaultSeatFailover(t *testing.T) {
 		if leader >= 0 {
 			c.Kill(leader)
 		}
+		tl.note(fmt.Sprintf("test: registry leader s%d killed", leader))
 		newLeader := c.WaitStreamLeader(registryStream, 30*time.Second)
 		elected := time.Since(killed)
+		tl.note(fmt.Sprintf("test: new registry leader s%d", newLeader))
+		// The fault's shape: the killed server stays down 3s after the
+		// election, as a crashed host would, before it comes back.
 		time.Sleep(3 * time.Second)
 		if leader >= 0 {
 			c.Start(leader)
 			c.WaitMetaLeader(30 * time.Second)
 			c.WaitStreamLeader(registryStream, 30*time.Second)
 		}
-		if waitHolder(20*time.Second) == "" {
+		if tl.waitHolder(20*time.Second) == "" {
 			t.Fatalf("round %d: nobody holds the seat 20s after the election", round)
 		}
 		tl.mu.Lock()
@@ -299,27 +388,33 @@ func TestFaultSeatFailover(t *testing.T) {
 			roundWorst = max(roundWorst, g)
 		}
 		kept := tl.lostBy[taker] == 0
+		events := slices.Clone(tl.events[eventsBefore:])
 		lost := 0
 		for _, n := range tl.lostBy {
 			lost += n
 		}
 		tl.mu.Unlock()
 		worst = max(worst, roundWorst)
+		leasesLost += lost
+		kills++
 		t.Logf("round %d: %s stopped, %s took the seat; registry leader s%d killed, new leader s%d after %s; seat vacant at most %s; %s kept the seat: %v (leases lost this round: %d)",
 			round, holder, taker, leader, newLeader, elected.Round(time.Millisecond), roundWorst.Round(time.Millisecond), taker, kept, lost)
-		// The goal is 10s; a round on this shared 2-core machine has reached
-		// 10.7s while other tests ran beside it, so the figure is reported
-		// against the goal and the test fails only well past it.
-		switch {
-		case roundWorst > vacancyLimit:
-			t.Errorf("round %d: the seat was vacant %s, more than %s", round, roundWorst.Round(time.Millisecond), vacancyLimit)
-		case roundWorst > vacancyGoal:
-			t.Logf("round %d: GOAL MISSED: the seat was vacant %s, more than the %s goal", round, roundWorst.Round(time.Millisecond), vacancyGoal)
+		if roundWorst > 2*time.Second || !kept {
+			t.Logf("round %d's seat events:\n\t%s", round, strings.Join(events, "\n\t"))
 		}
-		if !kept && elected < 5*time.Second {
-			t.Errorf("round %d: %s lost its seat through an election of %s, shorter than its lease", round, taker, elected.Round(time.Millisecond))
+		if roundWorst > vacancyGoal {
+			t.Errorf("round %d: GOAL MISSED: the seat was vacant %s, more than the %s goal", round, roundWorst.Round(time.Millisecond), vacancyGoal)
 		}
-		time.Sleep(time.Second)
+		// The taker's lease is fresh when the leader is killed: it keeps
+		// its seat through any election that ends before the lease does,
+		// less a second for a renewal to land.
+		if !kept && elected < seat.DefaultTTL-time.Second {
+			t.Errorf("round %d: %s lost its seat through an election of %s, shorter than its lease (%s)", round, taker, elected.Round(time.Millisecond), seat.DefaultTTL)
+		}
+		// The next round starts once the stopped instance is serving again.
+		if !tl.waitServing(60*time.Second, names...) {
+			t.Fatalf("round %d: not every instance was serving again within 60s", round)
+		}
 	}
 	stopProbe()
 	var exits []string
@@ -331,7 +426,9 @@ func TestFaultSeatFailover(t *testing.T) {
 	p.mu.Lock()
 	acked, failed := len(p.acked), len(p.failed)
 	p.mu.Unlock()
-	t.Logf("%d rounds: worst vacancy %s; %d instance exits not asked for; %d writes acked, %d failed", rounds, worst.Round(time.Millisecond), len(exits), acked, failed)
+	t.Logf("%d rounds: worst vacancy %s; leases lost through %d leader kills: %d; %d instance exits not asked for; %d writes acked, %d failed",
+		rounds, worst.Round(time.Millisecond), kills, leasesLost, len(exits), acked, failed)
+	t.Logf("GOAL seat vacant <= %s in every round: worst %s", vacancyGoal, worst.Round(time.Millisecond))
 	if len(exits) > 0 {
 		tl.mu.Lock()
 		for name, tail := range tl.logTail {

@@ -7,6 +7,8 @@ package faults_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"slices"
@@ -63,6 +65,8 @@ func TestFaultRestart(t *testing.T) {
 			startService(t, c.Connect(0), 1)
 			reader := c.Connect(0)
 			p := newProbe(t, c.Connect(0), reader, "w")
+			// The fault's shape, paced: a second of traffic, NATS down
+			// for 2s, then 4s of traffic for the figures.
 			stop := p.run(20*time.Millisecond, 10*time.Millisecond)
 			time.Sleep(time.Second)
 			tc.down(c)
@@ -115,6 +119,8 @@ func TestFaultLeaderLoss(t *testing.T) {
 			other := (victim + 1) % 3 // the writer's and reader's server
 			reader := c.Connect(other)
 			p := newProbe(t, c.Connect(other), reader, "w")
+			// The fault's shape, paced: a second of traffic, the server
+			// lost, then 5s of traffic after the election for the figures.
 			stop := p.run(20*time.Millisecond, 10*time.Millisecond)
 			time.Sleep(time.Second)
 			lost := time.Now()
@@ -178,21 +184,22 @@ func metaConsumerHolder(t *testing.T, c *natstest.Cluster, js jetstream.JetStrea
 	if err != nil {
 		t.Fatal(err)
 	}
-	for ctx.Err() == nil {
+	natstest.CheckFor(t, 30*time.Second, func() error {
 		holders, err := c.ConsumerHolders(ctx, js, stream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if slices.Contains(holders, victim) {
-			return victim
+		switch {
+		case err != nil:
+			return err
+		case slices.Contains(holders, victim):
+			return nil
+		case len(holders) == 0:
+			return errors.New("the watcher has not made its next consumer yet")
 		}
 		for name := range s.ConsumerNames(ctx).Name() {
 			_ = s.DeleteConsumer(ctx, name)
 		}
-		time.Sleep(300 * time.Millisecond) // the watcher makes a new one
-	}
-	t.Fatal("the needs watcher's consumer was never placed on the meta leader")
-	return -1
+		return fmt.Errorf("the watcher's consumers were on %v, not on the meta leader %d: deleted, for its next one", holders, victim)
+	})
+	return victim
 }
 
 // firstLag is the lag of the first write acked at or after from.

@@ -80,7 +80,7 @@ func TestFaultFlood(t *testing.T) {
 					err = pub.PublishRequest(wire.ComposeSubject, reply, compose)
 				}
 				if err != nil {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // the flood's own backoff when its publish fails: pacing
 					continue
 				}
 				sent.Add(1)
@@ -117,7 +117,7 @@ func TestFaultFlood(t *testing.T) {
 			asks = append(asks, asked{sent: sent, answered: time.Now(), err: err})
 			mu.Unlock()
 		})
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the ordinary askers' rate: pacing
 	}
 	askWG.Wait()
 	// Recovery: from the flood's end to the answer of the first request
@@ -142,6 +142,8 @@ func TestFaultFlood(t *testing.T) {
 	}
 	answeredAfter := asks[firstGood].answered.Sub(ended)
 	stats := serviceStats(t, nc)
+	// The heap is measured 2s after the flood, the time for what it
+	// buffered to be let go: a figure's pace, not a wait for a condition.
 	time.Sleep(2 * time.Second)
 	after := heap()
 	t.Logf("flood: %d requests in %s from %d publishers; ordinary requests (one every 50ms for 4s, 2s timeout) all answered from %s after it ended (%d of %d failed before; worst latency of the answered %s); heap %d MiB before, %d MiB after; stats %s",

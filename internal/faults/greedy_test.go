@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
@@ -61,7 +62,7 @@ func dialRaw(addr, inbox string, readRate int) (*rawClient, error) {
 				if _, err := io.ReadFull(conn, buf); err != nil {
 					return
 				}
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // a tenth of readRate every 100ms: the reader's rate
 			}
 		}()
 	}
@@ -155,7 +156,7 @@ func askEvery(interval, d time.Duration, ask func(ctx context.Context) error, in
 			err := ask(ctx)
 			into.add(time.Since(start), err)
 		})
-		time.Sleep(interval)
+		time.Sleep(interval) // the ordinary client's rate: pacing
 	}
 	wg.Wait()
 }
@@ -232,6 +233,7 @@ func TestFaultNonReader(t *testing.T) {
 			var i atomic.Int64
 			var before, during latencies
 			askEvery(interval, measure, small(&i), &before)
+			conns := numConns(t, c.Server(0))
 
 			stop := make(chan struct{})
 			var hogWG sync.WaitGroup
@@ -266,7 +268,13 @@ func TestFaultNonReader(t *testing.T) {
 					}
 				})
 			}
-			time.Sleep(500 * time.Millisecond) // the hogs' outbound fills
+			// Measured once the server holds answers the hogs have not read.
+			natstest.CheckFor(t, 10*time.Second, func() error {
+				if p := pendingBytes(t, c.Server(0)); p < 1<<20 {
+					return fmt.Errorf("the server holds %d bytes unread by its clients, want 1 MiB before measuring", p)
+				}
+				return nil
+			})
 			askEvery(interval, measure, small(&i), &during)
 			close(stop)
 			hogWG.Wait()
@@ -280,7 +288,13 @@ func TestFaultNonReader(t *testing.T) {
 				t.Errorf("the p99 of ordinary small requests went from %s to %s with a client that %s: more than %s higher",
 					pBefore.Round(time.Millisecond), pDuring.Round(time.Millisecond), tc.name, allowed)
 			}
-			time.Sleep(time.Second) // the closed hogs' outbound is let go
+			// The next case starts once the hogs' connections are gone.
+			natstest.CheckFor(t, 10*time.Second, func() error {
+				if n := numConns(t, c.Server(0)); n > conns {
+					return fmt.Errorf("%d client connections, want the %d before the hogs", n, conns)
+				}
+				return nil
+			})
 		})
 	}
 }
@@ -418,7 +432,7 @@ func TestFaultBlast(t *testing.T) {
 			asks = append(asks, asked{sent: sentAt, answered: time.Now(), err: err})
 			mu.Unlock()
 		})
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the ordinary askers' rate: pacing
 	}
 	blastWG.Wait()
 	ended := started.Add(blast)
@@ -485,4 +499,28 @@ func fmtErr(what string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// numConns is the number of client connections of s.
+func numConns(t *testing.T, s *server.Server) int {
+	t.Helper()
+	connz, err := s.Connz(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return connz.NumConns
+}
+
+// pendingBytes is what s holds for its clients that they have not read.
+func pendingBytes(t *testing.T, s *server.Server) int {
+	t.Helper()
+	connz, err := s.Connz(&server.ConnzOptions{Limit: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p int
+	for _, c := range connz.Conns {
+		p += c.Pending
+	}
+	return p
 }

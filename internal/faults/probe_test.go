@@ -17,6 +17,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/kvread"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 )
 
@@ -34,6 +35,8 @@ type probe struct {
 	failed  []write
 	answers []answer
 	errs    []answer // requests that failed, and when
+	// answered is signalled (without blocking) after each answer.
+	answered chan struct{}
 }
 
 type write struct {
@@ -60,7 +63,7 @@ func newProbe(t *testing.T, writer, reader *nats.Conn, node string) *probe {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &probe{t: t, needs: kv, ask: client.New(reader), writer: node}
+	return &probe{t: t, needs: kv, ask: client.New(reader), writer: node, answered: make(chan struct{}, 1)}
 }
 
 // run writes every writeEvery and asks every askEvery until stop is
@@ -85,9 +88,15 @@ func (p *probe) run(writeEvery, askEvery time.Duration) (stop func()) {
 	return func() {
 		stopWriting()
 		writer.Wait()
-		deadline := time.Now().Add(2 * freshness)
-		for time.Now().Before(deadline) && !p.reflectsLast() {
-			time.Sleep(askEvery)
+		// Each answer is checked as it comes, for at most 2*freshness.
+		deadline := time.After(2 * freshness)
+	wait:
+		for !p.reflectsLast() {
+			select {
+			case <-p.answered:
+			case <-deadline:
+				break wait
+			}
 		}
 		stopAsking()
 		reader.Wait()
@@ -145,8 +154,12 @@ func (p *probe) poll(ctx context.Context) {
 	defer p.mu.Unlock()
 	if err != nil {
 		p.errs = append(p.errs, a)
-	} else {
-		p.answers = append(p.answers, a)
+		return
+	}
+	p.answers = append(p.answers, a)
+	select {
+	case p.answered <- struct{}{}:
+	default:
 	}
 }
 
@@ -203,7 +216,8 @@ func (p *probe) checkCopy(ctx context.Context, reader *nats.Conn) {
 	// the stream's last revision, as its leader says.
 	var live []jetstream.KeyValueEntry
 	var last uint64
-	for {
+	deadline, _ := ctx.Deadline()
+	natstest.CheckFor(p.t, time.Until(deadline), func() error {
 		status, err := p.needs.Status(ctx)
 		if err != nil {
 			p.t.Fatal(err)
@@ -213,11 +227,11 @@ func (p *probe) checkCopy(ctx context.Context, reader *nats.Conn) {
 		if err != nil {
 			p.t.Fatalf("read the needs bucket: %v", err)
 		}
-		if slices.ContainsFunc(live, func(e jetstream.KeyValueEntry) bool { return e.Revision() == last }) {
-			break
+		if !slices.ContainsFunc(live, func(e jetstream.KeyValueEntry) bool { return e.Revision() == last }) {
+			return fmt.Errorf("a read of the needs bucket does not hold its last revision %d yet", last)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	want := map[string]uint64{}
 	for _, e := range live {
 		want[e.Key()] = e.Revision()

@@ -86,7 +86,12 @@ func TestFaultRestartBesideReadyInstances(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(500 * time.Millisecond)
+	natstest.CheckFor(t, 10*time.Second, func() error { // the askers are at work
+		if n := asked.Load(); n < 100 {
+			return fmt.Errorf("%d requests asked, want 100 before the restarts", n)
+		}
+		return nil
+	})
 	for round := range 3 {
 		start := time.Now()
 		third, err := service.Start(context.Background(), service.Config{Conn: natstest.Connect(t, s), Logger: logger(t)})
@@ -97,7 +102,16 @@ func TestFaultRestartBesideReadyInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 		loaded := time.Since(start)
-		time.Sleep(300 * time.Millisecond)
+		natstest.CheckFor(t, 10*time.Second, func() error { // it takes its share of the requests
+			var answered int
+			for _, e := range third.Stats().Endpoints {
+				answered += e.NumRequests
+			}
+			if answered < 20 {
+				return fmt.Errorf("the third instance answered %d requests, want 20 before it stops", answered)
+			}
+			return nil
+		})
 		third.Stop()
 		t.Logf("round %d: the third instance loaded 50,000 keys in %s", round+1, loaded.Round(time.Millisecond))
 	}
@@ -142,17 +156,14 @@ func TestFaultPurgedBucket(t *testing.T) {
 	natstest.Purge(context.Background(), t, js, wire.StreamOf(keys.NeedsBucket))
 	purged := time.Now()
 	sawBehind := false
-	for {
+	natstest.CheckFor(t, 5*time.Second, func() error {
 		n, behind := count()
 		sawBehind = sawBehind || len(behind) > 0
-		if n == 0 && len(behind) == 0 {
-			break
+		if n != 0 || len(behind) != 0 {
+			return fmt.Errorf("after the purge, n1 still has %d needs in answers (behind %v)", n, behind)
 		}
-		if time.Since(purged) > 5*time.Second {
-			t.Fatalf("5s after the purge, n1 still has %d needs in answers (behind %v)", n, behind)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Logf("purged: answers held what the bucket holds %s after the purge; an answer said behind meanwhile: %v",
 		time.Since(purged).Round(time.Millisecond), sawBehind)
 	if !sawBehind {

@@ -3,6 +3,8 @@ package natstest
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,7 +170,7 @@ func (c *Cluster) Kill(i int) {
 func (c *Cluster) Restart(i int, down time.Duration) {
 	c.t.Helper()
 	c.Stop(i)
-	time.Sleep(down)
+	time.Sleep(down) // the fault's shape: down this long
 	c.Start(i)
 }
 
@@ -194,22 +196,21 @@ func (c *Cluster) shutdown(i int) {
 // (or, alone, has JetStream ready), and returns its index.
 func (c *Cluster) WaitMetaLeader(timeout time.Duration) int {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	leader := -1
+	CheckFor(c.t, timeout, func() error {
 		for i := range c.n {
 			s := c.Server(i)
 			if s == nil {
 				continue
 			}
 			if c.n == 1 && s.JetStreamEnabled() || c.n > 1 && s.JetStreamIsLeader() && c.allCurrent() {
-				return i
+				leader = i
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no JetStream meta leader after %s", timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return errors.New("no JetStream meta leader")
+	})
+	return leader
 }
 
 // allCurrent reports whether every running server is current with the
@@ -250,16 +251,14 @@ func (c *Cluster) StreamLeader(stream string) int {
 // WaitStreamLeader waits until stream has a leader, and returns its index.
 func (c *Cluster) WaitStreamLeader(stream string, timeout time.Duration) int {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		if i := c.StreamLeader(stream); i >= 0 {
-			return i
+	leader := -1
+	CheckFor(c.t, timeout, func() error {
+		if leader = c.StreamLeader(stream); leader < 0 {
+			return fmt.Errorf("stream %s has no leader", stream)
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("stream %s has no leader after %s", stream, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	return leader
 }
 
 // ConsumerHolders returns the indexes of the servers that lead a consumer
@@ -323,13 +322,12 @@ func (c *Cluster) MoveMetaLeader(nc *nats.Conn, to int) {
 		return
 	}
 	c.stepdown(nc, "$JS.API.META.LEADER.STEPDOWN", to)
-	deadline := time.Now().Add(10 * time.Second)
-	for !c.Server(to).JetStreamIsLeader() {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("server %d did not become the meta leader", to)
+	CheckFor(c.t, 10*time.Second, func() error {
+		if !c.Server(to).JetStreamIsLeader() {
+			return fmt.Errorf("server %d is not the meta leader", to)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // MoveStreamLeader asks stream's leader to hand its leadership to server
@@ -340,13 +338,12 @@ func (c *Cluster) MoveStreamLeader(nc *nats.Conn, stream string, to int) {
 		return
 	}
 	c.stepdown(nc, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, to)
-	deadline := time.Now().Add(10 * time.Second)
-	for c.StreamLeader(stream) != to {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("server %d did not become the leader of %s", to, stream)
+	CheckFor(c.t, 10*time.Second, func() error {
+		if c.StreamLeader(stream) != to {
+			return fmt.Errorf("server %d is not the leader of %s", to, stream)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func (c *Cluster) stepdown(nc *nats.Conn, subject string, to int) {
