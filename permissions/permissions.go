@@ -109,7 +109,8 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 	if apiPrefix == "" {
 		p.Publish.Allow = append(p.Publish.Allow, watchOwnPlan(node)...)
 	}
-	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject}
+	// Only the seat's holder writes the registry and the plan digests.
+	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), kvSubjects(keys.PlansBucket, ""), wire.SeatSubject}
 	if apiPrefix != "" {
 		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")))
 	}

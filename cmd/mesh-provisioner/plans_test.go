@@ -88,6 +88,14 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 		t.Errorf("the watch ended with %v, want nil on its context's end", err)
 	}
 
+	// ace cannot write a digest, not even its own.
+	if err := ace.nc.Publish(wire.KVSubject(keys.PlansBucket, "ace"), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if !ace.violated(wire.KVSubject(keys.PlansBucket, "ace")) {
+		t.Error("ace's write of its plan digest was not refused by nats-server")
+	}
+
 	// ace cannot watch novox's key: the consumer's filter is not its own.
 	short, cancelShort := context.WithTimeout(ctx, time.Second)
 	defer cancelShort()
