@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
 // DefaultPlansInterval is how often the plans' writer looks at what changed
@@ -182,6 +183,19 @@ func (w *plansWriter) follow(ctx context.Context, watcher jetstream.KeyWatcher, 
 // plansMark is where the copies were when the writer last looked.
 type plansMark struct {
 	registry, needs, applied, collect, manifests, bound uint64
+	// groups is how many nodes the three state buckets' copies held.
+	groups int
+}
+
+// groupsOf counts the groups (nodes) of the copies of needs, applied
+// records and items.
+func groupsOf(m *mirror.Mirror) int {
+	n := 0
+	for _, c := range []mirror.Watched{m.Needs, m.Applied, m.Collect} {
+		_, _, groups, _ := c.Counts()
+		n += groups
+	}
+	return n
 }
 
 // changed returns the nodes whose composition may have changed since mark,
@@ -211,9 +225,13 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 			set[first] = true
 		}
 	}
+	next.groups = groupsOf(m)
 	w.mu.Lock()
-	if all || next.needs != mark.needs || next.applied != mark.applied || next.collect != mark.collect {
-		// A node whose records are all gone has no group left to say so.
+	if all || next.groups < mark.groups {
+		// A node whose records are all gone has no group left to say so;
+		// only then do fewer groups remain (a node gone and another come
+		// within one interval leaves the gone one's key until a tenure's
+		// first pass).
 		for node := range w.key {
 			if !w.known(node) {
 				set[node] = true
