@@ -11,6 +11,7 @@ import {
   ComposeRequestSchema,
   ComposeResponseSchema,
   type ComposeResponse,
+  ModulePlanSchema,
   type ModulePlan,
   type PlanItem,
   type Provision,
@@ -576,7 +577,10 @@ export function joinProvisioningPages(pages: ProvisioningResponse[]): Provisioni
 /**
  * Joins the pages of a composition, in order, into one: plans, provisions
  * and refusals concatenated, a plan that continues the previous page's last
- * module merged into it; phases are the first page's, revisions the last's.
+ * module merged into it (its `wantedBuild` and `newestBuild` those of the
+ * page it starts on); phases are the first page's, revisions and
+ * `planDigest` the last's (every page carries the whole composition's
+ * digest). The pages are left as they came.
  */
 export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
   const whole = create(ComposeResponseSchema);
@@ -584,7 +588,14 @@ export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
     const plans = [...page.plans];
     const last = whole.plans.at(-1);
     if (last !== undefined && plans[0]?.module === last.module) {
-      last.items.push(...plans.shift()!.items);
+      // A new plan, so that the pages stay as they came: the module's
+      // builds are the page's where its plan starts.
+      whole.plans[whole.plans.length - 1] = create(ModulePlanSchema, {
+        module: last.module,
+        items: [...last.items, ...plans.shift()!.items],
+        wantedBuild: last.wantedBuild,
+        newestBuild: last.newestBuild,
+      });
     }
     whole.plans.push(...plans);
     whole.provisions.push(...page.provisions);
@@ -595,6 +606,7 @@ export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
     whole.node = page.node;
     whole.module = page.module;
     whole.revisions = page.revisions;
+    whole.planDigest = page.planDigest; // every page's is the whole composition's
     whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
   }
   return whole;
