@@ -394,8 +394,10 @@ def join_provisioning_pages(pages: list[ProvisioningResponse]) -> ProvisioningRe
 def join_compose_pages(pages: list[ComposeResponse]) -> ComposeResponse:
     """Joins the pages of a composition, in order, into one: plans,
     provisions and refusals concatenated, a plan that continues the previous
-    page's last module merged into it; phases are the first page's,
-    revisions the last page's."""
+    page's last module merged into it (its wanted_build and newest_build
+    those of the page it starts on); phases are the first page's, revisions
+    and plan_digest the last page's (every page carries the whole
+    composition's digest). The pages are left as they came."""
     whole = ComposeResponse()
     for page in pages:
         plans = list(page.plans)
@@ -407,6 +409,7 @@ def join_compose_pages(pages: list[ComposeResponse]) -> ComposeResponse:
             whole.phases.extend(page.phases)
         whole.node, whole.module = page.node, page.module
         whole.revisions.CopyFrom(page.revisions)
+        whole.plan_digest = page.plan_digest  # every page's is the whole composition's
     return whole
 
 
