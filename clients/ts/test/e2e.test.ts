@@ -1181,6 +1181,27 @@ describe("watchPlan", () => {
     assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watcher still runs");
   });
 
+  it("makes its consumer on the subject a node's permissions grant: the filter its own key", async () => {
+    // The spy sees the whole account's asks, the server's too.
+    const spy = await connect({ servers: natsUrl, name: "mesh-provisioner e2e spy" });
+    const asked: string[] = [];
+    const sub = spy.subscribe("$JS.API.>", { callback: (_err, msg) => void asked.push(msg.subject) });
+    await spy.flush();
+    try {
+      for await (const plan of client.watchPlan("wes")) {
+        assert.equal(plan.node, "wes");
+        break;
+      }
+      await spy.flush();
+    } finally {
+      sub.unsubscribe();
+      await spy.close();
+    }
+    const made = asked.filter((s) => s.startsWith("$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_plans"));
+    assert.equal(made.length, 1, JSON.stringify(asked));
+    assert.match(made[0]!, /^\$JS\.API\.CONSUMER\.CREATE\.KV_mesh-provisioner_plans\.[^.]+\.\$KV\.mesh-provisioner_plans\.wes$/u);
+  });
+
   it("an aborted signal yields nothing", async () => {
     const plans = [];
     for await (const plan of client.watchPlan("wes", { signal: AbortSignal.abort() })) {
