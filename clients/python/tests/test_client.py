@@ -4,6 +4,7 @@ a node's client writes them (a JetStream KV put of the protobuf value)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from mesh_provisioner import (
     COMPOSE_SUBJECT,
@@ -24,6 +26,7 @@ from mesh_provisioner import (
     WHAT_REGISTRY,
     CollectItem,
     ComposeRequest,
+    ComposeResponse,
     EndpointStatsData,
     Need,
     Provision,
@@ -358,3 +361,101 @@ async def test_readme_examples_run_as_written(url: str) -> None:
         assert proc.returncode == 0, err.decode()
         for line in prints.splitlines():
             assert line in out.decode().splitlines(), out.decode()
+
+
+async def test_watch_plan_yields_a_new_composition_each_time_the_plan_changes(nc: NATS) -> None:
+    """The node's composition first; a need written: a new one, with a new
+    digest, at least as new as the write; the need written again unchanged:
+    none. Cancelled, or closed, the watcher stops: nothing arrives any more."""
+    client = ProvisionerClient(nc)
+    needs = await nc.jetstream().key_value("mesh-provisioner_needs")
+    await needs.put("wes.web.port.http", Need(placeholder="${port:http}", required=True).SerializeToString())
+
+    def names(composition: ComposeResponse) -> list[tuple[str, list[str]]]:
+        return [(plan.module, [item.name for item in plan.items]) for plan in composition.plans]
+
+    async def quiet(what: str) -> None:
+        """Asserts that in 0.3 s nothing but the reply to a put arrives."""
+        before = nc.stats["in_msgs"]
+        await needs.put(f"wes.web.port.{what}", Need(placeholder=f"${{port:{what}}}").SerializeToString())
+        await asyncio.sleep(0.3)
+        assert nc.stats["in_msgs"] == before + 1, "a message other than the put's ack arrived: the watcher still runs"
+
+    plans = client.watch_plan("wes")
+    first = await asyncio.wait_for(anext(plans), 10)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", first.plan_digest)
+    assert first.node == "wes"
+
+    revision = await needs.put("wes.web.port.admin", Need(placeholder="${port:admin}").SerializeToString())
+    second = await asyncio.wait_for(anext(plans), 10)
+    # The first composition may have been read before the first need was in the copy.
+    while not any("admin" in items for _, items in names(second)):
+        second = await asyncio.wait_for(anext(plans), 10)
+    assert second.plan_digest != first.plan_digest
+    assert second.revisions.needs >= revision
+    assert names(second) == [("web", ["admin", "http"])]
+
+    # Written again unchanged: the digest holds, nothing is yielded.
+    await needs.put("wes.web.port.admin", Need(placeholder="${port:admin}").SerializeToString())
+    pending = asyncio.ensure_future(anext(plans))
+    done, _ = await asyncio.wait({pending}, timeout=0.3)
+    assert not done
+    # Cancelled while it waits: the watcher stops, and the generator ends.
+    pending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await pending
+    with pytest.raises(StopAsyncIteration):
+        await anext(plans)
+    await quiet("metrics")
+
+    # Closed after a composition (leaving an aclosing block): the watcher stops.
+    async with contextlib.aclosing(client.watch_plan("wes")) as again:
+        async for composition in again:
+            assert names(composition) == [("web", ["admin", "http", "metrics"])]
+            break
+    await quiet("debug")
+
+
+async def test_watch_plan_makes_its_consumer_as_a_nodes_permissions_grant_and_again_when_lost(
+    nc: NATS, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its consumer is made on $JS.API.CONSUMER.CREATE.<stream>.<name>.<its
+    key>, the only consumer subject a node may publish (docs/security.md).
+    A consumer removed (its heartbeats stop) is made again, and a change is
+    still delivered."""
+    from mesh_provisioner import client as client_module
+
+    monkeypatch.setattr(client_module._KeyWatcher, "_HEARTBEAT", 0.2)
+    monkeypatch.setattr(client_module._KeyWatcher, "_MISSED", 0.6)
+    needs = await nc.jetstream().key_value("mesh-provisioner_needs")
+    spy = await nats.connect(url)
+    asked: list[str] = []
+
+    async def ask(msg: Msg) -> None:
+        asked.append(msg.subject)
+
+    sub = await spy.subscribe("$JS.API.>", cb=ask)
+    await spy.flush()
+    try:
+        async with contextlib.aclosing(ProvisionerClient(nc).watch_plan("wes")) as plans:
+            first = await asyncio.wait_for(anext(plans), 10)
+            [create] = [s for s in asked if s.startswith("$JS.API.CONSUMER.")]
+            stream, name, key = "KV_mesh-provisioner_plans", create.split(".")[5], create.split(".", 6)[6]
+            assert create == f"$JS.API.CONSUMER.CREATE.{stream}.{name}.$KV.mesh-provisioner_plans.wes"
+            assert key == "$KV.mesh-provisioner_plans.wes"
+
+            assert await spy.jsm().delete_consumer(stream, name)
+            await needs.put("wes.api.port.grpc", Need(placeholder="${port:grpc}").SerializeToString())
+            second = await asyncio.wait_for(anext(plans), 10)
+            while not any(plan.module == "api" for plan in second.plans):
+                second = await asyncio.wait_for(anext(plans), 10)
+            assert second.plan_digest != first.plan_digest
+            creates = [s for s in asked if s.startswith("$JS.API.CONSUMER.CREATE.")]
+            assert len(creates) >= 2 and all(s.endswith(".$KV.mesh-provisioner_plans.wes") for s in creates)
+    finally:
+        await sub.unsubscribe()
+        await spy.close()
+    # The spy sees the whole account's asks, the server's too: of the plans
+    # stream's consumers, none is made but on the subject naming wes's key.
+    made = [s for s in asked if s.startswith(f"$JS.API.CONSUMER.CREATE.{stream}")]
+    assert all(s.endswith(".$KV.mesh-provisioner_plans.wes") and len(s.split(".")) == 9 for s in made), made

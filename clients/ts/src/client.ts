@@ -5,13 +5,18 @@
  * @module
  */
 import { create, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { Kvm } from "@nats-io/kv";
 import { Empty, errors, headers, type Msg, type NatsConnection } from "@nats-io/nats-core";
 
 import {
   ComposeRequestSchema,
   ComposeResponseSchema,
   type ComposeResponse,
+  ModulePlanSchema,
+  PlanDigestSchema,
   type ModulePlan,
+  type PlanDigest,
+  type Revisions,
   type PlanItem,
   type Provision,
 } from "./gen/mesh/provisioner/v1/compose_pb.js";
@@ -54,6 +59,12 @@ export const PROVISIONS_ENDPOINT = "provisions";
  * {@link providerSubject}(provider), `mesh-provisioner.provisions.<provider>`.
  */
 export const PROVISIONS_SUBJECT = `${SERVICE_NAME}.${PROVISIONS_ENDPOINT}`;
+/**
+ * The bucket where the seat's holder keeps each node's plan digest: key
+ * `<node>`, value a {@link PlanDigest}. {@link ProvisionerClient.watchPlan}
+ * watches a node's key.
+ */
+export const PLANS_BUCKET = `${SERVICE_NAME}_plans`;
 /** The Content-Type of a protobuf binary request and answer. */
 export const CONTENT_TYPE_PROTOBUF = "application/protobuf";
 
@@ -179,6 +190,80 @@ export interface ProvisionerClientOptions {
 export interface RequestOptions {
   /** Milliseconds to wait for the answer; the client's timeout by default. */
   timeout?: number;
+}
+
+/** Options of {@link ProvisionerClient.watchPlan}. */
+export interface WatchPlanOptions extends RequestOptions {
+  /** Stops the watch: the iteration ends, and the bucket's watcher is stopped. */
+  signal?: AbortSignal;
+}
+
+/**
+ * WatchStoppedError ends {@link ProvisionerClient.watchPlan} when the
+ * bucket's watcher stops on its own, before the watch is stopped.
+ */
+export class WatchStoppedError extends Error {
+  /** The node whose plan was watched. */
+  readonly node: string;
+
+  constructor(node: string) {
+    super(`${SERVICE_NAME}: the watcher of ${node}'s plan (key ${node} of ${PLANS_BUCKET}) stopped`);
+    this.name = "WatchStoppedError";
+    this.node = node;
+  }
+}
+
+/** How watchPlan asks again after a 503, in milliseconds: doubling from the first to the last. */
+const WATCH_RETRY_MIN = 100;
+const WATCH_RETRY_MAX = 2000;
+
+/** Resolves to true after ms, or to false as soon as signal aborts. */
+function sleep(ms: number, signal: AbortSignal | undefined): Promise<boolean> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) {
+      resolve(false);
+      return;
+    }
+    const done = (slept: boolean) => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", aborted);
+      resolve(slept);
+    };
+    const aborted = () => done(false);
+    const timer = setTimeout(() => done(true), ms);
+    signal?.addEventListener("abort", aborted, { once: true });
+  });
+}
+
+/**
+ * Resolves as promise does, or to undefined as soon as signal aborts (the
+ * promise's outcome is then ignored).
+ */
+function abortable<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
+  if (signal === undefined) {
+    return promise;
+  }
+  if (signal.aborted) {
+    promise.catch(() => {});
+    return Promise.resolve(undefined);
+  }
+  return new Promise((resolve, reject) => {
+    const aborted = () => {
+      promise.catch(() => {});
+      resolve(undefined);
+    };
+    signal.addEventListener("abort", aborted, { once: true });
+    promise.then(
+      (value) => {
+        signal.removeEventListener("abort", aborted);
+        resolve(value);
+      },
+      (err: unknown) => {
+        signal.removeEventListener("abort", aborted);
+        reject(err);
+      },
+    );
+  });
 }
 
 /** Options of a discovery call. */
@@ -467,6 +552,109 @@ export class ProvisionerClient {
     return joinComposePages(pages);
   }
 
+  /**
+   * Yields the composition of a node, whole (its pages joined, as
+   * {@link composeAll} returns it), then a new one each time the node's plan
+   * changes: each yielded composition's `planDigest` differs from the one
+   * before. The seat's holder keeps every node's digest in the bucket
+   * {@link PLANS_BUCKET} (key `<node>`, a {@link PlanDigest} with the
+   * revisions it was composed at); this watches the node's key there, which
+   * is all a node's permissions let it watch, and on each new digest
+   * composes with `minRevisions` set to the digest's revisions, so the
+   * composition is at least as new. Nothing changed costs no request.
+   *
+   * ```ts
+   * const stop = new AbortController();
+   * for await (const plan of client.watchPlan("ace", { signal: stop.signal })) {
+   *   await apply(plan);
+   * }
+   * ```
+   *
+   * It ends, without an error, when the signal aborts (a request in flight
+   * is abandoned) or the loop breaks; either way the bucket's watcher is
+   * stopped. A 503 (the server's copy loading, or behind the digest's
+   * revisions) is asked again, backing off from 100 ms to 2 s. A connection
+   * lost and found again is resumed by the KV watcher, which delivers the
+   * key's value anew: a change made meanwhile is not missed.
+   *
+   * @throws {ProvisionerError} when a composition is refused otherwise than
+   *   with a 503.
+   * @throws {WatchStoppedError} when the bucket's watcher ends on its own
+   *   (the connection closed, or the consumer could not be made again).
+   * @throws the nats.js error when the bucket cannot be watched, or of a
+   *   request, such as a TimeoutError.
+   */
+  async *watchPlan(node: string, opts: WatchPlanOptions = {}): AsyncGenerator<ComposeResponse, void, undefined> {
+    const { signal, ...requestOpts } = opts;
+    if (signal?.aborted) {
+      return;
+    }
+    const kv = await new Kvm(this.#nc).open(PLANS_BUCKET);
+    const watcher = await kv.watch({ key: node });
+    const stop = () => watcher.stop();
+    signal?.addEventListener("abort", stop, { once: true });
+    try {
+      if (signal?.aborted) {
+        return;
+      }
+      let last = "";
+      // The composition at least as new as least, or undefined once the
+      // signal aborts.
+      const composeAt = async (least: Revisions | undefined): Promise<ComposeResponse | undefined> => {
+        for (let retry = WATCH_RETRY_MIN; ; retry = Math.min(2 * retry, WATCH_RETRY_MAX)) {
+          try {
+            return await abortable(this.composeAll({ node, minRevisions: least }, requestOpts), signal);
+          } catch (err) {
+            if (!(err instanceof ProvisionerError && err.code === 503)) {
+              throw err;
+            }
+          }
+          if (!(await sleep(retry, signal))) {
+            return undefined;
+          }
+        }
+      };
+      const first = await composeAt(undefined);
+      if (first === undefined) {
+        return;
+      }
+      last = first.planDigest;
+      yield first;
+      for await (const entry of watcher) {
+        if (signal?.aborted) {
+          return;
+        }
+        if (entry.operation !== "PUT") {
+          continue; // the node's key removed: its plan is what it was
+        }
+        let digest: PlanDigest;
+        try {
+          digest = fromBinary(PlanDigestSchema, entry.value);
+        } catch {
+          continue; // not a digest: the next write will be
+        }
+        if (digest.digest === last) {
+          continue;
+        }
+        const composition = await composeAt(digest.revisions);
+        if (composition === undefined) {
+          return;
+        }
+        if (composition.planDigest === last) {
+          continue;
+        }
+        last = composition.planDigest;
+        yield composition;
+      }
+      if (!signal?.aborted) {
+        throw new WatchStoppedError(node);
+      }
+    } finally {
+      signal?.removeEventListener("abort", stop);
+      watcher.stop();
+    }
+  }
+
   /** Sends a request in protobuf binary and decodes the answer. */
   async #call<Req extends DescMessage, Res extends DescMessage>(
     subject: string,
@@ -576,7 +764,10 @@ export function joinProvisioningPages(pages: ProvisioningResponse[]): Provisioni
 /**
  * Joins the pages of a composition, in order, into one: plans, provisions
  * and refusals concatenated, a plan that continues the previous page's last
- * module merged into it; phases are the first page's, revisions the last's.
+ * module merged into it (its `wantedBuild` and `newestBuild` those of the
+ * page it starts on); phases are the first page's, revisions and
+ * `planDigest` the last's (every page carries the whole composition's
+ * digest). The pages are left as they came.
  */
 export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
   const whole = create(ComposeResponseSchema);
@@ -584,7 +775,14 @@ export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
     const plans = [...page.plans];
     const last = whole.plans.at(-1);
     if (last !== undefined && plans[0]?.module === last.module) {
-      last.items.push(...plans.shift()!.items);
+      // A new plan, so that the pages stay as they came: the module's
+      // builds are the page's where its plan starts.
+      whole.plans[whole.plans.length - 1] = create(ModulePlanSchema, {
+        module: last.module,
+        items: [...last.items, ...plans.shift()!.items],
+        wantedBuild: last.wantedBuild,
+        newestBuild: last.newestBuild,
+      });
     }
     whole.plans.push(...plans);
     whole.provisions.push(...page.provisions);
@@ -595,6 +793,7 @@ export function joinComposePages(pages: ComposeResponse[]): ComposeResponse {
     whole.node = page.node;
     whole.module = page.module;
     whole.revisions = page.revisions;
+    whole.planDigest = page.planDigest; // every page's is the whole composition's
     whole.behind.push(...page.behind.filter((b) => !whole.behind.includes(b)));
   }
   return whole;

@@ -118,6 +118,41 @@ describe("joining pages with builds and bound", () => {
     assert.deepEqual(planAt(web, "b2").map((item) => item.name), ["db", "http"]);
   });
 
+  it("carries the plan digest, every page's the whole's; a continued plan keeps the builds of the page it starts on; the pages stay as they came", () => {
+    assert.match(between.planDigest, /^sha256:[0-9a-f]{64}$/u);
+    const first = clone(ComposeResponseSchema, between);
+    const second = clone(ComposeResponseSchema, between);
+    first.plans[1]!.items.splice(1);
+    first.refusals = [];
+    first.nextPageToken = "t";
+    second.plans.splice(0, 1);
+    second.plans[0]!.items.splice(0, 1);
+    // A continuing page's plan naming no builds: the join keeps the first's.
+    second.plans[0]!.wantedBuild = "";
+    second.plans[0]!.newestBuild = "";
+    second.provisions = [];
+    second.phases = [];
+    const [firstCopy, secondCopy] = [clone(ComposeResponseSchema, first), clone(ComposeResponseSchema, second)];
+
+    const joined = joinComposePages([first, second]);
+    assert.equal(joined.planDigest, between.planDigest);
+    assert.ok(equals(ComposeResponseSchema, joined, between), "the join differs from the whole");
+    const web = planOf(joined, "web");
+    assert.deepEqual([web.wantedBuild, web.newestBuild], ["b1", "b2"]);
+    assert.ok(equals(ComposeResponseSchema, first, firstCopy) && equals(ComposeResponseSchema, second, secondCopy), "the join changed a page");
+  });
+
+  it("the plan digest of the conformance suite's paged composition is the unpaged one's", () => {
+    const c = JSON.parse(readFileSync(join(repo, "conformance", "cases", "page-compose-plan-continues.json"), "utf8")) as { expect: { pages: JsonObject[] } };
+    const pages = c.expect.pages.map((page) => fromJson(ComposeResponseSchema, page));
+    assert.ok(pages.length > 1 && pages.every((page) => page.planDigest === pages[0]!.planDigest && page.planDigest !== ""));
+    const whole = fromJson(ComposeResponseSchema, answerOf("compose-node"));
+    const joined = joinComposePages(pages);
+    assert.equal(joined.planDigest, whole.planDigest);
+    joined.phases = whole.phases;
+    assert.ok(equals(ComposeResponseSchema, joined, whole), "the join differs from the whole");
+  });
+
   it("the manifests of provisioning pages are concatenated", () => {
     const whole = fromJson(ProvisioningResponseSchema, answerOf("manifests-provider"));
     assert.equal(whole.manifests.length, 2);

@@ -1118,6 +1118,99 @@ describe("provisions", () => {
   });
 });
 
+// After the provisions: it writes needs of a node of its own, wes.
+describe("watchPlan", () => {
+  /** Writes a need of wes as a node's client does (a KV put); returns its revision. */
+  async function putNeed(key: string, need: MessageInitShape<typeof NeedSchema>): Promise<bigint> {
+    const ack = await nc!.request(`$KV.${NEEDS}.wes.${key}`, toBinary(NeedSchema, create(NeedSchema, need)), { timeout: 5000 });
+    return BigInt(ack.json<{ seq: number }>().seq);
+  }
+  /** The next composition, failing after 10 s. */
+  async function next(plans: AsyncIterator<ComposeResponse>, what: string): Promise<IteratorResult<ComposeResponse>> {
+    const late = sleep(10_000, "late" as const, { ref: false });
+    const got = await Promise.race([plans.next(), late]);
+    assert.notEqual(got, "late", `${what}: nothing within 10s`);
+    return got as IteratorResult<ComposeResponse>;
+  }
+
+  it("yields the composition, then a new one when the plan changes, none when a write changes nothing; stops on abort", async () => {
+    await putNeed("web.port.http", { placeholder: "${port:http}", required: true });
+    const stop = new AbortController();
+    const plans = client.watchPlan("wes", { signal: stop.signal })[Symbol.asyncIterator]();
+    const first = await next(plans, "the current plan");
+    assert.equal(first.done, false);
+    assert.match(first.value!.planDigest, /^sha256:[0-9a-f]{64}$/u);
+    assert.equal(first.value!.node, "wes");
+
+    const revision = await putNeed("web.port.admin", { placeholder: "${port:admin}" });
+    let changed = await next(plans, "after a need written");
+    // The first composition may have been read before the first need was in the copy.
+    while (!changed.done && !changed.value.plans.some((p) => p.items.some((i) => i.name === "admin"))) {
+      changed = await next(plans, "after a need written");
+    }
+    assert.equal(changed.done, false);
+    const second = changed.value!;
+    assert.notEqual(second.planDigest, first.value!.planDigest);
+    assert.ok(second.revisions!.needs >= revision, `composed at needs ${second.revisions!.needs}, the need written at ${revision}`);
+    assert.deepStrictEqual(second.plans.map((p) => [p.module, p.items.map((i) => i.name)]), [["web", ["admin", "http"]]]);
+
+    // Written again unchanged: the digest holds, nothing is yielded.
+    await putNeed("web.port.admin", { placeholder: "${port:admin}" });
+    const pending = plans.next();
+    assert.equal(await Promise.race([pending, sleep(300, "nothing" as const)]), "nothing");
+
+    // Aborted, the pending next ends the iteration, and nothing arrives on the connection any more.
+    stop.abort();
+    assert.deepStrictEqual(await Promise.race([pending, sleep(2000, "late" as const, { ref: false })]), { done: true, value: undefined });
+    const before = nc!.stats().inMsgs;
+    await putNeed("web.port.metrics", { placeholder: "${port:metrics}" }); // changes the plan: the seat writes wes's key
+    await sleep(300);
+    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watcher still runs");
+  });
+
+  it("breaking out of the loop stops the watcher", async () => {
+    let got: ComposeResponse | undefined;
+    for await (const plan of client.watchPlan("wes")) {
+      got = plan;
+      break;
+    }
+    assert.ok(got?.plans.some((p) => p.items.some((i) => i.name === "admin")));
+    const before = nc!.stats().inMsgs;
+    await putNeed("web.port.debug", { placeholder: "${port:debug}" });
+    await sleep(300);
+    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watcher still runs");
+  });
+
+  it("makes its consumer on the subject a node's permissions grant: the filter its own key", async () => {
+    // The spy sees the whole account's asks, the server's too.
+    const spy = await connect({ servers: natsUrl, name: "mesh-provisioner e2e spy" });
+    const asked: string[] = [];
+    const sub = spy.subscribe("$JS.API.>", { callback: (_err, msg) => void asked.push(msg.subject) });
+    await spy.flush();
+    try {
+      for await (const plan of client.watchPlan("wes")) {
+        assert.equal(plan.node, "wes");
+        break;
+      }
+      await spy.flush();
+    } finally {
+      sub.unsubscribe();
+      await spy.close();
+    }
+    const made = asked.filter((s) => s.startsWith("$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_plans"));
+    assert.equal(made.length, 1, JSON.stringify(asked));
+    assert.match(made[0]!, /^\$JS\.API\.CONSUMER\.CREATE\.KV_mesh-provisioner_plans\.[^.]+\.\$KV\.mesh-provisioner_plans\.wes$/u);
+  });
+
+  it("an aborted signal yields nothing", async () => {
+    const plans = [];
+    for await (const plan of client.watchPlan("wes", { signal: AbortSignal.abort() })) {
+      plans.push(plan);
+    }
+    assert.deepStrictEqual(plans, []);
+  });
+});
+
 // After every other test: it writes 5,000 needs of nodes of its own.
 describe("an answer of 5 MB", () => {
   it("arrives whole, page by page, each page under max_payload", async () => {

@@ -5,7 +5,8 @@ or as a node on its own subjects, and a provider's provisions) over a
 nats-py connection; inbox_prefix is a mesh identity's inbox prefix, to
 connect with; ProvisionerError is a refusal, with its code and sentence;
 plan_at is a module's plan at one of its builds, and is_bound whether a
-provider has bound a provision. The contract's messages (package
+provider has bound a provision; ProvisionerClient.watch_plan yields a node's
+composition each time its plan changes. The contract's messages (package
 mesh.provisioner.v1) are generated from proto/ into the package
 mesh.provisioner.v1 and re-exported here.
 """
@@ -17,6 +18,7 @@ from mesh.provisioner.v1.compose_pb2 import (
     ComposeResponse,
     ModulePlan,
     Phase,
+    PlanDigest,
     PlanItem,
     Provision,
     Refusal,
@@ -49,6 +51,7 @@ from .client import (
     COMPOSE_SUBJECT,
     CONTENT_TYPE_PROTOBUF,
     INBOX_ROOT,
+    PLANS_BUCKET,
     PROVISIONING_SUBJECT,
     PROVISIONS_SUBJECT,
     SERVICE_NAME,
@@ -60,6 +63,7 @@ from .client import (
     Role,
     ServiceIdentity,
     StatsResponse,
+    WatchStoppedError,
     error_of,
     inbox_prefix,
     is_bound,
@@ -75,6 +79,7 @@ __all__ = [
     "COMPOSE_SUBJECT",
     "CONTENT_TYPE_PROTOBUF",
     "INBOX_ROOT",
+    "PLANS_BUCKET",
     "PROVISIONING_SUBJECT",
     "PROVISIONS_SUBJECT",
     "SERVICE_NAME",
@@ -108,6 +113,7 @@ __all__ = [
     "Offer",
     "OverBudget",
     "Phase",
+    "PlanDigest",
     "PlanItem",
     "Provision",
     "ProvisionerClient",
@@ -125,6 +131,7 @@ __all__ = [
     "ServiceIdentity",
     "StatsResponse",
     "VerbSource",
+    "WatchStoppedError",
     "What",
     "error_of",
     "inbox_prefix",

@@ -5,17 +5,31 @@ The wire contract is docs/protocol.md in the repository.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal, TypedDict, TypeVar
 
 from google.protobuf import json_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NATSTimeoutError
+from nats.nuid import NUID
 
-from mesh.provisioner.v1.compose_pb2 import ComposeRequest, ComposeResponse, ModulePlan, PlanItem, Provision
+from mesh.provisioner.v1.compose_pb2 import (
+    ComposeRequest,
+    ComposeResponse,
+    ModulePlan,
+    PlanDigest,
+    PlanItem,
+    Provision,
+    Revisions,
+)
 from mesh.provisioner.v1.provisioning_pb2 import ProvisioningRequest, ProvisioningResponse
 from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
 from mesh.provisioner.v1.stats_pb2 import EndpointStatsData
@@ -29,6 +43,9 @@ COMPOSE_SUBJECT = f"{SERVICE_NAME}.compose"
 PROVISIONS_SUBJECT = f"{SERVICE_NAME}.provisions"
 """The provisions verb's subject before the provider's token: a provider asks
 provider_subject(provider), mesh-provisioner.provisions.<provider>."""
+PLANS_BUCKET = f"{SERVICE_NAME}_plans"
+"""The bucket where the seat's holder keeps each node's plan digest: key
+<node>, value a PlanDigest. watch_plan watches a node's key."""
 CONTENT_TYPE_PROTOBUF = "application/protobuf"
 INBOX_ROOT = "_INBOX_MESH"
 """Starts every inbox prefix of the mesh's identities; not nats-py's default
@@ -84,6 +101,11 @@ _ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 # other answers within this many seconds.
 _DISCOVERY_STALL = 0.3
 
+# How watch_plan asks again after a 503, in seconds: doubling from the first
+# to the last.
+_WATCH_RETRY_MIN = 0.1
+_WATCH_RETRY_MAX = 2.0
+
 _Answer = TypeVar("_Answer", ProvisioningResponse, ComposeResponse, ProvisionsResponse)
 
 
@@ -110,6 +132,157 @@ class ProvisionerError(Exception):
 
     def __hash__(self) -> int:
         return hash((self.code, self.description))
+
+
+class WatchStoppedError(Exception):
+    """The connection of watch_plan closed while it watched a node's key of
+    the plans bucket."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(f"{SERVICE_NAME}: the watcher of {node}'s plan (key {node} of {PLANS_BUCKET}) stopped")
+        self.node = node
+
+
+class _KeyWatcher:
+    """Watches one key of a KV bucket: the key's last value, then each new
+    one, through an ordered push consumer (no acks, flow control and idle
+    heartbeats) filtered on the key.
+
+    nats-py's KV watcher asks for its consumer on
+    $JS.API.CONSUMER.CREATE.<stream> and asks for the consumer's info, which
+    a node's permissions do not grant (docs/security.md): they grant
+    $JS.API.CONSUMER.CREATE.<stream>.<name>.<filter> with the filter its own
+    key, and $JS.FC.<stream>.> for flow control. This watcher asks there
+    only. A gap in the consumer's sequence or heartbeats missed make a new
+    consumer, from the key's last value again; a consumer left behind (a
+    node may not delete one) is removed by the server once idle."""
+
+    _HEARTBEAT = 5.0  # seconds between the server's idle heartbeats
+    _MISSED = 2.5 * _HEARTBEAT  # no message at all for this long: make the consumer again
+    _INACTIVE = 300.0  # the server removes the consumer after this long without interest
+    _RETRY_MAX = 2.0
+
+    def __init__(self, nc: NATS, bucket: str, key: str, timeout: float) -> None:
+        self._nc = nc
+        self._stream = f"KV_{bucket}"
+        self._filter = f"$KV.{bucket}.{key}"
+        self._timeout = timeout
+        self._nuid = NUID()
+        self._sub: Subscription | None = None
+        self._generation = 0
+        self._consumer_seq = 0
+        # Values put (bytes), None for a removal, False when the consumer must be made again.
+        self._queue: asyncio.Queue[bytes | None | bool] = asyncio.Queue()
+
+    async def start(self) -> None:
+        """Makes the consumer; raises when the server refuses it."""
+        await self._create()
+
+    async def stop(self) -> None:
+        """Stops delivery (the consumer itself idles out on the server)."""
+        sub, self._sub = self._sub, None
+        self._generation += 1
+        if sub is not None and not self._nc.is_closed:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def next_put(self) -> bytes | None:
+        """The next value put to the key (its current one first); None once
+        the connection is closed."""
+        retry = _WATCH_RETRY_MIN
+        loop = asyncio.get_running_loop()
+        heard = loop.time()
+        while True:
+            if self._nc.is_closed:
+                return None
+            try:  # a second at most, to notice a closed connection
+                item = await asyncio.wait_for(self._queue.get(), 1.0)
+            except TimeoutError:
+                if loop.time() - heard < self._MISSED:
+                    continue
+                item = False  # not even a heartbeat
+            heard = loop.time()
+            if isinstance(item, bytes):
+                return item
+            if item is None or item is True:
+                continue  # removed (the plan is what it was), or a heartbeat
+            # Lost track: a new consumer, from the key's current value.
+            if self._nc.is_closed:
+                return None
+            try:
+                await self._create()
+                retry = _WATCH_RETRY_MIN
+            except Exception:  # the server unreachable for now, or JetStream not ready: again
+                await asyncio.sleep(retry)
+                retry = min(2 * retry, self._RETRY_MAX)
+                self._queue.put_nowait(False)
+
+    async def _create(self) -> None:
+        old = self._sub
+        inbox = self._nc.new_inbox()
+        self._generation += 1
+        generation = self._generation
+
+        async def on_msg(msg: Msg) -> None:
+            if generation == self._generation:  # not a consumer's made before
+                await self._on_msg(msg)
+
+        self._sub = await self._nc.subscribe(inbox, cb=on_msg)
+        self._consumer_seq = 0
+        while not self._queue.empty():  # the old consumer's, if any
+            self._queue.get_nowait()
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        name = self._nuid.next().decode()
+        config = {
+            "name": name,
+            "deliver_subject": inbox,
+            "deliver_policy": "last_per_subject",
+            "filter_subject": self._filter,
+            "ack_policy": "none",
+            "max_deliver": 1,
+            "flow_control": True,
+            "idle_heartbeat": int(self._HEARTBEAT * 1e9),
+            "inactive_threshold": int(self._INACTIVE * 1e9),
+            "mem_storage": True,
+            "num_replicas": 1,
+        }
+        reply = await self._nc.request(
+            f"$JS.API.CONSUMER.CREATE.{self._stream}.{name}.{self._filter}",
+            json.dumps({"stream_name": self._stream, "config": config}).encode(),
+            timeout=self._timeout,
+        )
+        answer = json.loads(reply.data or b"{}")
+        if "error" in answer:
+            error = answer["error"]
+            raise RuntimeError(f"watch {self._filter}: consumer refused: {error.get('code')} {error.get('description')}")
+
+    async def _on_msg(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        if headers.get("Status") == "100":
+            if msg.reply:  # flow control
+                await self._nc.publish(msg.reply, b"")
+            stalled = headers.get("Nats-Consumer-Stalled")
+            if stalled:
+                await self._nc.publish(stalled, b"")
+            last = headers.get("Nats-Last-Consumer")
+            if last is not None and int(last) != self._consumer_seq:
+                self._queue.put_nowait(False)  # missed some
+            else:
+                self._queue.put_nowait(True)  # alive
+            return
+        if not msg.reply:
+            return
+        consumer_seq = msg.metadata.sequence.consumer
+        if consumer_seq != self._consumer_seq + 1:
+            self._queue.put_nowait(False)
+            return
+        self._consumer_seq = consumer_seq
+        if "KV-Operation" in headers or "Nats-Marker-Reason" in headers:
+            self._queue.put_nowait(None)
+        else:
+            self._queue.put_nowait(msg.data)
 
 
 def error_of(headers: dict[str, str] | None) -> ProvisionerError | None:
@@ -319,6 +492,78 @@ class ProvisionerClient:
         """Returns the whole composition, its pages joined (see join_compose_pages)."""
         return join_compose_pages([page async for page in self.compose_pages(request, timeout=timeout)])
 
+    async def watch_plan(
+        self, node: str, *, timeout: float | None = None
+    ) -> AsyncGenerator[ComposeResponse, None]:
+        """Yields the composition of a node, whole (its pages joined, as
+        compose_all returns it), then a new one each time the node's plan
+        changes: each yielded composition's plan_digest differs from the one
+        before. The seat's holder keeps every node's digest in the bucket
+        PLANS_BUCKET (key <node>, a PlanDigest with the revisions it was
+        composed at); this watches the node's key there (through an ordered
+        consumer made on the subject a node's permissions grant, which
+        nats-py's own KV watcher does not use), and on each new digest composes with min_revisions set to the
+        digest's revisions, so the composition is at least as new. Nothing
+        changed costs no request::
+
+            async with contextlib.aclosing(client.watch_plan("ace")) as plans:
+                async for plan in plans:
+                    await apply(plan)
+
+        Stop it by leaving the loop (aclosing closes the generator at once;
+        without it, the event loop does when the generator is collected) or
+        by cancelling the task that iterates; either way the watcher is
+        stopped. A 503 (the server's copy loading, or behind the digest's
+        revisions) is asked again, backing off from 0.1 s to 2 s. A watcher
+        that misses a message or its heartbeats (a reconnect, the server
+        restarted) is made again, and delivers the key's value anew: no
+        change is missed.
+
+        Raises ProvisionerError when a composition is refused otherwise than
+        with a 503, WatchStoppedError when the connection closes, and
+        nats-py's errors when the bucket cannot be watched or a request
+        fails (TimeoutError)."""
+        watcher = _KeyWatcher(self._nc, PLANS_BUCKET, node, self._timeout if timeout is None else timeout)
+        await watcher.start()
+        try:
+            composition = await self._compose_at(node, None, timeout)
+            last = composition.plan_digest
+            yield composition
+            while True:
+                value = await watcher.next_put()
+                if value is None:
+                    raise WatchStoppedError(node)
+                digest = PlanDigest()
+                try:
+                    digest.ParseFromString(value)
+                except DecodeError:
+                    continue  # not a digest: the next write will be
+                if digest.digest == last:
+                    continue
+                composition = await self._compose_at(node, digest.revisions, timeout)
+                if composition.plan_digest == last:
+                    continue
+                last = composition.plan_digest
+                yield composition
+        finally:
+            await watcher.stop()
+
+    async def _compose_at(self, node: str, least: Revisions | None, timeout: float | None) -> ComposeResponse:
+        """The whole composition of node, at least as new as least; a 503 is
+        asked again, backing off."""
+        request = ComposeRequest(node=node)
+        if least is not None:
+            request.min_revisions.CopyFrom(least)
+        retry = _WATCH_RETRY_MIN
+        while True:
+            try:
+                return await self.compose_all(request, timeout=timeout)
+            except ProvisionerError as err:
+                if err.code != 503:
+                    raise
+            await asyncio.sleep(retry)
+            retry = min(2 * retry, _WATCH_RETRY_MAX)
+
     async def _call(self, subject: str, request: Message, answer: _Answer, timeout: float | None) -> _Answer:
         reply = await self._nc.request(
             subject,
@@ -394,8 +639,10 @@ def join_provisioning_pages(pages: list[ProvisioningResponse]) -> ProvisioningRe
 def join_compose_pages(pages: list[ComposeResponse]) -> ComposeResponse:
     """Joins the pages of a composition, in order, into one: plans,
     provisions and refusals concatenated, a plan that continues the previous
-    page's last module merged into it; phases are the first page's,
-    revisions the last page's."""
+    page's last module merged into it (its wanted_build and newest_build
+    those of the page it starts on); phases are the first page's, revisions
+    and plan_digest the last page's (every page carries the whole
+    composition's digest). The pages are left as they came."""
     whole = ComposeResponse()
     for page in pages:
         plans = list(page.plans)
@@ -407,6 +654,7 @@ def join_compose_pages(pages: list[ComposeResponse]) -> ComposeResponse:
             whole.phases.extend(page.phases)
         whole.node, whole.module = page.node, page.module
         whole.revisions.CopyFrom(page.revisions)
+        whole.plan_digest = page.plan_digest  # every page's is the whole composition's
     return whole
 
 
