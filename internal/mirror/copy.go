@@ -13,9 +13,12 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
 
-// Entry is one key of a bucket as the copy holds it: its decoded record or,
-// for a key out of the bucket's shape, the report of it. Entries are shared
-// by every answer that reads them, and never changed.
+// Entry is one key of a bucket as a read of the copy sees it: its decoded
+// record or, for a key out of the bucket's shape, the report of it. Entries
+// are shared by every answer that reads them, and never changed. The copy
+// holds a well-formed key as its bytes alone (see slot): its entry is made
+// when a read asks for its group, and kept while the group is unchanged and
+// among the groups read last (viewLimit).
 type Entry[R proto.Message] struct {
 	Key string
 	// Record is the decoded value; the zero R when Malformed is set.
@@ -35,14 +38,27 @@ type Entry[R proto.Message] struct {
 // Tokens returns the key's tokens: what filters read of a malformed key.
 func (e *Entry[R]) Tokens() []string { return strings.Split(e.Key, ".") }
 
+// slot is a well-formed key held: the value's bytes, a window on the one
+// string that holds the key and then the value, and its revision. About 70
+// bytes a key with its share of the map, against some 400 for the decoded
+// records; values are decoded when a group is read (Copy.Group).
+type slot struct {
+	value    string
+	revision uint64
+}
+
 // group holds the keys that share a first token: a node's keys, or one kind
 // of the registry.
 type group[R proto.Message] struct {
-	byKey map[string]*Entry[R]
-	// held and bytes count the keys held and their values' size, which
-	// the budget bounds.
-	held, bytes int
-	// malformed counts the keys of byKey reported as malformed (out of
+	// held are the well-formed keys held, by key (a window on the same
+	// string as the slot's value); odd are the others, malformed or over
+	// the budget, each with its entry.
+	held map[string]slot
+	odd  map[string]*Entry[R]
+	// kept and bytes count the keys held (of held, and of odd the
+	// malformed values) and their values' size, which the budget bounds.
+	kept, bytes int
+	// malformed counts the keys of odd reported as malformed (out of
 	// shape, or over the budget): the others are records.
 	malformed int
 	// refused are the keys over the budget that are not even listed (past
@@ -59,20 +75,38 @@ type group[R proto.Message] struct {
 	// revisions, generations never repeat, even when a new watcher brings
 	// older revisions again.
 	gen uint64
-	// sorted is the group in key order, built on the first read after a
-	// change; nil while stale.
-	sorted atomic.Pointer[[]*Entry[R]]
+	// order is the keys of held and odd in key order, made on the first
+	// read and then kept in order as keys come and go; nil until then. A
+	// reader sets it under the copy's read lock, a writer changes it under
+	// the write lock.
+	order atomic.Pointer[[]string]
+	// view is the group's entries in key order, made on the first read
+	// after a change; nil while stale or dropped to bound the memory.
+	view atomic.Pointer[[]*Entry[R]]
 }
 
+func newGroup[R proto.Message]() *group[R] {
+	return &group[R]{held: map[string]slot{}}
+}
+
+// listed returns how many keys the group lists: held, or reported.
+func (g *group[R]) listed() int { return len(g.held) + len(g.odd) }
+
 // Copy is the watched copy of one bucket, grouped by the key's first token.
-// Records are decoded once, as they arrive.
+// Each value is checked as it arrives (a key out of shape, or a value that
+// does not decode, is reported as malformed), held as its bytes, and
+// decoded when its group is read.
 type Copy[R proto.Message] struct {
 	bucket string
 	decode func(key string, value []byte, revision uint64) (R, error)
-	loaded chan struct{} // closed once the first watcher's initial values are in
-	ready  atomic.Bool   // loaded, as one atomic load
-	once   sync.Once
-	behind atomic.Bool // a watcher is catching up: the copy may lag the bucket
+	// recordsOf returns what decodes n values that decode accepted, for one
+	// view: it may read them in place, keep windows on them and on their
+	// keys, and allocate the n records at once.
+	recordsOf func(n int) func(key, value string, revision uint64) R
+	loaded    chan struct{} // closed once the first watcher's initial values are in
+	ready     atomic.Bool   // loaded, as one atomic load
+	once      sync.Once
+	behind    atomic.Bool // a watcher is catching up: the copy may lag the bucket
 
 	mu       sync.RWMutex
 	groups   map[string]*group[R]
@@ -88,9 +122,8 @@ type Copy[R proto.Message] struct {
 	// waited says a WaitFor holds advanced: only then is it closed and
 	// made anew, not for every change of a loading copy.
 	waited atomic.Bool
-	// all is every entry in key order, built on the first unfiltered read
-	// after a change; nil while stale.
-	all atomic.Pointer[[]*Entry[R]]
+	// views bounds the groups' views kept.
+	views viewCache
 
 	// budget bounds what one group (one node) may hold; onBudget hears
 	// when a group goes over it or comes back under.
@@ -105,12 +138,25 @@ type Copy[R proto.Message] struct {
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
 func NewCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error)) *Copy[R] {
+	return newCopy(bucket, decode, func(int) func(key, value string, revision uint64) R {
+		return func(key, value string, revision uint64) R {
+			r, _ := decode(key, []byte(value), revision)
+			return r
+		}
+	})
+}
+
+// newCopy returns an empty copy whose views decode with recordsOf, faster
+// than decode, the values decode accepted.
+func newCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error), recordsOf func(n int) func(key, value string, revision uint64) R) *Copy[R] {
 	return &Copy[R]{
-		bucket:   bucket,
-		decode:   decode,
-		loaded:   make(chan struct{}),
-		groups:   map[string]*group[R]{},
-		advanced: make(chan struct{}),
+		bucket:    bucket,
+		decode:    decode,
+		recordsOf: recordsOf,
+		views:     viewCache{limit: viewLimit},
+		loaded:    make(chan struct{}),
+		groups:    map[string]*group[R]{},
+		advanced:  make(chan struct{}),
 
 		readmitWanted: make(chan struct{}, 1),
 	}
@@ -165,20 +211,27 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // Apply takes one change into the copy: a put, or a delete or purge. One
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
-	var e *Entry[R]
+	first, _, _ := strings.Cut(key, ".")
+	var odd *Entry[R]
+	var held slot
 	if !deleted {
 		// The key given is often a window on a longer string (a message's
-		// subject): the copy holds a key of its own, and the record's parts
-		// are windows on it.
-		key = strings.Clone(key)
-	}
-	first, _, _ := strings.Cut(key, ".")
-	if !deleted {
+		// subject): the copy holds a string of its own, the key then the
+		// value, and what it reads of either is a window on it.
 		if c.fits(first, key, len(value)) {
-			e = c.decoded(key, value, revision)
+			kv := key + string(value)
+			key = kv[:len(key)]
+			if _, err := c.decode(key, value, revision); err != nil {
+				odd = &Entry[R]{Key: key, size: int32(len(value)), revision: revision,
+					Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}}
+			} else {
+				held = slot{value: kv[len(key):], revision: revision}
+			}
 		} else {
-			e = c.overBudgetEntry(key, revision)
+			key = strings.Clone(key)
+			odd = c.overBudgetEntry(key, revision)
 		}
+		first = key[:len(first)]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -195,21 +248,21 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		if deleted {
 			return
 		}
-		g = &group[R]{byKey: map[string]*Entry[R]{}}
+		g = newGroup[R]()
 		c.groups[first] = g
 	}
 	c.gen++
 	g.changedAt, g.gen = revision, c.gen
-	if g.sorted.Load() != nil { // no needless atomic store while loading
-		g.sorted.Store(nil)
-	}
-	if c.all.Load() != nil {
-		c.all.Store(nil)
+	if g.view.Load() != nil { // no needless atomic store while loading
+		g.view.Store(nil)
 	}
 	records, malformed := g.counts()
 	freed := g.remove(key)
-	if e != nil {
-		g.add(key, e)
+	switch {
+	case odd != nil:
+		g.addOdd(key, odd)
+	case !deleted:
+		g.addHeld(key, held)
 	}
 	c.recount(g, records, malformed)
 	if freed {
@@ -225,7 +278,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 
 // counts returns the group's records and malformed keys listed.
 func (g *group[R]) counts() (records, malformed int) {
-	return len(g.byKey) - g.malformed, g.malformed
+	return g.listed() - g.malformed, g.malformed
 }
 
 // recount takes a group's change into the copy's counts: records and
@@ -249,9 +302,20 @@ func (c *Copy[R]) Counts() (records, malformed, groups int, revision uint64) {
 // remove takes key out of the group, held, listed or refused, and reports
 // whether it was held: its room under the budget is free now.
 func (g *group[R]) remove(key string) (held bool) {
-	if old := g.byKey[key]; old != nil {
+	if old, ok := g.held[key]; ok {
+		delete(g.held, key)
+		g.kept--
+		g.bytes -= len(old.value)
+		g.unorder(key)
+		if old.revision == g.oldest {
+			g.oldest = 0
+		}
+		return true
+	}
+	if old := g.odd[key]; old != nil {
 		g.forget(old)
-		delete(g.byKey, key)
+		delete(g.odd, key)
+		g.unorder(key)
 		if old.revision == g.oldest {
 			g.oldest = 0
 		}
@@ -267,44 +331,71 @@ func (g *group[R]) remove(key string) (held bool) {
 	return false
 }
 
-// add puts an entry in the group: held, listed as over the budget, or, once
-// maxListedOverBudget are listed, refused (counted, not listed: the listing
-// is bounded too).
-func (g *group[R]) add(key string, e *Entry[R]) {
-	if g.oldest != 0 || g.empty() {
-		g.oldest = min(g.oldest-1, e.revision-1) + 1 // zero is unknown: taken as the highest
-	}
-	if e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget {
+// addHeld holds a well-formed key.
+func (g *group[R]) addHeld(key string, s slot) {
+	g.seen(s.revision)
+	g.held[key] = s
+	g.kept++
+	g.bytes += len(s.value)
+	g.reorder(key)
+}
+
+// addOdd puts the entry of a key malformed or over the budget in the group:
+// listed, or, once maxListedOverBudget are listed, refused (counted, not
+// listed: the listing is bounded too).
+func (g *group[R]) addOdd(key string, e *Entry[R]) {
+	g.seen(e.revision)
+	if e.overBudget && g.listed()-g.kept >= maxListedOverBudget {
 		if g.refused == nil {
 			g.refused = map[uint64]uint64{}
 		}
 		g.refused[refusedHash(key)] = e.Malformed.GetRevision()
 		return
 	}
-	g.byKey[key] = e
+	if g.odd == nil {
+		g.odd = map[string]*Entry[R]{}
+	}
+	g.odd[key] = e
 	if e.Malformed != nil {
 		g.malformed++
 	}
 	if !e.overBudget {
-		g.held++
+		g.kept++
 		g.bytes += int(e.size)
+	}
+	g.reorder(key)
+}
+
+// seen takes a new key's revision into the group's oldest.
+func (g *group[R]) seen(revision uint64) {
+	if g.oldest != 0 || g.empty() {
+		g.oldest = min(g.oldest-1, revision-1) + 1 // zero is unknown: taken as the highest
+	}
+}
+
+// reorder puts a key new to the group in its order, if the order is made.
+// The caller holds the copy's write lock.
+func (g *group[R]) reorder(key string) {
+	if p := g.order.Load(); p != nil {
+		i, _ := slices.BinarySearch(*p, key)
+		order := slices.Insert(*p, i, key)
+		g.order.Store(&order)
+	}
+}
+
+// unorder takes a key that left the group out of its order, if the order
+// is made. The caller holds the copy's write lock.
+func (g *group[R]) unorder(key string) {
+	if p := g.order.Load(); p != nil {
+		if i, found := slices.BinarySearch(*p, key); found {
+			order := slices.Delete(*p, i, i+1)
+			g.order.Store(&order)
+		}
 	}
 }
 
 // empty reports whether the group holds, lists and refuses nothing.
-func (g *group[R]) empty() bool { return len(g.byKey) == 0 && len(g.refused) == 0 }
-
-// decoded returns the entry of a key held in the copy.
-func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
-	e := &Entry[R]{Key: key, size: int32(len(value)), revision: revision}
-	record, err := c.decode(key, value, revision)
-	if err != nil {
-		e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
-	} else {
-		e.Record = record
-	}
-	return e
-}
+func (g *group[R]) empty() bool { return g.listed() == 0 && len(g.refused) == 0 }
 
 // keepOnly drops the keys not in live: they were deleted while no watcher
 // ran.
@@ -314,15 +405,22 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 	liveRefused := c.liveRefused(live)
 	for first, g := range c.groups {
 		records, malformed := g.counts()
-		for key, e := range g.byKey {
+		var gone []string
+		for key := range g.held {
 			if !live[key] {
-				g.forget(e)
-				delete(g.byKey, key)
-				g.sorted.Store(nil)
-				c.all.Store(nil)
-				c.gen++
-				g.changedAt, g.gen = c.revision, c.gen
+				gone = append(gone, key)
 			}
+		}
+		for key := range g.odd {
+			if !live[key] {
+				gone = append(gone, key)
+			}
+		}
+		for _, key := range gone {
+			g.remove(key)
+			g.view.Store(nil)
+			c.gen++
+			g.changedAt, g.gen = c.revision, c.gen
 		}
 		for h := range g.refused {
 			if _, ok := liveRefused[h]; !ok {
@@ -358,23 +456,50 @@ func (c *Copy[R]) liveRefused(live map[string]bool) map[uint64]struct{} {
 	return out
 }
 
-// sortedOf returns a group's entries in key order, sorting them if they
-// changed. The caller holds c.mu for reading; concurrent readers may sort
+// orderOf returns the group's keys in key order, sorting them the first
+// time. The caller holds c.mu for reading; concurrent readers may sort
 // twice, harmlessly.
-func (g *group[R]) sortedOf() []*Entry[R] {
-	if s := g.sorted.Load(); s != nil {
-		return *s
+func (g *group[R]) orderOf() []string {
+	if p := g.order.Load(); p != nil {
+		return *p
 	}
-	s := make([]*Entry[R], 0, len(g.byKey))
-	for _, e := range g.byKey {
-		s = append(s, e)
+	order := make([]string, 0, g.listed())
+	for key := range g.held {
+		order = append(order, key)
 	}
-	slices.SortFunc(s, byKey)
-	g.sorted.Store(&s)
-	return s
+	for key := range g.odd {
+		order = append(order, key)
+	}
+	slices.Sort(order)
+	g.order.CompareAndSwap(nil, &order)
+	return order
 }
 
-func byKey[R proto.Message](a, b *Entry[R]) int { return cmp.Compare(a.Key, b.Key) }
+// viewOf returns the group's entries in key order, decoding the values held
+// if they changed since the last read; keep says the view is kept for the
+// next reads. The caller holds c.mu for reading.
+func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
+	if v := g.view.Load(); v != nil {
+		return *v
+	}
+	order := g.orderOf()
+	made := make([]Entry[R], 0, len(order)-len(g.odd))
+	record := c.recordsOf(cap(made))
+	view := make([]*Entry[R], len(order))
+	for i, key := range order {
+		if e := g.odd[key]; e != nil {
+			view[i] = e
+			continue
+		}
+		s := g.held[key]
+		made = append(made, Entry[R]{Key: key, Record: record(key, s.value, s.revision), size: int32(len(s.value)), revision: s.revision})
+		view[i] = &made[len(made)-1]
+	}
+	if keep && g.view.CompareAndSwap(nil, &view) {
+		c.views.kept(g, &view, len(view))
+	}
+	return view
+}
 
 // Group returns the entries whose key's first token is first, in key order,
 // the revision of the group's last change, and the copy's revision.
@@ -382,29 +507,25 @@ func (c *Copy[R]) Group(first string) (entries []*Entry[R], changedAt, revision 
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if g := c.groups[first]; g != nil {
-		entries, changedAt = g.sortedOf(), g.changedAt
+		entries, changedAt = c.viewOf(g, true), g.changedAt
 	}
 	return entries, changedAt, c.revision
 }
 
 // All returns every entry of the copy in key order, and the copy's revision.
-// The order is built once after each change and shared by later reads; it
-// is built outside the lock, which the watcher needs.
+// The groups' views it makes are not kept: every group's would be the whole
+// copy decoded.
 func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	c.mu.RLock()
-	if s := c.all.Load(); s != nil {
-		defer c.mu.RUnlock()
-		return *s, c.revision
-	}
 	groups := make([][]*Entry[R], 0, len(c.groups))
 	n := 0
 	for _, g := range c.groups {
-		if s := g.sortedOf(); len(s) > 0 {
+		if s := c.viewOf(g, false); len(s) > 0 {
 			groups = append(groups, s)
 			n += len(s)
 		}
 	}
-	gen, revision := c.gen, c.revision
+	revision = c.revision
 	c.mu.RUnlock()
 
 	// Groups' well-formed keys never interleave (each starts with the
@@ -419,13 +540,10 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	if !slices.IsSortedFunc(all, byKey) {
 		slices.SortFunc(all, byKey)
 	}
-	c.mu.Lock()
-	if c.gen == gen { // nothing changed meanwhile: later reads share it
-		c.all.Store(&all)
-	}
-	c.mu.Unlock()
 	return all, revision
 }
+
+func byKey[R proto.Message](a, b *Entry[R]) int { return cmp.Compare(a.Key, b.Key) }
 
 // liveKeys returns how many keys the copy has (held, listed or refused
 // over a budget), each a message of the bucket, the least of their
@@ -435,7 +553,7 @@ func (c *Copy[R]) liveKeys() (n int, oldest, revision uint64) {
 	defer c.mu.Unlock()
 	revision = c.revision
 	for _, g := range c.groups {
-		n += len(g.byKey) + len(g.refused)
+		n += g.listed() + len(g.refused)
 		if o := g.oldestOf(); o > 0 && (oldest == 0 || o < oldest) {
 			oldest = o
 		}
@@ -448,15 +566,19 @@ func (c *Copy[R]) liveKeys() (n int, oldest, revision uint64) {
 func (g *group[R]) oldestOf() uint64 {
 	if g.oldest == 0 && !g.empty() {
 		o := uint64(0)
-		for _, e := range g.byKey {
-			if o == 0 || e.revision < o {
-				o = e.revision
-			}
-		}
-		for _, revision := range g.refused {
+		least := func(revision uint64) {
 			if o == 0 || revision < o {
 				o = revision
 			}
+		}
+		for _, s := range g.held {
+			least(s.revision)
+		}
+		for _, e := range g.odd {
+			least(e.revision)
+		}
+		for _, revision := range g.refused {
+			least(revision)
 		}
 		g.oldest = o
 	}
@@ -468,7 +590,7 @@ func (c *Copy[R]) Empty() bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for _, g := range c.groups {
-		if len(g.byKey) > 0 {
+		if g.listed() > 0 {
 			return false
 		}
 	}
@@ -520,9 +642,60 @@ func (c *Copy[R]) Get(first, key string) (R, bool) {
 	if g == nil {
 		return zero, false
 	}
-	e := g.byKey[key]
-	if e == nil || e.Malformed != nil {
+	view := c.viewOf(g, true)
+	i, found := slices.BinarySearchFunc(view, key, func(e *Entry[R], key string) int { return cmp.Compare(e.Key, key) })
+	if !found || view[i].Malformed != nil {
 		return zero, false
 	}
-	return e.Record, true
+	return view[i].Record, true
+}
+
+// viewLimit bounds the entries of the views a copy keeps: about 350 bytes
+// an entry decoded, some 20 MiB whatever the mesh's size, for the groups
+// read last (a node composed again while unchanged decodes nothing).
+const viewLimit = 1 << 16
+
+// viewCache remembers the views kept, the first kept first, and drops the
+// oldest when they hold more than limit entries (zero: no limit). A view
+// that went stale still counts until its turn comes: the bound is on what
+// was decoded lately, which is never less than what is kept.
+type viewCache struct {
+	limit int
+	mu    sync.Mutex
+	queue []keptView
+	held  int
+}
+
+type keptView struct {
+	drop func()
+	n    int
+}
+
+// kept records that g keeps view, and drops the oldest views over the
+// limit.
+func (v *viewCache) kept(g interface{ dropView(any) }, view any, n int) {
+	if v.limit <= 0 {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.queue = append(v.queue, keptView{drop: func() { g.dropView(view) }, n: n})
+	v.held += n
+	for v.held > v.limit && len(v.queue) > 1 {
+		old := v.queue[0]
+		v.queue[0] = keptView{}
+		v.queue = v.queue[1:]
+		v.held -= old.n
+		old.drop()
+	}
+	if cap(v.queue) > 64 && len(v.queue) < cap(v.queue)/4 {
+		v.queue = slices.Clone(v.queue)
+	}
+}
+
+// dropView forgets the group's view if it is still view.
+func (g *group[R]) dropView(view any) {
+	if p, ok := view.(*[]*Entry[R]); ok {
+		g.view.CompareAndSwap(p, nil)
+	}
 }

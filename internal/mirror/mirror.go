@@ -18,9 +18,11 @@ type Mirror struct {
 
 // New returns an empty mirror.
 func New() *Mirror {
+	registry := NewCopy(keys.RegistryBucket, decodeRegistry)
+	registry.views.limit = 0 // a few dozen kinds, read by every composition
 	return &Mirror{
-		Registry: NewCopy(keys.RegistryBucket, decodeRegistry),
-		Needs:    NewCopy(keys.NeedsBucket, decodeNeed),
+		Registry: registry,
+		Needs:    newCopy(keys.NeedsBucket, decodeNeed, needRecords),
 		Applied:  NewCopy(keys.AppliedBucket, decodeApplied),
 		Collect:  NewCopy(keys.CollectBucket, decodeCollect),
 	}
