@@ -99,6 +99,9 @@ func (g *group[R]) listed() int { return len(g.held) + len(g.odd) }
 type Copy[R proto.Message] struct {
 	bucket string
 	decode func(key string, value []byte, revision uint64) (R, error)
+	// check says why a value arriving is malformed, or nil: what decode
+	// says, without keeping what it decodes.
+	check func(key, value string) error
 	// recordsOf returns what decodes n values that decode accepted, for one
 	// view: it may read them in place, keep windows on them and on their
 	// keys, and allocate the n records at once.
@@ -138,12 +141,17 @@ type Copy[R proto.Message] struct {
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
 func NewCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error)) *Copy[R] {
-	return newCopy(bucket, decode, func(int) func(key, value string, revision uint64) R {
+	c := newCopy(bucket, decode, func(int) func(key, value string, revision uint64) R {
 		return func(key, value string, revision uint64) R {
 			r, _ := decode(key, []byte(value), revision)
 			return r
 		}
 	})
+	c.check = func(key, value string) error {
+		_, err := decode(key, []byte(value), 0)
+		return err
+	}
+	return c
 }
 
 // newCopy returns an empty copy whose views decode with recordsOf, faster
@@ -221,7 +229,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		if c.fits(first, key, len(value)) {
 			kv := key + string(value)
 			key = kv[:len(key)]
-			if _, err := c.decode(key, value, revision); err != nil {
+			if err := c.check(key, kv[len(key):]); err != nil {
 				odd = &Entry[R]{Key: key, size: int32(len(value)), revision: revision,
 					Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}}
 			} else {

@@ -102,6 +102,21 @@ func needRecords(n int) func(key, value string, revision uint64) *provisionerv1.
 	}
 }
 
+// checkNeed says why a need is malformed, as decodeNeed would, without
+// allocating for a well-formed one: most keys of a mesh are needs, all
+// checked as they arrive.
+func checkNeed(key, value string) error {
+	if _, err := keys.ParseNeedKey(key); err != nil {
+		return err
+	}
+	var need provisionerv1.Need
+	if readNeed(value, &need) {
+		return nil // what readNeed reads, proto.Unmarshal accepts
+	}
+	_, err := decodeNeed(key, []byte(value), 0)
+	return err
+}
+
 // needKeyOf returns the parts of a need key that keys.ParseNeedKey has
 // accepted, without checking its tokens again.
 func needKeyOf(key string) (keys.NeedKey, bool) {

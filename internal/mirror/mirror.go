@@ -20,9 +20,11 @@ type Mirror struct {
 func New() *Mirror {
 	registry := NewCopy(keys.RegistryBucket, decodeRegistry)
 	registry.views.limit = 0 // a few dozen kinds, read by every composition
+	needs := newCopy(keys.NeedsBucket, decodeNeed, needRecords)
+	needs.check = checkNeed
 	return &Mirror{
 		Registry: registry,
-		Needs:    newCopy(keys.NeedsBucket, decodeNeed, needRecords),
+		Needs:    needs,
 		Applied:  NewCopy(keys.AppliedBucket, decodeApplied),
 		Collect:  NewCopy(keys.CollectBucket, decodeCollect),
 	}
