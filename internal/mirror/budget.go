@@ -58,8 +58,8 @@ func (c *Copy[R]) fits(first, key string, size int) bool {
 	keys, bytes := 1, size
 	if g := c.groups[first]; g != nil {
 		keys, bytes = g.kept+1, g.bytes+size
-		if old, ok := g.held[key]; ok {
-			keys, bytes = keys-1, bytes-len(old.value)
+		if i := g.find(key); i >= 0 {
+			keys, bytes = keys-1, bytes-len(g.slots[i].value())
 		} else if old := g.odd[key]; old != nil && !old.overBudget {
 			keys, bytes = keys-1, bytes-int(old.size)
 		}

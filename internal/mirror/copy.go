@@ -38,24 +38,37 @@ type Entry[R proto.Message] struct {
 // Tokens returns the key's tokens: what filters read of a malformed key.
 func (e *Entry[R]) Tokens() []string { return strings.Split(e.Key, ".") }
 
-// slot is a well-formed key held: the value's bytes, a window on the one
-// string that holds the key and then the value, and its revision. About 70
-// bytes a key with its share of the map, against some 400 for the decoded
+// slot is a well-formed key held: one string, the key then the value, and
+// the value's revision. With its share of the group's slice, some 120
+// bytes a key on a mesh of small values, against some 440 for the decoded
 // records; values are decoded when a group is read (Copy.Group).
 type slot struct {
-	value    string
+	kv       string
+	keyLen   int32
 	revision uint64
 }
+
+func (s slot) key() string   { return s.kv[:s.keyLen] }
+func (s slot) value() string { return s.kv[s.keyLen:] }
+
+func bySlotKey(a, b slot) int { return strings.Compare(a.key(), b.key()) }
+
+// maxTail bounds the keys a group takes out of order while its copy
+// loads: past it they are sorted into the others. A key is then found by a
+// binary search and a short scan, and a load in any order costs a merge
+// every maxTail keys rather than a move of half the group every key.
+const maxTail = 32
 
 // group holds the keys that share a first token: a node's keys, or one kind
 // of the registry.
 type group[R proto.Message] struct {
-	// held are the well-formed keys held, by key (a window on the same
-	// string as the slot's value); odd are the others, malformed or over
-	// the budget, each with its entry.
-	held map[string]slot
-	odd  map[string]*Entry[R]
-	// kept and bytes count the keys held (of held, and of odd the
+	// slots are the well-formed keys held: in key order up to sorted, then
+	// (while the copy loads) at most maxTail in the order they came. odd
+	// are the others, malformed or over the budget, each with its entry.
+	slots  []slot
+	sorted int
+	odd    map[string]*Entry[R]
+	// kept and bytes count the keys held (of slots, and of odd the
 	// malformed values) and their values' size, which the budget bounds.
 	kept, bytes int
 	// malformed counts the keys of odd reported as malformed (out of
@@ -75,22 +88,80 @@ type group[R proto.Message] struct {
 	// revisions, generations never repeat, even when a new watcher brings
 	// older revisions again.
 	gen uint64
-	// order is the keys of held and odd in key order, made on the first
-	// read and then kept in order as keys come and go; nil until then. A
-	// reader sets it under the copy's read lock, a writer changes it under
-	// the write lock.
-	order atomic.Pointer[[]string]
 	// view is the group's entries in key order, made on the first read
 	// after a change; nil while stale or dropped to bound the memory.
 	view atomic.Pointer[[]*Entry[R]]
 }
 
-func newGroup[R proto.Message]() *group[R] {
-	return &group[R]{held: map[string]slot{}}
-}
+func newGroup[R proto.Message]() *group[R] { return &group[R]{} }
 
 // listed returns how many keys the group lists: held, or reported.
-func (g *group[R]) listed() int { return len(g.held) + len(g.odd) }
+func (g *group[R]) listed() int { return len(g.slots) + len(g.odd) }
+
+// find returns the index of key's slot, or -1.
+func (g *group[R]) find(key string) int {
+	i, found := slices.BinarySearchFunc(g.slots[:g.sorted], key, func(s slot, key string) int { return strings.Compare(s.key(), key) })
+	if found {
+		return i
+	}
+	for i := g.sorted; i < len(g.slots); i++ {
+		if g.slots[i].key() == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// insert holds a slot whose key the group does not have: in its place
+// once the copy is loaded, else at the tail, merged in when it is full.
+func (g *group[R]) insert(s slot, loaded bool) {
+	if !loaded || g.sorted < len(g.slots) {
+		g.slots = append(g.slots, s)
+		if len(g.slots)-g.sorted > maxTail || loaded {
+			g.mergeTail()
+		}
+		return
+	}
+	i, _ := slices.BinarySearchFunc(g.slots, s.key(), func(s slot, key string) int { return strings.Compare(s.key(), key) })
+	g.slots = slices.Insert(g.slots, i, s)
+	g.sorted++
+}
+
+// mergeTail sorts the tail into the slots in key order, in place.
+func (g *group[R]) mergeTail() {
+	if g.sorted == len(g.slots) {
+		return
+	}
+	tail := slices.Clone(g.slots[g.sorted:])
+	slices.SortFunc(tail, bySlotKey)
+	// From the back: the largest of the sorted part and of the tail goes
+	// last, into room the tail left.
+	i, j, k := g.sorted-1, len(tail)-1, len(g.slots)-1
+	for j >= 0 {
+		if i >= 0 && bySlotKey(g.slots[i], tail[j]) > 0 {
+			g.slots[k] = g.slots[i]
+			i--
+		} else {
+			g.slots[k] = tail[j]
+			j--
+		}
+		k--
+	}
+	g.sorted = len(g.slots)
+}
+
+// removeSlot takes out the slot at i.
+func (g *group[R]) removeSlot(i int) {
+	if i < g.sorted {
+		g.slots = slices.Delete(g.slots, i, i+1)
+		g.sorted--
+		return
+	}
+	last := len(g.slots) - 1
+	g.slots[i] = g.slots[last]
+	g.slots[last] = slot{}
+	g.slots = g.slots[:last]
+}
 
 // Copy is the watched copy of one bucket, grouped by the key's first token.
 // Each value is checked as it arrives (a key out of shape, or a value that
@@ -186,7 +257,17 @@ func (c *Copy[R]) Behind() bool { return c.behind.Load() }
 // MarkLoaded says the copy holds the bucket's initial values.
 func (c *Copy[R]) MarkLoaded() {
 	c.once.Do(func() {
+		c.mu.Lock()
+		for _, g := range c.groups {
+			g.mergeTail()
+			// The slots grew by doubling: what the load left is kept
+			// without the room it did not use.
+			if cap(g.slots) > len(g.slots)+len(g.slots)/8 {
+				g.slots = slices.Clone(g.slots)
+			}
+		}
 		c.ready.Store(true)
+		c.mu.Unlock()
 		close(c.loaded)
 	})
 }
@@ -233,7 +314,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 				odd = &Entry[R]{Key: key, size: int32(len(value)), revision: revision,
 					Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}}
 			} else {
-				held = slot{value: kv[len(key):], revision: revision}
+				held = slot{kv: kv, keyLen: int32(len(key)), revision: revision}
 			}
 		} else {
 			key = strings.Clone(key)
@@ -243,6 +324,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	loaded := c.ready.Load() // set under c.mu, once the tails are merged
 	if revision > c.revision {
 		c.revision = revision
 		c.reached.Store(revision)
@@ -270,7 +352,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	case odd != nil:
 		g.addOdd(key, odd)
 	case !deleted:
-		g.addHeld(key, held)
+		g.addHeld(held, loaded)
 	}
 	c.recount(g, records, malformed)
 	if freed {
@@ -310,11 +392,11 @@ func (c *Copy[R]) Counts() (records, malformed, groups int, revision uint64) {
 // remove takes key out of the group, held, listed or refused, and reports
 // whether it was held: its room under the budget is free now.
 func (g *group[R]) remove(key string) (held bool) {
-	if old, ok := g.held[key]; ok {
-		delete(g.held, key)
+	if i := g.find(key); i >= 0 {
+		old := g.slots[i]
+		g.removeSlot(i)
 		g.kept--
-		g.bytes -= len(old.value)
-		g.unorder(key)
+		g.bytes -= len(old.value())
 		if old.revision == g.oldest {
 			g.oldest = 0
 		}
@@ -323,7 +405,6 @@ func (g *group[R]) remove(key string) (held bool) {
 	if old := g.odd[key]; old != nil {
 		g.forget(old)
 		delete(g.odd, key)
-		g.unorder(key)
 		if old.revision == g.oldest {
 			g.oldest = 0
 		}
@@ -340,12 +421,11 @@ func (g *group[R]) remove(key string) (held bool) {
 }
 
 // addHeld holds a well-formed key.
-func (g *group[R]) addHeld(key string, s slot) {
+func (g *group[R]) addHeld(s slot, loaded bool) {
 	g.seen(s.revision)
-	g.held[key] = s
+	g.insert(s, loaded)
 	g.kept++
-	g.bytes += len(s.value)
-	g.reorder(key)
+	g.bytes += len(s.value())
 }
 
 // addOdd puts the entry of a key malformed or over the budget in the group:
@@ -371,34 +451,12 @@ func (g *group[R]) addOdd(key string, e *Entry[R]) {
 		g.kept++
 		g.bytes += int(e.size)
 	}
-	g.reorder(key)
 }
 
 // seen takes a new key's revision into the group's oldest.
 func (g *group[R]) seen(revision uint64) {
 	if g.oldest != 0 || g.empty() {
 		g.oldest = min(g.oldest-1, revision-1) + 1 // zero is unknown: taken as the highest
-	}
-}
-
-// reorder puts a key new to the group in its order, if the order is made.
-// The caller holds the copy's write lock.
-func (g *group[R]) reorder(key string) {
-	if p := g.order.Load(); p != nil {
-		i, _ := slices.BinarySearch(*p, key)
-		order := slices.Insert(*p, i, key)
-		g.order.Store(&order)
-	}
-}
-
-// unorder takes a key that left the group out of its order, if the order
-// is made. The caller holds the copy's write lock.
-func (g *group[R]) unorder(key string) {
-	if p := g.order.Load(); p != nil {
-		if i, found := slices.BinarySearch(*p, key); found {
-			order := slices.Delete(*p, i, i+1)
-			g.order.Store(&order)
-		}
 	}
 }
 
@@ -414,9 +472,9 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 	for first, g := range c.groups {
 		records, malformed := g.counts()
 		var gone []string
-		for key := range g.held {
-			if !live[key] {
-				gone = append(gone, key)
+		for _, sl := range g.slots {
+			if !live[sl.key()] {
+				gone = append(gone, sl.key())
 			}
 		}
 		for key := range g.odd {
@@ -464,23 +522,15 @@ func (c *Copy[R]) liveRefused(live map[string]bool) map[uint64]struct{} {
 	return out
 }
 
-// orderOf returns the group's keys in key order, sorting them the first
-// time. The caller holds c.mu for reading; concurrent readers may sort
-// twice, harmlessly.
-func (g *group[R]) orderOf() []string {
-	if p := g.order.Load(); p != nil {
-		return *p
+// inOrder returns the group's slots in key order: its slots themselves,
+// or while its copy loads a sorted copy of them.
+func (g *group[R]) inOrder() []slot {
+	if g.sorted == len(g.slots) {
+		return g.slots
 	}
-	order := make([]string, 0, g.listed())
-	for key := range g.held {
-		order = append(order, key)
-	}
-	for key := range g.odd {
-		order = append(order, key)
-	}
-	slices.Sort(order)
-	g.order.CompareAndSwap(nil, &order)
-	return order
+	s := slices.Clone(g.slots)
+	slices.SortFunc(s, bySlotKey)
+	return s
 }
 
 // viewOf returns the group's entries in key order, decoding the values held
@@ -490,19 +540,24 @@ func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
 	if v := g.view.Load(); v != nil {
 		return *v
 	}
-	order := g.orderOf()
-	made := make([]Entry[R], 0, len(order)-len(g.odd))
-	record := c.recordsOf(cap(made))
-	view := make([]*Entry[R], len(order))
-	for i, key := range order {
-		if e := g.odd[key]; e != nil {
-			view[i] = e
-			continue
-		}
-		s := g.held[key]
-		made = append(made, Entry[R]{Key: key, Record: record(key, s.value, s.revision), size: int32(len(s.value)), revision: s.revision})
-		view[i] = &made[len(made)-1]
+	slots := g.inOrder()
+	var odd []*Entry[R]
+	for _, e := range g.odd {
+		odd = append(odd, e)
 	}
+	slices.SortFunc(odd, byKey)
+	made := make([]Entry[R], len(slots))
+	record := c.recordsOf(len(slots))
+	view := make([]*Entry[R], 0, len(slots)+len(odd))
+	for i, s := range slots {
+		for len(odd) > 0 && odd[0].Key < s.key() {
+			view, odd = append(view, odd[0]), odd[1:]
+		}
+		key, value := s.key(), s.value()
+		made[i] = Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision}
+		view = append(view, &made[i])
+	}
+	view = append(view, odd...)
 	if keep && g.view.CompareAndSwap(nil, &view) {
 		c.views.kept(g, &view, len(view))
 	}
@@ -579,7 +634,7 @@ func (g *group[R]) oldestOf() uint64 {
 				o = revision
 			}
 		}
-		for _, s := range g.held {
+		for _, s := range g.slots {
 			least(s.revision)
 		}
 		for _, e := range g.odd {

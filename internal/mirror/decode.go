@@ -197,3 +197,118 @@ func varint(s string) (uint64, int) {
 	}
 	return 0, -1
 }
+
+// collectRecords returns what decodes n collection items the copy holds
+// (decodeCollect accepted them), as needRecords does needs: strings are
+// windows on the keys and values, records and items are allocated
+// together, and only an item's attributes take a map of their own. Any
+// surprise sends the value to decodeCollect.
+func collectRecords(n int) func(key, value string, revision uint64) *provisionerv1.CollectRecord {
+	records := make([]provisionerv1.CollectRecord, 0, n)
+	items := make([]provisionerv1.CollectItem, 0, n)
+	return func(key, value string, revision uint64) *provisionerv1.CollectRecord {
+		k, err := keys.ParseCollectKey(key)
+		if err != nil || len(records) == cap(records) {
+			r, _ := decodeCollect(key, []byte(value), revision)
+			return r
+		}
+		items = items[:len(items)+1]
+		item := &items[len(items)-1]
+		if !readCollectItem(value, item) {
+			*item = provisionerv1.CollectItem{}
+			items = items[:len(items)-1]
+			r, _ := decodeCollect(key, []byte(value), revision)
+			return r
+		}
+		records = records[:len(records)+1]
+		r := &records[len(records)-1]
+		r.Node, r.Collection, r.Contributor, r.Item, r.Revision = k.Node, k.Collection, k.Contributor, item, revision
+		return r
+	}
+}
+
+// checkCollect says why a collection item is malformed, as decodeCollect
+// would, allocating for a well-formed one only its attributes' map.
+func checkCollect(key, value string) error {
+	if _, err := keys.ParseCollectKey(key); err != nil {
+		return err
+	}
+	var item provisionerv1.CollectItem
+	if readCollectItem(value, &item) {
+		return nil // what readCollectItem reads, proto.Unmarshal accepts
+	}
+	_, err := decodeCollect(key, []byte(value), 0)
+	return err
+}
+
+// readCollectItem reads a CollectItem's wire bytes in place into item,
+// which is new: its value, order and attributes, nothing else.
+func readCollectItem(value string, item *provisionerv1.CollectItem) bool {
+	for len(value) > 0 {
+		tag, n := varint(value)
+		if n <= 0 {
+			return false
+		}
+		value = value[n:]
+		num, typ := protowire.Number(tag>>3), protowire.Type(tag&7)
+		if num == 2 && typ == protowire.VarintType {
+			v, n := varint(value)
+			if n <= 0 {
+				return false
+			}
+			item.Order, value = int32(v), value[n:]
+			continue
+		}
+		if typ != protowire.BytesType || (num != 1 && num != 3) {
+			return false
+		}
+		size, n := varint(value)
+		if n <= 0 || size > uint64(len(value)-n) {
+			return false
+		}
+		field := value[n : n+int(size)]
+		value = value[n+int(size):]
+		if num == 1 {
+			if !utf8.ValidString(field) {
+				return false
+			}
+			item.Value = field
+			continue
+		}
+		k, v, ok := readMapEntry(field)
+		if !ok {
+			return false
+		}
+		if item.Attributes == nil {
+			item.Attributes = map[string]string{}
+		}
+		item.Attributes[k] = v
+	}
+	return true
+}
+
+// readMapEntry reads a map<string, string> entry: its key and value.
+func readMapEntry(entry string) (key, value string, ok bool) {
+	for len(entry) > 0 {
+		tag, n := varint(entry)
+		if n <= 0 || protowire.Type(tag&7) != protowire.BytesType || (tag>>3 != 1 && tag>>3 != 2) {
+			return "", "", false
+		}
+		entry = entry[n:]
+		size, n := varint(entry)
+		if n <= 0 || size > uint64(len(entry)-n) {
+			return "", "", false
+		}
+		s := entry[n : n+int(size)]
+		entry = entry[n+int(size):]
+		if !utf8.ValidString(s) {
+			return "", "", false
+		}
+		if tag>>3 == 1 {
+			key = s
+		} else {
+			value = s
+		}
+	}
+	return key, value, true
+}

@@ -22,11 +22,13 @@ func New() *Mirror {
 	registry.views.limit = 0 // a few dozen kinds, read by every composition
 	needs := newCopy(keys.NeedsBucket, decodeNeed, needRecords)
 	needs.check = checkNeed
+	collect := newCopy(keys.CollectBucket, decodeCollect, collectRecords)
+	collect.check = checkCollect
 	return &Mirror{
 		Registry: registry,
 		Needs:    needs,
 		Applied:  NewCopy(keys.AppliedBucket, decodeApplied),
-		Collect:  NewCopy(keys.CollectBucket, decodeCollect),
+		Collect:  collect,
 	}
 }
 
