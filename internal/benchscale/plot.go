@@ -33,7 +33,10 @@ func writePlot(file string, all []figures) error {
 		p.X.Label.Text = "nodes (x 30 modules x 10 needs)"
 		p.Y.Label.Text = unit
 		p.Y.Min = 0
-		p.Legend.Top = true
+		p.X.Min = 0
+		p.X.Max = float64(all[len(all)-1].nodes) * 1.08 // room for the last tick's label
+		p.Legend.Top, p.Legend.Left = true, true
+		p.Legend.XOffs = vg.Centimeter
 		if err := plotutil.AddLinePoints(p, series...); err != nil {
 			return nil, err
 		}
