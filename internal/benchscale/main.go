@@ -57,15 +57,14 @@ import (
 )
 
 type config struct {
-	sizes           []int
-	modules, needs  int
-	bin, plot       string
-	samples         int
-	round           time.Duration
-	settle          time.Duration
-	bucketMaxBytes  int64
-	keepServerLogs  bool
-	composeCheckers int
+	sizes          []int
+	modules, needs int
+	bin, plot      string
+	samples        int
+	round          time.Duration
+	settle         time.Duration
+	bucketMaxBytes int64
+	keepServerLogs bool
 }
 
 func main() {
