@@ -185,6 +185,10 @@ bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers'
 bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requesters; copy bytes a key; cold start (BENCHVERB_ARGS="-nodes 1000 ...")
 	go run ./internal/benchverb $(BENCHVERB_ARGS)
 
+.PHONY: bench-scale
+bench-scale: build ## One instance against meshes of 1k, 4k and 10k nodes (x 30 x 10) on a nats-server of its own: RSS a key, start, compose p50/p99, verb throughput; a table, and a plot in build/bench-scale.svg (BENCHSCALE_ARGS="-nodes 1000,4000 ...")
+	go run ./internal/benchscale -bin $(BIN)/mesh-provisioner -plot build/bench-scale.svg $(BENCHSCALE_ARGS)
+
 .PHONY: ci
 ci: test test-faults checkgenerate lint breaking ## What .ci/run runs
 

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"mime"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -81,9 +83,84 @@ func (e encoding) unmarshal(data []byte, msg proto.Message) *wire.Error {
 
 func (e encoding) marshal(msg proto.Message) ([]byte, error) {
 	if e.json {
-		return protojson.Marshal(msg)
+		return marshalJSON(msg)
 	}
 	return proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+}
+
+// marshalJSON encodes an answer in JSON as protojson does, but for the
+// elements of its repeated message fields, each of which is encoded once
+// and then found again by its binary encoding (jsonElements): an answer
+// built again after a change is mostly what it was (a node's plans but
+// one), and protojson costs about ten times the binary encoding. The
+// repeated fields come last in the object, which JSON does not order.
+func marshalJSON(msg proto.Message) ([]byte, error) {
+	m := msg.ProtoReflect()
+	type list struct {
+		fd    protoreflect.FieldDescriptor
+		items []protoreflect.Value
+	}
+	var lists []list
+	fields := m.Descriptor().Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fd.IsList() && fd.Message() != nil && m.Has(fd) {
+			// The elements are copied out: a list's value is a view on
+			// the field, which Clear empties.
+			l := list{fd: fd, items: make([]protoreflect.Value, m.Get(fd).List().Len())}
+			for j := range l.items {
+				l.items[j] = m.Get(fd).List().Get(j)
+			}
+			lists = append(lists, l)
+		}
+	}
+	if len(lists) == 0 {
+		return protojson.Marshal(msg)
+	}
+	for _, l := range lists {
+		m.Clear(l.fd)
+	}
+	head, err := protojson.Marshal(msg)
+	for _, l := range lists {
+		restored := m.Mutable(l.fd).List()
+		for _, item := range l.items {
+			restored.Append(item)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	head = bytes.TrimSpace(head)
+	frags := make([][][]byte, len(lists))
+	size := len(head) + 1
+	for i, l := range lists {
+		frags[i] = make([][]byte, len(l.items))
+		for j, item := range l.items {
+			if frags[i][j], err = jsonElements.get(item.Message().Interface()); err != nil {
+				return nil, err
+			}
+			size += len(frags[i][j]) + 1
+		}
+		size += len(l.fd.JSONName()) + 6
+	}
+	out := append(make([]byte, 0, size), head[:len(head)-1]...) // without its closing brace
+	members := len(bytes.TrimSpace(head[1:len(head)-1])) > 0
+	for i, l := range lists {
+		if members {
+			out = append(out, ',')
+		}
+		members = true
+		out = strconv.AppendQuote(out, l.fd.JSONName())
+		out = append(out, ':', '[')
+		for j, frag := range frags[i] {
+			if j > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, frag...)
+		}
+		out = append(out, ']')
+	}
+	return append(out, '}'), nil
 }
 
 // join appends an encoded message's fields to another encoded message of
@@ -136,4 +213,51 @@ func knownFields(data []byte, md protoreflect.MessageDescriptor) ([]byte, error)
 		}
 	}
 	return json.Marshal(members)
+}
+
+// jsonElements keeps the JSON of answers' elements, by their type and
+// binary encoding, within a byte budget.
+var jsonElements = &jsonCache{limit: 16 << 20}
+
+// jsonCache maps a message's binary encoding to its JSON. It is emptied
+// whole when full: cheaper than tracking use, and what is asked again is
+// encoded again at once.
+type jsonCache struct {
+	limit int
+	mu    sync.RWMutex
+	byKey map[string][]byte
+	bytes int
+}
+
+// keyBuffers hold the keys looked up in jsonElements.
+var keyBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// get returns msg's JSON, which the caller must not change.
+func (c *jsonCache) get(msg proto.Message) ([]byte, error) {
+	buf := keyBuffers.Get().(*[]byte)
+	defer keyBuffers.Put(buf)
+	key := append(append((*buf)[:0], msg.ProtoReflect().Descriptor().FullName()...), 0)
+	key, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(key, msg)
+	*buf = key
+	if err != nil {
+		return nil, err
+	}
+	c.mu.RLock()
+	js, ok := c.byKey[string(key)]
+	c.mu.RUnlock()
+	if ok {
+		return js, nil
+	}
+	if js, err = protojson.Marshal(msg); err != nil {
+		return nil, err
+	}
+	js = bytes.TrimSpace(js)
+	c.mu.Lock()
+	if c.byKey == nil || c.bytes+len(key)+len(js) > c.limit {
+		c.byKey, c.bytes = map[string][]byte{}, 0
+	}
+	c.byKey[string(key)] = js
+	c.bytes += len(key) + len(js)
+	c.mu.Unlock()
+	return js, nil
 }

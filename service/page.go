@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/wire"
@@ -126,7 +125,7 @@ func (p *page) sizeOf(m proto.Message) int {
 		return 0
 	}
 	if p.enc.json {
-		b, err := protojson.Marshal(m)
+		b, err := marshalJSON(m)
 		if err != nil {
 			return p.budget + 1 // unencodable: never fits; send reports it
 		}

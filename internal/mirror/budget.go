@@ -57,8 +57,10 @@ func (c *Copy[R]) fits(first, key string, size int) bool {
 	}
 	keys, bytes := 1, size
 	if g := c.groups[first]; g != nil {
-		keys, bytes = g.held+1, g.bytes+size
-		if old := g.byKey[key]; old != nil && !old.overBudget {
+		keys, bytes = g.kept+1, g.bytes+size
+		if i := g.find(key); i >= 0 {
+			keys, bytes = keys-1, bytes-len(g.slots[i].value())
+		} else if old := g.odd[key]; old != nil && !old.overBudget {
 			keys, bytes = keys-1, bytes-int(old.size)
 		}
 	}
@@ -100,13 +102,13 @@ var refusedSeed = maphash.MakeSeed()
 // keys of one node collide with a negligible chance.
 func refusedHash(key string) uint64 { return maphash.String(refusedSeed, key) }
 
-// forget takes an entry out of the group's counts.
+// forget takes an odd entry out of the group's counts.
 func (g *group[R]) forget(e *Entry[R]) {
 	if e.Malformed != nil {
 		g.malformed--
 	}
 	if !e.overBudget {
-		g.held--
+		g.kept--
 		g.bytes -= int(e.size)
 	}
 }
@@ -114,11 +116,11 @@ func (g *group[R]) forget(e *Entry[R]) {
 // checkBudget tells onBudget when a group went over its budget or came back
 // under. The caller holds c.mu.
 func (c *Copy[R]) checkBudget(first string, g *group[R]) {
-	refused := len(g.byKey) - g.held + len(g.refused)
+	refused := g.listed() - g.kept + len(g.refused)
 	_, wasOver := c.overSet[first]
 	switch {
 	case refused > 0:
-		x := &Excess{Bucket: c.bucket, Node: first, Over: true, Keys: g.held, Bytes: g.bytes, Refused: refused}
+		x := &Excess{Bucket: c.bucket, Node: first, Over: true, Keys: g.kept, Bytes: g.bytes, Refused: refused}
 		if c.overSet == nil {
 			c.overSet = map[string]*Excess{}
 		}
@@ -129,7 +131,7 @@ func (c *Copy[R]) checkBudget(first string, g *group[R]) {
 	case wasOver:
 		delete(c.overSet, first)
 		if c.onBudget != nil {
-			c.onBudget(Excess{Bucket: c.bucket, Node: first, Keys: g.held, Bytes: g.bytes})
+			c.onBudget(Excess{Bucket: c.bucket, Node: first, Keys: g.kept, Bytes: g.bytes})
 		}
 	}
 }
@@ -151,10 +153,10 @@ func (c *Copy[R]) OverBudget() []Excess {
 // since the copy kept neither their values nor, for refused keys, their
 // names. The caller holds c.mu.
 func (c *Copy[R]) wantReadmit(first string, g *group[R]) {
-	if len(g.byKey) == g.held && len(g.refused) == 0 {
+	if g.listed() == g.kept && len(g.refused) == 0 {
 		return // nothing waits
 	}
-	if (c.budget.Keys > 0 && g.held >= c.budget.Keys) || (c.budget.Bytes > 0 && g.bytes >= c.budget.Bytes) {
+	if (c.budget.Keys > 0 && g.kept >= c.budget.Keys) || (c.budget.Bytes > 0 && g.bytes >= c.budget.Bytes) {
 		return // no room yet
 	}
 	if c.readmit == nil {
@@ -192,7 +194,7 @@ func (c *Copy[R]) notHeld(key string) (revision uint64, ok bool) {
 	if g == nil {
 		return 0, false
 	}
-	if e := g.byKey[key]; e != nil {
+	if e := g.odd[key]; e != nil {
 		return e.Malformed.GetRevision(), e.overBudget
 	}
 	revision, ok = g.refused[refusedHash(key)]

@@ -13,9 +13,12 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
 
-// Entry is one key of a bucket as the copy holds it: its decoded record or,
-// for a key out of the bucket's shape, the report of it. Entries are shared
-// by every answer that reads them, and never changed.
+// Entry is one key of a bucket as a read of the copy sees it: its decoded
+// record or, for a key out of the bucket's shape, the report of it. Entries
+// are shared by every answer that reads them, and never changed. The copy
+// holds a well-formed key as its bytes alone (see slot): its entry is made
+// when a read asks for its group, and kept while the group is unchanged and
+// among the groups read last (viewLimit).
 type Entry[R proto.Message] struct {
 	Key string
 	// Record is the decoded value; the zero R when Malformed is set.
@@ -35,14 +38,40 @@ type Entry[R proto.Message] struct {
 // Tokens returns the key's tokens: what filters read of a malformed key.
 func (e *Entry[R]) Tokens() []string { return strings.Split(e.Key, ".") }
 
+// slot is a well-formed key held: one string, the key then the value, and
+// the value's revision. With its share of the group's slice, some 120
+// bytes a key on a mesh of small values, against some 440 for the decoded
+// records; values are decoded when a group is read (Copy.Group).
+type slot struct {
+	kv       string
+	keyLen   int32
+	revision uint64
+}
+
+func (s slot) key() string   { return s.kv[:s.keyLen] }
+func (s slot) value() string { return s.kv[s.keyLen:] }
+
+func bySlotKey(a, b slot) int { return strings.Compare(a.key(), b.key()) }
+
+// maxTail bounds the keys a group takes out of order while its copy
+// loads: past it they are sorted into the others. A key is then found by a
+// binary search and a short scan, and a load in any order costs a merge
+// every maxTail keys rather than a move of half the group every key.
+const maxTail = 32
+
 // group holds the keys that share a first token: a node's keys, or one kind
 // of the registry.
 type group[R proto.Message] struct {
-	byKey map[string]*Entry[R]
-	// held and bytes count the keys held and their values' size, which
-	// the budget bounds.
-	held, bytes int
-	// malformed counts the keys of byKey reported as malformed (out of
+	// slots are the well-formed keys held: in key order up to sorted, then
+	// (while the copy loads) at most maxTail in the order they came. odd
+	// are the others, malformed or over the budget, each with its entry.
+	slots  []slot
+	sorted int
+	odd    map[string]*Entry[R]
+	// kept and bytes count the keys held (of slots, and of odd the
+	// malformed values) and their values' size, which the budget bounds.
+	kept, bytes int
+	// malformed counts the keys of odd reported as malformed (out of
 	// shape, or over the budget): the others are records.
 	malformed int
 	// refused are the keys over the budget that are not even listed (past
@@ -59,20 +88,99 @@ type group[R proto.Message] struct {
 	// revisions, generations never repeat, even when a new watcher brings
 	// older revisions again.
 	gen uint64
-	// sorted is the group in key order, built on the first read after a
-	// change; nil while stale.
-	sorted atomic.Pointer[[]*Entry[R]]
+	// view is the group's entries in key order, made on the first read
+	// after a change; nil while stale or dropped to bound the memory.
+	view atomic.Pointer[[]*Entry[R]]
+}
+
+func newGroup[R proto.Message]() *group[R] { return &group[R]{} }
+
+// listed returns how many keys the group lists: held, or reported.
+func (g *group[R]) listed() int { return len(g.slots) + len(g.odd) }
+
+// find returns the index of key's slot, or -1.
+func (g *group[R]) find(key string) int {
+	i, found := slices.BinarySearchFunc(g.slots[:g.sorted], key, func(s slot, key string) int { return strings.Compare(s.key(), key) })
+	if found {
+		return i
+	}
+	for i := g.sorted; i < len(g.slots); i++ {
+		if g.slots[i].key() == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// insert holds a slot whose key the group does not have: in its place
+// once the copy is loaded, else at the tail, merged in when it is full.
+func (g *group[R]) insert(s slot, loaded bool) {
+	if !loaded || g.sorted < len(g.slots) {
+		g.slots = append(g.slots, s)
+		if len(g.slots)-g.sorted > maxTail || loaded {
+			g.mergeTail()
+		}
+		return
+	}
+	i, _ := slices.BinarySearchFunc(g.slots, s.key(), func(s slot, key string) int { return strings.Compare(s.key(), key) })
+	g.slots = slices.Insert(g.slots, i, s)
+	g.sorted++
+}
+
+// mergeTail sorts the tail into the slots in key order, in place.
+func (g *group[R]) mergeTail() {
+	if g.sorted == len(g.slots) {
+		return
+	}
+	tail := slices.Clone(g.slots[g.sorted:])
+	slices.SortFunc(tail, bySlotKey)
+	// From the back: the largest of the sorted part and of the tail goes
+	// last, into room the tail left.
+	i, j, k := g.sorted-1, len(tail)-1, len(g.slots)-1
+	for j >= 0 {
+		if i >= 0 && bySlotKey(g.slots[i], tail[j]) > 0 {
+			g.slots[k] = g.slots[i]
+			i--
+		} else {
+			g.slots[k] = tail[j]
+			j--
+		}
+		k--
+	}
+	g.sorted = len(g.slots)
+}
+
+// removeSlot takes out the slot at i.
+func (g *group[R]) removeSlot(i int) {
+	if i < g.sorted {
+		g.slots = slices.Delete(g.slots, i, i+1)
+		g.sorted--
+		return
+	}
+	last := len(g.slots) - 1
+	g.slots[i] = g.slots[last]
+	g.slots[last] = slot{}
+	g.slots = g.slots[:last]
 }
 
 // Copy is the watched copy of one bucket, grouped by the key's first token.
-// Records are decoded once, as they arrive.
+// Each value is checked as it arrives (a key out of shape, or a value that
+// does not decode, is reported as malformed), held as its bytes, and
+// decoded when its group is read.
 type Copy[R proto.Message] struct {
 	bucket string
 	decode func(key string, value []byte, revision uint64) (R, error)
-	loaded chan struct{} // closed once the first watcher's initial values are in
-	ready  atomic.Bool   // loaded, as one atomic load
-	once   sync.Once
-	behind atomic.Bool // a watcher is catching up: the copy may lag the bucket
+	// check says why a value arriving is malformed, or nil: what decode
+	// says, without keeping what it decodes.
+	check func(key, value string) error
+	// recordsOf returns what decodes n values that decode accepted, for one
+	// view: it may read them in place, keep windows on them and on their
+	// keys, and allocate the n records at once.
+	recordsOf func(n int) func(key, value string, revision uint64) R
+	loaded    chan struct{} // closed once the first watcher's initial values are in
+	ready     atomic.Bool   // loaded, as one atomic load
+	once      sync.Once
+	behind    atomic.Bool // a watcher is catching up: the copy may lag the bucket
 
 	mu       sync.RWMutex
 	groups   map[string]*group[R]
@@ -88,9 +196,8 @@ type Copy[R proto.Message] struct {
 	// waited says a WaitFor holds advanced: only then is it closed and
 	// made anew, not for every change of a loading copy.
 	waited atomic.Bool
-	// all is every entry in key order, built on the first unfiltered read
-	// after a change; nil while stale.
-	all atomic.Pointer[[]*Entry[R]]
+	// views bounds the groups' views kept.
+	views viewCache
 
 	// budget bounds what one group (one node) may hold; onBudget hears
 	// when a group goes over it or comes back under.
@@ -105,12 +212,30 @@ type Copy[R proto.Message] struct {
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
 func NewCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error)) *Copy[R] {
+	c := newCopy(bucket, decode, func(int) func(key, value string, revision uint64) R {
+		return func(key, value string, revision uint64) R {
+			r, _ := decode(key, []byte(value), revision)
+			return r
+		}
+	})
+	c.check = func(key, value string) error {
+		_, err := decode(key, []byte(value), 0)
+		return err
+	}
+	return c
+}
+
+// newCopy returns an empty copy whose views decode with recordsOf, faster
+// than decode, the values decode accepted.
+func newCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error), recordsOf func(n int) func(key, value string, revision uint64) R) *Copy[R] {
 	return &Copy[R]{
-		bucket:   bucket,
-		decode:   decode,
-		loaded:   make(chan struct{}),
-		groups:   map[string]*group[R]{},
-		advanced: make(chan struct{}),
+		bucket:    bucket,
+		decode:    decode,
+		recordsOf: recordsOf,
+		views:     viewCache{limit: viewLimit},
+		loaded:    make(chan struct{}),
+		groups:    map[string]*group[R]{},
+		advanced:  make(chan struct{}),
 
 		readmitWanted: make(chan struct{}, 1),
 	}
@@ -132,7 +257,17 @@ func (c *Copy[R]) Behind() bool { return c.behind.Load() }
 // MarkLoaded says the copy holds the bucket's initial values.
 func (c *Copy[R]) MarkLoaded() {
 	c.once.Do(func() {
+		c.mu.Lock()
+		for _, g := range c.groups {
+			g.mergeTail()
+			// The slots grew by doubling: what the load left is kept
+			// without the room it did not use.
+			if cap(g.slots) > len(g.slots)+len(g.slots)/8 {
+				g.slots = slices.Clone(g.slots)
+			}
+		}
 		c.ready.Store(true)
+		c.mu.Unlock()
 		close(c.loaded)
 	})
 }
@@ -165,23 +300,31 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // Apply takes one change into the copy: a put, or a delete or purge. One
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
-	var e *Entry[R]
+	first, _, _ := strings.Cut(key, ".")
+	var odd *Entry[R]
+	var held slot
 	if !deleted {
 		// The key given is often a window on a longer string (a message's
-		// subject): the copy holds a key of its own, and the record's parts
-		// are windows on it.
-		key = strings.Clone(key)
-	}
-	first, _, _ := strings.Cut(key, ".")
-	if !deleted {
+		// subject): the copy holds a string of its own, the key then the
+		// value, and what it reads of either is a window on it.
 		if c.fits(first, key, len(value)) {
-			e = c.decoded(key, value, revision)
+			kv := key + string(value)
+			key = kv[:len(key)]
+			if err := c.check(key, kv[len(key):]); err != nil {
+				odd = &Entry[R]{Key: key, size: int32(len(value)), revision: revision,
+					Malformed: &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}}
+			} else {
+				held = slot{kv: kv, keyLen: int32(len(key)), revision: revision}
+			}
 		} else {
-			e = c.overBudgetEntry(key, revision)
+			key = strings.Clone(key)
+			odd = c.overBudgetEntry(key, revision)
 		}
+		first = key[:len(first)]
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	loaded := c.ready.Load() // set under c.mu, once the tails are merged
 	if revision > c.revision {
 		c.revision = revision
 		c.reached.Store(revision)
@@ -195,21 +338,21 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		if deleted {
 			return
 		}
-		g = &group[R]{byKey: map[string]*Entry[R]{}}
+		g = newGroup[R]()
 		c.groups[first] = g
 	}
 	c.gen++
 	g.changedAt, g.gen = revision, c.gen
-	if g.sorted.Load() != nil { // no needless atomic store while loading
-		g.sorted.Store(nil)
-	}
-	if c.all.Load() != nil {
-		c.all.Store(nil)
+	if g.view.Load() != nil { // no needless atomic store while loading
+		g.view.Store(nil)
 	}
 	records, malformed := g.counts()
 	freed := g.remove(key)
-	if e != nil {
-		g.add(key, e)
+	switch {
+	case odd != nil:
+		g.addOdd(key, odd)
+	case !deleted:
+		g.addHeld(held, loaded)
 	}
 	c.recount(g, records, malformed)
 	if freed {
@@ -225,7 +368,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 
 // counts returns the group's records and malformed keys listed.
 func (g *group[R]) counts() (records, malformed int) {
-	return len(g.byKey) - g.malformed, g.malformed
+	return g.listed() - g.malformed, g.malformed
 }
 
 // recount takes a group's change into the copy's counts: records and
@@ -249,9 +392,19 @@ func (c *Copy[R]) Counts() (records, malformed, groups int, revision uint64) {
 // remove takes key out of the group, held, listed or refused, and reports
 // whether it was held: its room under the budget is free now.
 func (g *group[R]) remove(key string) (held bool) {
-	if old := g.byKey[key]; old != nil {
+	if i := g.find(key); i >= 0 {
+		old := g.slots[i]
+		g.removeSlot(i)
+		g.kept--
+		g.bytes -= len(old.value())
+		if old.revision == g.oldest {
+			g.oldest = 0
+		}
+		return true
+	}
+	if old := g.odd[key]; old != nil {
 		g.forget(old)
-		delete(g.byKey, key)
+		delete(g.odd, key)
 		if old.revision == g.oldest {
 			g.oldest = 0
 		}
@@ -267,44 +420,48 @@ func (g *group[R]) remove(key string) (held bool) {
 	return false
 }
 
-// add puts an entry in the group: held, listed as over the budget, or, once
-// maxListedOverBudget are listed, refused (counted, not listed: the listing
-// is bounded too).
-func (g *group[R]) add(key string, e *Entry[R]) {
-	if g.oldest != 0 || g.empty() {
-		g.oldest = min(g.oldest-1, e.revision-1) + 1 // zero is unknown: taken as the highest
-	}
-	if e.overBudget && len(g.byKey)-g.held >= maxListedOverBudget {
+// addHeld holds a well-formed key.
+func (g *group[R]) addHeld(s slot, loaded bool) {
+	g.seen(s.revision)
+	g.insert(s, loaded)
+	g.kept++
+	g.bytes += len(s.value())
+}
+
+// addOdd puts the entry of a key malformed or over the budget in the group:
+// listed, or, once maxListedOverBudget are listed, refused (counted, not
+// listed: the listing is bounded too).
+func (g *group[R]) addOdd(key string, e *Entry[R]) {
+	g.seen(e.revision)
+	if e.overBudget && g.listed()-g.kept >= maxListedOverBudget {
 		if g.refused == nil {
 			g.refused = map[uint64]uint64{}
 		}
 		g.refused[refusedHash(key)] = e.Malformed.GetRevision()
 		return
 	}
-	g.byKey[key] = e
+	if g.odd == nil {
+		g.odd = map[string]*Entry[R]{}
+	}
+	g.odd[key] = e
 	if e.Malformed != nil {
 		g.malformed++
 	}
 	if !e.overBudget {
-		g.held++
+		g.kept++
 		g.bytes += int(e.size)
 	}
 }
 
-// empty reports whether the group holds, lists and refuses nothing.
-func (g *group[R]) empty() bool { return len(g.byKey) == 0 && len(g.refused) == 0 }
-
-// decoded returns the entry of a key held in the copy.
-func (c *Copy[R]) decoded(key string, value []byte, revision uint64) *Entry[R] {
-	e := &Entry[R]{Key: key, size: int32(len(value)), revision: revision}
-	record, err := c.decode(key, value, revision)
-	if err != nil {
-		e.Malformed = &provisionerv1.MalformedKey{Bucket: c.bucket, Key: key, Reason: err.Error(), Revision: revision}
-	} else {
-		e.Record = record
+// seen takes a new key's revision into the group's oldest.
+func (g *group[R]) seen(revision uint64) {
+	if g.oldest != 0 || g.empty() {
+		g.oldest = min(g.oldest-1, revision-1) + 1 // zero is unknown: taken as the highest
 	}
-	return e
 }
+
+// empty reports whether the group holds, lists and refuses nothing.
+func (g *group[R]) empty() bool { return g.listed() == 0 && len(g.refused) == 0 }
 
 // keepOnly drops the keys not in live: they were deleted while no watcher
 // ran.
@@ -314,15 +471,22 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 	liveRefused := c.liveRefused(live)
 	for first, g := range c.groups {
 		records, malformed := g.counts()
-		for key, e := range g.byKey {
-			if !live[key] {
-				g.forget(e)
-				delete(g.byKey, key)
-				g.sorted.Store(nil)
-				c.all.Store(nil)
-				c.gen++
-				g.changedAt, g.gen = c.revision, c.gen
+		var gone []string
+		for _, sl := range g.slots {
+			if !live[sl.key()] {
+				gone = append(gone, sl.key())
 			}
+		}
+		for key := range g.odd {
+			if !live[key] {
+				gone = append(gone, key)
+			}
+		}
+		for _, key := range gone {
+			g.remove(key)
+			g.view.Store(nil)
+			c.gen++
+			g.changedAt, g.gen = c.revision, c.gen
 		}
 		for h := range g.refused {
 			if _, ok := liveRefused[h]; !ok {
@@ -358,23 +522,47 @@ func (c *Copy[R]) liveRefused(live map[string]bool) map[uint64]struct{} {
 	return out
 }
 
-// sortedOf returns a group's entries in key order, sorting them if they
-// changed. The caller holds c.mu for reading; concurrent readers may sort
-// twice, harmlessly.
-func (g *group[R]) sortedOf() []*Entry[R] {
-	if s := g.sorted.Load(); s != nil {
-		return *s
+// inOrder returns the group's slots in key order: its slots themselves,
+// or while its copy loads a sorted copy of them.
+func (g *group[R]) inOrder() []slot {
+	if g.sorted == len(g.slots) {
+		return g.slots
 	}
-	s := make([]*Entry[R], 0, len(g.byKey))
-	for _, e := range g.byKey {
-		s = append(s, e)
-	}
-	slices.SortFunc(s, byKey)
-	g.sorted.Store(&s)
+	s := slices.Clone(g.slots)
+	slices.SortFunc(s, bySlotKey)
 	return s
 }
 
-func byKey[R proto.Message](a, b *Entry[R]) int { return cmp.Compare(a.Key, b.Key) }
+// viewOf returns the group's entries in key order, decoding the values held
+// if they changed since the last read; keep says the view is kept for the
+// next reads. The caller holds c.mu for reading.
+func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
+	if v := g.view.Load(); v != nil {
+		return *v
+	}
+	slots := g.inOrder()
+	var odd []*Entry[R]
+	for _, e := range g.odd {
+		odd = append(odd, e)
+	}
+	slices.SortFunc(odd, byKey)
+	made := make([]Entry[R], len(slots))
+	record := c.recordsOf(len(slots))
+	view := make([]*Entry[R], 0, len(slots)+len(odd))
+	for i, s := range slots {
+		for len(odd) > 0 && odd[0].Key < s.key() {
+			view, odd = append(view, odd[0]), odd[1:]
+		}
+		key, value := s.key(), s.value()
+		made[i] = Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision}
+		view = append(view, &made[i])
+	}
+	view = append(view, odd...)
+	if keep && g.view.CompareAndSwap(nil, &view) {
+		c.views.kept(g, &view, len(view))
+	}
+	return view
+}
 
 // Group returns the entries whose key's first token is first, in key order,
 // the revision of the group's last change, and the copy's revision.
@@ -382,29 +570,25 @@ func (c *Copy[R]) Group(first string) (entries []*Entry[R], changedAt, revision 
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if g := c.groups[first]; g != nil {
-		entries, changedAt = g.sortedOf(), g.changedAt
+		entries, changedAt = c.viewOf(g, true), g.changedAt
 	}
 	return entries, changedAt, c.revision
 }
 
 // All returns every entry of the copy in key order, and the copy's revision.
-// The order is built once after each change and shared by later reads; it
-// is built outside the lock, which the watcher needs.
+// The groups' views it makes are not kept: every group's would be the whole
+// copy decoded.
 func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	c.mu.RLock()
-	if s := c.all.Load(); s != nil {
-		defer c.mu.RUnlock()
-		return *s, c.revision
-	}
 	groups := make([][]*Entry[R], 0, len(c.groups))
 	n := 0
 	for _, g := range c.groups {
-		if s := g.sortedOf(); len(s) > 0 {
+		if s := c.viewOf(g, false); len(s) > 0 {
 			groups = append(groups, s)
 			n += len(s)
 		}
 	}
-	gen, revision := c.gen, c.revision
+	revision = c.revision
 	c.mu.RUnlock()
 
 	// Groups' well-formed keys never interleave (each starts with the
@@ -419,13 +603,10 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 	if !slices.IsSortedFunc(all, byKey) {
 		slices.SortFunc(all, byKey)
 	}
-	c.mu.Lock()
-	if c.gen == gen { // nothing changed meanwhile: later reads share it
-		c.all.Store(&all)
-	}
-	c.mu.Unlock()
 	return all, revision
 }
+
+func byKey[R proto.Message](a, b *Entry[R]) int { return cmp.Compare(a.Key, b.Key) }
 
 // liveKeys returns how many keys the copy has (held, listed or refused
 // over a budget), each a message of the bucket, the least of their
@@ -435,7 +616,7 @@ func (c *Copy[R]) liveKeys() (n int, oldest, revision uint64) {
 	defer c.mu.Unlock()
 	revision = c.revision
 	for _, g := range c.groups {
-		n += len(g.byKey) + len(g.refused)
+		n += g.listed() + len(g.refused)
 		if o := g.oldestOf(); o > 0 && (oldest == 0 || o < oldest) {
 			oldest = o
 		}
@@ -448,15 +629,19 @@ func (c *Copy[R]) liveKeys() (n int, oldest, revision uint64) {
 func (g *group[R]) oldestOf() uint64 {
 	if g.oldest == 0 && !g.empty() {
 		o := uint64(0)
-		for _, e := range g.byKey {
-			if o == 0 || e.revision < o {
-				o = e.revision
-			}
-		}
-		for _, revision := range g.refused {
+		least := func(revision uint64) {
 			if o == 0 || revision < o {
 				o = revision
 			}
+		}
+		for _, s := range g.slots {
+			least(s.revision)
+		}
+		for _, e := range g.odd {
+			least(e.revision)
+		}
+		for _, revision := range g.refused {
+			least(revision)
 		}
 		g.oldest = o
 	}
@@ -468,7 +653,7 @@ func (c *Copy[R]) Empty() bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for _, g := range c.groups {
-		if len(g.byKey) > 0 {
+		if g.listed() > 0 {
 			return false
 		}
 	}
@@ -520,11 +705,62 @@ func (c *Copy[R]) Get(first, key string) (R, bool) {
 	if g == nil {
 		return zero, false
 	}
-	e := g.byKey[key]
-	if e == nil || e.Malformed != nil {
+	view := c.viewOf(g, true)
+	i, found := slices.BinarySearchFunc(view, key, func(e *Entry[R], key string) int { return cmp.Compare(e.Key, key) })
+	if !found || view[i].Malformed != nil {
 		return zero, false
 	}
-	return e.Record, true
+	return view[i].Record, true
+}
+
+// viewLimit bounds the entries of the views a copy keeps: about 350 bytes
+// an entry decoded, some 20 MiB whatever the mesh's size, for the groups
+// read last (a node composed again while unchanged decodes nothing).
+const viewLimit = 1 << 16
+
+// viewCache remembers the views kept, the first kept first, and drops the
+// oldest when they hold more than limit entries (zero: no limit). A view
+// that went stale still counts until its turn comes: the bound is on what
+// was decoded lately, which is never less than what is kept.
+type viewCache struct {
+	limit int
+	mu    sync.Mutex
+	queue []keptView
+	held  int
+}
+
+type keptView struct {
+	drop func()
+	n    int
+}
+
+// kept records that g keeps view, and drops the oldest views over the
+// limit.
+func (v *viewCache) kept(g interface{ dropView(any) }, view any, n int) {
+	if v.limit <= 0 {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.queue = append(v.queue, keptView{drop: func() { g.dropView(view) }, n: n})
+	v.held += n
+	for v.held > v.limit && len(v.queue) > 1 {
+		old := v.queue[0]
+		v.queue[0] = keptView{}
+		v.queue = v.queue[1:]
+		v.held -= old.n
+		old.drop()
+	}
+	if cap(v.queue) > 64 && len(v.queue) < cap(v.queue)/4 {
+		v.queue = slices.Clone(v.queue)
+	}
+}
+
+// dropView forgets the group's view if it is still view.
+func (g *group[R]) dropView(view any) {
+	if p, ok := view.(*[]*Entry[R]); ok {
+		g.view.CompareAndSwap(p, nil)
+	}
 }
 
 // Changed returns the first tokens of the groups changed after the copy's

@@ -2,6 +2,9 @@ package mirror
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -137,4 +140,58 @@ func TestWatchersStartedAgainDropDeletedKeys(t *testing.T) {
 	if diff := cmp.Diff([]string{"ace.web.port.http", "novox.web.port.http"}, func() []string { all, _ := m.Needs.All(); return keysOf(all) }()); diff != "" {
 		t.Errorf("after the second watcher (-want +got):\n%s", diff)
 	}
+}
+
+// A group holds the same keys in the same order whatever order they come
+// in, before and after its copy is loaded: out of order while loading (a
+// tail merged in now and then), in place after.
+func TestCopyKeepsKeyOrderInAnyArrivalOrder(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(7, 23))
+	c := New().Needs
+	want := map[string]uint64{}
+	check := func(when string) {
+		t.Helper()
+		entries, _, _ := c.Group("n")
+		var keys []string
+		for key := range want {
+			keys = append(keys, key)
+		}
+		slices.Sort(keys)
+		if diff := cmp.Diff(keys, keysOf(entries)); diff != "" {
+			t.Fatalf("%s: keys differ (-want +got):\n%s", when, diff)
+		}
+		for _, e := range entries {
+			if e.Record.GetRevision() != want[e.Key] || e.Record.GetName() == "" {
+				t.Fatalf("%s: %s holds %v, want revision %d", when, e.Key, e.Record, want[e.Key])
+			}
+		}
+	}
+	revision := uint64(0)
+	step := func() {
+		key := fmt.Sprintf("n.m%d.port.p%d", rng.IntN(5), rng.IntN(80))
+		revision++
+		if rng.IntN(5) == 0 {
+			c.Apply(key, nil, revision, true)
+			delete(want, key)
+			return
+		}
+		c.Apply(key, need(t), revision, false)
+		want[key] = revision
+	}
+	for i := range 1000 {
+		step()
+		if i%97 == 0 {
+			check(fmt.Sprintf("loading, change %d", i))
+		}
+	}
+	c.MarkLoaded()
+	check("loaded")
+	for i := range 500 {
+		step()
+		if i%13 == 0 {
+			check(fmt.Sprintf("loaded, change %d", i))
+		}
+	}
+	check("at the end")
 }

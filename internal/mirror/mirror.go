@@ -26,11 +26,17 @@ type Mirror struct {
 // New returns an empty mirror.
 func New() *Mirror {
 	ms := &manifests{byDigest: map[string]*provisionerv1.Manifest{}}
+	registry := NewCopy(keys.RegistryBucket, decodeRegistry)
+	registry.views.limit = 0 // a few dozen kinds, read by every composition
+	needs := newCopy(keys.NeedsBucket, decodeNeed, needRecords)
+	needs.check = checkNeed
+	collect := newCopy(keys.CollectBucket, decodeCollect, collectRecords)
+	collect.check = checkCollect
 	return &Mirror{
-		Registry:  NewCopy(keys.RegistryBucket, decodeRegistry),
-		Needs:     NewCopy(keys.NeedsBucket, decodeNeed),
+		Registry:  registry,
+		Needs:     needs,
 		Applied:   NewCopy(keys.AppliedBucket, decodeApplied),
-		Collect:   NewCopy(keys.CollectBucket, decodeCollect),
+		Collect:   collect,
 		Manifests: NewCopy(keys.ManifestsBucket, ms.decode),
 		Bound:     NewBound(),
 		manifests: ms,

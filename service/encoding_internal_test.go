@@ -1,0 +1,43 @@
+package service
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
+
+// marshalJSON says what protojson says, whether its elements are encoded
+// anew or found again, and leaves the message as it was.
+func TestMarshalJSONDecodesAsProtojson(t *testing.T) {
+	t.Parallel()
+	answers := []proto.Message{
+		&provisionerv1.ComposeResponse{},
+		&provisionerv1.ComposeResponse{Node: "n", Behind: []string{"b"}, Plans: []*provisionerv1.ModulePlan{
+			{Module: "web", Items: []*provisionerv1.PlanItem{{Kind: "port", Name: "http", Placeholder: "${port:http}", Revision: 3}}},
+			{Module: "db"},
+		}, Refusals: []*provisionerv1.Refusal{{Key: "n.x.y.z", Detail: "no \"entry\""}}},
+		&provisionerv1.ComposeResponse{Plans: []*provisionerv1.ModulePlan{{Module: "only"}}},
+	}
+	for range 2 {
+		for _, want := range answers {
+			before := proto.Clone(want)
+			data, err := marshalJSON(want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := want.ProtoReflect().New().Interface()
+			if err := protojson.Unmarshal(data, got); err != nil {
+				t.Fatalf("%s: %v", data, err)
+			}
+			if !proto.Equal(got, want) {
+				t.Errorf("%s decodes as %v, want %v", data, got, want)
+			}
+			if !proto.Equal(want, before) {
+				t.Errorf("marshalJSON changed the message: %v, was %v", want, before)
+			}
+		}
+	}
+}
