@@ -128,9 +128,10 @@ test-browser: chromium ## Open serve --http's status page in headless chromium a
 FAULTS_FILTER := grep -vE '^time='
 
 .PHONY: test-faults
-test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races; each prints its figures. RACE=-race to add the race detector to all
+test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections; each prints its figures. RACE=-race to add the race detector to all
 	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
 	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
+	go test -race -count=1 -tags faults -run '^TestHolderKeepsTheSeatThroughAnElection$$' -v ./seat/ 2>&1 | $(FAULTS_FILTER)
 
 clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund
