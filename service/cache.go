@@ -8,11 +8,16 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
 
-// stamp identifies what an answer read: the stamps of the copies' groups it
-// read (see mirror.Copy.Stamp) and whether each copy was behind, in an
-// order each endpoint fixes. Equal stamps mean an equal answer, but for its
-// revisions and phases, which are added to it as it is sent.
-type stamp [8]uint64
+// stamp identifies what an answer read: the stamp of each copy, or of the
+// node's group of it, that the answer read (see mirror.Copy.Stamp; zero
+// for one it did not read), of the providers' buckets (mirror.Bound.Stamp)
+// and which copies were behind. Equal stamps mean an equal answer, but for
+// its revisions and phases, which are added to it as it is sent.
+type stamp struct {
+	registry, needs, applied, collect, manifests, bound uint64
+	// behind has a bit for each copy that was behind (behindBits).
+	behind uint64
+}
 
 // cacheKey is a request as the cache knows it: the endpoint, the encoding,
 // and the request itself without its minimum revisions (which decide when

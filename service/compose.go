@@ -62,7 +62,8 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			items, _ := s.mirror.Collect.Stamp(in.GetNode())
 			applied, _ := s.mirror.Applied.Stamp(in.GetNode())
 			manifests, _ := s.mirror.Manifests.Stamp("")
-			return stamp{registry, needs, items, applied, manifests, s.mirror.Bound.Stamp(), behindBits(s.mirror)}
+			return stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
+				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
 		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 			return composeFrom(s.mirror, in, enc, budget)

@@ -33,7 +33,7 @@ func TestWorkersAreBounded(t *testing.T) {
 		waits:      func(*provisionerv1.ProvisioningRequest) []revisionWait { return nil },
 		keyOf:      func(*provisionerv1.ProvisioningRequest) string { return "" },
 		stamp: func(*provisionerv1.ProvisioningRequest) stamp {
-			return stamp{uint64(time.Now().UnixNano())} // never reused
+			return stamp{registry: uint64(time.Now().UnixNano())} // never reused
 		},
 		tail: func(*provisionerv1.ProvisioningRequest, timings, revisions) *provisionerv1.ProvisioningResponse {
 			return &provisionerv1.ProvisioningResponse{}

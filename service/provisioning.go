@@ -38,7 +38,20 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 		},
 		stamp: func(in *provisionerv1.ProvisioningRequest) stamp {
 			st, _ := copyOf(s.mirror, whatOf(in)).Stamp(in.GetNode())
-			return stamp{st, behindBits(s.mirror)}
+			read := stamp{behind: behindBits(s.mirror)}
+			switch whatOf(in) {
+			case provisionerv1.What_WHAT_NEEDS:
+				read.needs = st
+			case provisionerv1.What_WHAT_APPLIED:
+				read.applied = st
+			case provisionerv1.What_WHAT_COLLECT:
+				read.collect = st
+			case provisionerv1.What_WHAT_MANIFESTS:
+				read.manifests = st
+			default:
+				read.registry = st
+			}
+			return read
 		},
 		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, *wire.Error) {
 			start := time.Now()

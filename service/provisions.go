@@ -50,7 +50,8 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 			needs, _ := s.mirror.Needs.Stamp("")
 			applied, _ := s.mirror.Applied.Stamp("")
 			manifests, _ := s.mirror.Manifests.Stamp("")
-			return stamp{registry, needs, applied, manifests, s.mirror.Bound.Stamp(), behindBits(s.mirror)}
+			return stamp{registry: registry, needs: needs, applied: applied, manifests: manifests,
+				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
 		answer: func(in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
 			return provisionsFrom(s.mirror, in, enc, budget)

@@ -90,8 +90,8 @@ func (m *Mirror) BoundBuckets() []string {
 func Load(capture *provisionerv1.Capture) (*Mirror, error) {
 	m := New()
 	m.Bound.held = true
-	copies := map[string]Watched{}
-	for _, c := range m.Copies() {
+	copies := map[string]followed{}
+	for _, c := range m.followedCopies() {
 		copies[c.Bucket()] = c
 	}
 	for _, b := range capture.GetBuckets() {
@@ -111,7 +111,7 @@ func Load(capture *provisionerv1.Capture) (*Mirror, error) {
 			c.Apply(e.GetKey(), e.GetValue(), e.GetRevision(), false)
 		}
 	}
-	for _, c := range m.Copies() {
+	for _, c := range m.followedCopies() {
 		c.MarkLoaded()
 	}
 	return m, nil

@@ -43,8 +43,8 @@ func New() *Mirror {
 	}
 }
 
-// Watched is what the mirror needs of each bucket's copy, whatever its
-// record.
+// Watched is what a reader asks of a bucket's copy, whatever its record:
+// how far it is, whether it may lag, what it holds.
 type Watched interface {
 	Bucket() string
 	Loaded() <-chan struct{}
@@ -55,6 +55,13 @@ type Watched interface {
 	Stamp(first string) (stamp, revision uint64)
 	Empty() bool
 	WaitFor(ctx context.Context, revision uint64) bool
+}
+
+// followed is what a follower (and a capture's load) does to a bucket's
+// copy: the changes it applies, and what it asks to resume or to read
+// again.
+type followed interface {
+	Watched
 	Apply(key string, value []byte, revision uint64, deleted bool)
 	MarkLoaded()
 	setBehind(bool)
@@ -69,6 +76,11 @@ type Watched interface {
 // first.
 func (m *Mirror) Copies() []Watched {
 	return []Watched{m.Registry, m.Needs, m.Applied, m.Collect, m.Manifests}
+}
+
+// followedCopies returns Copies as their followers see them.
+func (m *Mirror) followedCopies() []followed {
+	return []followed{m.Registry, m.Needs, m.Applied, m.Collect, m.Manifests}
 }
 
 // Ready reports whether every copy holds its bucket's initial values.

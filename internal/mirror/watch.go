@@ -73,7 +73,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		logger = slog.Default()
 	}
 	w := &Watchers{mirror: m, conn: js.Conn(), js: js, logger: logger}
-	for _, c := range m.Copies() {
+	for _, c := range m.followedCopies() {
 		kv, err := js.KeyValue(ctx, c.Bucket())
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			return nil, fmt.Errorf("%w: %s", ErrBucketMissing, c.Bucket())
@@ -145,7 +145,7 @@ func (w *Watchers) releaseLoadMemory(ctx context.Context) {
 
 // follower keeps one bucket's copy up to date.
 type follower struct {
-	copy      Watched
+	copy      followed
 	stream    jetstream.Stream
 	prefix    string // of the bucket's key subjects: wire.KVPrefix
 	heartbeat time.Duration
