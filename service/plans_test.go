@@ -87,7 +87,7 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 		}
 		natstest.CheckFor(t, 5*time.Second, func() error {
 			if _, _, err := digestOf("novox"); !errors.Is(err, jetstream.ErrKeyNotFound) {
-				return fmt.Errorf("novox's key: %v", err)
+				return fmt.Errorf("novox's key: %w", err)
 			}
 			return nil
 		})
