@@ -13,9 +13,9 @@ import (
 // Digest returns the digest of what a composition asks the node to apply:
 // "sha256:" and the hex SHA-256 of its node, module, plans (each item but
 // the revision at which its need was written, the collected items but the
-// revisions at which they were written), provisions and refusals, each
-// string length-prefixed and each provision and refusal in its
-// deterministic encoding. Phases, revisions, behind and the page token are
+// revisions at which they were written), provisions and refusals, field by
+// field, each string length-prefixed (a collected item in its
+// deterministic encoding). Phases, revisions, behind and the page token are
 // left out: a need or item written again unchanged leaves the digest as it
 // was, and a provision bound again (a new revision of the provider's key)
 // changes it, since the value to read changed.
@@ -53,12 +53,20 @@ func Digest(c *provisionerv1.ComposeResponse) string {
 	}
 	b = binary.AppendUvarint(b, uint64(len(c.GetProvisions())))
 	for _, p := range c.GetProvisions() {
-		b = appendMessage(b, p)
+		for _, s := range []string{p.GetProvider(), p.GetBucket(), p.GetKey(), p.GetModule(), p.GetProvision(), p.GetLocal(), p.GetName(), p.GetNode(), p.GetManifestDigest()} {
+			b = appendString(b, s)
+		}
+		b = appendStrings(b, p.GetBuilds())
+		b = binary.AppendUvarint(b, p.GetBoundRevision())
 		flush()
 	}
 	b = binary.AppendUvarint(b, uint64(len(c.GetRefusals())))
 	for _, r := range c.GetRefusals() {
-		b = appendMessage(b, r)
+		for _, s := range []string{r.GetKey(), r.GetModule(), r.GetKind(), r.GetName(), r.GetDetail()} {
+			b = appendString(b, s)
+		}
+		b = binary.AppendUvarint(b, uint64(r.GetReason()))
+		b = appendStrings(b, r.GetBuilds())
 		flush()
 	}
 	h.Write(b)
@@ -71,6 +79,14 @@ const digestBlock = 32 << 10
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
+}
+
+func appendStrings(b []byte, list []string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(list)))
+	for _, s := range list {
+		b = appendString(b, s)
+	}
+	return b
 }
 
 // appendMessage appends a message's deterministic encoding, length-
@@ -99,14 +115,12 @@ func appendItem(b []byte, item *provisionerv1.PlanItem, collections map[string][
 		b = appendString(b, loc.Bucket.GetKey())
 	case *provisionerv1.PlanItem_Verb:
 		b = appendString(b, "verb")
-		b = appendMessage(b, loc.Verb)
+		b = appendString(b, loc.Verb.GetSeat())
+		b = appendString(b, loc.Verb.GetSubject())
 	default:
 		b = appendString(b, "")
 	}
-	b = binary.AppendUvarint(b, uint64(len(item.GetBuilds())))
-	for _, build := range item.GetBuilds() {
-		b = appendString(b, build)
-	}
+	b = appendStrings(b, item.GetBuilds())
 	b = appendString(b, item.GetCollection())
 	if item.GetCollection() == "" {
 		return binary.AppendUvarint(b, 0)

@@ -1,0 +1,90 @@
+package compose_test
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/novox/mesh-provisioner/compose"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
+
+// Every field of a composition's plans, provisions and refusals is in its
+// digest, but the revisions at which needs and items were written: a field
+// added to the contract and forgotten by Digest fails here.
+func TestDigestReadsEveryField(t *testing.T) {
+	t.Parallel()
+	base := func() *provisionerv1.ComposeResponse {
+		return &provisionerv1.ComposeResponse{
+			Node: "ace",
+			Plans: []*provisionerv1.ModulePlan{{Module: "web", Items: []*provisionerv1.PlanItem{{
+				Kind: "shell", Collection: "shell:zsh:normal",
+				Location: &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{}},
+				Items:    []*provisionerv1.CollectedItem{{Item: &provisionerv1.CollectItem{}}},
+			}, {
+				Kind: "secret", Location: &provisionerv1.PlanItem_Verb{Verb: &provisionerv1.VerbSource{}},
+			}}}},
+			Provisions: []*provisionerv1.Provision{{}},
+			Refusals:   []*provisionerv1.Refusal{{}},
+		}
+	}
+	ignored := map[protoreflect.FullName]bool{
+		"mesh.provisioner.v1.PlanItem.revision":      true,
+		"mesh.provisioner.v1.CollectedItem.revision": true,
+		"mesh.provisioner.v1.PlanItem.items":         true, // below, by its item
+	}
+	want := compose.Digest(base())
+	// Each scalar field of each message reached from base, set in turn.
+	messages := func(c *provisionerv1.ComposeResponse) []protoreflect.Message {
+		plan := c.GetPlans()[0]
+		collection, verb := plan.GetItems()[0], plan.GetItems()[1]
+		return []protoreflect.Message{
+			plan.ProtoReflect(), collection.ProtoReflect(), verb.ProtoReflect(),
+			collection.GetBucket().ProtoReflect(), verb.GetVerb().ProtoReflect(),
+			collection.GetItems()[0].ProtoReflect(), collection.GetItems()[0].GetItem().ProtoReflect(),
+			c.GetProvisions()[0].ProtoReflect(), c.GetRefusals()[0].ProtoReflect(),
+		}
+	}
+	for i := range messages(base()) {
+		fields := messages(base())[i].Descriptor().Fields()
+		for j := range fields.Len() {
+			fd := fields.Get(j)
+			if ignored[fd.FullName()] || fd.Message() != nil && !fd.IsList() || fd.ContainingOneof() != nil {
+				continue
+			}
+			c := base()
+			m := messages(c)[i]
+			switch {
+			case fd.IsList() && fd.Kind() == protoreflect.StringKind:
+				m.Mutable(fd).List().Append(protoreflect.ValueOfString("b2"))
+			case fd.IsList() || fd.IsMap():
+				if fd.IsMap() && fd.MapValue().Kind() == protoreflect.StringKind {
+					m.Mutable(fd).Map().Set(protoreflect.ValueOfString("k").MapKey(), protoreflect.ValueOfString("v"))
+				} else {
+					continue // a list of messages: set through its elements
+				}
+			case fd.Kind() == protoreflect.StringKind:
+				m.Set(fd, protoreflect.ValueOfString("x"))
+			case fd.Kind() == protoreflect.Uint64Kind:
+				m.Set(fd, protoreflect.ValueOfUint64(7))
+			case fd.Kind() == protoreflect.Int32Kind:
+				m.Set(fd, protoreflect.ValueOfInt32(7))
+			case fd.Kind() == protoreflect.BoolKind:
+				m.Set(fd, protoreflect.ValueOfBool(true))
+			case fd.Kind() == protoreflect.EnumKind:
+				m.Set(fd, protoreflect.ValueOfEnum(1))
+			default:
+				t.Fatalf("field %s of kind %s: teach this test to set it", fd.FullName(), fd.Kind())
+			}
+			if compose.Digest(c) == want {
+				t.Errorf("setting %s leaves the digest as it was", fd.FullName())
+			}
+		}
+	}
+	c := base()
+	c.GetPlans()[0].GetItems()[0].Revision = 9
+	c.GetPlans()[0].GetItems()[0].GetItems()[0].Revision = 9
+	if compose.Digest(c) != want {
+		t.Error("the revisions at which a need and an item were written changed the digest")
+	}
+}
