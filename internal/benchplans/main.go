@@ -135,6 +135,7 @@ func run(cfg config) error {
 		if err := allowConsumers(ctx, js, cfg.maxConsumers); err != nil {
 			return err
 		}
+		fmt.Printf("the plans stream's max_consumers set to %d: buckets.Ensure leaves it unset, which nats-server 2.15 caps at 1,000 (-plans-max-consumers 0 to see the watchers fail)\n", cfg.maxConsumers)
 	}
 
 	// The mesh, published as the buckets' messages.
