@@ -195,7 +195,12 @@ func run(cfg config) error {
 	go func() {
 		plansDone <- svc.RunPlans(plansCtx, service.PlansConfig{KV: plansKV, Interval: cfg.plansInterval})
 	}()
-	defer func() { stopPlans(); <-plansDone }()
+	defer func() {
+		stopPlans()
+		if err := <-plansDone; err != nil {
+			fmt.Fprintln(os.Stderr, "benchplans: RunPlans:", err)
+		}
+	}()
 	started := time.Now()
 	if err := waitFor(ctx, 5*time.Minute, func() (bool, error) {
 		s, err := plansStats(svc)
@@ -465,14 +470,16 @@ func changeKind(ctx context.Context, kv jetstream.KeyValue, kind string) ([]byte
 }
 
 func plansStats(svc *service.Service) (*provisionerv1.PlansStats, error) {
-	for _, e := range svc.Stats().Endpoints {
-		data, err := wire.DecodeStatsData(e.Data)
-		if err != nil {
-			return nil, err
-		}
-		return data.GetPlans(), nil
+	endpoints := svc.Stats().Endpoints
+	if len(endpoints) == 0 {
+		return nil, errors.New("the service has no endpoint")
 	}
-	return nil, errors.New("the service has no endpoint")
+	// Every endpoint's data carries the same plans statistics.
+	data, err := wire.DecodeStatsData(endpoints[0].Data)
+	if err != nil {
+		return nil, err
+	}
+	return data.GetPlans(), nil
 }
 
 // allowConsumers sets the plans stream's max_consumers: one watcher per
