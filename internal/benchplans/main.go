@@ -162,7 +162,13 @@ func run(cfg config) error {
 	for i, n := range mesh.Nodes {
 		nodes[i] = n.Name
 	}
-	kind, covered := widestKind(mesh)
+	kind, readers := widestKind(mesh)
+	covered := 0
+	for _, r := range readers {
+		if r {
+			covered++
+		}
+	}
 	capture, mesh = nil, nil
 	fmt.Printf("mesh: %d keys written in %s (%d nodes x %d modules x %d needs, with applied and collection items)\n",
 		total, time.Since(start).Round(time.Millisecond), cfg.nodes, cfg.modules, cfg.needs)
@@ -238,7 +244,7 @@ func run(cfg config) error {
 	defer func() { stopWatch(); watching.Wait() }()
 	firsts := make([]bool, len(nodes))
 	if _, err := gather(deliveries, firsts, 5*time.Minute, &watchErr); err != nil {
-		return fmt.Errorf("the watchers' first compositions: %w", err)
+		return fmt.Errorf("the watchers' first compositions: %w (%s)", err, diagnose(ctx, js, svc))
 	}
 	fmt.Printf("watchers: %d, each with its first composition, in %s, on %d connections\n", len(nodes), time.Since(started).Round(time.Millisecond), cfg.conns)
 
@@ -298,14 +304,19 @@ func run(cfg config) error {
 		return err
 	}
 	drain(deliveries)
-	clear(firsts)
+	notReaders := func() {
+		for i, r := range readers {
+			firsts[i] = !r // a node that reads no need of kind has nothing new
+		}
+	}
+	notReaders()
 	began := time.Now()
 	if _, err := regKV.Put(ctx, kind, changed); err != nil {
 		return err
 	}
 	reached, err := gather(deliveries, firsts, time.Minute, &watchErr)
 	if err != nil {
-		return fmt.Errorf("the registry change: %w", err)
+		return fmt.Errorf("the registry change: %w (%s)", err, diagnose(ctx, js, svc))
 	}
 	registryAll := reached.Sub(began)
 	registryWriter, err := writerDone(svc, began)
@@ -313,14 +324,14 @@ func run(cfg config) error {
 		return err
 	}
 	// ... and restored by a reconcile.
-	clear(firsts)
+	notReaders()
 	began = time.Now()
 	if _, err := registry.Reconcile(ctx, regKV, registry.Table()); err != nil {
 		return err
 	}
 	reached, err = gather(deliveries, firsts, time.Minute, &watchErr)
 	if err != nil {
-		return fmt.Errorf("the registry restored: %w", err)
+		return fmt.Errorf("the registry restored: %w (%s)", err, diagnose(ctx, js, svc))
 	}
 	restoredAll := reached.Sub(began)
 	restoredWriter, err := writerDone(svc, began)
@@ -388,9 +399,9 @@ func run(cfg config) error {
 		ms(np99), goalNeedP99, met(np99 <= goalNeedP99), ms(bp99), float64(np99)/float64(bp99))
 	fmt.Fprintf(w, "(a) ... max\t%s\t\t\tbare max %s\t\n", ms(slices.Max(need)), ms(slices.Max(bare)))
 	fmt.Fprintf(w, "(b) registry entry changed -> all %d watchers' new compositions\t%s\t<= %s\t%s\t\t\n",
-		len(nodes), ms(registryAll), goalRegistryAll, met(registryAll <= goalRegistryAll))
+		covered, ms(registryAll), goalRegistryAll, met(registryAll <= goalRegistryAll))
 	fmt.Fprintf(w, "(b) registry entry restored (Reconcile) -> all %d watchers'\t%s\t<= %s\t%s\t\t\n",
-		len(nodes), ms(restoredAll), goalRegistryAll, met(restoredAll <= goalRegistryAll))
+		covered, ms(restoredAll), goalRegistryAll, met(restoredAll <= goalRegistryAll))
 	fmt.Fprintf(w, "(b) ... of which the writer's pass (change -> its last digest written), changed, restored\t%s, %s\t\t\t%d KV puts one after another %s; %d compose requests one after another %s\t%.2f\n",
 		ms(registryWriter), ms(restoredWriter), len(nodes), ms(seqPuts), len(nodes), ms(seqComposes), float64(registryWriter)/float64(seqPuts+seqComposes))
 	nothing := after.GetWritten() == before.GetWritten() && seqAfter == seqBefore && quietDeliveries == 0
@@ -424,8 +435,8 @@ func quantile(ds []time.Duration, q int) time.Duration {
 }
 
 // widestKind returns the registry's bucket kind the most nodes' needs
-// read, and how many nodes read it.
-func widestKind(mesh *synth.Mesh) (string, int) {
+// read, and which nodes read it: only their compositions change with it.
+func widestKind(mesh *synth.Mesh) (string, []bool) {
 	bucketKinds := map[string]bool{}
 	for _, e := range registry.Table() {
 		if e.GetBucket() != nil && e.GetBucket().GetCollection() == "" {
@@ -448,7 +459,11 @@ func widestKind(mesh *synth.Mesh) (string, int) {
 			best = k
 		}
 	}
-	return best, count[best]
+	readers := make([]bool, len(mesh.Nodes))
+	for i, n := range mesh.Nodes {
+		readers[i] = slices.ContainsFunc(n.Needs, func(need synth.Need) bool { return need.Kind == best })
+	}
+	return best, readers
 }
 
 // changeKind returns kind's registry entry, as the bucket holds it, with
@@ -494,6 +509,25 @@ func allowConsumers(ctx context.Context, js jetstream.JetStream, n int) error {
 	sc.MaxConsumers = n
 	_, err = js.UpdateStream(ctx, sc)
 	return err
+}
+
+// diagnose says what the plans stream and the writer are at, for an
+// error.
+func diagnose(ctx context.Context, js jetstream.JetStream, svc *service.Service) string {
+	stream, err := js.Stream(ctx, wire.StreamOf(keys.PlansBucket))
+	if err != nil {
+		return err.Error()
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	stats, err := plansStats(svc)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("the plans stream: %d consumers, max_consumers %d, last sequence %d; the writer: %v",
+		info.State.Consumers, info.Config.MaxConsumers, info.State.LastSeq, stats)
 }
 
 // writerDone returns how long after began the writer wrote its last
