@@ -182,6 +182,10 @@ fuzz: ## Fuzz the key parsers and the collection escape (FUZZTIME each, default 
 bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers' entries and manifests too), a 1,000-node mesh, two builds vs one; MESH_COMPOSE_CAPTURE=file to replay a capture
 	go test ./service -run '^$$' -bench 'BenchmarkCompose' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
 
+.PHONY: bench-plans
+bench-plans: ## Plan digests at 1,000 nodes and watchers: a need to its watcher (p50, p99, vs a bare KV watch), a registry change to all watchers, an hour of reconciles writing nothing (BENCHPLANS_ARGS="-writes 500 ...")
+	go run ./internal/benchplans $(BENCHPLANS_ARGS)
+
 .PHONY: bench-verb
 bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requesters; copy bytes a key; cold start (BENCHVERB_ARGS="-nodes 1000 ...")
 	go run ./internal/benchverb $(BENCHVERB_ARGS)
