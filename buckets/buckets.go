@@ -24,6 +24,11 @@ type Config struct {
 	// MaxBytes is the most a state bucket holds, in bytes; a put that would
 	// grow it further is refused. Zero means DefaultMaxBytes.
 	MaxBytes int64
+	// MaxPlanWatchers is how many consumers the plans bucket's stream takes:
+	// one a node that watches its plan, and one a seat holder's tenure.
+	// Zero means DefaultMaxPlanWatchers. nats-server caps a stream that sets
+	// none at 1,000 consumers (JSDefaultMaxConsumersPerStream).
+	MaxPlanWatchers int
 }
 
 // Defaults of Config. A need, an applied record or a collection item is a
@@ -32,6 +37,10 @@ type Config struct {
 const (
 	DefaultMaxValueSize = 64 << 10
 	DefaultMaxBytes     = 1 << 30
+	// DefaultMaxPlanWatchers leaves room for 100,000 nodes and the
+	// consumers a reconnect leaves for a while (each goes after its
+	// inactivity threshold).
+	DefaultMaxPlanWatchers = 131_072
 )
 
 // Ensure creates each provisioning bucket that is missing, makes sure
@@ -51,6 +60,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	}
 	if cfg.MaxBytes <= 0 {
 		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.MaxPlanWatchers <= 0 {
+		cfg.MaxPlanWatchers = DefaultMaxPlanWatchers
 	}
 	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		_, err := js.KeyValue(ctx, bucket)
@@ -77,7 +89,29 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 			return err
 		}
 	}
+	if err := configurePlans(ctx, js, cfg); err != nil {
+		return err
+	}
 	return configureRegistry(ctx, js)
+}
+
+// configurePlans lets the plans bucket's stream take a consumer for every
+// node that watches its plan: without a limit of its own, nats-server caps
+// it at 1,000, and the 1,001st node's watch is refused.
+func configurePlans(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	stream, err := js.Stream(ctx, wire.StreamOf(keys.PlansBucket))
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", keys.PlansBucket, err)
+	}
+	sc := stream.CachedInfo().Config
+	if sc.MaxConsumers == cfg.MaxPlanWatchers {
+		return nil
+	}
+	sc.MaxConsumers = cfg.MaxPlanWatchers
+	if _, err := js.UpdateStream(ctx, sc); err != nil {
+		return fmt.Errorf("bucket %s: take %d watchers: %w", keys.PlansBucket, cfg.MaxPlanWatchers, err)
+	}
+	return nil
 }
 
 // configureRegistry makes the registry bucket's stream hold the provisioner

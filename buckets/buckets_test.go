@@ -1,6 +1,8 @@
 package buckets_test
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -199,5 +201,41 @@ func TestEnsureRefusesPurges(t *testing.T) {
 	}
 	if want := []string{"ace.web.port.http=KeyValuePutOp", "novox.web.port.http=KeyValuePutOp", "ace.web.port.http=KeyValueDeleteOp"}; !slices.Equal(seen, want) {
 		t.Errorf("watched %v, want %v", seen, want)
+	}
+}
+
+// The plans bucket takes a watcher a node: its stream's own limit, which
+// nats-server applies instead of its default of 1,000 consumers a stream
+// (make bench-plans watches with 1,000 nodes and the writer).
+func TestEnsureLetsTheNodesWatchTheirPlans(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, wire.StreamOf(keys.PlansBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stream.CachedInfo().Config.MaxConsumers; got != buckets.DefaultMaxPlanWatchers {
+		t.Errorf("the plans stream takes %d consumers, want %d", got, buckets.DefaultMaxPlanWatchers)
+	}
+	// The limit is the stream's, and Ensure sets it on a stream that exists.
+	if err := buckets.Ensure(ctx, js, buckets.Config{MaxPlanWatchers: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		node := fmt.Sprintf("node-%d", i)
+		_, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{FilterSubject: wire.KVSubject(keys.PlansBucket, node), InactiveThreshold: time.Minute})
+		if i < 3 && err != nil {
+			t.Fatalf("the watcher of %s: %v", node, err)
+		}
+		if i == 3 && !errors.Is(err, jetstream.ErrMaximumConsumersLimit) {
+			t.Errorf("a fourth watcher with room for three: %v", err)
+		}
 	}
 }

@@ -5,16 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // DefaultPlansInterval is how often the plans' writer looks at what changed
@@ -264,8 +267,9 @@ func addAll(set map[string]bool, keys []string) {
 	}
 }
 
-// pass composes each node and writes the digests that changed; a node
-// with no record left loses its key.
+// pass composes each node and writes the digests that changed, on as many
+// workers as the process has cores; a node with no record left loses its
+// key.
 func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 	if len(nodes) == 0 {
 		return nil
@@ -277,58 +281,118 @@ func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 		stats.pending.Store(0)
 		stats.lastPassMS.Store(uint64(time.Since(start).Milliseconds()))
 	}()
-	for i, node := range nodes {
-		if ctx.Err() != nil {
+	jobs := make(chan string)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(nodes)) {
+		wg.Go(func() {
+			for node := range jobs {
+				w.keep(ctx, node)
+				stats.pending.Add(^uint64(0))
+			}
+		})
+	}
+	defer wg.Wait()
+	defer close(jobs)
+	for _, node := range nodes {
+		select {
+		case jobs <- node:
+		case <-ctx.Done():
 			return nil
 		}
-		stats.pending.Store(uint64(len(nodes) - i))
-		w.mu.Lock()
-		held, has := w.key[node]
-		w.mu.Unlock()
-		if !w.known(node) {
-			if has {
-				if err := w.kv.Delete(ctx, node, jetstream.LastRevision(held.revision)); err != nil && ctx.Err() == nil {
-					w.failed(node, "delete", err)
-				}
-			}
-			continue
-		}
-		composition, _, werr := composeFrom(w.s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
-		stats.composed.Add(1)
-		if werr != nil {
-			w.failed(node, "compose", werr)
-			continue
-		}
-		if has && held.digest == composition.GetPlanDigest() {
-			continue
-		}
-		value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{
-			Digest: composition.GetPlanDigest(), Revisions: composition.GetRevisions(),
-		})
-		if err != nil {
-			return err
-		}
-		var revision uint64
-		if has {
-			revision, err = w.kv.Update(ctx, node, value, held.revision)
-		} else {
-			revision, err = w.kv.Create(ctx, node, value)
-		}
-		if err != nil {
-			if ctx.Err() == nil {
-				w.failed(node, "write", err)
-			}
-			continue
-		}
-		w.mu.Lock()
-		if w.key[node].revision < revision {
-			w.key[node] = heldDigest{digest: composition.GetPlanDigest(), revision: revision}
-		}
-		w.mu.Unlock()
-		stats.written.Add(1)
-		stats.lastWritten.Store(time.Now().UnixNano())
 	}
 	return nil
+}
+
+// keep brings one node's key up to date.
+func (w *plansWriter) keep(ctx context.Context, node string) {
+	stats := &w.s.plans
+	w.mu.Lock()
+	held, has := w.key[node]
+	w.mu.Unlock()
+	if !w.known(node) {
+		if has {
+			if err := w.kv.Delete(ctx, node, jetstream.LastRevision(held.revision)); err != nil && ctx.Err() == nil {
+				w.failed(node, "delete", err)
+			}
+		}
+		return
+	}
+	digest, revisions, err := w.s.composeForPlans(node)
+	stats.composed.Add(1)
+	if err != nil {
+		w.failed(node, "compose", err)
+		return
+	}
+	if has && held.digest == digest {
+		return
+	}
+	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{Digest: digest, Revisions: revisions})
+	if err != nil {
+		w.failed(node, "encode", err)
+		return
+	}
+	var revision uint64
+	if has {
+		revision, err = w.kv.Update(ctx, node, value, held.revision)
+	} else {
+		revision, err = w.kv.Create(ctx, node, value)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			w.failed(node, "write", err)
+		}
+		return
+	}
+	w.mu.Lock()
+	if w.key[node].revision < revision {
+		w.key[node] = heldDigest{digest: digest, revision: revision}
+	}
+	w.mu.Unlock()
+	stats.written.Add(1)
+	stats.lastWritten.Store(time.Now().UnixNano())
+}
+
+// composeForPlans composes node as the node asks on its own subject (the
+// binary encoding, the first page), through the answer cache: the node's
+// request that the digest's write prompts finds the answer built. It
+// returns the composition's digest and revisions, read from the answer's
+// bytes without decoding the rest.
+func (s *Service) composeForPlans(node string) (digest string, revisions *provisionerv1.Revisions, err error) {
+	ep := s.composeEndpoint()
+	ep.name = wire.ComposeNodeEndpoint // the cache's key: a node's own requests
+	data, werr := ep.respond(s, &provisionerv1.ComposeRequest{Node: node}, encoding{}, 0)
+	if werr != nil {
+		return "", nil, werr
+	}
+	revisions = &provisionerv1.Revisions{}
+	digestField := (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields().ByName("plan_digest").Number()
+	revisionsField := (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields().ByName("revisions").Number()
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ == protowire.BytesType && (num == digestField || num == revisionsField) {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", nil, protowire.ParseError(m)
+			}
+			if num == digestField {
+				digest = string(v)
+			} else if err := proto.Unmarshal(v, revisions); err != nil { // the tail's: the last one
+				return "", nil, err
+			}
+			b = b[m:]
+			continue
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return "", nil, protowire.ParseError(m)
+		}
+		b = b[m:]
+	}
+	return digest, revisions, nil
 }
 
 // failed counts a node's failed write and composes it again on the next

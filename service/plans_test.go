@@ -66,6 +66,9 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 		if d.GetDigest() != c.GetPlanDigest() {
 			return fmt.Errorf("%s: digest %s, composition's %s", node, d.GetDigest(), c.GetPlanDigest())
 		}
+		if d.GetRevisions().GetNeeds() < rev || d.GetRevisions().GetRegistry() == 0 {
+			return fmt.Errorf("%s: the digest's revisions %v, want needs at least %d and the registry's", node, d.GetRevisions(), rev)
+		}
 		return nil
 	}
 	natstest.CheckFor(t, 5*time.Second, func() error { return errors.Join(current("ace", rev), current("novox", rev)) })

@@ -61,6 +61,7 @@ type serveFlags struct {
 	revisionWait     time.Duration
 	maxValueSize     int
 	bucketMaxBytes   int64
+	planWatchers     int
 	nodeMaxKeys      int
 	nodeMaxBytes     int
 	connectRetry     bool
@@ -86,6 +87,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
 	fs.IntVar(&f.maxValueSize, "max-value-size", buckets.DefaultMaxValueSize, "largest value a state bucket takes, in bytes; nats-server refuses a larger put from any node (a need, applied record or collection item is a few hundred bytes)")
 	fs.Int64Var(&f.bucketMaxBytes, "bucket-max-bytes", buckets.DefaultMaxBytes, "most bytes each state bucket holds; a put that would grow it further is refused")
+	fs.IntVar(&f.planWatchers, "plans-max-watchers", buckets.DefaultMaxPlanWatchers, "most consumers of mesh-provisioner_plans: one a node that watches its plan (nats-server's default would be 1,000)")
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
@@ -337,7 +339,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 			return err
 		}
 	}
-	prepared, err := prepareBuckets(ctx, js, logger, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes})
+	prepared, err := prepareBuckets(ctx, js, logger, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes, MaxPlanWatchers: f.planWatchers})
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,7 @@ func main() {
 	flag.IntVar(&cfg.conns, "conns", 8, "connections the watchers share")
 	flag.DurationVar(&cfg.plansInterval, "plans-interval", service.DefaultPlansInterval, "RunPlans's interval")
 	flag.IntVar(&cfg.reconciles, "reconciles", 3600, "registry reconciles with nothing changed (3600: an hour at serve's shortest --registry-interval, 1s)")
-	flag.IntVar(&cfg.maxConsumers, "plans-max-consumers", 4*1000+16, "set the plans stream's max_consumers (0: leave it as buckets.Ensure makes it, which nats-server 2.15 caps at its default of 1,000 consumers a stream: a watcher per node and the writer's cannot all be made at 1,000 nodes)")
+	flag.IntVar(&cfg.maxConsumers, "plans-max-consumers", 0, "set the plans stream's max_consumers (0: as buckets.Ensure makes it, buckets.DefaultMaxPlanWatchers; without a limit of its own nats-server 2.15 caps a stream at 1,000 consumers)")
 	natsOnly := flag.String("nats-server", "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {
@@ -135,7 +135,7 @@ func run(cfg config) error {
 		if err := allowConsumers(ctx, js, cfg.maxConsumers); err != nil {
 			return err
 		}
-		fmt.Printf("the plans stream's max_consumers set to %d: buckets.Ensure leaves it unset, which nats-server 2.15 caps at 1,000 (-plans-max-consumers 0 to see the watchers fail)\n", cfg.maxConsumers)
+		fmt.Printf("the plans stream's max_consumers set to %d\n", cfg.maxConsumers)
 	}
 
 	// The mesh, published as the buckets' messages.
