@@ -85,7 +85,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 		select {
 		case b.wants <- bb:
 		default:
-			// Run takes the rest from the map on its next look.
+			// Run finds it in the map on its next look.
 		}
 	}
 	return bb
@@ -288,34 +288,41 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	b.mu.RLock()
-	named := make([]*BoundBucket, 0, len(b.buckets))
-	for _, bb := range b.buckets {
-		named = append(named, bb)
-	}
-	b.mu.RUnlock()
-	for _, bb := range named {
-		wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
-	}
 	seen := map[*BoundBucket]bool{}
-	for _, bb := range named {
-		seen[bb] = true
+	start := func(bb *BoundBucket) {
+		if !seen[bb] {
+			seen[bb] = true
+			wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
+		}
 	}
+	// Buckets named before Run, or while wants was full, are found in the
+	// map: at the start and on each tick.
+	lookAll := func() {
+		b.mu.RLock()
+		named := slices.Collect(maps.Values(b.buckets))
+		b.mu.RUnlock()
+		for _, bb := range named {
+			start(bb)
+		}
+	}
+	lookAll()
+	ticker := time.NewTicker(boundRetry)
+	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case bb := <-b.wants:
-			if !seen[bb] {
-				seen[bb] = true
-				wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
-			}
+			start(bb)
+		case <-ticker.C:
+			lookAll()
 		}
 	}
 }
 
 // follow keeps the copy of one bucket until ctx is done.
 func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
+	warned := false // once a run of failures, not every retry
 	for ctx.Err() == nil {
 		err := bb.watch(ctx, js)
 		if ctx.Err() != nil {
@@ -323,11 +330,15 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logge
 		}
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
 			bb.markLoaded(false) // nothing is bound in a bucket not yet made
+			warned = false
 		} else {
 			// Its provisions read as pending, and answers say the bucket
 			// is behind, rather than wait for it.
 			bb.markLoaded(true)
-			logger.Warn("cannot follow a provider's bucket; its provisions read as pending", "error", err)
+			if !warned {
+				logger.Warn("cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "error", err)
+				warned = true
+			}
 		}
 		select {
 		case <-ctx.Done():

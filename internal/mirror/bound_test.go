@@ -1,0 +1,71 @@
+package mirror_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// The copy of a provider's bucket: missing, then made and written by the
+// provider, read with keys and revisions only; a delete drops the key; a
+// wait for a revision of a bucket found missing looks for it again at once;
+// Changed says whose keys changed.
+func TestBoundFollowsAProvidersBucket(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mirror.NewBound()
+	done := make(chan struct{})
+	go func() { b.Run(ctx, js, nil); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	pg := b.Bucket("pg_bound")
+	if !pg.WaitLoaded(ctx) || pg.Behind() || b.Key("pg_bound", "ace.web.db") != 0 {
+		t.Fatalf("a bucket not made yet: loaded %v, behind %v", pg.Loaded(), pg.Behind())
+	}
+	_, mark := b.Changed(0)
+
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, "ace.web.db", []byte("a secret the server never reads"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sooner than the 2s a missing bucket waits to be looked for again.
+	waitCtx, cancelWait := context.WithTimeout(ctx, time.Second)
+	defer cancelWait()
+	if !pg.WaitFor(waitCtx, rev) {
+		t.Fatalf("the copy did not reach revision %d of a bucket made after it was found missing", rev)
+	}
+	if got := b.Key("pg_bound", "ace.web.db"); got != rev {
+		t.Errorf("ace.web.db at revision %d, want %d", got, rev)
+	}
+	if firsts, _ := b.Changed(mark); !slices.Contains(firsts, "ace") {
+		t.Errorf("changed since the mark: %v, want ace", firsts)
+	}
+	if err := kv.Delete(ctx, "ace.web.db"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if got := b.Key("pg_bound", "ace.web.db"); got != 0 {
+			return fmt.Errorf("ace.web.db still at %d after its delete", got)
+		}
+		return nil
+	})
+	if revs := b.Revisions(); revs["pg_bound"] < rev+1 {
+		t.Errorf("revisions %v, want pg_bound past the delete", revs)
+	}
+}
