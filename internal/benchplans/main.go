@@ -23,24 +23,19 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
@@ -48,6 +43,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/benchnats"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
@@ -85,10 +81,10 @@ func main() {
 	flag.DurationVar(&cfg.plansInterval, "plans-interval", service.DefaultPlansInterval, "RunPlans's interval")
 	flag.IntVar(&cfg.reconciles, "reconciles", 3600, "registry reconciles with nothing changed (3600: an hour at serve's shortest --registry-interval, 1s)")
 	flag.IntVar(&cfg.maxConsumers, "plans-max-consumers", 0, "set the plans stream's max_consumers (0: as buckets.Ensure makes it, buckets.DefaultMaxPlanWatchers; without a limit of its own nats-server 2.15 caps a stream at 1,000 consumers)")
-	natsOnly := flag.String("nats-server", "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
+	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {
-		if err := serveNATS(*natsOnly); err != nil {
+		if err := benchnats.Serve(*natsOnly); err != nil {
 			fmt.Fprintln(os.Stderr, "benchplans:", err)
 			os.Exit(1)
 		}
@@ -114,7 +110,7 @@ func run(cfg config) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	url, stop, err := startNATS(dir)
+	url, stop, err := benchnats.Start(dir)
 	if err != nil {
 		return err
 	}
@@ -715,49 +711,4 @@ func bareWatch(ctx context.Context, js jetstream.JetStream, watchConn *nats.Conn
 		time.Sleep(cfg.pace)
 	}
 	return out, nil
-}
-
-// serveNATS runs a nats-server with JetStream on a free loopback port, its
-// store in dir, prints its URL on stdout, and serves until stdin closes.
-func serveNATS(dir string) error {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		return err
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return errors.New("nats-server did not start")
-	}
-	fmt.Println(ns.ClientURL())
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return nil
-}
-
-// startNATS starts this program as a nats-server in a child process and
-// returns its URL, and how to stop it.
-func startNATS(dir string) (string, func(), error) {
-	cmd := exec.Command(os.Args[0], "-nats-server", dir)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop := func() {
-		_ = stdin.Close()
-		_ = cmd.Wait()
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		stop()
-		return "", nil, fmt.Errorf("the nats-server process: %w", err)
-	}
-	return strings.TrimSpace(line), stop, nil
 }

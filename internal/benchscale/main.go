@@ -28,7 +28,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -41,7 +40,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -49,6 +47,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/benchnats"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
@@ -78,10 +77,10 @@ func main() {
 	flag.DurationVar(&cfg.round, "round", 2*time.Second, "how long each throughput round lasts")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Second, "how long the resident memory must stay within 1% to be read")
 	flag.BoolVar(&cfg.keepServerLogs, "v", false, "show the served binary's logs")
-	natsOnly := flag.String("nats-server", "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
+	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {
-		if err := serveNATS(*natsOnly); err != nil {
+		if err := benchnats.Serve(*natsOnly); err != nil {
 			fmt.Fprintln(os.Stderr, "benchscale:", err)
 			os.Exit(1)
 		}
@@ -168,7 +167,7 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	url, stopNATS, err := startNATS(filepath.Join(dir, "nats"))
+	url, stopNATS, err := benchnats.Start(filepath.Join(dir, "nats"))
 	if err != nil {
 		return f, err
 	}
@@ -542,50 +541,4 @@ func procStatus(pid int, field string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("/proc/%d/status has no %s", pid, field)
-}
-
-// serveNATS runs a nats-server with JetStream on a free loopback port, its
-// store in dir, prints its URL on stdout, and serves until stdin closes.
-func serveNATS(dir string) error {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
-		JetStreamMaxMemory: 8 << 30, JetStreamMaxStore: 64 << 30})
-	if err != nil {
-		return err
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return errors.New("nats-server did not start")
-	}
-	fmt.Println(ns.ClientURL())
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return nil
-}
-
-// startNATS starts this program as a nats-server in a child process and
-// returns its URL, and how to stop it.
-func startNATS(dir string) (string, func(), error) {
-	cmd := exec.Command(os.Args[0], "-nats-server", dir)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop := func() {
-		_ = stdin.Close()
-		_ = cmd.Wait()
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		stop()
-		return "", nil, fmt.Errorf("the nats-server process: %w", err)
-	}
-	return strings.TrimSpace(line), stop, nil
 }

@@ -13,14 +13,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -31,7 +28,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
@@ -40,6 +36,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/benchnats"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
@@ -67,10 +64,10 @@ func main() {
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of each side (real and echo) at each requester count")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the cold start and the rounds to this file")
 	only := flag.String("only", "", "measure only the request kinds whose name holds this")
-	natsOnly := flag.String("nats-server", "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
+	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {
-		if err := serveNATS(*natsOnly); err != nil {
+		if err := benchnats.Serve(*natsOnly); err != nil {
 			fmt.Fprintln(os.Stderr, "benchverb:", err)
 			os.Exit(1)
 		}
@@ -102,7 +99,7 @@ func run(cfg config) error {
 	defer func() { _ = os.RemoveAll(dir) }()
 	// The nats-server runs in a process of its own, as it would on a mesh:
 	// the service's cold start and memory are its own.
-	url, stop, err := startNATS(dir)
+	url, stop, err := benchnats.Start(dir)
 	if err != nil {
 		return err
 	}
@@ -362,49 +359,4 @@ func (k kind) round(url string, needs jetstream.KeyValue, target string, request
 		return result{}, err
 	}
 	return result{took: time.Since(start), latencies: slices.Concat(latencies...)}, nil
-}
-
-// serveNATS runs a nats-server with JetStream on a free loopback port, its
-// store in dir, prints its URL on stdout, and serves until stdin closes.
-func serveNATS(dir string) error {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-	if err != nil {
-		return err
-	}
-	ns.Start()
-	defer ns.Shutdown()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		return fmt.Errorf("nats-server did not start")
-	}
-	fmt.Println(ns.ClientURL())
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	return nil
-}
-
-// startNATS starts this program as a nats-server in a child process and
-// returns its URL, and how to stop it.
-func startNATS(dir string) (string, func(), error) {
-	cmd := exec.Command(os.Args[0], "-nats-server", dir)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	stop := func() {
-		_ = stdin.Close()
-		_ = cmd.Wait()
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		stop()
-		return "", nil, fmt.Errorf("the nats-server process: %w", err)
-	}
-	return strings.TrimSpace(line), stop, nil
 }
