@@ -42,7 +42,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			for bucket, rev := range least.GetBound() {
 				waits = append(waits, revisionWait{s.mirror.Bound.Bucket(bucket), rev})
 			}
-			return append(waits, boundUnread(s.mirror, in.GetNode())...)
+			return append(waits, s.boundUnread(in.GetNode())...)
 		},
 		unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
@@ -254,8 +254,19 @@ func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
 // boundUnread names to the copy the providers' buckets that the node's
 // needs read, so that it follows them, and returns a wait for each it has
 // not read yet: a provider met for the first time is read before the
-// composition that names it is answered, not reported behind.
-func boundUnread(m *mirror.Mirror, node string) []revisionWait {
+// composition that names it is answered, not reported behind. It runs on
+// the request's arrival, so it reads the node's needs only when they or
+// the registry changed since it last named their buckets, or a bucket is
+// still unread: a reused answer reads no need.
+func (s *Service) boundUnread(node string) []revisionWait {
+	m := s.mirror
+	needs, _ := m.Needs.Stamp(node)
+	registry, _ := m.Registry.Stamp("")
+	at := [2]uint64{needs, registry}
+	if named, ok := s.boundNamed.Load(node); ok && named.([2]uint64) == at && m.Bound.AllLoaded() {
+		return nil
+	}
+	defer s.boundNamed.Store(node, at)
 	entries, _, _ := m.Needs.Group(node)
 	var waits []revisionWait
 	var lastBucket string

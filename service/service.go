@@ -189,7 +189,11 @@ type Service struct {
 	// warnings.
 	plans        plansStats
 	planFailures rate.Sometimes
-	stopOnce     sync.Once
+	// boundNamed holds, by node, the stamps of its needs and the registry
+	// at which the providers' buckets it reads were last named
+	// (boundUnread).
+	boundNamed sync.Map
+	stopOnce   sync.Once
 }
 
 // checkSigns refuses a negative value in a field that has no "no limit".

@@ -119,6 +119,19 @@ func (b *Bound) Revisions() map[string]uint64 {
 	return out
 }
 
+// AllLoaded reports whether every bucket named has been read once (or found
+// missing, or failed): no composition need wait for one.
+func (b *Bound) AllLoaded() bool {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	for _, bb := range b.buckets {
+		if !bb.Loaded() {
+			return false
+		}
+	}
+	return true
+}
+
 // Behind returns the buckets named whose keys are not in yet, sorted.
 func (b *Bound) Behind() []string {
 	b.mu.RLock()
