@@ -126,12 +126,20 @@ test-browser: chromium ## Open serve --http's status page in headless chromium a
 # The fault tests' own log lines (slog's text, "time=...") are left out;
 # everything else shows, DATA RACE reports and panics included.
 FAULTS_FILTER := grep -vE '^time='
+# After a failure, each failed test's whole output is printed again at the
+# end, where a CI log cut to its last lines still shows why.
+FAULTS_LOG    := build/test-faults.log
+FAULTS_FAILED := awk '/^=== RUN   [^\/]+$$/ { block = "" } { block = block $$0 "\n" } /^--- FAIL: / { printf "%s", block }'
 
 .PHONY: test-faults
 test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections; each prints its figures. RACE=-race to add the race detector to all
-	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
-	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER)
-	go test -race -count=1 -tags faults -run '^TestHolderKeepsTheSeatThroughAnElection$$' -v ./seat/ 2>&1 | $(FAULTS_FILTER)
+	@mkdir -p build && : > $(FAULTS_LOG)
+	status=0; \
+	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
+	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
+	go test -race -count=1 -tags faults -run '^TestHolderKeepsTheSeatThroughAnElection$$' -v ./seat/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
+	if [ $$status != 0 ]; then echo '=== the fault tests that failed, each with its whole output:'; $(FAULTS_FAILED) $(FAULTS_LOG); fi; \
+	exit $$status
 
 clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund

@@ -288,6 +288,7 @@ func (c *Cluster) ConsumerHolders(ctx context.Context, js jetstream.JetStream, s
 func (c *Cluster) Connect(first int, opts ...nats.Option) *nats.Conn {
 	c.t.Helper()
 	opts = append([]nats.Option{
+		quietSlowConsumers,
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(100 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, 100*time.Millisecond),

@@ -3,6 +3,8 @@
 package natstest
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -68,7 +70,7 @@ func start(t testing.TB, opts *server.Options, jetStream bool) *server.Server {
 // Connect opens a connection to s that is closed when the test ends.
 func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.ClientURL(), opts...)
+	nc, err := nats.Connect(s.ClientURL(), append([]nats.Option{quietSlowConsumers}, opts...)...)
 	if err != nil {
 		t.Fatalf("connect to %s: %v", s.ClientURL(), err)
 	}
@@ -82,3 +84,19 @@ func StartWithoutJetStream(t testing.TB) *server.Server {
 	t.Helper()
 	return start(t, &server.Options{}, false)
 }
+
+// quietSlowConsumers reports a connection's asynchronous errors on stderr
+// as nats.go's default handler does, but not slow consumers: a flood makes
+// them by the ten thousand, which buries a failing test's own lines, and
+// the service's stats and the server count them. A test's own
+// nats.ErrorHandler, given later, replaces it.
+var quietSlowConsumers = nats.ErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+	if errors.Is(err, nats.ErrSlowConsumer) {
+		return
+	}
+	if sub != nil {
+		fmt.Fprintf(os.Stderr, "nats: %v on a connection to %s for a subscription on %q\n", err, nc.ConnectedUrlRedacted(), sub.Subject)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "nats: %v on a connection to %s\n", err, nc.ConnectedUrlRedacted())
+})
