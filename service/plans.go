@@ -12,12 +12,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/encoding/protowire"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
-	"github.com/novox/mesh-provisioner/wire"
 )
 
 // DefaultPlansInterval is how often the plans' writer looks at what changed
@@ -267,9 +266,18 @@ func addAll(set map[string]bool, keys []string) {
 	}
 }
 
-// pass composes each node and writes the digests that changed, on as many
-// workers as the process has cores; a node with no record left loses its
-// key.
+// planWriters bounds the writes of a pass in flight: each waits for its
+// acknowledgement, so a thousand digests cost a few round trips' time.
+const planWriters = 64
+
+// pass brings the nodes' keys up to date in two steps: it composes every
+// node (on as many workers as the process has cores), then writes the
+// digests that changed, many at a time; a node with no record left loses
+// its key. Composing first keeps the notified nodes' requests for their
+// compositions from slowing the composing of the rest: for a change that
+// touches all of 1,000 plans, the last digest was written 1.5 s after the
+// change when each node was written as soon as composed, and well within
+// a second in two steps (make bench-plans).
 func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 	if len(nodes) == 0 {
 		return nil
@@ -281,118 +289,124 @@ func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 		stats.pending.Store(0)
 		stats.lastPassMS.Store(uint64(time.Since(start).Milliseconds()))
 	}()
-	jobs := make(chan string)
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(nodes)) {
-		wg.Go(func() {
-			for node := range jobs {
-				w.keep(ctx, node)
+	var (
+		mu     sync.Mutex
+		writes []planWrite
+	)
+	var composing errgroup.Group
+	composing.SetLimit(runtime.GOMAXPROCS(0))
+	for _, node := range nodes {
+		if ctx.Err() != nil {
+			break
+		}
+		composing.Go(func() error {
+			if pw, ok := w.plan(node); ok {
+				mu.Lock()
+				writes = append(writes, pw)
+				mu.Unlock()
+			} else {
 				stats.pending.Add(^uint64(0))
 			}
+			return nil
 		})
 	}
-	defer wg.Wait()
-	defer close(jobs)
-	for _, node := range nodes {
-		select {
-		case jobs <- node:
-		case <-ctx.Done():
-			return nil
+	_ = composing.Wait() // plan reports its own failures
+	var writing errgroup.Group
+	writing.SetLimit(planWriters)
+	for _, pw := range writes {
+		if ctx.Err() != nil {
+			break
 		}
+		writing.Go(func() error {
+			w.write(ctx, pw)
+			stats.pending.Add(^uint64(0))
+			return nil
+		})
 	}
+	_ = writing.Wait() // write reports its own failures
 	return nil
 }
 
-// keep brings one node's key up to date.
-func (w *plansWriter) keep(ctx context.Context, node string) {
-	stats := &w.s.plans
+// planWrite is what a pass writes to one node's key.
+type planWrite struct {
+	node string
+	held heldDigest // the key as the bucket holds it, if has
+	has  bool
+	// gone says the node has no record left: its key is deleted.
+	gone      bool
+	digest    string
+	revisions *provisionerv1.Revisions
+}
+
+// plan composes node and returns what its key needs, if anything.
+func (w *plansWriter) plan(node string) (planWrite, bool) {
 	w.mu.Lock()
 	held, has := w.key[node]
 	w.mu.Unlock()
 	if !w.known(node) {
-		if has {
-			if err := w.kv.Delete(ctx, node, jetstream.LastRevision(held.revision)); err != nil && ctx.Err() == nil {
-				w.failed(node, "delete", err)
-			}
+		return planWrite{node: node, held: held, has: has, gone: true}, has
+	}
+	digest, revisions, err := w.s.composeForPlans(node)
+	w.s.plans.composed.Add(1)
+	if err != nil {
+		w.failed(node, "compose", err)
+		return planWrite{}, false
+	}
+	if has && held.digest == digest {
+		return planWrite{}, false
+	}
+	return planWrite{node: node, held: held, has: has, digest: digest, revisions: revisions}, true
+}
+
+// write writes one node's key: a compare-and-set on the revision the
+// writer saw, so that a key written meanwhile by another is read again.
+func (w *plansWriter) write(ctx context.Context, pw planWrite) {
+	if pw.gone {
+		if err := w.kv.Delete(ctx, pw.node, jetstream.LastRevision(pw.held.revision)); err != nil && ctx.Err() == nil {
+			w.failed(pw.node, "delete", err)
 		}
 		return
 	}
-	digest, revisions, err := w.s.composeForPlans(node)
-	stats.composed.Add(1)
+	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{Digest: pw.digest, Revisions: pw.revisions})
 	if err != nil {
-		w.failed(node, "compose", err)
-		return
-	}
-	if has && held.digest == digest {
-		return
-	}
-	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{Digest: digest, Revisions: revisions})
-	if err != nil {
-		w.failed(node, "encode", err)
+		w.failed(pw.node, "encode", err)
 		return
 	}
 	var revision uint64
-	if has {
-		revision, err = w.kv.Update(ctx, node, value, held.revision)
+	if pw.has {
+		revision, err = w.kv.Update(ctx, pw.node, value, pw.held.revision)
 	} else {
-		revision, err = w.kv.Create(ctx, node, value)
+		revision, err = w.kv.Create(ctx, pw.node, value)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			w.failed(node, "write", err)
+			w.failed(pw.node, "write", err)
 		}
 		return
 	}
 	w.mu.Lock()
-	if w.key[node].revision < revision {
-		w.key[node] = heldDigest{digest: digest, revision: revision}
+	if w.key[pw.node].revision < revision {
+		w.key[pw.node] = heldDigest{digest: pw.digest, revision: revision}
 	}
 	w.mu.Unlock()
-	stats.written.Add(1)
-	stats.lastWritten.Store(time.Now().UnixNano())
+	w.s.plans.written.Add(1)
+	w.s.plans.lastWritten.Store(time.Now().UnixNano())
 }
 
-// composeForPlans composes node as the node asks on its own subject (the
-// binary encoding, the first page), through the answer cache: the node's
-// request that the digest's write prompts finds the answer built. It
-// returns the composition's digest and revisions, read from the answer's
-// bytes without decoding the rest.
+// composeForPlans composes node whole, as one page, and returns the
+// composition's digest and the revisions the copies had reached after it.
+// It encodes nothing: the digest is what the bucket holds, and a node
+// notified asks for its composition, which is built then (composing
+// without encoding costs 0.52 ms a node of a 1,000 x 30 x 10 mesh against
+// 1.31 ms through the answer cache; BenchmarkComposeForPlans).
 func (s *Service) composeForPlans(node string) (digest string, revisions *provisionerv1.Revisions, err error) {
-	ep := s.composeEndpoint()
-	ep.name = wire.ComposeNodeEndpoint // the cache's key: a node's own requests
-	data, werr := ep.respond(s, &provisionerv1.ComposeRequest{Node: node}, encoding{}, 0)
+	out, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
 	if werr != nil {
 		return "", nil, werr
 	}
-	revisions = &provisionerv1.Revisions{}
-	digestField := (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields().ByName("plan_digest").Number()
-	revisionsField := (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields().ByName("revisions").Number()
-	for b := data; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return "", nil, protowire.ParseError(n)
-		}
-		b = b[n:]
-		if typ == protowire.BytesType && (num == digestField || num == revisionsField) {
-			v, m := protowire.ConsumeBytes(b)
-			if m < 0 {
-				return "", nil, protowire.ParseError(m)
-			}
-			if num == digestField {
-				digest = string(v)
-			} else if err := proto.Unmarshal(v, revisions); err != nil { // the tail's: the last one
-				return "", nil, err
-			}
-			b = b[m:]
-			continue
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b)
-		if m < 0 {
-			return "", nil, protowire.ParseError(m)
-		}
-		b = b[m:]
-	}
-	return digest, revisions, nil
+	// Read after composing: a node that asks at these revisions is
+	// answered a composition at least as new as the digest.
+	return out.GetPlanDigest(), revisionsNow(s.mirror).proto(), nil
 }
 
 // failed counts a node's failed write and composes it again on the next
