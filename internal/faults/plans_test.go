@@ -243,13 +243,25 @@ type plansCheck struct {
 // composition's, and returns how long after from it was.
 func (pc *plansCheck) consistent(phase string, from time.Time) time.Duration {
 	pc.t.Helper()
+	var first, last error
+	checks := 0
 	natstest.CheckFor(pc.t, plansQuiet, func() error {
+		checks++
 		if err := pc.check(); err != nil {
-			return fmt.Errorf("%s: %w", phase, err)
+			last = fmt.Errorf("%s: %w", phase, err)
+			if first == nil {
+				first = last
+			}
+			return last
 		}
 		return nil
 	})
-	return time.Since(from)
+	took := time.Since(from)
+	if took > 2*time.Second {
+		// Slow to agree: say what the checks found meanwhile.
+		pc.t.Logf("%s: the digests agreed after %d checks; the first found: %v; the last: %v", phase, checks, first, last)
+	}
+	return took
 }
 
 // check composes every node at the needs stream's last revision, and
