@@ -112,6 +112,10 @@ type Seat struct {
 	// failing counts the renewals that failed since the last that
 	// succeeded.
 	failing int
+	// takeFailing counts the attempts to take the vacant seat that failed
+	// in a row: an election fails one every quarter second, and only the
+	// first is a warning.
+	takeFailing int
 	// endTenure ends the running tenure's context; set while held.
 	endTenure context.CancelFunc
 
@@ -301,6 +305,9 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 	}
 	previous := s.Status()
 	if current.Holder != "" {
+		s.mu.Lock()
+		s.takeFailing = 0
+		s.mu.Unlock()
 		if current.Holder != previous.Holder || !current.Since.Equal(previous.HolderSince) {
 			s.logger.Info("the provisioner seat is held", "holder", current.Holder, "holder_since", current.Since)
 			s.status.Store(&Status{Since: previous.Since, Holder: current.Holder, HolderSince: current.Since})
@@ -314,13 +321,19 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 	ack, err := s.publishLease(rctx, mine, seq)
 	if err != nil {
 		if !isWrongLastSequence(err) && ctx.Err() == nil {
-			s.logger.Warn("taking the vacant provisioner seat failed", "err", err)
+			if s.takeFailing == 0 {
+				s.logger.Warn("taking the vacant provisioner seat failed; trying again (each further failure at debug level)", "err", err)
+			} else {
+				s.logger.Debug("taking the vacant provisioner seat failed", "err", err, "failed", s.takeFailing+1)
+			}
+			s.takeFailing++
 		}
 		return false
 	}
 	s.held, s.rev, s.since, s.renewed, s.failing = true, ack.Sequence, now, now, 0
 	s.status.Store(&Status{Held: true, Since: now, Holder: s.cfg.ID, HolderSince: mine.Since})
-	s.logger.Info("took the provisioner seat", "previous_holder", previous.Holder, "lease_sequence", ack.Sequence)
+	s.logger.Info("took the provisioner seat", "previous_holder", previous.Holder, "lease_sequence", ack.Sequence, "failed_before", s.takeFailing)
+	s.takeFailing = 0
 	return true
 }
 

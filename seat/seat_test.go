@@ -37,9 +37,9 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 // campaign starts a seat on a new connection to url that runs until the test
 // ends or stop is called; its tenure waits for its context.
-func campaign(t *testing.T, url string, cfg Config) *instance {
+func campaign(t *testing.T, url string, cfg Config, opts ...nats.Option) *instance {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(url, append([]nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,4 +327,42 @@ func (b *logBuffer) has(parts ...string) bool {
 		}
 	}
 	return false
+}
+
+// TestAStandbyThatCannotTakeTheSeatWarnsOnce: an election, or a grant that
+// lacks the seat's subject, fails every attempt to take the vacant seat;
+// the first failure is a warning and the others are at debug level, until
+// the seat is taken or seen held.
+func TestAStandbyThatCannotTakeTheSeatWarnsOnce(t *testing.T) {
+	t.Parallel()
+	s := natstest.StartWithConfig(t, `
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: standby, password: standby, permissions: {
+        publish: { allow: [">"], deny: ["`+wire.SeatSubject+`"] }
+        subscribe: { allow: [">"] }
+    } }
+  ]
+}`)
+	js, _ := jetstream.New(natstest.Connect(t, s, nats.UserInfo("admin", "admin")))
+	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	standby := campaign(t, s.ClientURL(), Config{TTL: time.Second, Poll: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))},
+		nats.UserInfo("standby", "standby"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if n := strings.Count(logs.String(), "level=DEBUG msg=\"taking the vacant provisioner seat failed\""); n < 3 {
+			return fmt.Errorf("%d failed attempts logged at debug level, want 3", n)
+		}
+		return nil
+	})
+	if standby.seat.Status().Held {
+		t.Fatal("a standby denied the seat's subject holds the seat")
+	}
+	if n := strings.Count(logs.String(), "level=WARN msg=\"taking the vacant provisioner seat failed"); n != 1 {
+		t.Fatalf("%d warnings of a failed take, want 1:\n%s", n, logs.String())
+	}
 }
