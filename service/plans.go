@@ -65,7 +65,14 @@ type plansWriter struct {
 	// redo are nodes whose key changed under the writer (deleted, or
 	// written by another): composed again on the next pass.
 	redo map[string]bool
+	// swept is when the writer last looked for keys of nodes gone.
+	swept time.Time
 }
+
+// plansSweep is how often the writer looks for the keys of nodes with no
+// record left, whatever the copies' counts say: a node gone as another
+// came, within one interval, leaves the count of nodes as it was.
+const plansSweep = time.Second
 
 // RunPlans keeps mesh-provisioner_plans until ctx is done: for each node,
 // the digest of its composition (ComposeResponse.plan_digest) and the
@@ -229,11 +236,11 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	}
 	next.groups = groupsOf(m)
 	w.mu.Lock()
-	if all || next.groups < mark.groups {
-		// A node whose records are all gone has no group left to say so;
-		// only then do fewer groups remain (a node gone and another come
-		// within one interval leaves the gone one's key until a tenure's
-		// first pass).
+	if all || next.groups < mark.groups || time.Since(w.swept) >= plansSweep {
+		// A node whose records are all gone has no group left to say so:
+		// fewer groups remain, or, if another node came meanwhile, the
+		// next sweep finds it.
+		w.swept = time.Now()
 		for node := range w.key {
 			if !w.known(node) {
 				set[node] = true

@@ -122,3 +122,47 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 		}
 	})
 }
+
+// A node whose last record goes while another node's first comes, within
+// one interval, leaves the count of nodes as it was: its key is still
+// removed, by the writer's sweep.
+func TestRunPlansRemovesTheKeyOfANodeGoneAsAnotherCame(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc)
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	ace, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	bob, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "bob"})
+	need := &provisionerv1.Need{Placeholder: "${port:http}"}
+	if _, err := ace.PutNeed(ctx, "web", "port", "http", need); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	// An interval long enough that the delete and the put below fall
+	// within one.
+	go func() { _ = svc.RunPlans(runCtx, service.PlansConfig{KV: plans, Interval: 500 * time.Millisecond}) }()
+	has := func(node string) bool {
+		_, err := plans.Get(ctx, node)
+		return err == nil
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if !has("ace") {
+			return errors.New("no key for ace")
+		}
+		return nil
+	})
+	if err := ace.DeleteNeed(ctx, "web", "port", "http"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.PutNeed(ctx, "web", "port", "http", need); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if has("ace") || !has("bob") {
+			return fmt.Errorf("ace's key held: %v, bob's: %v; want ace's removed and bob's written", has("ace"), has("bob"))
+		}
+		return nil
+	})
+}
