@@ -148,9 +148,10 @@ clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/p
 .PHONY: test-ts
 test-ts: build clients/ts/node_modules/.package-lock.json ## Run the TypeScript client's tests and the conformance suite against bin/mesh-provisioner
 	go build -o $(BIN)/e2e-seed ./internal/e2e/seed
+	go build -o $(BIN)/e2e-authnats ./internal/e2e/authnats
 	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
 	cd clients/ts && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_SEED_BIN=$(CURDIR)/$(BIN)/e2e-seed \
-		MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply npm test
+		MESH_PROVISIONER_AUTHNATS_BIN=$(CURDIR)/$(BIN)/e2e-authnats MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply npm test
 
 # The venv is rebuilt whole when the lock changes, so that it holds exactly
 # what the lock pins.
@@ -167,9 +168,10 @@ python-venv: $(PY_VENV)/.installed ## Create clients/python/.venv with the packa
 .PHONY: test-python
 test-python: build python-venv ## Type-check the Python client, run its tests and the conformance suite against bin/mesh-provisioner
 	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
+	go build -o $(BIN)/e2e-authnats ./internal/e2e/authnats
 	cd $(PY_DIR) && .venv/bin/mypy --strict src/mesh_provisioner tests
 	cd $(PY_DIR) && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply \
-		.venv/bin/pytest -v
+		MESH_PROVISIONER_AUTHNATS_BIN=$(CURDIR)/$(BIN)/e2e-authnats .venv/bin/pytest -v
 
 .PHONY: conformance
 conformance: build python-venv clients/ts/node_modules/.package-lock.json ## Run only the conformance suite, in Go, TypeScript and Python, each case by name

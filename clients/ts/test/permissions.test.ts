@@ -1,0 +1,118 @@
+// A node's watch of its plan on a nats-server whose authorization is what
+// `mesh-provisioner permissions` prints (the Go tool internal/e2e/authnats,
+// built by `make test`), with the service as its two identities: ace
+// watches its own plan, and nats-server refuses ace's watch of novox's.
+import assert from "node:assert/strict";
+import { spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createInterface } from "node:readline";
+import { after, before, it } from "node:test";
+
+import { create, toBinary } from "@bufbuild/protobuf";
+import { PermissionViolationError, type NatsConnection } from "@nats-io/nats-core";
+import { Kvm } from "@nats-io/kv";
+import { connect } from "@nats-io/transport-node";
+
+import { inboxPrefix, NeedSchema, ProvisionerClient, type ComposeResponse } from "../src/index.js";
+
+/** The programs started, each with how it is stopped: authnats when its stdin closes, serve on SIGTERM. */
+const children: { child: ChildProcess; stop: (child: ChildProcess) => void }[] = [];
+let stateDir: string | undefined;
+let ace: NatsConnection | undefined;
+/** The permission violations nats-server reported to ace's connection. */
+const violations: PermissionViolationError[] = [];
+
+/** Returns an environment variable that `make test` sets, or throws saying so. */
+function fromMake(name: string): string {
+  const value = process.env[name];
+  if (!value) {
+    throw new Error(`${name} is not set: run this test with \`make test\`, which builds the binaries and sets it`);
+  }
+  return value;
+}
+
+/** Starts a program and resolves to the first of its lines (on stdout or stderr) that match. */
+function start(bin: string, args: string[], stream: "stdout" | "stderr", match: (line: string) => boolean): Promise<string> {
+  const child = spawn(bin, args, { stdio: ["pipe", stream === "stdout" ? "pipe" : "ignore", stream === "stderr" ? "pipe" : "ignore"] });
+  children.push({ child, stop: stream === "stdout" ? (c) => c.stdin!.end() : (c) => c.kill("SIGTERM") });
+  process.once("exit", () => child.kill("SIGKILL"));
+  const seen: string[] = [];
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${bin}: no expected line within 20s:\n${seen.join("\n")}`)), 20_000);
+    child.once("exit", (code, signal) => reject(new Error(`${bin} exited (${code ?? signal}):\n${seen.join("\n")}`)));
+    createInterface({ input: child[stream]! }).on("line", (line) => {
+      seen.push(line);
+      if (match(line)) {
+        clearTimeout(timer);
+        resolve(line);
+      }
+    });
+  });
+}
+
+before(async () => {
+  // authnats prints each identity's URL, and serves until its stdin closes.
+  const urls = JSON.parse(await start(fromMake("MESH_PROVISIONER_AUTHNATS_BIN"), [], "stdout", () => true)) as Record<string, string>;
+  stateDir = await mkdtemp(join(tmpdir(), "mesh-provisioner-permissions-"));
+  await start(fromMake("MESH_PROVISIONER_BIN"), [
+    "--nats-url", urls["mesh-provisioner"]!, "--writer-nats-url", urls["mesh-provisioner-writer"]!,
+    "--log-format", "json", "--plans-interval", "10ms", "--state-dir", stateDir,
+  ], "stderr", (line) => line.includes('"msg":"serving"'));
+  // nats.js takes no credentials from a URL: they are given apart.
+  const aceURL = new URL(urls["ace"]!);
+  ace = await connect({ servers: aceURL.host, user: aceURL.username, pass: aceURL.password, inboxPrefix: inboxPrefix("node", "ace"), name: "ace" });
+  void (async () => {
+    for await (const s of ace!.status()) {
+      if (s.type === "error" && s.error instanceof PermissionViolationError) {
+        violations.push(s.error);
+      }
+    }
+  })();
+});
+
+after(async () => {
+  await ace?.close();
+  for (const { child, stop } of children.reverse()) {
+    child.removeAllListeners("exit");
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = once(child, "exit");
+      stop(child);
+      await exited;
+    }
+  }
+  if (stateDir) {
+    await rm(stateDir, { recursive: true, force: true });
+  }
+});
+
+it("a node watches its own plan under its own permissions, and no other node's", async () => {
+  const needs = await new Kvm(ace!).open("mesh-provisioner_needs");
+  await needs.put("ace.web.port.http", toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:http}" })));
+  const client = new ProvisionerClient(ace!, { node: "ace" });
+  const plans = client.watchPlan("ace");
+  const next = async (): Promise<ComposeResponse> => {
+    const { value, done } = await plans.next();
+    assert.ok(!done && value, "the watch ended");
+    return value;
+  };
+  let first = await next();
+  while (first.plans.length === 0) { // asked before the need reached the service's copy
+    first = await next();
+  }
+  const rev = await needs.put("ace.web.port.admin", toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:admin}" })));
+  const second = await next();
+  assert.equal(violations.length, 0, violations.map((v) => v.message).join("; "));
+  await plans.return(undefined);
+  assert.ok(second.revisions!.needs >= BigInt(rev));
+  assert.notEqual(second.planDigest, first.planDigest);
+  assert.equal(second.plans[0]!.items.length, 2);
+
+  // novox's key: nats-server refuses the consumer, and no plan comes.
+  const theirs = client.watchPlan("novox", { timeout: 1000 });
+  await assert.rejects(theirs.next());
+  assert.ok(violations.some((v) => v.operation === "publish" && v.subject.startsWith("$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_plans.")
+    && v.subject.endsWith(".$KV.mesh-provisioner_plans.novox")), violations.map((v) => v.message).join("; "));
+});
