@@ -232,8 +232,7 @@ func run(cfg config) error {
 	started = time.Now()
 	for i, node := range nodes {
 		// Each watcher asks as its node does (AsNode: the node's own
-		// subject, which its permissions grant), and so finds the answer
-		// the writer composed for the node's subject.
+		// subject, the only one its permissions grant).
 		c := client.New(conns[i%len(conns)], client.AsNode(node))
 		watching.Go(func() {
 			err := c.WatchPlan(watchCtx, node, func(r *provisionerv1.ComposeResponse) error {
