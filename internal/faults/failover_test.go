@@ -226,7 +226,7 @@ func (tl *timeline) read(name string, r io.Reader) {
 				tl.lose(name, true, line.Why)
 			case "handed the provisioner seat back", "handing the provisioner seat back failed; a standby takes it when the lease expires",
 				"NATS is unreachable: not handing the provisioner seat back; a standby takes it when the lease expires":
-				tl.lose(name, false, line.Msg)
+				tl.lose(name, false, strings.TrimSpace(line.Msg+" "+line.Err))
 			case "serving":
 				tl.mu.Lock()
 				tl.serving[name] = true
