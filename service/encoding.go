@@ -2,6 +2,7 @@ package service
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"mime"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -133,10 +135,11 @@ func marshalJSON(msg proto.Message) ([]byte, error) {
 	head = bytes.TrimSpace(head)
 	frags := make([][][]byte, len(lists))
 	size := len(head) + 1
+	var collected collectedLists
 	for i, l := range lists {
 		frags[i] = make([][]byte, len(l.items))
 		for j, item := range l.items {
-			if frags[i][j], err = jsonElements.get(item.Message().Interface()); err != nil {
+			if frags[i][j], err = jsonElements.get(item.Message().Interface(), &collected); err != nil {
 				return nil, err
 			}
 			size += len(frags[i][j]) + 1
@@ -232,12 +235,19 @@ type jsonCache struct {
 // keyBuffers hold the keys looked up in jsonElements.
 var keyBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
-// get returns msg's JSON, which the caller must not change.
-func (c *jsonCache) get(msg proto.Message) ([]byte, error) {
+// get returns msg's JSON, which the caller must not change. Its key is
+// msg's binary encoding but for a plan's, which holds the lists its items
+// share as collected encodes them, once an answer.
+func (c *jsonCache) get(msg proto.Message, collected *collectedLists) ([]byte, error) {
 	buf := keyBuffers.Get().(*[]byte)
 	defer keyBuffers.Put(buf)
 	key := append(append((*buf)[:0], msg.ProtoReflect().Descriptor().FullName()...), 0)
-	key, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(key, msg)
+	var err error
+	if plan, ok := msg.(*provisionerv1.ModulePlan); ok {
+		key, err = collected.planKey(key, plan)
+	} else {
+		key, err = proto.MarshalOptions{Deterministic: true}.MarshalAppend(key, msg)
+	}
 	*buf = key
 	if err != nil {
 		return nil, err
@@ -260,4 +270,67 @@ func (c *jsonCache) get(msg proto.Message) ([]byte, error) {
 	c.bytes += len(key) + len(js)
 	c.mu.Unlock()
 	return js, nil
+}
+
+// collectedLists encodes, once an answer, each list of collected items its
+// plan items hold. Compose gives every item that reads a collection the
+// same list, which a plan's binary encoding would hold once an item: on a
+// node whose modules each add to a shared collection, most of its bytes.
+type collectedLists struct {
+	encoded map[collectedList][]byte
+}
+
+// collectedList identifies a list of collected items by its backing array
+// and length: the answer does not change while it is encoded.
+type collectedList struct {
+	first **provisionerv1.CollectedItem
+	len   int
+}
+
+// planKey appends a plan's key: its encoding without its items' collected
+// items, then each item's list, length-prefixed. The plan's items are
+// without their lists while it is encoded, so the answer must be the
+// caller's alone, as marshalJSON's is.
+func (c *collectedLists) planKey(key []byte, plan *provisionerv1.ModulePlan) ([]byte, error) {
+	items := plan.GetItems()
+	lists := make([][]*provisionerv1.CollectedItem, len(items))
+	for i, item := range items {
+		lists[i], item.Items = item.GetItems(), nil
+	}
+	key, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(key, plan)
+	for i, item := range items {
+		item.Items = lists[i]
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, list := range lists {
+		encoded, err := c.encode(list)
+		if err != nil {
+			return nil, err
+		}
+		key = binary.AppendUvarint(key, uint64(len(encoded)))
+		key = append(key, encoded...)
+	}
+	return key, nil
+}
+
+// encode returns a list's encoding as a plan item's items.
+func (c *collectedLists) encode(list []*provisionerv1.CollectedItem) ([]byte, error) {
+	if len(list) == 0 {
+		return nil, nil
+	}
+	id := collectedList{first: &list[0], len: len(list)}
+	if encoded, ok := c.encoded[id]; ok {
+		return encoded, nil
+	}
+	encoded, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanItem{Items: list})
+	if err != nil {
+		return nil, err
+	}
+	if c.encoded == nil {
+		c.encoded = map[collectedList][]byte{}
+	}
+	c.encoded[id] = encoded
+	return encoded, nil
 }

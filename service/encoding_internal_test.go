@@ -20,6 +20,11 @@ func TestMarshalJSONDecodesAsProtojson(t *testing.T) {
 			{Module: "db"},
 		}, Refusals: []*provisionerv1.Refusal{{Key: "n.x.y.z", Detail: "no \"entry\""}}},
 		&provisionerv1.ComposeResponse{Plans: []*provisionerv1.ModulePlan{{Module: "only"}}},
+		// Two items sharing one list of collected items, as Compose makes
+		// them, then the same plan with another item in that list: a plan
+		// found again by a key without the list would answer the first.
+		sharedCollected("export A=1"),
+		sharedCollected("export A=2"),
 	}
 	for range 2 {
 		for _, want := range answers {
@@ -40,4 +45,18 @@ func TestMarshalJSONDecodesAsProtojson(t *testing.T) {
 			}
 		}
 	}
+}
+
+// sharedCollected is an answer of a plan whose two items read one
+// collection, holding one list of its items.
+func sharedCollected(value string) *provisionerv1.ComposeResponse {
+	items := []*provisionerv1.CollectedItem{
+		{Contributor: "web", Item: &provisionerv1.CollectItem{Value: value, Attributes: map[string]string{"version": "1", "shell": "zsh"}}, Revision: 7},
+		{Contributor: "api", Item: &provisionerv1.CollectItem{Value: "export B=1"}, Revision: 8},
+	}
+	return &provisionerv1.ComposeResponse{Node: "n", Plans: []*provisionerv1.ModulePlan{{Module: "web", Items: []*provisionerv1.PlanItem{
+		{Kind: "shell", Name: "zsh:normal", Collection: "shell:zsh:normal", Items: items},
+		{Kind: "port", Name: "http"},
+		{Kind: "shell", Name: "zsh:login", Collection: "shell:zsh:normal", Items: items},
+	}}}}
 }
