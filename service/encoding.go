@@ -2,7 +2,6 @@ package service
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/json"
 	"mime"
 	"strconv"
@@ -87,7 +86,10 @@ func (e encoding) marshal(msg proto.Message) ([]byte, error) {
 	if e.json {
 		return marshalJSON(msg)
 	}
-	return proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+	if c, ok := msg.(*provisionerv1.ComposeResponse); ok {
+		return marshalCompose(c)
+	}
+	return deterministic.Marshal(msg)
 }
 
 // marshalJSON encodes an answer in JSON as protojson does, but for the
@@ -270,67 +272,4 @@ func (c *jsonCache) get(msg proto.Message, collected *collectedLists) ([]byte, e
 	c.bytes += len(key) + len(js)
 	c.mu.Unlock()
 	return js, nil
-}
-
-// collectedLists encodes, once an answer, each list of collected items its
-// plan items hold. Compose gives every item that reads a collection the
-// same list, which a plan's binary encoding would hold once an item: on a
-// node whose modules each add to a shared collection, most of its bytes.
-type collectedLists struct {
-	encoded map[collectedList][]byte
-}
-
-// collectedList identifies a list of collected items by its backing array
-// and length: the answer does not change while it is encoded.
-type collectedList struct {
-	first **provisionerv1.CollectedItem
-	len   int
-}
-
-// planKey appends a plan's key: its encoding without its items' collected
-// items, then each item's list, length-prefixed. The plan's items are
-// without their lists while it is encoded, so the answer must be the
-// caller's alone, as marshalJSON's is.
-func (c *collectedLists) planKey(key []byte, plan *provisionerv1.ModulePlan) ([]byte, error) {
-	items := plan.GetItems()
-	lists := make([][]*provisionerv1.CollectedItem, len(items))
-	for i, item := range items {
-		lists[i], item.Items = item.GetItems(), nil
-	}
-	key, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(key, plan)
-	for i, item := range items {
-		item.Items = lists[i]
-	}
-	if err != nil {
-		return nil, err
-	}
-	for _, list := range lists {
-		encoded, err := c.encode(list)
-		if err != nil {
-			return nil, err
-		}
-		key = binary.AppendUvarint(key, uint64(len(encoded)))
-		key = append(key, encoded...)
-	}
-	return key, nil
-}
-
-// encode returns a list's encoding as a plan item's items.
-func (c *collectedLists) encode(list []*provisionerv1.CollectedItem) ([]byte, error) {
-	if len(list) == 0 {
-		return nil, nil
-	}
-	id := collectedList{first: &list[0], len: len(list)}
-	if encoded, ok := c.encoded[id]; ok {
-		return encoded, nil
-	}
-	encoded, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanItem{Items: list})
-	if err != nil {
-		return nil, err
-	}
-	if c.encoded == nil {
-		c.encoded = map[collectedList][]byte{}
-	}
-	c.encoded[id] = encoded
-	return encoded, nil
 }

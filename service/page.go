@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -130,6 +131,9 @@ func (p *page) sizeOf(m proto.Message) int {
 			return p.budget + 1 // unencodable: never fits; send reports it
 		}
 		return len(b)
+	}
+	if c, ok := m.(*provisionerv1.ComposeResponse); ok {
+		return sizeCompose(c)
 	}
 	return proto.Size(m)
 }

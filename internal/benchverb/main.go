@@ -179,6 +179,8 @@ func run(cfg config) error {
 			}},
 		{name: "compose, unchanged node, JSON", subject: wire.ComposeSubject, contentType: wire.ContentTypeJSON,
 			request: func(node string) proto.Message { return &provisionerv1.ComposeRequest{Node: node} }},
+		{name: "compose right after a write, binary", subject: wire.ComposeSubject, contentType: wire.ContentTypeProtobuf, write: true,
+			request: func(node string) proto.Message { return &provisionerv1.ComposeRequest{Node: node} }},
 		{name: "compose right after a write, JSON", subject: wire.ComposeSubject, contentType: wire.ContentTypeJSON, write: true,
 			request: func(node string) proto.Message { return &provisionerv1.ComposeRequest{Node: node} }},
 	}
