@@ -94,7 +94,7 @@ func appendStrings(b []byte, list []string) []byte {
 // would not is written as empty, as its answer would not encode either.
 func appendMessage(b []byte, m proto.Message) []byte {
 	b = binary.AppendUvarint(b, uint64(proto.Size(m)))
-	out, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
+	out, err := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}.MarshalAppend(b, m) // sized just above
 	if err != nil {
 		return b
 	}
