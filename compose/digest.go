@@ -89,12 +89,18 @@ func appendStrings(b []byte, list []string) []byte {
 	return b
 }
 
+// deterministic encodes collected items; sized encodes one just sized.
+var (
+	deterministic = proto.MarshalOptions{Deterministic: true}
+	sized         = proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
+)
+
 // appendMessage appends a message's deterministic encoding, length-
 // prefixed. A message of this package's making always encodes; one that
 // would not is written as empty, as its answer would not encode either.
 func appendMessage(b []byte, m proto.Message) []byte {
-	b = binary.AppendUvarint(b, uint64(proto.Size(m)))
-	out, err := proto.MarshalOptions{Deterministic: true, UseCachedSize: true}.MarshalAppend(b, m) // sized just above
+	b = binary.AppendUvarint(b, uint64(deterministic.Size(m)))
+	out, err := sized.MarshalAppend(b, m)
 	if err != nil {
 		return b
 	}

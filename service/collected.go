@@ -33,9 +33,12 @@ var (
 	planItemsField    = (&provisionerv1.ModulePlan{}).ProtoReflect().Descriptor().Fields().ByName("items").Number()
 )
 
-// collectedLists holds the encoding of each list of collected items met in
-// one answer.
+// collectedLists holds the size and the encoding of each list of collected
+// items met in one answer. It encodes with marshal: deterministic, or sized
+// once the answer's sizes are kept.
 type collectedLists struct {
+	marshal proto.MarshalOptions
+	sizes   map[collectedList]int
 	encoded map[collectedList][]byte
 }
 
@@ -44,6 +47,23 @@ type collectedLists struct {
 type collectedList struct {
 	first **provisionerv1.CollectedItem
 	len   int
+}
+
+// size returns the size of a list's encoding as a plan item's items field.
+func (c *collectedLists) size(list []*provisionerv1.CollectedItem) int {
+	if len(list) == 0 {
+		return 0
+	}
+	id := collectedList{first: &list[0], len: len(list)}
+	size, ok := c.sizes[id]
+	if !ok {
+		size = deterministic.Size(&provisionerv1.PlanItem{Items: list})
+		if c.sizes == nil {
+			c.sizes = map[collectedList]int{}
+		}
+		c.sizes[id] = size
+	}
+	return size
 }
 
 // encode returns a list's encoding as a plan item's items field.
@@ -55,7 +75,7 @@ func (c *collectedLists) encode(list []*provisionerv1.CollectedItem) ([]byte, er
 	if encoded, ok := c.encoded[id]; ok {
 		return encoded, nil
 	}
-	encoded, err := deterministic.Marshal(&provisionerv1.PlanItem{Items: list})
+	encoded, err := c.marshal.Marshal(&provisionerv1.PlanItem{Items: list})
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +111,8 @@ func holdsLists(plan *provisionerv1.ModulePlan) bool {
 }
 
 // planKey appends a plan's key in the JSON cache: its encoding without its
-// items' collected items, then each item's list, length-prefixed.
+// items' collected items, then each item's list, length-prefixed. c must
+// encode deterministically, not sized.
 func (c *collectedLists) planKey(key []byte, plan *provisionerv1.ModulePlan) ([]byte, error) {
 	lists, restore := withoutLists(plan.GetItems())
 	key, err := deterministic.MarshalAppend(key, plan)
@@ -124,7 +145,7 @@ func marshalCompose(out *provisionerv1.ComposeResponse) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var c collectedLists
+	c := collectedLists{marshal: sized}
 	var plan []byte // reused: each plan is encoded, then copied after its length
 	for _, p := range plans {
 		if plan, err = c.appendPlan(plan[:0], p); err != nil {
@@ -168,11 +189,12 @@ func (c *collectedLists) appendPlan(b []byte, plan *provisionerv1.ModulePlan) ([
 }
 
 // sizeCompose returns the size of a composition's encoding, proto.Size's,
-// with each list of collected items sized once.
+// with each list of collected items sized once. It keeps each message's
+// size in it, as proto.Size does.
 func sizeCompose(out *provisionerv1.ComposeResponse) int {
 	plans := out.GetPlans()
 	out.Plans = nil
-	size := proto.Size(out)
+	size := deterministic.Size(out)
 	out.Plans = plans
 	var c collectedLists
 	for _, p := range plans {
@@ -184,22 +206,16 @@ func sizeCompose(out *provisionerv1.ComposeResponse) int {
 // sizePlan returns the size of a plan's encoding.
 func (c *collectedLists) sizePlan(plan *provisionerv1.ModulePlan) int {
 	if !holdsLists(plan) {
-		return proto.Size(plan)
+		return deterministic.Size(plan)
 	}
 	items := plan.GetItems()
 	plan.Items = nil
-	size := proto.Size(plan)
+	size := deterministic.Size(plan)
 	plan.Items = items
 	lists, restore := withoutLists(items)
 	defer restore()
 	for i, it := range items {
-		n := 0
-		if list, err := c.encode(lists[i]); err == nil {
-			n = len(list)
-		} else { // sized as proto.Size would; the answer's encoding then fails
-			n = proto.Size(&provisionerv1.PlanItem{Items: lists[i]})
-		}
-		size += protowire.SizeTag(planItemsField) + protowire.SizeBytes(proto.Size(it)+n)
+		size += protowire.SizeTag(planItemsField) + protowire.SizeBytes(deterministic.Size(it)+c.size(lists[i]))
 	}
 	return size
 }

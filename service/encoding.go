@@ -137,7 +137,7 @@ func marshalJSON(msg proto.Message) ([]byte, error) {
 	head = bytes.TrimSpace(head)
 	frags := make([][][]byte, len(lists))
 	size := len(head) + 1
-	var collected collectedLists
+	collected := collectedLists{marshal: deterministic}
 	for i, l := range lists {
 		frags[i] = make([][]byte, len(l.items))
 		for j, item := range l.items {
