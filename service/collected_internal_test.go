@@ -62,7 +62,7 @@ func TestMarshalComposeDecodesAsProtoMarshal(t *testing.T) {
 }
 
 // composedSynth composes the first node of a synthetic mesh.
-func composedSynth(t *testing.T, cfg synth.Config) *provisionerv1.ComposeResponse {
+func composedSynth(t testing.TB, cfg synth.Config) *provisionerv1.ComposeResponse {
 	t.Helper()
 	capture, err := synth.Generate(cfg).Capture(registry.Table())
 	if err != nil {

@@ -6,9 +6,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/synth"
-	"github.com/novox/mesh-provisioner/registry"
 )
 
 // BenchmarkMarshalJSON encodes the composition of a node of 30 modules x 10
@@ -16,7 +14,7 @@ import (
 // service's encoding with its elements found again, as after a write to
 // one of the node's needs; and with every element new.
 func BenchmarkMarshalJSON(b *testing.B) {
-	answer := benchAnswer(b)
+	answer := composedSynth(b, synth.Config{Nodes: 1, Modules: 30, Needs: 10}) // as the verbs bench composes them
 	b.Run("protojson", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -48,7 +46,7 @@ func BenchmarkMarshalJSON(b *testing.B) {
 // it as a page is sized: proto.Marshal and proto.Size, the baselines, then
 // the service's, which encode and size each list of collected items once.
 func BenchmarkMarshalCompose(b *testing.B) {
-	answer := benchAnswer(b)
+	answer := composedSynth(b, synth.Config{Nodes: 1, Modules: 30, Needs: 10}) // as the verbs bench composes them
 	for _, bb := range []struct {
 		name string
 		run  func() error
@@ -67,25 +65,6 @@ func BenchmarkMarshalCompose(b *testing.B) {
 			}
 		})
 	}
-}
-
-// benchAnswer is the composition of a node of 30 modules x 10 needs, as
-// the verbs bench composes them.
-func benchAnswer(b *testing.B) *provisionerv1.ComposeResponse {
-	b.Helper()
-	capture, err := synth.Generate(synth.Config{Nodes: 1, Modules: 30, Needs: 10}).Capture(registry.Table())
-	if err != nil {
-		b.Fatal(err)
-	}
-	replay, err := NewReplay(capture)
-	if err != nil {
-		b.Fatal(err)
-	}
-	answer, err := replay.Compose(&provisionerv1.ComposeRequest{Node: nodesOf(capture)[0]})
-	if err != nil {
-		b.Fatal(err)
-	}
-	return answer
 }
 
 // reset empties the cache.
