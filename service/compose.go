@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/novox/mesh-provisioner/compose"
@@ -66,7 +67,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
 		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
-			return composeFrom(s.mirror, in, enc, budget)
+			return composeFrom(s.mirror, in, enc, budget, keepViews)
 		},
 		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
 			tail := &provisionerv1.ComposeResponse{Revisions: revs.proto(), Phases: phasesOf(t)}
@@ -133,15 +134,15 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // composeFrom composes one page of a node from a mirror: the needs after
 // the token's key, in key order, chunk by chunk while they fit the page. The
 // answer lacks its revisions and phases, which are added as it is sent.
-func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
+func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, views viewUse) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), composeDigest(in))
 	if werr != nil {
 		return nil, timings{}, werr
 	}
 	start := time.Now()
-	entries, _, needsRevision := m.Needs.Group(in.GetNode())
-	items, _, collectRevision := m.Collect.Group(in.GetNode())
-	applied, _, appliedRevision := m.Applied.Group(in.GetNode())
+	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), views)
+	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), views)
+	applied, _, appliedRevision := groupOf(m.Applied, in.GetNode(), views)
 	if applied == nil {
 		applied = []*mirror.Entry[*provisionerv1.AppliedRecord]{} // read: none
 	}
@@ -226,6 +227,24 @@ chunks:
 	}
 	out.PlanDigest = compose.Digest(whole)
 	return out, timings{read: read, resolve: resolve, items: collect}, nil
+}
+
+// viewUse says whether a composition keeps the node's decoded views for
+// the reads that follow (keepViews), as a request's does, or not
+// (dropViews), as the plans writer's, which composes every node in turn.
+type viewUse bool
+
+const (
+	keepViews viewUse = true
+	dropViews viewUse = false
+)
+
+// groupOf reads a node's group of a copy as views says.
+func groupOf[R proto.Message](c *mirror.Copy[R], node string, views viewUse) (entries []*mirror.Entry[R], changedAt, revision uint64) {
+	if views == keepViews {
+		return c.Group(node)
+	}
+	return c.GroupOnce(node)
 }
 
 // boundBehind returns the providers' buckets of provisions whose copy is

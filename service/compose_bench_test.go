@@ -310,7 +310,7 @@ func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv
 	if err != nil {
 		return nil, err
 	}
-	first, _, werr := composeFrom(pending, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
+	first, _, werr := composeFrom(pending, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, keepViews)
 	if werr != nil {
 		return nil, werr
 	}
@@ -336,7 +336,7 @@ func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv
 	if err != nil {
 		return nil, err
 	}
-	out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
+	out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, keepViews)
 	if werr != nil {
 		return nil, werr
 	}

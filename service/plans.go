@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -129,15 +130,18 @@ func (s *Service) keepPlans(ctx context.Context, cfg PlansConfig) error {
 	go func() { followed <- w.follow(ctx, watcher, false) }()
 
 	// The first pass: every node the copy knows, and every node the bucket
-	// holds a digest of.
+	// holds a digest of. Its garbage is about the size of the copy, and
+	// the runtime would keep its pages for minutes, as the load's: they
+	// go back to the system (mirror's releaseLoadMemory).
 	var mark plansMark
 	nodes, mark := w.changed(mark, true)
+	if err := w.pass(ctx, nodes); err != nil {
+		return err
+	}
+	debug.FreeOSMemory()
 	ticker := time.NewTicker(cfg.Interval)
 	defer ticker.Stop()
 	for {
-		if err := w.pass(ctx, nodes); err != nil {
-			return err
-		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -146,6 +150,9 @@ func (s *Service) keepPlans(ctx context.Context, cfg PlansConfig) error {
 		case <-ticker.C:
 		}
 		nodes, mark = w.changed(mark, false)
+		if err := w.pass(ctx, nodes); err != nil {
+			return err
+		}
 	}
 }
 
@@ -405,9 +412,10 @@ func (w *plansWriter) write(ctx context.Context, pw planWrite) {
 // It encodes nothing: the digest is what the bucket holds, and a node
 // notified asks for its composition, which is built then (composing
 // without encoding costs 0.52 ms a node of a 1,000 x 30 x 10 mesh against
-// 1.31 ms through the answer cache; BenchmarkComposeForPlans).
+// 1.31 ms through the answer cache; BenchmarkComposeForPlans). It keeps no
+// decoded view of the node (dropViews): the writer reads every node.
 func (s *Service) composeForPlans(node string) (digest string, revisions *provisionerv1.Revisions, err error) {
-	out, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged)
+	out, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, dropViews)
 	if werr != nil {
 		return "", nil, werr
 	}

@@ -15,7 +15,7 @@ import (
 )
 
 // BenchmarkComposeForPlans is the writer's cost a node: a 1,000 x 30 x 10
-// mesh, each node composed through the answer cache as RunPlans does.
+// mesh, each node composed for its digest as RunPlans does.
 func BenchmarkComposeForPlans(b *testing.B) {
 	ctx := context.Background()
 	nc := natstest.Connect(b, natstest.Start(b))

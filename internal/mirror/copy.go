@@ -567,10 +567,22 @@ func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
 // Group returns the entries whose key's first token is first, in key order,
 // the revision of the group's last change, and the copy's revision.
 func (c *Copy[R]) Group(first string) (entries []*Entry[R], changedAt, revision uint64) {
+	return c.group(first, true)
+}
+
+// GroupOnce returns what Group returns, but keeps no view it decodes for
+// the next reads: for a reader of every group in turn, such as the plans
+// writer, whose views would push out those that requests read again and
+// hold as many as the bound allows.
+func (c *Copy[R]) GroupOnce(first string) (entries []*Entry[R], changedAt, revision uint64) {
+	return c.group(first, false)
+}
+
+func (c *Copy[R]) group(first string, keep bool) (entries []*Entry[R], changedAt, revision uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if g := c.groups[first]; g != nil {
-		entries, changedAt = c.viewOf(g, true), g.changedAt
+		entries, changedAt = c.viewOf(g, keep), g.changedAt
 	}
 	return entries, changedAt, c.revision
 }

@@ -69,6 +69,28 @@ func TestCopyKeepsKeyOrder(t *testing.T) {
 	}
 }
 
+// GroupOnce decodes a group's view for the reader alone; Group keeps it for
+// the next reads, GroupOnce's too.
+func TestGroupOnceKeepsNoView(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	for i, key := range []string{"a.web.port.http", "a.web.port.admin", "b.db.dir.x"} {
+		c.Apply(key, need(t), uint64(i+1), false)
+	}
+	first, _, _ := c.GroupOnce("a")
+	again, changedAt, revision := c.GroupOnce("a")
+	if diff := cmp.Diff([]string{"a.web.port.admin", "a.web.port.http"}, keysOf(again)); diff != "" || changedAt != 2 || revision != 3 {
+		t.Errorf("GroupOnce(a) changed at %d, revision %d (-want +got):\n%s", changedAt, revision, diff)
+	}
+	if first[0] == again[0] {
+		t.Error("GroupOnce kept the view it decoded")
+	}
+	kept, _, _ := c.Group("a")
+	if once, _, _ := c.GroupOnce("a"); once[0] != kept[0] {
+		t.Error("GroupOnce decoded again a view Group kept")
+	}
+}
+
 func TestWaitFor(t *testing.T) {
 	t.Parallel()
 	c := New().Applied
