@@ -134,6 +134,7 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // composeFrom composes one page of a node from a mirror: the needs after
 // the token's key, in key order, chunk by chunk while they fit the page. The
 // answer lacks its revisions and phases, which are added as it is sent.
+// views says whether the node's decoded views are kept for later reads.
 func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, views viewUse) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), composeDigest(in))
 	if werr != nil {

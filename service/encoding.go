@@ -248,7 +248,7 @@ func (c *jsonCache) get(msg proto.Message, collected *collectedLists) ([]byte, e
 	if plan, ok := msg.(*provisionerv1.ModulePlan); ok {
 		key, err = collected.planKey(key, plan)
 	} else {
-		key, err = proto.MarshalOptions{Deterministic: true}.MarshalAppend(key, msg)
+		key, err = deterministic.MarshalAppend(key, msg)
 	}
 	*buf = key
 	if err != nil {
