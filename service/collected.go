@@ -20,13 +20,6 @@ import (
 // (they are put back before any function returns), so the answer must be
 // the caller's alone, as every answer composeFrom builds is.
 
-// deterministic encodes as every answer is encoded; sized does too, with
-// the sizes sizeCompose kept in the messages.
-var (
-	deterministic = proto.MarshalOptions{Deterministic: true}
-	sized         = proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
-)
-
 // Field numbers of the fields spliced, from the descriptors.
 var (
 	composePlansField = (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields().ByName("plans").Number()

@@ -17,6 +17,13 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
+// deterministic encodes as every answer, page token and plan digest is
+// encoded; sized does too, with the sizes sizeCompose kept in the messages.
+var (
+	deterministic = proto.MarshalOptions{Deterministic: true}
+	sized         = proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
+)
+
 // encoding is how one request was written, and so how it is answered.
 type encoding struct{ json bool }
 

@@ -68,7 +68,7 @@ func decodeToken(text string) (pageToken, error) {
 // requestDigest identifies a request by everything but its paging and its
 // minimum revisions: a token continues only the request it was issued for.
 func requestDigest(req proto.Message) string {
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	b, _ := deterministic.Marshal(req)
 	sum := sha256.Sum256(b)
 	return base64.RawURLEncoding.EncodeToString(sum[:12])
 }

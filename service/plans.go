@@ -381,7 +381,7 @@ func (w *plansWriter) write(ctx context.Context, pw planWrite) {
 		}
 		return
 	}
-	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{Digest: pw.digest, Revisions: pw.revisions})
+	value, err := deterministic.Marshal(&provisionerv1.PlanDigest{Digest: pw.digest, Revisions: pw.revisions})
 	if err != nil {
 		w.failed(pw.node, "encode", err)
 		return

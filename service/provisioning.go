@@ -238,7 +238,7 @@ func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep
 
 // requestKey is a request's bytes, as a map key.
 func requestKey(req proto.Message) string {
-	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	b, _ := deterministic.Marshal(req)
 	return string(b)
 }
 
