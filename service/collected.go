@@ -13,8 +13,8 @@ import (
 // the collection's items, and a node whose modules each add to a shared
 // collection holds that list in many items: most of its composition's
 // bytes. The answer's binary encoding, its size and its JSON cache's keys
-// are made here with each such list encoded once an answer, as protobuf
-// would encode it in each item.
+// are made here with each such list encoded (or sized) once an answer, as
+// protobuf would encode it in each item.
 //
 // While a composition is encoded here its items are without their lists
 // (they are put back before any function returns), so the answer must be
