@@ -434,12 +434,26 @@ async def test_watch_plan_makes_its_consumer_as_a_nodes_permissions_grant_and_ag
     async def ask(msg: Msg) -> None:
         asked.append(msg.subject)
 
+    async def creates(at_least: int) -> list[str]:
+        # The spy is its own connection and runs its callback in its own
+        # task: a create the server has seen may not be in asked yet when
+        # the plan it led to arrives, so wait for it a little.
+        async def seen() -> list[str]:
+            while True:
+                made = [s for s in asked if s.startswith("$JS.API.CONSUMER.CREATE.")]
+                if len(made) >= at_least:
+                    return made
+                await asyncio.sleep(0.01)
+
+        return await asyncio.wait_for(seen(), 5)
+
     sub = await spy.subscribe("$JS.API.>", cb=ask)
     await spy.flush()
     try:
         async with contextlib.aclosing(ProvisionerClient(nc).watch_plan("wes")) as plans:
             first = await asyncio.wait_for(anext(plans), 10)
-            [create] = [s for s in asked if s.startswith("$JS.API.CONSUMER.")]
+            [create] = await creates(1)
+            assert [s for s in asked if s.startswith("$JS.API.CONSUMER.")] == [create]
             stream, name, key = "KV_mesh-provisioner_plans", create.split(".")[5], create.split(".", 6)[6]
             assert create == f"$JS.API.CONSUMER.CREATE.{stream}.{name}.$KV.mesh-provisioner_plans.wes"
             assert key == "$KV.mesh-provisioner_plans.wes"
@@ -450,8 +464,8 @@ async def test_watch_plan_makes_its_consumer_as_a_nodes_permissions_grant_and_ag
             while not any(plan.module == "api" for plan in second.plans):
                 second = await asyncio.wait_for(anext(plans), 10)
             assert second.plan_digest != first.plan_digest
-            creates = [s for s in asked if s.startswith("$JS.API.CONSUMER.CREATE.")]
-            assert len(creates) >= 2 and all(s.endswith(".$KV.mesh-provisioner_plans.wes") for s in creates)
+            made = await creates(2)
+            assert all(s.endswith(".$KV.mesh-provisioner_plans.wes") for s in made)
     finally:
         await sub.unsubscribe()
         await spy.close()
