@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"google.golang.org/protobuf/proto"
 
@@ -90,10 +91,35 @@ type group[R proto.Message] struct {
 	gen uint64
 	// view is the group's entries in key order, made on the first read
 	// after a change; nil while stale or dropped to bound the memory.
-	view atomic.Pointer[[]*Entry[R]]
+	view atomic.Pointer[view[R]]
+	// stale is the view a change made stale, until the next view kept
+	// replaces it or the view cache drops it: that view reuses its entries
+	// of the values still held, so that a node read after one write decodes
+	// one value, not all of them.
+	stale atomic.Pointer[view[R]]
+}
+
+// view is a group's entries in key order, as a read sees them.
+type view[R proto.Message] struct {
+	entries []*Entry[R]
+	// alive bounds the entries that entries keep from being collected. A
+	// view's values are decoded together, in one allocation for their
+	// entries and one for their records, and an entry reused by a later
+	// view keeps its whole allocation alive.
+	alive int
 }
 
 func newGroup[R proto.Message]() *group[R] { return &group[R]{} }
+
+// invalidate makes the group's view stale: the next read makes another.
+func (g *group[R]) invalidate() {
+	if g.view.Load() == nil {
+		return // no needless atomic swap while the copy loads
+	}
+	if v := g.view.Swap(nil); v != nil {
+		g.stale.Store(v)
+	}
+}
 
 // listed returns how many keys the group lists: held, or reported.
 func (g *group[R]) listed() int { return len(g.slots) + len(g.odd) }
@@ -343,9 +369,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	}
 	c.gen++
 	g.changedAt, g.gen = revision, c.gen
-	if g.view.Load() != nil { // no needless atomic store while loading
-		g.view.Store(nil)
-	}
+	g.invalidate()
 	records, malformed := g.counts()
 	freed := g.remove(key)
 	switch {
@@ -484,7 +508,7 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 		}
 		for _, key := range gone {
 			g.remove(key)
-			g.view.Store(nil)
+			g.invalidate()
 			c.gen++
 			g.changedAt, g.gen = c.revision, c.gen
 		}
@@ -535,10 +559,11 @@ func (g *group[R]) inOrder() []slot {
 
 // viewOf returns the group's entries in key order, decoding the values held
 // if they changed since the last read; keep says the view is kept for the
-// next reads. The caller holds c.mu for reading.
+// next reads. Of the values the stale view decoded, those still held are
+// not decoded again. The caller holds c.mu for reading.
 func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
 	if v := g.view.Load(); v != nil {
-		return *v
+		return v.entries
 	}
 	slots := g.inOrder()
 	var odd []*Entry[R]
@@ -546,22 +571,77 @@ func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
 		odd = append(odd, e)
 	}
 	slices.SortFunc(odd, byKey)
-	made := make([]Entry[R], len(slots))
-	record := c.recordsOf(len(slots))
-	view := make([]*Entry[R], 0, len(slots)+len(odd))
+	stale := g.stale.Load()
+	reuse, decode := reusable(stale, slots)
+	v := &view[R]{entries: make([]*Entry[R], 0, len(slots)+len(odd)), alive: len(slots)}
+	if reuse != nil {
+		v.alive = stale.alive + decode
+	}
+	var made []Entry[R]
+	var record func(key, value string, revision uint64) R
+	if decode > 0 {
+		made, record = make([]Entry[R], 0, decode), c.recordsOf(decode)
+	}
 	for i, s := range slots {
 		for len(odd) > 0 && odd[0].Key < s.key() {
-			view, odd = append(view, odd[0]), odd[1:]
+			v.entries, odd = append(v.entries, odd[0]), odd[1:]
+		}
+		if reuse != nil && reuse[i] != nil {
+			v.entries = append(v.entries, reuse[i])
+			continue
 		}
 		key, value := s.key(), s.value()
-		made[i] = Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision}
-		view = append(view, &made[i])
+		// made never grows past its capacity: its elements do not move.
+		made = append(made, Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision})
+		v.entries = append(v.entries, &made[len(made)-1])
 	}
-	view = append(view, odd...)
-	if keep && g.view.CompareAndSwap(nil, &view) {
-		c.views.kept(g, &view, len(view))
+	v.entries = append(v.entries, odd...)
+	if keep && g.view.CompareAndSwap(nil, v) {
+		g.stale.CompareAndSwap(stale, nil)
+		c.views.kept(g, v, len(v.entries))
 	}
-	return view
+	return v.entries
+}
+
+// reusable returns, for each slot, the stale view's entry of the value it
+// holds, or nil where the value is to be decoded, and how many are. It
+// reuses none when the view made would keep more than twice its values
+// alive: else a node writing most of its keys between reads could make
+// each view keep one more decoding alive. The bound is the stale view's
+// plus what is decoded, which overcounts what is no longer reused: a view
+// is decoded whole again after as many values decoded alone as it holds.
+func reusable[R proto.Message](stale *view[R], slots []slot) (reuse []*Entry[R], decode int) {
+	if stale == nil {
+		return nil, len(slots)
+	}
+	old := stale.entries
+	reuse = make([]*Entry[R], len(slots))
+	j := 0
+	for i, s := range slots {
+		// Both in key order: the stale entry of an unchanged value is met
+		// in step, and a key is compared only past a change.
+		for j < len(old) && !old[j].holds(s) && old[j].Key < s.key() {
+			j++
+		}
+		if j < len(old) && old[j].holds(s) {
+			reuse[i] = old[j]
+			j++
+			continue
+		}
+		decode++
+	}
+	if stale.alive+decode > 2*len(slots) {
+		return nil, len(slots)
+	}
+	return reuse, decode
+}
+
+// holds reports whether e was decoded from the value s holds: from the very
+// string the copy keeps, which is never changed, and which a new put
+// replaces with another. Revisions cannot tell: a bucket deleted and made
+// again writes its revisions over. A malformed key's entry holds no slot's.
+func (e *Entry[R]) holds(s slot) bool {
+	return len(e.Key) == int(s.keyLen) && unsafe.StringData(e.Key) == unsafe.StringData(s.kv)
 }
 
 // Group returns the entries whose key's first token is first, in key order,
@@ -726,8 +806,9 @@ func (c *Copy[R]) Get(first, key string) (R, bool) {
 }
 
 // viewLimit bounds the entries of the views a copy keeps: about 350 bytes
-// an entry decoded, some 20 MiB whatever the mesh's size, for the groups
-// read last (a node composed again while unchanged decodes nothing).
+// an entry decoded, some 20 MiB whatever the mesh's size (twice that at
+// most, through the entries views reuse), for the groups read last (a node
+// composed again while unchanged decodes nothing).
 const viewLimit = 1 << 16
 
 // viewCache remembers the views kept, the first kept first, and drops the
@@ -769,9 +850,10 @@ func (v *viewCache) kept(g interface{ dropView(any) }, view any, n int) {
 }
 
 // dropView forgets the group's view if it is still view.
-func (g *group[R]) dropView(view any) {
-	if p, ok := view.(*[]*Entry[R]); ok {
+func (g *group[R]) dropView(dropped any) {
+	if p, ok := dropped.(*view[R]); ok {
 		g.view.CompareAndSwap(p, nil)
+		g.stale.CompareAndSwap(p, nil)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,6 +90,169 @@ func TestGroupOnceKeepsNoView(t *testing.T) {
 	if once, _, _ := c.GroupOnce("a"); once[0] != kept[0] {
 		t.Error("GroupOnce decoded again a view Group kept")
 	}
+}
+
+// A view made after a change reuses the entries of the values the stale
+// view decoded and the copy still holds, and decodes the others.
+func TestViewAfterAChangeDecodesOnlyWhatChanged(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	put := func(key, placeholder string, revision uint64) {
+		t.Helper()
+		value, err := proto.Marshal(&provisionerv1.Need{Placeholder: placeholder})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Apply(key, value, revision, false)
+	}
+	byKey := func(view []*Entry[*provisionerv1.NeedRecord]) map[string]*Entry[*provisionerv1.NeedRecord] {
+		m := map[string]*Entry[*provisionerv1.NeedRecord]{}
+		for _, e := range view {
+			m[e.Key] = e
+		}
+		return m
+	}
+	for i, key := range []string{"a.api.port.http", "a.web.port.admin", "a.web.port.http", "a.zz"} {
+		put(key, "${port:"+key+"}", uint64(i+1))
+	}
+	before, _, _ := c.Group("a")
+
+	put("a.web.port.http", "${port:changed}", 5)
+	c.Apply("a.web.port.admin", nil, 6, true)
+	// Written over at a revision it had: a bucket deleted and made again
+	// counts its revisions from 1.
+	put("a.api.port.http", "${port:made again}", 1)
+	after, _, _ := c.Group("a")
+	if diff := cmp.Diff([]string{"a.api.port.http", "a.web.port.http", "a.zz"}, keysOf(after)); diff != "" {
+		t.Fatalf("Group(a) after the changes (-want +got):\n%s", diff)
+	}
+	old, now := byKey(before), byKey(after)
+	for key, placeholder := range map[string]string{"a.web.port.http": "${port:changed}", "a.api.port.http": "${port:made again}"} {
+		if now[key] == old[key] || now[key].Record.GetNeed().GetPlaceholder() != placeholder {
+			t.Errorf("%s: got %v, want a new entry of %s", key, now[key].Record, placeholder)
+		}
+	}
+	if now["a.zz"] != old["a.zz"] {
+		t.Error("a.zz is malformed and unchanged: its entry should be the one listed before")
+	}
+
+	// Only the value changed since is decoded: GroupOnce too reuses what
+	// the stale view decoded, and leaves it for the next read.
+	put("a.web.port.http", "${port:again}", 7)
+	once, _, _ := c.GroupOnce("a")
+	kept, _, _ := c.Group("a")
+	if once[0] != now["a.api.port.http"] || kept[0] != once[0] {
+		t.Error("a.api.port.http is unchanged: GroupOnce and then Group should reuse its entry")
+	}
+	if once[1] == kept[1] || kept[1].Record.GetNeed().GetPlaceholder() != "${port:again}" {
+		t.Errorf("a.web.port.http changed: GroupOnce's entry %p and Group's %p should both be new, of ${port:again}", once[1], kept[1])
+	}
+}
+
+// However a node writes between reads, the values decoded together that a
+// view keeps alive through the entries it reuses are at most twice its own.
+func TestViewsKeepAtMostTwiceTheirValuesAlive(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	const n = 10
+	key := func(i int) string { return fmt.Sprintf("a.web.port.p%d", i) }
+	revision := uint64(0)
+	// An entry's read is the read that decoded it, with every entry new to
+	// that read: decoded together, kept alive together.
+	readOf := map[*Entry[*provisionerv1.NeedRecord]]int{}
+	decoded := map[int]int{}
+	read := func(i int) []*Entry[*provisionerv1.NeedRecord] {
+		view, _, _ := c.Group("a")
+		for _, e := range view {
+			if _, ok := readOf[e]; !ok {
+				readOf[e] = i
+				decoded[i]++
+			}
+		}
+		return view
+	}
+	for i := range n {
+		revision++
+		c.Apply(key(i), need(t), revision, false)
+	}
+	read(0)
+	for round := 1; round < 3*n; round++ {
+		// Keys round and after written again: each view could reuse one
+		// entry decoded by each read before, and keep all they decoded.
+		for i := round % n; i < n; i++ {
+			revision++
+			c.Apply(key(i), need(t), revision, false)
+		}
+		view := read(round)
+		alive, reads := 0, map[int]bool{}
+		for _, e := range view {
+			if r := readOf[e]; !reads[r] {
+				reads[r] = true
+				alive += decoded[r]
+			}
+		}
+		if alive > 2*len(view) {
+			t.Fatalf("round %d: a view of %d values keeps %d decoded alive, by %d reads", round, len(view), alive, len(reads))
+		}
+	}
+}
+
+// Reads made while a node is written, with views reused, kept and dropped
+// by a small bound, each see the node's values at one revision: run with
+// -race, as make test does.
+func TestViewsReusedUnderConcurrentReadsAndWrites(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	c.views.limit = 8 // views dropped while they are read and reused
+	const n = 8
+	key := func(i int) string { return fmt.Sprintf("a.web.port.p%d", i) }
+	put := func(i int, revision uint64) {
+		value, err := proto.Marshal(&provisionerv1.Need{Placeholder: fmt.Sprint(revision)})
+		if err != nil {
+			panic(err)
+		}
+		c.Apply(key(i), value, revision, false)
+	}
+	revision := uint64(0)
+	for i := range n {
+		revision++
+		put(i, revision)
+	}
+	c.MarkLoaded()
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for r := range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				read := c.Group
+				if r%2 == 1 {
+					read = c.GroupOnce
+				}
+				view, _, _ := read("a")
+				if len(view) != n {
+					t.Errorf("a read saw %d values, want %d", len(view), n)
+					return
+				}
+				for _, e := range view {
+					if got := e.Record.GetNeed().GetPlaceholder(); got != fmt.Sprint(e.Record.GetRevision()) {
+						t.Errorf("%s at revision %d decodes as %s", e.Key, e.Record.GetRevision(), got)
+						return
+					}
+				}
+			}
+		})
+	}
+	for range 2000 {
+		revision++
+		put(int(revision)%n, revision)
+	}
+	close(stop)
+	wg.Wait()
 }
 
 func TestWaitFor(t *testing.T) {
