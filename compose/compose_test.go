@@ -1,6 +1,7 @@
 package compose_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -11,19 +12,36 @@ import (
 	"github.com/novox/mesh-provisioner/registry"
 )
 
-func TestCompose(t *testing.T) {
-	t.Parallel()
+// composeCase is a composition and what it must be.
+type composeCase struct {
+	name    string
+	module  string
+	needs   []*provisionerv1.NeedRecord
+	bad     []*provisionerv1.MalformedKey
+	sources compose.Sources
+	want    *provisionerv1.ComposeResponse
+}
+
+// input returns the case's input, read from the registry's table, with
+// the collection items every case has.
+func (tt composeCase) input(arena *compose.Arena) compose.Input {
 	entries := map[string]*provisionerv1.RegistryEntry{}
 	for _, e := range registry.Table() {
 		entries[e.GetKind()] = e
 	}
+	sources := tt.sources
+	sources.Registry = func(k string) *provisionerv1.RegistryEntry { return entries[k] }
+	items := []*provisionerv1.CollectRecord{{Node: "ace", Collection: "shell:zsh:normal", Contributor: "web", Item: &provisionerv1.CollectItem{Value: "a"}, Revision: 3}}
+	return compose.Input{Node: "ace", Module: tt.module, Needs: tt.needs, Malformed: tt.bad, Items: items, Sources: sources, Arena: arena}
+}
+
+func composeCases() []composeCase {
 	need := func(module, kind, name string, n *provisionerv1.Need) *provisionerv1.NeedRecord {
 		if n == nil {
 			n = &provisionerv1.Need{}
 		}
 		return &provisionerv1.NeedRecord{Node: "ace", Module: module, Kind: kind, Name: name, Need: n, Revision: 7}
 	}
-	items := []*provisionerv1.CollectRecord{{Node: "ace", Collection: "shell:zsh:normal", Contributor: "web", Item: &provisionerv1.CollectItem{Value: "a"}, Revision: 3}}
 	bucket := func(b, k string) *provisionerv1.PlanItem_Bucket {
 		return &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: b, Key: k}}
 	}
@@ -51,14 +69,7 @@ func TestCompose(t *testing.T) {
 		}
 		return 0
 	}
-	tests := []struct {
-		name    string
-		module  string
-		needs   []*provisionerv1.NeedRecord
-		bad     []*provisionerv1.MalformedKey
-		sources compose.Sources
-		want    *provisionerv1.ComposeResponse
-	}{
+	return []composeCase{
 		{
 			name: "a module between builds: each need once, with the builds whose plan holds it",
 			needs: []*provisionerv1.NeedRecord{
@@ -157,17 +168,38 @@ func TestCompose(t *testing.T) {
 			}}},
 		},
 	}
-	for _, tt := range tests {
+}
+
+var ignorePhases = protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")
+
+func TestCompose(t *testing.T) {
+	t.Parallel()
+	for _, tt := range composeCases() {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			sources := tt.sources
-			sources.Registry = func(k string) *provisionerv1.RegistryEntry { return entries[k] }
-			got := compose.Compose(compose.Input{
-				Node: "ace", Module: tt.module, Needs: tt.needs, Malformed: tt.bad, Items: items, Sources: sources,
-			})
-			if diff := cmp.Diff(tt.want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
+			got := compose.Compose(tt.input(nil))
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform(), ignorePhases); diff != "" {
 				t.Errorf("Compose (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// One arena, reset after each composition, makes every case's messages
+// anew: none keeps a field of the case composed before it, whichever that
+// was.
+func TestComposeWithAReusedArena(t *testing.T) {
+	t.Parallel()
+	cases := composeCases()
+	arena := new(compose.Arena)
+	for _, order := range []string{"in order", "reversed"} {
+		for _, tt := range cases {
+			got := compose.Compose(tt.input(arena))
+			if diff := cmp.Diff(tt.want, got, protocmp.Transform(), ignorePhases); diff != "" {
+				t.Errorf("%s, %s: Compose with the arena reset (-want +got):\n%s", order, tt.name, diff)
+			}
+			arena.Reset()
+		}
+		slices.Reverse(cases)
 	}
 }

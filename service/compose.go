@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -66,8 +67,18 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			return stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
-		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
-			return composeFrom(s.mirror, in, enc, budget, keepViews)
+		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
+			arena := arenas.Get().(*compose.Arena)
+			done := func() {
+				arena.Reset()
+				arenas.Put(arena)
+			}
+			out, t, werr := composeFrom(s.mirror, in, enc, budget, reading{views: keepViews, arena: arena})
+			if werr != nil {
+				done()
+				return nil, t, nil, werr
+			}
+			return out, t, done, nil
 		},
 		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
 			tail := &provisionerv1.ComposeResponse{Revisions: revs.proto(), Phases: phasesOf(t)}
@@ -135,15 +146,15 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // the token's key, in key order, chunk by chunk while they fit the page. The
 // answer lacks its revisions and phases, which are added as it is sent.
 // views says whether the node's decoded views are kept for later reads.
-func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, views viewUse) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
+func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, r reading) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), composeDigest(in))
 	if werr != nil {
 		return nil, timings{}, werr
 	}
 	start := time.Now()
-	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), views)
-	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), views)
-	applied, _, appliedRevision := groupOf(m.Applied, in.GetNode(), views)
+	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views)
+	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views)
+	applied, _, appliedRevision := groupOf(m.Applied, in.GetNode(), r.views)
 	if applied == nil {
 		applied = []*mirror.Entry[*provisionerv1.AppliedRecord]{} // read: none
 	}
@@ -155,18 +166,22 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		Manifests: m.Manifests.Revision(),
 	}
 	sources := sourcesOf(m, applied)
-	var records []*provisionerv1.CollectRecord
+	records := make([]*provisionerv1.CollectRecord, 0, len(items))
 	for _, e := range items {
 		if e.Malformed == nil {
 			records = append(records, e.Record)
 		}
 	}
 	// The needs this request composes (every page), and this page's: those
-	// after the token's key.
-	var all []*mirror.Entry[*provisionerv1.NeedRecord]
-	for _, e := range entries {
-		if in.GetModule() == "" || moduleOf(e) == in.GetModule() {
-			all = append(all, e)
+	// after the token's key. all is the view itself when it is every need:
+	// it is only sliced, never appended to.
+	all := entries
+	if in.GetModule() != "" {
+		all = nil
+		for _, e := range entries {
+			if moduleOf(e) == in.GetModule() {
+				all = append(all, e)
+			}
 		}
 	}
 	needs := all[sort.Search(len(all), func(i int) bool { return all[i].Key > token.After }):]
@@ -192,7 +207,7 @@ chunks:
 			break
 		}
 		for {
-			part := composeNeeds(sources, in, needs[done:done+n], records, revisions)
+			part := composeNeeds(sources, in, needs[done:done+n], records, revisions, r.arena)
 			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
 			if p.used+size <= p.budget {
 				p.used += size
@@ -224,11 +239,24 @@ chunks:
 	// else the composition of every page, made once more.
 	whole := out
 	if len(needs) < len(all) || done < len(needs) {
-		whole = composeNeeds(sources, in, all, records, revisions)
+		whole = composeNeeds(sources, in, all, records, revisions, r.arena)
 	}
 	out.PlanDigest = compose.Digest(whole)
 	return out, timings{read: read, resolve: resolve, items: collect}, nil
 }
+
+// reading is how a composition reads and builds: whether it keeps the
+// node's decoded views, and the arena its messages are made in, for an
+// answer encoded and then dropped (nil: the answer's own, for an answer
+// its caller keeps, as a replay's).
+type reading struct {
+	views viewUse
+	arena *compose.Arena
+}
+
+// arenas are the compositions' arenas, reused once their answers are
+// encoded (or their digests read).
+var arenas = sync.Pool{New: func() any { return new(compose.Arena) }}
 
 // viewUse says whether a composition keeps the node's decoded views for
 // the reads that follow (keepViews), as a request's does, or not
@@ -365,8 +393,9 @@ func appliedModule(e *mirror.Entry[*provisionerv1.AppliedRecord]) string {
 }
 
 // composeNeeds composes some of a node's needs, in key order.
-func composeNeeds(sources compose.Sources, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions) *provisionerv1.ComposeResponse {
-	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Sources: sources, Items: items, Revisions: revisions}
+func composeNeeds(sources compose.Sources, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions, arena *compose.Arena) *provisionerv1.ComposeResponse {
+	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Sources: sources, Items: items, Revisions: revisions,
+		Needs: make([]*provisionerv1.NeedRecord, 0, len(needs)), Arena: arena}
 	for _, e := range needs {
 		if e.Malformed != nil {
 			input.Malformed = append(input.Malformed, e.Malformed)

@@ -38,8 +38,9 @@ type endpoint[Req, Res proto.Message] struct {
 	stamp func(Req) stamp
 	// answer builds the answer of a checked request on a worker, but for
 	// the fields tail adds; budget is the most bytes the answer may take
-	// once encoded as sizing says.
-	answer func(req Req, enc encoding, budget int) (Res, timings, *wire.Error)
+	// once encoded as sizing says. done, if not nil, is called once the
+	// answer is encoded and read no more: what it holds may then be reused.
+	answer func(req Req, enc encoding, budget int) (out Res, t timings, done func(), werr *wire.Error)
 	// tail returns the fields added to every answer as it is sent, reused
 	// or not: the revisions given, and the phases. It depends on nothing
 	// else, so that an answer reused with the same revisions is the same.
@@ -355,12 +356,16 @@ func (ep endpoint[Req, Res]) build(s *Service, in Req, enc encoding) ([]byte, ti
 	var data []byte
 	var t timings
 	for _, sizing := range []encoding{{}, enc} {
-		out, built, werr := ep.answer(in, sizing, budget)
+		out, built, done, werr := ep.answer(in, sizing, budget)
 		if werr != nil {
 			return nil, t, werr
 		}
 		var err error
-		if data, err = enc.marshal(out); err != nil {
+		data, err = enc.marshal(out)
+		if done != nil {
+			done()
+		}
+		if err != nil {
 			s.logger.Error("encoding an answer failed", "endpoint", ep.name, "err", err)
 			return nil, t, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
 		}

@@ -38,13 +38,13 @@ func TestWorkersAreBounded(t *testing.T) {
 		tail: func(*provisionerv1.ProvisioningRequest, timings, revisions) *provisionerv1.ProvisioningResponse {
 			return &provisionerv1.ProvisioningResponse{}
 		},
-		answer: func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, *wire.Error) {
+		answer: func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
 			n := running.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}
 			<-release
 			running.Add(-1)
-			return &provisionerv1.ProvisioningResponse{}, timings{}, nil
+			return &provisionerv1.ProvisioningResponse{}, timings{}, nil, nil
 		},
 	}
 	s.counters["blocking"] = &counters{subject: "test.blocking"} // as Start makes them; no stats are asked here

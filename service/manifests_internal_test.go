@@ -36,7 +36,7 @@ func TestAManifestIsDecodedOncePerDigest(t *testing.T) {
 	}
 	var provisions, offered int
 	for _, node := range mesh.Nodes {
-		out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node.Name}, encoding{}, unpaged, keepViews)
+		out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node.Name}, encoding{}, unpaged, reading{views: keepViews})
 		if werr != nil {
 			t.Fatal(werr)
 		}

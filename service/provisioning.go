@@ -53,10 +53,10 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 			}
 			return read
 		},
-		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, *wire.Error) {
+		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
 			start := time.Now()
 			out, werr := provisioningFrom(s.mirror, in, enc, budget)
-			return out, timings{read: time.Since(start)}, werr
+			return out, timings{read: time.Since(start)}, nil, werr
 		},
 		tail: func(in *provisionerv1.ProvisioningRequest, _ timings, revs revisions) *provisionerv1.ProvisioningResponse {
 			return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, whatOf(in))}

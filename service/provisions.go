@@ -53,8 +53,9 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 			return stamp{registry: registry, needs: needs, applied: applied, manifests: manifests,
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
-		answer: func(in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
-			return provisionsFrom(s.mirror, in, enc, budget)
+		answer: func(in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, func(), *wire.Error) {
+			out, t, werr := provisionsFrom(s.mirror, in, enc, budget)
+			return out, t, nil, werr
 		},
 		tail: func(_ *provisionerv1.ProvisionsRequest, _ timings, revs revisions) *provisionerv1.ProvisionsResponse {
 			return &provisionerv1.ProvisionsResponse{Revisions: revs.proto()}

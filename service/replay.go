@@ -31,7 +31,7 @@ const unpaged = 1 << 62
 // not check the request, nor wait for revisions. It fails as the verb would
 // on a page_token it cannot read, with the verb's error (code 400).
 func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
-	out, t, werr := composeFrom(r.mirror, in, encoding{}, unpaged, keepViews)
+	out, t, werr := composeFrom(r.mirror, in, encoding{}, unpaged, reading{views: keepViews})
 	if werr != nil {
 		return nil, werr
 	}

@@ -1,0 +1,81 @@
+package compose
+
+import provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+
+// Arena holds the messages of compositions' plan items and collected items
+// in arrays, one element a need (or a collection item), rather than
+// allocations a need: a node has thousands of needs, and each message
+// allocated alone costs the garbage collector too. BenchmarkComposeNode
+// measured 6,739 allocations and 650 µs a node without one, 2,730 and 510
+// µs with one.
+//
+// An arena reused for composition after composition (Reset) spares the
+// collector the arrays too: BenchmarkComposeNode measured a 60 x 25 node
+// at 0.94-1.21 ms in arenas of its own, 0.67-0.77 ms in one reused. The
+// zero Arena is ready; an Arena is for one goroutine at a time.
+type Arena struct {
+	items    []provisionerv1.PlanItem
+	buckets  []provisionerv1.PlanItem_Bucket
+	keys     []provisionerv1.BucketKey
+	collects []provisionerv1.CollectedItem
+}
+
+// Reset readies the arena for other compositions: the messages it made are
+// cleared, to be made again. Call it only once nothing reads the
+// compositions made with it, nor anything taken from them.
+func (a *Arena) Reset() {
+	a.items = reset(a.items)
+	a.buckets = reset(a.buckets)
+	a.keys = reset(a.keys)
+	a.collects = reset(a.collects)
+}
+
+func reset[T any](arr []T) []T {
+	clear(arr)
+	return arr[:0]
+}
+
+// reserve makes room for a composition of needs needs and items collection
+// items without replacing an array midway: an array replaced whole holds
+// what came before it and the room for this one, so that the arena, reset,
+// holds the next composition of that size in the same arrays.
+func (a *Arena) reserve(needs, items int) {
+	a.items = room(a.items, needs)
+	a.buckets = room(a.buckets, needs)
+	a.keys = room(a.keys, needs)
+	a.collects = room(a.collects, items)
+}
+
+func room[T any](arr []T, n int) []T {
+	if cap(arr)-len(arr) >= n {
+		return arr
+	}
+	return make([]T, 0, len(arr)+n)
+}
+
+// next returns a new element of an array, which never grows: the elements
+// handed out must not move. A full one is replaced.
+func next[T any](arr *[]T) *T {
+	if len(*arr) == cap(*arr) {
+		*arr = make([]T, 0, max(cap(*arr), 1))
+	}
+	*arr = (*arr)[:len(*arr)+1]
+	return &(*arr)[len(*arr)-1]
+}
+
+func (a *Arena) item() *provisionerv1.PlanItem { return next(&a.items) }
+
+func (a *Arena) bucketKey(bucket, key string) *provisionerv1.PlanItem_Bucket {
+	k := next(&a.keys)
+	k.Bucket, k.Key = bucket, key
+	b := next(&a.buckets)
+	b.Bucket = k
+	return b
+}
+
+// collected returns a collection item as a plan item lists it.
+func (a *Arena) collected(it *provisionerv1.CollectRecord) *provisionerv1.CollectedItem {
+	c := next(&a.collects)
+	c.Contributor, c.Item, c.Revision = it.GetContributor(), it.GetItem(), it.GetRevision()
+	return c
+}
