@@ -68,11 +68,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
 		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
-			arena := arenas.Get().(*compose.Arena)
-			done := func() {
-				arena.Reset()
-				arenas.Put(arena)
-			}
+			arena, done := pooledArena()
 			out, t, werr := composeFrom(s.mirror, in, enc, budget, reading{views: keepViews, arena: arena})
 			if werr != nil {
 				done()
@@ -145,7 +141,8 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // composeFrom composes one page of a node from a mirror: the needs after
 // the token's key, in key order, chunk by chunk while they fit the page. The
 // answer lacks its revisions and phases, which are added as it is sent.
-// views says whether the node's decoded views are kept for later reads.
+// r says whether the node's decoded views are kept for later reads, and the
+// arena the composition is made in.
 func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, r reading) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), composeDigest(in))
 	if werr != nil {
@@ -257,6 +254,16 @@ type reading struct {
 // arenas are the compositions' arenas, reused once their answers are
 // encoded (or their digests read).
 var arenas = sync.Pool{New: func() any { return new(compose.Arena) }}
+
+// pooledArena returns an arena of the pool, and what resets it and puts it
+// back, to call once nothing reads what was made in it.
+func pooledArena() (arena *compose.Arena, done func()) {
+	arena = arenas.Get().(*compose.Arena)
+	return arena, func() {
+		arena.Reset()
+		arenas.Put(arena)
+	}
+}
 
 // viewUse says whether a composition keeps the node's decoded views for
 // the reads that follow (keepViews), as a request's does, or not

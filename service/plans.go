@@ -16,7 +16,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 )
@@ -416,11 +415,8 @@ func (w *plansWriter) write(ctx context.Context, pw planWrite) {
 // 1.31 ms through the answer cache; BenchmarkComposeForPlans). It keeps no
 // decoded view of the node (dropViews): the writer reads every node.
 func (s *Service) composeForPlans(node string) (digest string, revisions *provisionerv1.Revisions, err error) {
-	arena := arenas.Get().(*compose.Arena)
-	defer func() {
-		arena.Reset()
-		arenas.Put(arena)
-	}()
+	arena, done := pooledArena()
+	defer done()
 	out, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: dropViews, arena: arena})
 	if werr != nil {
 		return "", nil, werr
