@@ -36,16 +36,18 @@ func reset[T any](arr []T) []T {
 	return arr[:0]
 }
 
-// reserve makes room for a composition of needs needs and items collection
-// items without replacing an array midway: an array replaced whole holds
-// what came before it and the room for this one, so that the arena, reset,
-// holds the next composition of that size in the same arrays.
-func (a *Arena) reserve(needs, items int) {
+// reserve makes room for a composition of needs needs without replacing
+// an array midway: an array replaced whole holds what came before it and
+// the room for this one, so that the arena, reset, holds the next
+// composition of that size in the same arrays.
+func (a *Arena) reserve(needs int) {
 	a.items = room(a.items, needs)
 	a.buckets = room(a.buckets, needs)
 	a.keys = room(a.keys, needs)
-	a.collects = room(a.collects, items)
 }
+
+// reserveCollected makes room for items collected items, as reserve does.
+func (a *Arena) reserveCollected(items int) { a.collects = room(a.collects, items) }
 
 func room[T any](arr []T, n int) []T {
 	if cap(arr)-len(arr) >= n {

@@ -209,7 +209,7 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 	if arena == nil {
 		arena = new(Arena)
 	}
-	arena.reserve(len(in.Needs), len(in.Items))
+	arena.reserve(len(in.Needs))
 	var plan *provisionerv1.ModulePlan
 	var planStart int
 	var collections []*provisionerv1.PlanItem
@@ -263,6 +263,7 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 
 	if len(collections) > 0 {
 		byCollection := map[string][]*provisionerv1.CollectedItem{}
+		arena.reserveCollected(len(in.Items))
 		for _, it := range in.Items {
 			byCollection[it.GetCollection()] = append(byCollection[it.GetCollection()], arena.collected(it))
 		}
