@@ -5,5 +5,9 @@
 //
 // [Compose] is a pure function of its [Input]: the registry entries and the
 // node's records, however they were read. The service feeds it from its
-// watched copy; a benchmark feeds it from reads by key, to compare.
+// watched copy; a benchmark feeds it from reads by key, to compare. A
+// caller that encodes each composition and then drops it makes them in an
+// [Arena] it resets and reuses, as the service does. [Digest] says what a
+// composition asks the node to apply, so that a node learns its plan
+// changed.
 package compose

@@ -3,6 +3,8 @@ package compose_test
 import (
 	"fmt"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/registry"
@@ -42,4 +44,36 @@ func ExampleCompose() {
 	// secret:token asked of mesh-vault.secret
 	// provision: pg writes ace.web.db.ro in pg_bound
 	// refused ace.web.gpu.cuda: no registry entry answers kind "gpu"
+}
+
+// A caller that encodes each composition and drops it reuses one arena: the
+// composition's items are made in it, and made again after Reset.
+func ExampleArena() {
+	entries := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		entries[e.GetKind()] = e
+	}
+	sources := compose.Sources{Registry: func(kind string) *provisionerv1.RegistryEntry { return entries[kind] }}
+	arena := new(compose.Arena)
+	for _, node := range []string{"ace", "novox"} {
+		out := compose.Compose(compose.Input{
+			Node: node, Sources: sources, Arena: arena,
+			Needs: []*provisionerv1.NeedRecord{{Node: node, Module: "web", Kind: "port", Name: "http", Need: &provisionerv1.Need{}}},
+		})
+		encoded, err := proto.Marshal(out)
+		if err != nil {
+			panic(err)
+		}
+		// Nothing reads out once it is encoded: the arena is reset for the
+		// next node's composition.
+		arena.Reset()
+		decoded := &provisionerv1.ComposeResponse{}
+		if err := proto.Unmarshal(encoded, decoded); err != nil {
+			panic(err)
+		}
+		fmt.Println(decoded.GetPlans()[0].GetItems()[0].GetBucket().GetKey())
+	}
+	// Output:
+	// ace.web
+	// novox.web
 }
