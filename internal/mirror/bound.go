@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 )
 
 // How the providers' buckets are found and followed.
@@ -19,6 +20,15 @@ const (
 	// boundRetry is how often a provider's bucket that does not exist yet
 	// is looked for again: until then its provisions are pending.
 	boundRetry = 2 * time.Second
+	// boundLookups a second, after a burst of boundLookupBurst, bound the
+	// looks for buckets not followed yet, across every bucket named (each
+	// a JetStream API request, two for a bucket found). A need names its
+	// provider, and so a bucket: without the bound, a node naming a
+	// provider in each of its thousands of keys would have the server ask
+	// about each missing bucket every boundRetry, for as long as it holds
+	// them. A mesh names far fewer buckets than the burst.
+	boundLookups     = 50
+	boundLookupBurst = 100
 )
 
 // Bound is the watched copy of the providers' buckets (<provider>_bound):
@@ -39,6 +49,8 @@ type Bound struct {
 	changedMu sync.Mutex
 	changed   map[string]uint64
 	wants     chan *BoundBucket // buckets named and not yet followed
+	// lookups bounds how often buckets are looked for (boundLookups).
+	lookups *rate.Limiter
 	// held says the copy is all there is (a capture's): a bucket it lacks
 	// holds nothing, and is not followed.
 	held bool
@@ -46,7 +58,8 @@ type Bound struct {
 
 // NewBound returns an empty copy of the providers' buckets.
 func NewBound() *Bound {
-	return &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{}}
+	return &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{},
+		lookups: rate.NewLimiter(boundLookups, boundLookupBurst)}
 }
 
 // BoundBucket is the copy of one provider's bucket.
@@ -337,6 +350,9 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
 	warned := false // once a run of failures, not every retry
 	for ctx.Err() == nil {
+		if bb.bound.lookups.Wait(ctx) != nil {
+			return // ctx is done
+		}
 		err := bb.watch(ctx, js)
 		if ctx.Err() != nil {
 			return

@@ -1,0 +1,69 @@
+package mirror
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
+
+	"github.com/novox/mesh-provisioner/internal/natstest"
+)
+
+// Looks for providers' buckets are bounded across every bucket named: a
+// node that names a provider in each of its keys, none of whose buckets
+// exist, has the server ask about them at the bound's rate, not about each
+// every boundRetry. Each bucket is still found missing, and its
+// provisions pending.
+func TestBoundLooksForBucketsAtABoundedRate(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	js, err := jetstream.New(natstest.Connect(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The spy sees the account's JetStream API requests, the copy's too.
+	spy := natstest.Connect(t, srv)
+	var asked atomic.Int64
+	if _, err := spy.Subscribe("$JS.API.STREAM.INFO.>", func(*nats.Msg) { asked.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	const named, perSecond, burst = 200, 20, 20
+	b := NewBound()
+	b.lookups = rate.NewLimiter(perSecond, burst)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+	began := time.Now()
+	for i := range named {
+		b.Bucket(fmt.Sprintf("p%03d_bound", i))
+	}
+	const watched = 3 * time.Second // boundRetry and then some
+	time.Sleep(watched)
+	took := time.Since(began)
+	most := burst + int64(perSecond*took.Seconds()) + 1
+	if n := asked.Load(); n > most {
+		t.Errorf("%d buckets named, none made: the server was asked about them %d times in %s, more than the %d the bound allows", named, n, took.Round(time.Millisecond), most)
+	} else if n < burst {
+		t.Errorf("the server was asked %d times in %s: the test proves nothing", n, took.Round(time.Millisecond))
+	}
+	// Looked for in turn: found missing, their provisions pending.
+	loaded := 0
+	for i := range named {
+		if b.Bucket(fmt.Sprintf("p%03d_bound", i)).Loaded() {
+			loaded++
+		}
+	}
+	if loaded < burst {
+		t.Errorf("%d of %d buckets found missing in %s, want at least %d", loaded, named, watched, burst)
+	}
+}
