@@ -29,6 +29,11 @@ const (
 	// them. A mesh names far fewer buckets than the burst.
 	boundLookups     = 50
 	boundLookupBurst = 100
+	// boundForget is how long a bucket not followed (missing, or that
+	// cannot be read) is kept once nothing names it: a node may name any
+	// provider, and the copy would otherwise keep every bucket ever named,
+	// and a goroutine for each.
+	boundForget = 10 * time.Minute
 )
 
 // Bound is the watched copy of the providers' buckets (<provider>_bound):
@@ -51,6 +56,12 @@ type Bound struct {
 	wants     chan *BoundBucket // buckets named and not yet followed
 	// lookups bounds how often buckets are looked for (boundLookups).
 	lookups *rate.Limiter
+	// retry and forget are boundRetry and boundForget, but in tests.
+	retry, forget time.Duration
+	// now is the time (Unix nanoseconds) of Run's last tick, every retry:
+	// a bucket keeps when a read last named it by this clock, an atomic
+	// read a name where time.Now would read the system's clock.
+	now atomic.Int64
 	// held says the copy is all there is (a capture's): a bucket it lacks
 	// holds nothing, and is not followed.
 	held bool
@@ -58,8 +69,10 @@ type Bound struct {
 
 // NewBound returns an empty copy of the providers' buckets.
 func NewBound() *Bound {
-	return &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{},
-		lookups: rate.NewLimiter(boundLookups, boundLookupBurst)}
+	b := &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{},
+		lookups: rate.NewLimiter(boundLookups, boundLookupBurst), retry: boundRetry, forget: boundForget}
+	b.now.Store(time.Now().UnixNano())
+	return b
 }
 
 // BoundBucket is the copy of one provider's bucket.
@@ -78,6 +91,11 @@ type BoundBucket struct {
 	// look asks the follower to look for a missing bucket now: a request
 	// waits for a revision of it.
 	look chan struct{}
+	// namedAt is Bound.now when a read last named the bucket (Bucket).
+	namedAt atomic.Int64
+	// followed says Run started the bucket's follower; only Run reads and
+	// writes it.
+	followed bool
 }
 
 // Bucket returns the copy of bucket, which it starts following if it does
@@ -85,6 +103,11 @@ type BoundBucket struct {
 func (b *Bound) Bucket(bucket string) *BoundBucket {
 	b.mu.RLock()
 	bb := b.buckets[bucket]
+	if bb != nil {
+		// Under the lock, which forgetting takes to write: a bucket named
+		// is not forgotten while its reader holds it.
+		bb.named()
+	}
 	b.mu.RUnlock()
 	if bb != nil {
 		return bb
@@ -93,6 +116,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 	defer b.mu.Unlock()
 	if bb = b.buckets[bucket]; bb == nil {
 		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held, look: make(chan struct{}, 1)}
+		bb.named()
 		b.buckets[bucket] = bb
 		b.gen.Add(1)
 		select {
@@ -102,6 +126,26 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 		}
 	}
 	return bb
+}
+
+// named records that a read named the bucket now, by Run's clock.
+func (bb *BoundBucket) named() {
+	if now := bb.bound.now.Load(); bb.namedAt.Load() != now {
+		bb.namedAt.Store(now)
+	}
+}
+
+// forgetUnnamed forgets bb, a bucket not followed, if nothing named it for
+// b.forget; it reports whether it did. A read that names it again makes it
+// anew, looked for at once.
+func (b *Bound) forgetUnnamed(bb *BoundBucket) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.now.Load()-bb.namedAt.Load() <= int64(b.forget) || b.buckets[bb.bucket] != bb {
+		return false
+	}
+	delete(b.buckets, bb.bucket)
+	return true
 }
 
 // Key returns the revision of key in bucket, zero when the copy does not
@@ -314,10 +358,9 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	seen := map[*BoundBucket]bool{}
 	start := func(bb *BoundBucket) {
-		if !seen[bb] {
-			seen[bb] = true
+		if !bb.followed {
+			bb.followed = true
 			wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
 		}
 	}
@@ -332,7 +375,7 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 		}
 	}
 	lookAll()
-	ticker := time.NewTicker(boundRetry)
+	ticker := time.NewTicker(b.retry)
 	defer ticker.Stop()
 	for {
 		select {
@@ -340,13 +383,15 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 			return
 		case bb := <-b.wants:
 			start(bb)
-		case <-ticker.C:
+		case now := <-ticker.C:
+			b.now.Store(now.UnixNano())
 			lookAll()
 		}
 	}
 }
 
-// follow keeps the copy of one bucket until ctx is done.
+// follow keeps the copy of one bucket until ctx is done, or until it is
+// forgotten: not followed, and named by nothing for a while.
 func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
 	warned := false // once a run of failures, not every retry
 	for ctx.Err() == nil {
@@ -369,9 +414,12 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logge
 				warned = true
 			}
 		}
+		if bb.bound.forgetUnnamed(bb) {
+			return
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(boundRetry):
+		case <-time.After(bb.bound.retry):
 		case <-bb.look:
 		}
 	}

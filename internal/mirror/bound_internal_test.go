@@ -67,3 +67,57 @@ func TestBoundLooksForBucketsAtABoundedRate(t *testing.T) {
 		t.Errorf("%d of %d buckets found missing in %s, want at least %d", loaded, named, watched, burst)
 	}
 }
+
+// A bucket not followed (missing here) that nothing names any more is
+// forgotten, its follower ended: a node that names a new provider in key
+// after key leaves nothing behind. One still named is kept, and one
+// forgotten and then named again is looked for anew.
+func TestBoundForgetsBucketsNothingNames(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	b.retry, b.forget = 20*time.Millisecond, 200*time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+
+	const named = 30
+	for i := range named {
+		b.Bucket(fmt.Sprintf("p%03d_bound", i))
+	}
+	kept := b.Bucket("kept_bound")
+	stop := make(chan struct{})
+	naming := make(chan struct{})
+	go func() { // a node still composed, naming its provider's bucket
+		defer close(naming)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				b.Bucket("kept_bound")
+			}
+		}
+	}()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if n, _ := b.Counts(); n != 1 {
+			return fmt.Errorf("%d buckets held, want only kept_bound", n)
+		}
+		return nil
+	})
+	close(stop)
+	<-naming
+	if b.Bucket("kept_bound") != kept {
+		t.Error("kept_bound, named all along, was forgotten")
+	}
+	again := b.Bucket("p000_bound")
+	wait, cancelWait := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelWait()
+	if !again.WaitLoaded(wait) {
+		t.Error("p000_bound, named again once forgotten, was not looked for")
+	}
+}
