@@ -27,8 +27,8 @@ const (
 	// provider in each of its thousands of keys would have the server ask
 	// about each missing bucket every boundRetry, for as long as it holds
 	// them. A mesh names far fewer buckets than the burst.
-	boundLookups     = 50
-	boundLookupBurst = 100
+	boundLookups     = 100
+	boundLookupBurst = 1000
 	// boundForget is how long a bucket not followed (missing, or that
 	// cannot be read) is kept once nothing names it: a node may name any
 	// provider, and the copy would otherwise keep every bucket ever named,
