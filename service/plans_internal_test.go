@@ -46,7 +46,7 @@ func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
 
 // startOnMesh writes a synthetic mesh into an embedded server's buckets,
 // with the registry's table, and starts a service on it, ready.
-func startOnMesh(t *testing.T, meshConfig synth.Config, cfg Config) (*Service, *synth.Mesh, *nats.Conn) {
+func startOnMesh(t testing.TB, meshConfig synth.Config, cfg Config) (*Service, *synth.Mesh, *nats.Conn) {
 	t.Helper()
 	ctx := context.Background()
 	nc := natstest.Connect(t, natstest.Start(t))
@@ -65,7 +65,7 @@ func startOnMesh(t *testing.T, meshConfig synth.Config, cfg Config) (*Service, *
 		t.Fatal(err)
 	}
 	mesh := synth.Generate(meshConfig)
-	if err := mesh.Write(ctx, js, 2, nil); err != nil {
+	if err := mesh.Write(ctx, js, 8, nil); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Conn = nc
@@ -74,7 +74,7 @@ func startOnMesh(t *testing.T, meshConfig synth.Config, cfg Config) (*Service, *
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := s.WaitReady(wctx); err != nil {
 		t.Fatal(err)

@@ -139,9 +139,13 @@ func (bb *BoundBucket) named() {
 // b.forget; it reports whether it did. A read that names it again makes it
 // anew, looked for at once.
 func (b *Bound) forgetUnnamed(bb *BoundBucket) bool {
+	unnamed := func() bool { return b.now.Load()-bb.namedAt.Load() > int64(b.forget) }
+	if !unnamed() {
+		return false // the rule: no write lock for a bucket still named
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.now.Load()-bb.namedAt.Load() <= int64(b.forget) || b.buckets[bb.bucket] != bb {
+	if !unnamed() || b.buckets[bb.bucket] != bb {
 		return false
 	}
 	delete(b.buckets, bb.bucket)
