@@ -501,6 +501,11 @@ func (s *Seat) release(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.TTL/3)
 	defer cancel()
 	_, err := s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject}, jetstream.WithExpectLastSequencePerSubject(s.rev))
+	// A renewal cut short by the stop may have gone through unanswered:
+	// its lease is adopted, as a renewal's or a write's would be.
+	if isWrongLastSequence(err) && s.adoptLocked(ctx) {
+		_, err = s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject}, jetstream.WithExpectLastSequencePerSubject(s.rev))
+	}
 	if err != nil {
 		s.logger.Warn("handing the provisioner seat back failed; a standby takes it when the lease expires", "err", err, "ttl", s.cfg.TTL)
 		return

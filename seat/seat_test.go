@@ -316,6 +316,49 @@ func TestARenewalAdoptsItsOwnLeaseOnly(t *testing.T) {
 	}
 }
 
+// A renewal that went through but whose answer was lost (cut short by the
+// stop, say) does not keep the seat from being handed back: the hand-back
+// adopts its own lease, and hands back no other's.
+func TestTheHandBackAdoptsItsOwnLeaseOnly(t *testing.T) {
+	t.Parallel()
+	_, js := startWithBuckets(t)
+	take := func() *Seat {
+		t.Helper()
+		s, err := New(t.Context(), Config{JS: js, TTL: 5 * time.Second, Logger: quiet()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.tryAcquire(t.Context()) {
+			t.Fatal("the vacant seat was not taken")
+		}
+		return s
+	}
+	s := take()
+	s.mu.Lock()
+	_, err := s.publishLease(t.Context(), lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.release(t.Context())
+	if l, _, err := s.read(t.Context()); err != nil || l.Holder != "" {
+		t.Fatalf("after the hand-back: lease %+v (%v), want the seat vacant", l, err)
+	}
+
+	// Another's lease at the seat: the hand-back leaves it there.
+	s = take()
+	s.mu.Lock()
+	_, err = s.publishLease(t.Context(), lease{Holder: "another", Since: time.Now().UTC()}, s.rev)
+	s.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.release(t.Context())
+	if l, _, err := s.read(t.Context()); err != nil || l.Holder != "another" {
+		t.Fatalf("after a hand-back over another's lease: lease %+v (%v), want another's kept", l, err)
+	}
+}
+
 // has reports whether a line of the log holds every one of parts.
 // logBuffer is a log the seats' goroutines write at once.
 type logBuffer struct{ testlog.Buffer }
