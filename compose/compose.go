@@ -198,22 +198,55 @@ func (p *ProvisionsOf) Need(need *provisionerv1.NeedRecord) *provisionerv1.Provi
 // Compose resolves every need of in.Node (or of in.Module on it). It appends
 // the phases it timed, "resolve" and "items", to the answer's phases.
 func Compose(in Input) *provisionerv1.ComposeResponse {
-	start := time.Now()
-	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
-	rs := newResolver(in.Sources)
+	return NewComposer(in).Part(in.Needs, in.Malformed)
+}
 
-	// Needs come in key order, so a module's items are contiguous: each
-	// plan's items are a window on one backing array.
-	items := make([]*provisionerv1.PlanItem, 0, len(in.Needs))
+// A Composer composes a node's needs a part at a time, each part a
+// composition of its own, with what its parts share read once: the
+// registry entries made ready, the modules' builds, the node's collection
+// items. A composition kept in parts, one a module, is composed again only
+// where its needs changed. A Composer is for one goroutine at a time.
+type Composer struct {
+	in    Input
+	rs    *resolver
+	arena *Arena
+	// byCollection lists each collection's items, made once the first
+	// need that reads a collection is met.
+	byCollection map[string][]*provisionerv1.CollectedItem
+}
+
+// NewComposer returns a Composer of in's node (and module), from in's
+// sources, items and arena. in's needs and malformed keys are unread: each
+// part names its own.
+func NewComposer(in Input) *Composer {
 	arena := in.Arena
 	if arena == nil {
 		arena = new(Arena)
 	}
-	arena.reserve(len(in.Needs))
+	return &Composer{in: in, rs: newResolver(in.Sources), arena: arena}
+}
+
+// Part composes needs and malformed keys of the Composer's node, each in
+// key order, as Compose composes an Input that holds only them. Parts of
+// one Composer whose needs follow one another in key order are the parts
+// of the composition of all their needs: its plans, provisions and
+// refusals are the parts' one after the other, but that a module's plan
+// continued by the next part is in both.
+func (c *Composer) Part(needs []*provisionerv1.NeedRecord, malformed []*provisionerv1.MalformedKey) *provisionerv1.ComposeResponse {
+	start := time.Now()
+	in := c.in
+	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
+	rs := c.rs
+
+	// Needs come in key order, so a module's items are contiguous: each
+	// plan's items are a window on one backing array.
+	items := make([]*provisionerv1.PlanItem, 0, len(needs))
+	arena := c.arena
+	arena.reserve(len(needs))
 	var plan *provisionerv1.ModulePlan
 	var planStart int
 	var collections []*provisionerv1.PlanItem
-	for _, need := range in.Needs {
+	for _, need := range needs {
 		if in.Module != "" && need.GetModule() != in.Module {
 			continue
 		}
@@ -241,7 +274,7 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 			out.Provisions = append(out.Provisions, provision)
 		}
 	}
-	for _, m := range in.Malformed {
+	for _, m := range malformed {
 		tokens := strings.Split(m.GetKey(), ".")
 		if in.Module != "" && len(tokens) > 1 && tokens[1] != in.Module {
 			continue
@@ -262,13 +295,15 @@ func Compose(in Input) *provisionerv1.ComposeResponse {
 	out.Phases = append(out.Phases, phase("resolve", mark.Sub(start)))
 
 	if len(collections) > 0 {
-		byCollection := map[string][]*provisionerv1.CollectedItem{}
-		arena.reserveCollected(len(in.Items))
-		for _, it := range in.Items {
-			byCollection[it.GetCollection()] = append(byCollection[it.GetCollection()], arena.collected(it))
+		if c.byCollection == nil {
+			c.byCollection = map[string][]*provisionerv1.CollectedItem{}
+			arena.reserveCollected(len(in.Items))
+			for _, it := range in.Items {
+				c.byCollection[it.GetCollection()] = append(c.byCollection[it.GetCollection()], arena.collected(it))
+			}
 		}
 		for _, item := range collections {
-			item.Items = byCollection[item.GetCollection()]
+			item.Items = c.byCollection[item.GetCollection()]
 		}
 	}
 	out.Phases = append(out.Phases, phase("items", time.Since(mark)))

@@ -2,6 +2,7 @@ package compose_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 )
 
@@ -202,4 +204,95 @@ func TestComposeWithAReusedArena(t *testing.T) {
 		}
 		slices.Reverse(cases)
 	}
+}
+
+// A composition made a module at a time by one Composer is the composition
+// of all the needs at once, and its parts' DigestParts digest it as Digest
+// digests it whole: each case, and the needs of every case at once, with
+// the first case's sources.
+func TestComposeInParts(t *testing.T) {
+	t.Parallel()
+	cases := composeCases()
+	all := composeCase{name: "every case's needs", sources: cases[0].sources}
+	seen := map[string]bool{}
+	for _, tt := range cases {
+		if tt.module != "" {
+			continue
+		}
+		for _, n := range tt.needs {
+			if key := needKey(t, n); !seen[key] {
+				seen[key] = true
+				all.needs = append(all.needs, n)
+			}
+		}
+		all.bad = append(all.bad, tt.bad...)
+	}
+	slices.SortFunc(all.needs, func(a, b *provisionerv1.NeedRecord) int { return strings.Compare(needKey(t, a), needKey(t, b)) })
+	for _, tt := range append(cases, all) {
+		if tt.module != "" {
+			continue
+		}
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			whole := compose.Compose(tt.input(nil))
+			composer := compose.NewComposer(tt.input(nil))
+			got := &provisionerv1.ComposeResponse{Node: whole.GetNode()}
+			var digests []compose.DigestPart
+			modules := moduleParts(tt.needs, tt.bad)
+			for _, m := range modules {
+				part := composer.Part(m.needs, m.bad)
+				got.Plans = append(got.Plans, part.GetPlans()...)
+				got.Provisions = append(got.Provisions, part.GetProvisions()...)
+				got.Refusals = append(got.Refusals, part.GetRefusals()...)
+				digests = append(digests, compose.DigestPartOf(part))
+			}
+			if tt.name == all.name && len(modules) < 3 {
+				t.Fatalf("%d parts: the cases' needs are of too few modules to test parts", len(modules))
+			}
+			if diff := cmp.Diff(whole, got, protocmp.Transform(), ignorePhases); diff != "" {
+				t.Errorf("parts, one a module (-whole +parts):\n%s", diff)
+			}
+			if d, want := compose.DigestOf(whole.GetNode(), "", digests...), compose.Digest(whole); d != want {
+				t.Errorf("DigestOf the parts %s, Digest of the whole %s", d, want)
+			}
+		})
+	}
+}
+
+// moduleParts splits needs and malformed keys, each in key order, into
+// runs of one module, in key order.
+func moduleParts(needs []*provisionerv1.NeedRecord, bad []*provisionerv1.MalformedKey) []modulePart {
+	var parts []modulePart
+	at := func(module string) *modulePart {
+		if len(parts) == 0 || parts[len(parts)-1].module != module {
+			parts = append(parts, modulePart{module: module})
+		}
+		return &parts[len(parts)-1]
+	}
+	for _, n := range needs {
+		p := at(n.GetModule())
+		p.needs = append(p.needs, n)
+	}
+	for _, b := range bad { // after every need: a module part of its own
+		_, rest, _ := strings.Cut(b.GetKey(), ".")
+		module, _, _ := strings.Cut(rest, ".")
+		p := at("malformed " + module)
+		p.bad = append(p.bad, b)
+	}
+	return parts
+}
+
+type modulePart struct {
+	module string
+	needs  []*provisionerv1.NeedRecord
+	bad    []*provisionerv1.MalformedKey
+}
+
+func needKey(t *testing.T, n *provisionerv1.NeedRecord) string {
+	t.Helper()
+	key, err := keys.NeedKey{Node: n.GetNode(), Module: n.GetModule(), Kind: n.GetKind(), Name: n.GetName()}.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
 }

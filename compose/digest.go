@@ -42,10 +42,7 @@ func Digest(c *provisionerv1.ComposeResponse) string {
 	b = appendString(b, c.GetModule())
 	b = binary.AppendUvarint(b, uint64(len(c.GetPlans())))
 	for _, p := range c.GetPlans() {
-		b = appendString(b, p.GetModule())
-		b = appendString(b, p.GetWantedBuild())
-		b = appendString(b, p.GetNewestBuild())
-		b = binary.AppendUvarint(b, uint64(len(p.GetItems())))
+		b = appendPlanHead(b, p)
 		for _, item := range p.GetItems() {
 			b = appendItem(b, item, collections)
 			flush()
@@ -53,24 +50,100 @@ func Digest(c *provisionerv1.ComposeResponse) string {
 	}
 	b = binary.AppendUvarint(b, uint64(len(c.GetProvisions())))
 	for _, p := range c.GetProvisions() {
-		for _, s := range []string{p.GetProvider(), p.GetBucket(), p.GetKey(), p.GetModule(), p.GetProvision(), p.GetLocal(), p.GetName(), p.GetNode(), p.GetManifestDigest()} {
-			b = appendString(b, s)
-		}
-		b = appendStrings(b, p.GetBuilds())
-		b = binary.AppendUvarint(b, p.GetBoundRevision())
+		b = appendProvision(b, p)
 		flush()
 	}
 	b = binary.AppendUvarint(b, uint64(len(c.GetRefusals())))
 	for _, r := range c.GetRefusals() {
-		for _, s := range []string{r.GetKey(), r.GetModule(), r.GetKind(), r.GetName(), r.GetDetail()} {
-			b = appendString(b, s)
-		}
-		b = binary.AppendUvarint(b, uint64(r.GetReason()))
-		b = appendStrings(b, r.GetBuilds())
+		b = appendRefusal(b, r)
 		flush()
 	}
 	h.Write(b)
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// A DigestPart is what Digest reads of a part of a composition (a
+// [Composer]'s part): its plans, provisions and refusals, read once. A
+// composition whose parts are kept, and composed again only where their
+// needs changed, is digested from its parts' DigestParts (DigestOf)
+// without reading the parts kept again.
+type DigestPart struct {
+	plans, provisions, refusals    []byte
+	nPlans, nProvisions, nRefusals int
+}
+
+// DigestPartOf reads a part of a composition for DigestOf.
+func DigestPartOf(c *provisionerv1.ComposeResponse) DigestPart {
+	collections := map[string][sha256.Size]byte{}
+	var p DigestPart
+	for _, plan := range c.GetPlans() {
+		p.plans = appendPlanHead(p.plans, plan)
+		for _, item := range plan.GetItems() {
+			p.plans = appendItem(p.plans, item, collections)
+		}
+	}
+	for _, provision := range c.GetProvisions() {
+		p.provisions = appendProvision(p.provisions, provision)
+	}
+	for _, r := range c.GetRefusals() {
+		p.refusals = appendRefusal(p.refusals, r)
+	}
+	p.nPlans, p.nProvisions, p.nRefusals = len(c.GetPlans()), len(c.GetProvisions()), len(c.GetRefusals())
+	return p
+}
+
+// Size returns the bytes a part holds.
+func (p DigestPart) Size() int { return len(p.plans) + len(p.provisions) + len(p.refusals) }
+
+// DigestOf returns the Digest of the composition of node (and module) made
+// of parts, in order: the composition whose plans, provisions and refusals
+// are the parts' one after the other. No module's plan may continue from
+// one part to the next, as Digest reads it as one plan.
+func DigestOf(node, module string, parts ...DigestPart) string {
+	h := sha256.New()
+	var nPlans, nProvisions, nRefusals int
+	for _, p := range parts {
+		nPlans, nProvisions, nRefusals = nPlans+p.nPlans, nProvisions+p.nProvisions, nRefusals+p.nRefusals
+	}
+	b := appendString(nil, node)
+	b = appendString(b, module)
+	h.Write(binary.AppendUvarint(b, uint64(nPlans)))
+	for _, p := range parts {
+		h.Write(p.plans)
+	}
+	h.Write(binary.AppendUvarint(b[:0], uint64(nProvisions)))
+	for _, p := range parts {
+		h.Write(p.provisions)
+	}
+	h.Write(binary.AppendUvarint(b[:0], uint64(nRefusals)))
+	for _, p := range parts {
+		h.Write(p.refusals)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// appendPlanHead appends a plan's fields but its items, and their count.
+func appendPlanHead(b []byte, p *provisionerv1.ModulePlan) []byte {
+	b = appendString(b, p.GetModule())
+	b = appendString(b, p.GetWantedBuild())
+	b = appendString(b, p.GetNewestBuild())
+	return binary.AppendUvarint(b, uint64(len(p.GetItems())))
+}
+
+func appendProvision(b []byte, p *provisionerv1.Provision) []byte {
+	for _, s := range []string{p.GetProvider(), p.GetBucket(), p.GetKey(), p.GetModule(), p.GetProvision(), p.GetLocal(), p.GetName(), p.GetNode(), p.GetManifestDigest()} {
+		b = appendString(b, s)
+	}
+	b = appendStrings(b, p.GetBuilds())
+	return binary.AppendUvarint(b, p.GetBoundRevision())
+}
+
+func appendRefusal(b []byte, r *provisionerv1.Refusal) []byte {
+	for _, s := range []string{r.GetKey(), r.GetModule(), r.GetKind(), r.GetName(), r.GetDetail()} {
+		b = appendString(b, s)
+	}
+	b = binary.AppendUvarint(b, uint64(r.GetReason()))
+	return appendStrings(b, r.GetBuilds())
 }
 
 // digestBlock is how many bytes Digest gathers before it hashes them.
