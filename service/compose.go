@@ -67,6 +67,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			return stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
+		encoded: s.composeSections,
 		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
 			arena, done := pooledArena()
 			out, t, werr := composeFrom(s.mirror, in, enc, budget, reading{views: keepViews, arena: arena})
@@ -286,10 +287,20 @@ func groupOf[R proto.Message](c *mirror.Copy[R], node string, views viewUse) (en
 // boundBehind returns the providers' buckets of provisions whose copy is
 // behind, sorted.
 func boundBehind(m *mirror.Mirror, provisions []*provisionerv1.Provision) []string {
+	buckets := make([]string, len(provisions))
+	for i, p := range provisions {
+		buckets[i] = p.GetBucket()
+	}
+	return boundBucketsBehind(m, buckets)
+}
+
+// boundBucketsBehind returns the providers' buckets whose copy is behind,
+// sorted, each once.
+func boundBucketsBehind(m *mirror.Mirror, buckets []string) []string {
 	var behind []string
-	for _, p := range provisions {
-		if !slices.Contains(behind, p.GetBucket()) && m.Bound.Bucket(p.GetBucket()).Behind() {
-			behind = append(behind, p.GetBucket())
+	for _, b := range buckets {
+		if !slices.Contains(behind, b) && m.Bound.Bucket(b).Behind() {
+			behind = append(behind, b)
 		}
 	}
 	slices.Sort(behind)

@@ -85,8 +85,11 @@ type Config struct {
 	NodeMaxBytes int
 	// AnswerCacheMaxBytes is the most bytes of encoded answers kept for
 	// reuse; zero means DefaultAnswerCacheMaxBytes. It cannot be lifted.
+	// Half as many again hold nodes' last compositions, a module at a
+	// time, for the composition asked right after a need is written.
 	AnswerCacheMaxBytes int
-	// NoAnswerCache keeps no answer for reuse: every request is computed.
+	// NoAnswerCache keeps no answer, nor any part of one, for reuse: every
+	// request is computed whole.
 	NoAnswerCache bool
 	// ReplyPrefixes are the subject prefixes the service answers to; nil
 	// means wire.ReplyPrefixes(). A request whose reply subject starts with
@@ -178,6 +181,7 @@ type Service struct {
 
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
+	sections *sectionCache // nil: none kept
 	seat     func() (held bool, since time.Time, holder string)
 	observe  Observer
 	// failures rate-limits the warning logged for each 5xx answer, so that a
@@ -295,6 +299,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		replyPrefixes:  slices.Clone(cfg.ReplyPrefixes),
 		refusedReplies: rate.Sometimes{Interval: time.Second},
 		planFailures:   rate.Sometimes{Interval: time.Second},
+	}
+	if !cfg.NoAnswerCache {
+		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
