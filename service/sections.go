@@ -1,8 +1,13 @@
 package service
 
 import (
+	"bytes"
+	"strconv"
 	"sync"
 	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -13,28 +18,35 @@ import (
 // all of it is what it was: every module but the one whose need changed.
 // The compose verb keeps each node's last whole composition in sections,
 // one for each run of its needs of one module (in key order), each encoded
-// in binary and read for the digest once (compose.DigestPart). While what
-// a composition reads beyond the node's needs is unchanged (sectionStamp),
-// a whole-node binary request composes again only the sections whose needs
-// changed, and its answer is the sections' encodings one after the other:
-// protobuf reads concatenated encodings as one message, with each repeated
-// field's elements in order. make bench-verb measures the gain ("compose
-// right after a write, binary").
+// (in the encoding asked: binary and JSON are kept apart) and read for the
+// digest once (compose.DigestPart). While what a composition reads beyond
+// the node's needs is unchanged (sectionStamp), a whole-node request
+// composes again only the sections whose needs changed, and its answer is
+// made of the sections' encodings: in binary one after the other, which
+// protobuf reads as one message with each repeated field's elements in
+// order; in JSON each list's elements, section after section. make
+// bench-verb measures the gain ("compose right after a write").
 
 // section is one run of a node's needs of one module, composed.
 type section struct {
 	// needs are the run's entries, whose identity says that the run is
 	// unchanged: a copy's view reuses the entry of a value it still holds.
-	needs   []*mirror.Entry[*provisionerv1.NeedRecord]
-	encoded []byte // its plans, provisions and refusals, in binary
+	needs []*mirror.Entry[*provisionerv1.NeedRecord]
+	// encoded is its plans, provisions and refusals in binary; in JSON,
+	// each list's elements, comma-separated (sectionLists).
+	encoded [len(sectionLists)][]byte
 	digest  compose.DigestPart
 	// buckets are the providers' buckets of its provisions, for behind.
 	buckets []string
 }
 
 func (s *section) size() int {
-	return len(s.encoded) + s.digest.Size() + 8*len(s.needs) + 16*len(s.buckets) + 128
+	return len(s.encoded[0]) + len(s.encoded[1]) + len(s.encoded[2]) + s.digest.Size() + 8*len(s.needs) + 16*len(s.buckets) + 128
 }
+
+// sectionLists are the lists of a composition a section holds, in the
+// order of their fields.
+var sectionLists = [...]protoreflect.Name{"plans", "provisions", "refusals"}
 
 // sectionStamp identifies what a node's composition reads beyond its
 // needs: equal stamps, and a section's needs the same entries, mean the
@@ -70,16 +82,22 @@ type sectionCache struct {
 	limit int
 
 	mu     sync.Mutex
-	byNode map[string]*nodeSections
+	byNode map[sectionsKey]*nodeSections
 	bytes  int
 }
 
-func newSectionCache(limit int) *sectionCache {
-	return &sectionCache{limit: limit, byNode: map[string]*nodeSections{}}
+// sectionsKey is a node's in an encoding.
+type sectionsKey struct {
+	node string
+	json bool
 }
 
-// get returns the sections of node composed at st, or nil.
-func (c *sectionCache) get(node string, st sectionStamp) *nodeSections {
+func newSectionCache(limit int) *sectionCache {
+	return &sectionCache{limit: limit, byNode: map[sectionsKey]*nodeSections{}}
+}
+
+// get returns the sections of a node composed at st, or nil.
+func (c *sectionCache) get(node sectionsKey, st sectionStamp) *nodeSections {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if ns := c.byNode[node]; ns != nil && ns.stamp == st {
@@ -88,8 +106,8 @@ func (c *sectionCache) get(node string, st sectionStamp) *nodeSections {
 	return nil
 }
 
-// put keeps node's sections in place of those it had, making room.
-func (c *sectionCache) put(node string, ns *nodeSections) {
+// put keeps a node's sections in place of those it had, making room.
+func (c *sectionCache) put(node sectionsKey, ns *nodeSections) {
 	if ns.bytes > c.limit/8 {
 		return // one node must not push out most of the others
 	}
@@ -112,12 +130,13 @@ func (c *sectionCache) put(node string, ns *nodeSections) {
 }
 
 // composeSections answers a request for a whole node (no module, no page)
-// in binary from the node's sections, composing again those whose needs
-// changed; ok is false when it cannot: the request asks for a module, a
-// page or JSON, or the answer would not fit budget (the request is then
-// answered in pages by composeFrom, which the result equals).
+// from the node's sections, composing again those whose needs changed; ok
+// is false when it cannot: the request asks for a module or a page, or the
+// answer would not fit budget (the request is then answered in pages by
+// composeFrom, whose answer the result equals but for the order of its
+// fields).
 func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding, budget int) (data []byte, t timings, ok bool) {
-	if s.sections == nil || enc.json || in.GetModule() != "" || in.GetPageToken() != "" || in.GetPageSize() != 0 {
+	if s.sections == nil || in.GetModule() != "" || in.GetPageToken() != "" || in.GetPageSize() != 0 {
 		return nil, timings{}, false
 	}
 	m := s.mirror
@@ -128,7 +147,8 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 	read := time.Since(start)
 
 	var old []*section
-	if kept := s.sections.get(node, st); kept != nil {
+	key := sectionsKey{node: node, json: enc.json}
+	if kept := s.sections.get(key, st); kept != nil {
 		old = kept.sections
 	}
 	var composer *compose.Composer
@@ -162,34 +182,76 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 			arena, done = pooledArena()
 			composer = s.sectionComposer(node, arena)
 		}
-		sec, err := composeSection(composer, run)
+		sec, err := composeSection(composer, run, enc)
 		if err != nil {
 			return nil, timings{}, false // composeFrom answers, and reports it
 		}
 		ns.sections = append(ns.sections, sec)
 		ns.bytes += sec.size()
 	}
-	s.sections.put(node, ns)
+	s.sections.put(key, ns)
 
-	size := 0
 	parts := make([]compose.DigestPart, len(ns.sections))
 	var buckets []string
 	for i, sec := range ns.sections {
-		size += len(sec.encoded)
 		parts[i] = sec.digest
 		buckets = append(buckets, sec.buckets...)
 	}
 	head := &provisionerv1.ComposeResponse{Node: node, PlanDigest: compose.DigestOf(node, "", parts...),
 		Behind: append(m.Behind(), boundBucketsBehind(m, buckets)...)}
-	data, err := deterministic.MarshalAppend(make([]byte, 0, deterministic.Size(head)+size), head)
-	if err != nil || len(data)+size > budget {
+	data, err := ns.join(head, enc)
+	if err != nil || len(data) > budget {
 		return nil, timings{}, false
-	}
-	for _, sec := range ns.sections {
-		data = append(data, sec.encoded...)
 	}
 	return data, timings{read: read, resolve: time.Since(start) - read}, true
 }
+
+// join returns the answer made of head and the sections.
+func (ns *nodeSections) join(head *provisionerv1.ComposeResponse, enc encoding) ([]byte, error) {
+	size := 0
+	for _, sec := range ns.sections {
+		for _, list := range sec.encoded {
+			size += len(list) + 1
+		}
+	}
+	if !enc.json {
+		data, err := deterministic.MarshalAppend(make([]byte, 0, deterministic.Size(head)+size), head)
+		for _, sec := range ns.sections {
+			data = append(data, sec.encoded[0]...)
+		}
+		return data, err
+	}
+	// As marshalJSON writes an answer: its lists last, each element's JSON
+	// as it is found.
+	js, err := protojson.Marshal(head)
+	if err != nil {
+		return nil, err
+	}
+	js = bytes.TrimSpace(js)
+	data := append(make([]byte, 0, len(js)+size+64), js[:len(js)-1]...) // without its closing brace
+	for i, name := range sectionLists {
+		open := false
+		for _, sec := range ns.sections {
+			if len(sec.encoded[i]) == 0 {
+				continue
+			}
+			data = append(data, ',')
+			if !open {
+				data = strconv.AppendQuote(data, headFields.ByName(name).JSONName())
+				data = append(data, ':', '[')
+				open = true
+			}
+			data = append(data, sec.encoded[i]...)
+		}
+		if open {
+			data = append(data, ']')
+		}
+	}
+	return append(data, '}'), nil
+}
+
+// headFields are a composition's fields.
+var headFields = (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields()
 
 // sectionComposer returns a Composer of node from the copy, in arena.
 func (s *Service) sectionComposer(node string, arena *compose.Arena) *compose.Composer {
@@ -208,8 +270,9 @@ func (s *Service) sectionComposer(node string, arena *compose.Arena) *compose.Co
 	return compose.NewComposer(compose.Input{Node: node, Sources: sourcesOf(m, applied), Items: records, Arena: arena})
 }
 
-// composeSection composes a run of needs of one module into a section.
-func composeSection(composer *compose.Composer, run []*mirror.Entry[*provisionerv1.NeedRecord]) (*section, error) {
+// composeSection composes a run of needs of one module into a section,
+// encoded in enc.
+func composeSection(composer *compose.Composer, run []*mirror.Entry[*provisionerv1.NeedRecord], enc encoding) (*section, error) {
 	var needs []*provisionerv1.NeedRecord
 	var malformed []*provisionerv1.MalformedKey
 	for _, e := range run {
@@ -221,17 +284,43 @@ func composeSection(composer *compose.Composer, run []*mirror.Entry[*provisioner
 	}
 	part := composer.Part(needs, malformed)
 	part = &provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()}
-	encoded, err := marshalCompose(part)
+	sec := &section{needs: run, digest: compose.DigestPartOf(part)}
+	var err error
+	if !enc.json {
+		sec.encoded[0], err = marshalCompose(part)
+	} else {
+		sec.encoded, err = sectionJSON(part)
+	}
 	if err != nil {
 		return nil, err
 	}
-	sec := &section{needs: run, encoded: encoded, digest: compose.DigestPartOf(part)}
 	for _, p := range part.GetProvisions() {
 		if n := len(sec.buckets); n == 0 || sec.buckets[n-1] != p.GetBucket() {
 			sec.buckets = append(sec.buckets, p.GetBucket())
 		}
 	}
 	return sec, nil
+}
+
+// sectionJSON returns each list of a section's composition in JSON: its
+// elements, comma-separated, each as marshalJSON finds it.
+func sectionJSON(part *provisionerv1.ComposeResponse) (lists [len(sectionLists)][]byte, err error) {
+	m := part.ProtoReflect()
+	collected := collectedLists{marshal: deterministic}
+	for i, name := range sectionLists {
+		list := m.Get(headFields.ByName(name)).List()
+		for j := range list.Len() {
+			element, err := jsonElements.get(list.Get(j).Message().Interface(), &collected)
+			if err != nil {
+				return lists, err
+			}
+			if j > 0 {
+				lists[i] = append(lists[i], ',')
+			}
+			lists[i] = append(lists[i], element...)
+		}
+	}
+	return lists, nil
 }
 
 // sameEntries reports whether two runs are the same entries.

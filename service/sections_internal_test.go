@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
@@ -54,28 +55,36 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	}
 	module := first.Module
 
-	// Every node composed once, its sections kept.
+	// Every node composed, in both encodings, its sections kept: those
+	// of each encoding, one after the other.
 	check := func(after string) map[string][]*section {
 		t.Helper()
 		kept := map[string][]*section{}
 		for _, n := range mesh.Nodes {
 			req := &provisionerv1.ComposeRequest{Node: n.Name}
-			data, _, ok := s.composeSections(req, encoding{}, unpaged)
-			if !ok {
-				t.Fatalf("%s: %s: not composed from sections", after, n.Name)
-			}
-			got := &provisionerv1.ComposeResponse{}
-			if err := proto.Unmarshal(data, got); err != nil {
-				t.Fatal(err)
-			}
 			want, _, werr := composeFrom(s.mirror, req, encoding{}, unpaged, reading{views: keepViews})
 			if werr != nil {
 				t.Fatal(werr)
 			}
-			if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
-				t.Fatalf("%s: %s (-composeFrom +sections):\n%s", after, n.Name, diff)
+			for _, enc := range []encoding{{}, {json: true}} {
+				data, _, ok := s.composeSections(req, enc, unpaged)
+				if !ok {
+					t.Fatalf("%s: %s: not composed from sections", after, n.Name)
+				}
+				got := &provisionerv1.ComposeResponse{}
+				if enc.json {
+					err = protojson.Unmarshal(data, got)
+				} else {
+					err = proto.Unmarshal(data, got)
+				}
+				if err != nil {
+					t.Fatalf("%s: %s, JSON %t: %v", after, n.Name, enc.json, err)
+				}
+				if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+					t.Fatalf("%s: %s, JSON %t (-composeFrom +sections):\n%s", after, n.Name, enc.json, diff)
+				}
+				kept[n.Name] = append(kept[n.Name], s.sections.get(sectionsKey{n.Name, enc.json}, sectionStampOf(s.mirror, n.Name)).sections...)
 			}
-			kept[n.Name] = s.sections.get(n.Name, sectionStampOf(s.mirror, n.Name)).sections
 		}
 		return kept
 	}
@@ -92,7 +101,7 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 		write func() (wait revisionWait, err error)
 		// newSections is how many of the node's sections are composed
 		// again; -1: every one of every node's.
-		newSections int
+		newSections int // in each encoding
 	}{
 		{"a need written again unchanged", func() (revisionWait, error) {
 			rev, err := needs.Put(ctx, firstKey, firstValue)
@@ -159,7 +168,7 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 			for _, n := range mesh.Nodes {
 				want := 0
 				if n.Name == node.Name {
-					want = tt.newSections
+					want = 2 * tt.newSections
 				}
 				if got := newSections(before[n.Name], after[n.Name]); got != want {
 					t.Errorf("%s: %d of %s's %d sections composed again, want %d", tt.name, got, n.Name, len(after[n.Name]), want)
@@ -185,7 +194,7 @@ func newSections(before, after []*section) int {
 	return n
 }
 
-// Askers ask for whole nodes in binary while their needs are written:
+// Askers ask for whole nodes, in both encodings, while their needs are written:
 // every answer is a composition that composeFrom makes of the copy at one
 // of the revisions the needs went through, and the race detector sees the
 // sections shared.
@@ -218,11 +227,11 @@ func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 		t.Fatal(werr)
 	}
 	digests := map[string]bool{initial.GetPlanDigest(): true}
-	ask := func() (*provisionerv1.ComposeResponse, error) { return askCompose(nc, node, false) }
+	ask := func(asJSON bool) (*provisionerv1.ComposeResponse, error) { return askCompose(nc, node, asJSON) }
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	var seen sync.Map // digest -> true
-	for range 3 {
+	for asker := range 4 {
 		wg.Go(func() {
 			for {
 				select {
@@ -230,7 +239,7 @@ func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 					return
 				default:
 				}
-				got, err := ask()
+				got, err := ask(asker%2 == 1)
 				if err != nil {
 					t.Error(err)
 					return
@@ -254,12 +263,14 @@ func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 			t.Fatal(werr)
 		}
 		digests[want.GetPlanDigest()] = true
-		got, err := ask()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases", "revisions")); diff != "" {
-			t.Fatalf("write %d (-composeFrom +asked):\n%s", i, diff)
+		for _, asJSON := range []bool{false, true} {
+			got, err := ask(asJSON)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases", "revisions")); diff != "" {
+				t.Fatalf("write %d, JSON %t (-composeFrom +asked):\n%s", i, asJSON, diff)
+			}
 		}
 	}
 	close(done)
