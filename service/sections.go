@@ -41,8 +41,12 @@ type section struct {
 }
 
 func (s *section) size() int {
-	return len(s.encoded[0]) + len(s.encoded[1]) + len(s.encoded[2]) + s.digest.Size() + 8*len(s.needs) + 16*len(s.buckets) + 128
+	return len(s.encoded[0]) + len(s.encoded[1]) + len(s.encoded[2]) + s.digest.Size() + neededEntry*len(s.needs) + 16*len(s.buckets) + 128
 }
+
+// neededEntry is what a section counts for each of its needs: the decoded
+// entry, which it keeps alive once the node's view is dropped.
+const neededEntry = 256
 
 // sectionLists are the lists of a composition a section holds, in the
 // order of their fields.

@@ -282,3 +282,27 @@ func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 		return true
 	})
 }
+
+// The sections kept stay within their budget, the node put last kept, and
+// a node's sections larger than an eighth of it are not kept at all.
+func TestSectionCacheKeepsWithinItsBudget(t *testing.T) {
+	t.Parallel()
+	c := newSectionCache(8 << 10)
+	for i := range 100 {
+		node := sectionsKey{node: fmt.Sprintf("n%d", i)}
+		c.put(node, &nodeSections{stamp: sectionStamp{registry: 1}, bytes: 1 << 10})
+		if c.get(node, sectionStamp{registry: 1}) == nil {
+			t.Fatalf("%s was not kept", node.node)
+		}
+		if c.bytes > c.limit || len(c.byNode) > 8 {
+			t.Fatalf("after %s: %d bytes in %d nodes kept, over the %d bytes allowed", node.node, c.bytes, len(c.byNode), c.limit)
+		}
+	}
+	if c.get(sectionsKey{node: "n99"}, sectionStamp{registry: 2}) != nil {
+		t.Error("sections of another stamp were returned")
+	}
+	c.put(sectionsKey{node: "large"}, &nodeSections{bytes: 1<<10 + 1})
+	if c.get(sectionsKey{node: "large"}, sectionStamp{}) != nil {
+		t.Error("sections larger than an eighth of the budget were kept")
+	}
+}
