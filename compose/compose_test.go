@@ -238,13 +238,14 @@ func TestComposeInParts(t *testing.T) {
 			composer := compose.NewComposer(tt.input(nil))
 			got := &provisionerv1.ComposeResponse{Node: whole.GetNode()}
 			var digests []compose.DigestPart
+			var digester compose.PartDigester
 			modules := moduleParts(tt.needs, tt.bad)
 			for _, m := range modules {
 				part := composer.Part(m.needs, m.bad)
 				got.Plans = append(got.Plans, part.GetPlans()...)
 				got.Provisions = append(got.Provisions, part.GetProvisions()...)
 				got.Refusals = append(got.Refusals, part.GetRefusals()...)
-				digests = append(digests, compose.DigestPartOf(part))
+				digests = append(digests, digester.Part(part))
 			}
 			if tt.name == all.name && len(modules) < 3 {
 				t.Fatalf("%d parts: the cases' needs are of too few modules to test parts", len(modules))

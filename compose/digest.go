@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -66,30 +67,51 @@ func Digest(c *provisionerv1.ComposeResponse) string {
 // [Composer]'s part): its plans, provisions and refusals, read once. A
 // composition whose parts are kept, and composed again only where their
 // needs changed, is digested from its parts' DigestParts (DigestOf)
-// without reading the parts kept again.
+// without reading the parts kept again. A PartDigester reads them.
 type DigestPart struct {
 	plans, provisions, refusals    []byte
 	nPlans, nProvisions, nRefusals int
 }
 
-// DigestPartOf reads a part of a composition for DigestOf.
-func DigestPartOf(c *provisionerv1.ComposeResponse) DigestPart {
-	collections := map[string][sha256.Size]byte{}
-	var p DigestPart
+// A PartDigester reads the parts of one composition for DigestOf, each
+// collection's items hashed once for all of them: a node's modules that
+// add to a shared collection each read its items. The zero PartDigester is
+// ready; one is for one goroutine at a time.
+type PartDigester struct {
+	collections map[string][sha256.Size]byte
+	// scratch is where a list's fields are appended, then copied out at
+	// their size: a part kept holds no room to grow.
+	scratch []byte
+}
+
+// Part reads a part of the composition.
+func (d *PartDigester) Part(c *provisionerv1.ComposeResponse) DigestPart {
+	if d.collections == nil {
+		d.collections = map[string][sha256.Size]byte{}
+	}
+	b := d.scratch[:0]
 	for _, plan := range c.GetPlans() {
-		p.plans = appendPlanHead(p.plans, plan)
+		b = appendPlanHead(b, plan)
 		for _, item := range plan.GetItems() {
-			p.plans = appendItem(p.plans, item, collections)
+			b = appendItem(b, item, d.collections)
 		}
 	}
+	plans := len(b)
 	for _, provision := range c.GetProvisions() {
-		p.provisions = appendProvision(p.provisions, provision)
+		b = appendProvision(b, provision)
 	}
+	provisions := len(b)
 	for _, r := range c.GetRefusals() {
-		p.refusals = appendRefusal(p.refusals, r)
+		b = appendRefusal(b, r)
 	}
-	p.nPlans, p.nProvisions, p.nRefusals = len(c.GetPlans()), len(c.GetProvisions()), len(c.GetRefusals())
-	return p
+	d.scratch = b
+	// One array for the three lists, each a full slice expression: none
+	// may grow into the next.
+	kept := slices.Clone(b)
+	return DigestPart{
+		plans: kept[:plans:plans], provisions: kept[plans:provisions:provisions], refusals: kept[provisions:],
+		nPlans: len(c.GetPlans()), nProvisions: len(c.GetProvisions()), nRefusals: len(c.GetRefusals()),
+	}
 }
 
 // Size returns the bytes a part holds.

@@ -10,7 +10,8 @@
 // [Arena] it resets and reuses, as the service does. [Digest] says what a
 // composition asks the node to apply, so that a node learns its plan
 // changed. A [Composer] composes a node a part at a time, and [DigestOf]
-// digests a composition from its parts' [DigestPart]s: the service keeps a
-// node's last composition a module at a time, and composes again only the
-// modules whose needs changed.
+// digests a composition from its parts' [DigestPart]s, which a
+// [PartDigester] reads: the service keeps a node's last composition a
+// module at a time, and composes again only the modules whose needs
+// changed.
 package compose

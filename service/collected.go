@@ -33,6 +33,7 @@ type collectedLists struct {
 	marshal proto.MarshalOptions
 	sizes   map[collectedList]int
 	encoded map[collectedList][]byte
+	scratch []byte // marshalCompose's, for a plan at a time
 }
 
 // collectedList identifies a list of collected items by its backing array
@@ -130,7 +131,18 @@ func (c *collectedLists) planKey(key []byte, plan *provisionerv1.ModulePlan) ([]
 // written into one buffer of its size, reusing those sizes. Its plans come
 // after its other fields, which protobuf reads alike.
 func marshalCompose(out *provisionerv1.ComposeResponse) ([]byte, error) {
-	size := sizeCompose(out)
+	return newCollectedLists().marshalCompose(out)
+}
+
+// newCollectedLists returns the lists of compositions encoded by
+// marshalCompose: the parts of one composition may share them.
+func newCollectedLists() *collectedLists { return &collectedLists{marshal: sized} }
+
+// marshalCompose is marshalCompose's, with each list of collected items
+// sized and encoded once for every composition c encodes: the parts of one
+// composition (a Composer's) share their lists.
+func (c *collectedLists) marshalCompose(out *provisionerv1.ComposeResponse) ([]byte, error) {
+	size := c.sizeCompose(out)
 	plans := out.GetPlans()
 	out.Plans = nil
 	b, err := sized.MarshalAppend(make([]byte, 0, size), out)
@@ -138,14 +150,14 @@ func marshalCompose(out *provisionerv1.ComposeResponse) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := collectedLists{marshal: sized}
-	var plan []byte // reused: each plan is encoded, then copied after its length
 	for _, p := range plans {
-		if plan, err = c.appendPlan(plan[:0], p); err != nil {
+		// Each plan is encoded in the scratch buffer, then copied after
+		// its length.
+		if c.scratch, err = c.appendPlan(c.scratch[:0], p); err != nil {
 			return nil, err
 		}
 		b = protowire.AppendTag(b, composePlansField, protowire.BytesType)
-		b = protowire.AppendBytes(b, plan)
+		b = protowire.AppendBytes(b, c.scratch)
 	}
 	return b, nil
 }
@@ -185,11 +197,14 @@ func (c *collectedLists) appendPlan(b []byte, plan *provisionerv1.ModulePlan) ([
 // with each list of collected items sized once. It keeps each message's
 // size in it, as proto.Size does.
 func sizeCompose(out *provisionerv1.ComposeResponse) int {
+	return new(collectedLists).sizeCompose(out)
+}
+
+func (c *collectedLists) sizeCompose(out *provisionerv1.ComposeResponse) int {
 	plans := out.GetPlans()
 	out.Plans = nil
 	size := deterministic.Size(out)
 	out.Plans = plans
-	var c collectedLists
 	for _, p := range plans {
 		size += protowire.SizeTag(composePlansField) + protowire.SizeBytes(c.sizePlan(p))
 	}

@@ -156,6 +156,7 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 		old = kept.sections
 	}
 	var composer *compose.Composer
+	var shared sharedParts
 	var done func()
 	defer func() {
 		if done != nil {
@@ -186,7 +187,7 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 			arena, done = pooledArena()
 			composer = s.sectionComposer(node, arena)
 		}
-		sec, err := composeSection(composer, run, enc)
+		sec, err := composeSection(composer, &shared, run, enc)
 		if err != nil {
 			return nil, timings{}, false // composeFrom answers, and reports it
 		}
@@ -274,9 +275,17 @@ func (s *Service) sectionComposer(node string, arena *compose.Arena) *compose.Co
 	return compose.NewComposer(compose.Input{Node: node, Sources: sourcesOf(m, applied), Items: records, Arena: arena})
 }
 
+// sharedParts is what the sections of one composition share as they are
+// encoded and digested: each list of collected items encoded once, each
+// collection's items hashed once.
+type sharedParts struct {
+	lists    *collectedLists
+	digester compose.PartDigester
+}
+
 // composeSection composes a run of needs of one module into a section,
 // encoded in enc.
-func composeSection(composer *compose.Composer, run []*mirror.Entry[*provisionerv1.NeedRecord], enc encoding) (*section, error) {
+func composeSection(composer *compose.Composer, shared *sharedParts, run []*mirror.Entry[*provisionerv1.NeedRecord], enc encoding) (*section, error) {
 	var needs []*provisionerv1.NeedRecord
 	var malformed []*provisionerv1.MalformedKey
 	for _, e := range run {
@@ -288,12 +297,18 @@ func composeSection(composer *compose.Composer, run []*mirror.Entry[*provisioner
 	}
 	part := composer.Part(needs, malformed)
 	part = &provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()}
-	sec := &section{needs: run, digest: compose.DigestPartOf(part)}
+	if shared.lists == nil {
+		shared.lists = newCollectedLists()
+		if enc.json {
+			shared.lists = &collectedLists{marshal: deterministic} // as planKey must
+		}
+	}
+	sec := &section{needs: run, digest: shared.digester.Part(part)}
 	var err error
 	if !enc.json {
-		sec.encoded[0], err = marshalCompose(part)
+		sec.encoded[0], err = shared.lists.marshalCompose(part)
 	} else {
-		sec.encoded, err = sectionJSON(part)
+		sec.encoded, err = sectionJSON(part, shared.lists)
 	}
 	if err != nil {
 		return nil, err
@@ -308,13 +323,12 @@ func composeSection(composer *compose.Composer, run []*mirror.Entry[*provisioner
 
 // sectionJSON returns each list of a section's composition in JSON: its
 // elements, comma-separated, each as marshalJSON finds it.
-func sectionJSON(part *provisionerv1.ComposeResponse) (lists [len(sectionLists)][]byte, err error) {
+func sectionJSON(part *provisionerv1.ComposeResponse, collected *collectedLists) (lists [len(sectionLists)][]byte, err error) {
 	m := part.ProtoReflect()
-	collected := collectedLists{marshal: deterministic}
 	for i, name := range sectionLists {
 		list := m.Get(headFields.ByName(name)).List()
 		for j := range list.Len() {
-			element, err := jsonElements.get(list.Get(j).Message().Interface(), &collected)
+			element, err := jsonElements.get(list.Get(j).Message().Interface(), collected)
 			if err != nil {
 				return lists, err
 			}
