@@ -131,40 +131,43 @@ func BenchmarkComposeNode(b *testing.B) {
 		perNode.Store("watched, arena reused", ns)
 	})
 
-	// As the verb answers a whole node in binary that it has not answered
-	// since what the node's composition reads changed: composed, digested
-	// and encoded whole, or a module at a time into sections (nothing kept
-	// to reuse: a cache of its own each time).
-	b.Run("encoded whole", func(b *testing.B) {
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			arena, done := pooledArena()
-			out, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, encoding{}, 1<<30, reading{views: keepViews, arena: arena})
-			if werr != nil {
-				b.Fatal(werr)
+	// As the verb answers a whole node that it has not answered since
+	// what the node's composition reads changed: composed, digested and
+	// encoded whole, or a module at a time into sections (nothing kept to
+	// reuse: a cache of its own each time).
+	for _, enc := range []encoding{{}, {json: true}} {
+		name := enc.contentType()
+		b.Run("encoded whole, "+name, func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				arena, done := pooledArena()
+				out, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, encoding{}, 1<<30, reading{views: keepViews, arena: arena})
+				if werr != nil {
+					b.Fatal(werr)
+				}
+				if _, err := enc.marshal(out); err != nil {
+					b.Fatal(err)
+				}
+				done()
+				i++
 			}
-			if _, err := marshalCompose(out); err != nil {
-				b.Fatal(err)
+			perNode.Store("encoded whole, "+name, float64(b.Elapsed().Nanoseconds())/float64(i))
+		})
+		b.Run("encoded in sections, "+name, func(b *testing.B) {
+			b.ReportAllocs()
+			s := &Service{mirror: replay.mirror}
+			i := 0
+			for b.Loop() {
+				s.sections = newSectionCache(64 << 20)
+				if _, _, ok := s.composeSections(&provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, enc, 1<<30); !ok {
+					b.Fatal("not composed in sections")
+				}
+				i++
 			}
-			done()
-			i++
-		}
-		perNode.Store("encoded whole", float64(b.Elapsed().Nanoseconds())/float64(i))
-	})
-	b.Run("encoded in sections", func(b *testing.B) {
-		b.ReportAllocs()
-		s := &Service{mirror: replay.mirror}
-		i := 0
-		for b.Loop() {
-			s.sections = newSectionCache(64 << 20)
-			if _, _, ok := s.composeSections(&provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, encoding{}, 1<<30); !ok {
-				b.Fatal("not composed in sections")
-			}
-			i++
-		}
-		perNode.Store("encoded in sections", float64(b.Elapsed().Nanoseconds())/float64(i))
-	})
+			perNode.Store("encoded in sections, "+name, float64(b.Elapsed().Nanoseconds())/float64(i))
+		})
+	}
 
 	b.Run("by-key", func(b *testing.B) {
 		ctx := context.Background()
@@ -209,10 +212,12 @@ func BenchmarkComposeNode(b *testing.B) {
 		fmt.Printf("BenchmarkComposeNode: per node, by-key %s; watched copy %s (%.0fx faster)\n",
 			time.Duration(byKey.(float64)), time.Duration(watched.(float64)), byKey.(float64)/watched.(float64))
 	}
-	whole, ok3 := perNode.Load("encoded whole")
-	if sections, ok := perNode.Load("encoded in sections"); ok3 && ok {
-		fmt.Printf("BenchmarkComposeNode: per node, encoded whole %s; in sections, nothing kept %s (x%.2f)\n",
-			time.Duration(whole.(float64)), time.Duration(sections.(float64)), sections.(float64)/whole.(float64))
+	for _, enc := range []encoding{{}, {json: true}} {
+		whole, ok3 := perNode.Load("encoded whole, " + enc.contentType())
+		if sections, ok := perNode.Load("encoded in sections, " + enc.contentType()); ok3 && ok {
+			fmt.Printf("BenchmarkComposeNode: per node in %s, encoded whole %s; in sections, nothing kept %s (x%.2f)\n", enc.contentType(),
+				time.Duration(whole.(float64)), time.Duration(sections.(float64)), sections.(float64)/whole.(float64))
+		}
 	}
 	if reused, ok := perNode.Load("watched, arena reused"); ok1 && ok {
 		fmt.Printf("BenchmarkComposeNode: per node, watched copy %s; in an arena reused %s (x%.2f)\n",
