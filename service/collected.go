@@ -138,9 +138,9 @@ func marshalCompose(out *provisionerv1.ComposeResponse) ([]byte, error) {
 // marshalCompose: the parts of one composition may share them.
 func newCollectedLists() *collectedLists { return &collectedLists{marshal: sized} }
 
-// marshalCompose is marshalCompose's, with each list of collected items
-// sized and encoded once for every composition c encodes: the parts of one
-// composition (a Composer's) share their lists.
+// marshalCompose encodes as the function marshalCompose does, each list of
+// collected items sized and encoded once for every composition c encodes:
+// the parts of one composition (a Composer's) share their lists.
 func (c *collectedLists) marshalCompose(out *provisionerv1.ComposeResponse) ([]byte, error) {
 	size := c.sizeCompose(out)
 	plans := out.GetPlans()
