@@ -71,10 +71,13 @@ func sectionStampOf(m *mirror.Mirror, node string) sectionStamp {
 }
 
 // nodeSections is a node's last whole composition, in sections in key
-// order; none while the node was asked only once (askedOnce).
+// order; none while the node was asked only once (askedOnce), or when
+// whole says that its composition is too large to keep or to answer at
+// once (it is then composed whole, and paged, until the stamp changes).
 type nodeSections struct {
 	stamp    sectionStamp
 	sections []*section
+	whole    bool
 	bytes    int
 }
 
@@ -113,10 +116,14 @@ func (c *sectionCache) get(node sectionsKey, st sectionStamp) *nodeSections {
 	return nil
 }
 
+// keeps reports whether put keeps ns: one node's sections must not push
+// out most of the others'.
+func (c *sectionCache) keeps(ns *nodeSections) bool { return ns.bytes <= c.limit/8 }
+
 // put keeps a node's sections in place of those it had, making room.
 func (c *sectionCache) put(node sectionsKey, ns *nodeSections) {
-	if ns.bytes > c.limit/8 {
-		return // one node must not push out most of the others
+	if !c.keeps(ns) {
+		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -165,6 +172,9 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 		s.sections.put(key, &nodeSections{stamp: st, bytes: askedOnce})
 		return nil, timings{}, false
 	}
+	if kept.whole {
+		return nil, timings{}, false
+	}
 	old := kept.sections
 	var composer *compose.Composer
 	var shared sharedParts
@@ -205,8 +215,6 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 		ns.sections = append(ns.sections, sec)
 		ns.bytes += sec.size()
 	}
-	s.sections.put(key, ns)
-
 	parts := make([]compose.DigestPart, len(ns.sections))
 	var buckets []string
 	for i, sec := range ns.sections {
@@ -216,7 +224,13 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 	head := &provisionerv1.ComposeResponse{Node: node, PlanDigest: compose.DigestOf(node, "", parts...),
 		Behind: append(m.Behind(), boundBucketsBehind(m, buckets)...)}
 	data, err := ns.join(head, enc)
-	if err != nil || len(data) > budget {
+	fits := err == nil && len(data) <= budget
+	if fits && s.sections.keeps(ns) {
+		s.sections.put(key, ns)
+	} else {
+		s.sections.put(key, &nodeSections{stamp: st, whole: true, bytes: askedOnce})
+	}
+	if !fits {
 		return nil, timings{}, false
 	}
 	return data, timings{read: read, resolve: time.Since(start) - read}, true

@@ -309,3 +309,34 @@ func TestSectionCacheKeepsWithinItsBudget(t *testing.T) {
 		t.Error("sections larger than an eighth of the budget were kept")
 	}
 }
+
+// A node whose composition does not fit one answer is composed in
+// sections once, then whole (and paged) while what its composition reads
+// beyond its needs is unchanged: its sections are not made again for
+// nothing at each request.
+func TestSectionsGiveWayToPagesForALargeNode(t *testing.T) {
+	t.Parallel()
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 6, Needs: 5}, Config{})
+	node := mesh.Nodes[0].Name
+	// The providers' buckets the node names are read once it is first asked.
+	if _, err := askCompose(nc, node, false); err != nil {
+		t.Fatal(err)
+	}
+	req := &provisionerv1.ComposeRequest{Node: node}
+	key := sectionsKey{node: node}
+	if kept := s.sections.get(key, sectionStampOf(s.mirror, node)); kept == nil || kept.whole || len(kept.sections) > 0 {
+		t.Fatalf("asked once: %+v kept, want the note of a node asked once", kept)
+	}
+	const budget = 1 << 10 // less than the node's composition
+	for i := range 2 {
+		if _, _, ok := s.composeSections(req, encoding{}, budget); ok {
+			t.Fatalf("request %d: answered from sections in more than %d bytes", i, budget)
+		}
+		if kept := s.sections.get(key, sectionStampOf(s.mirror, node)); kept == nil || !kept.whole {
+			t.Fatalf("request %d: %+v kept, want the note of a node too large for sections", i, kept)
+		}
+	}
+	if _, _, ok := s.composeSections(req, encoding{}, unpaged); ok {
+		t.Fatal("a node noted too large was composed in sections before what it reads changed")
+	}
+}
