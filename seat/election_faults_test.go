@@ -138,6 +138,10 @@ func TestHolderKeepsTheSeatThroughAnElection(t *testing.T) {
 		}
 		c.Start(leader)
 		c.WaitMetaLeader(30 * time.Second)
+		// The next kill comes once the server started again has caught up
+		// with the stream: two current replicas elect; one left behind may
+		// not (an election found no leader within 30s once so in CI).
+		c.WaitStreamCurrent(stream, 60*time.Second)
 		if tenure.Err() != nil { // lost: the next round is on its next tenure
 			select {
 			case tenure = <-tenures:

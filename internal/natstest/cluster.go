@@ -248,6 +248,21 @@ func (c *Cluster) StreamLeader(stream string) int {
 	return -1
 }
 
+// WaitStreamCurrent waits until every running server's replica of stream
+// is current with its leader: a server started again has caught up, and can
+// vote in the stream's next election as one that never left.
+func (c *Cluster) WaitStreamCurrent(stream string, timeout time.Duration) {
+	c.t.Helper()
+	CheckFor(c.t, timeout, func() error {
+		for i := range c.n {
+			if s := c.Server(i); s != nil && !s.JetStreamIsStreamCurrent(server.DEFAULT_GLOBAL_ACCOUNT, stream) {
+				return fmt.Errorf("%s's replica of stream %s is not current", c.Name(i), stream)
+			}
+		}
+		return nil
+	})
+}
+
 // WaitStreamLeader waits until stream has a leader, and returns its index.
 func (c *Cluster) WaitStreamLeader(stream string, timeout time.Duration) int {
 	c.t.Helper()
