@@ -2,7 +2,10 @@ package service
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -55,39 +59,12 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	}
 	module := first.Module
 
-	// Every node composed, in both encodings, its sections kept: those
-	// of each encoding, one after the other.
+	// Every node composed, in both encodings, its sections kept.
 	check := func(after string) map[string][]*section {
 		t.Helper()
 		kept := map[string][]*section{}
 		for _, n := range mesh.Nodes {
-			req := &provisionerv1.ComposeRequest{Node: n.Name}
-			want, _, werr := composeFrom(s.mirror, req, encoding{}, unpaged, reading{views: keepViews})
-			if werr != nil {
-				t.Fatal(werr)
-			}
-			for _, enc := range []encoding{{}, {json: true}} {
-				data, _, ok := s.composeSections(req, enc, unpaged)
-				if !ok { // asked for the first time since what it reads changed
-					data, _, ok = s.composeSections(req, enc, unpaged)
-				}
-				if !ok {
-					t.Fatalf("%s: %s, JSON %t: not composed from sections when asked again", after, n.Name, enc.json)
-				}
-				got := &provisionerv1.ComposeResponse{}
-				if enc.json {
-					err = protojson.Unmarshal(data, got)
-				} else {
-					err = proto.Unmarshal(data, got)
-				}
-				if err != nil {
-					t.Fatalf("%s: %s, JSON %t: %v", after, n.Name, enc.json, err)
-				}
-				if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
-					t.Fatalf("%s: %s, JSON %t (-composeFrom +sections):\n%s", after, n.Name, enc.json, diff)
-				}
-				kept[n.Name] = append(kept[n.Name], s.sections.get(sectionsKey{n.Name, enc.json}, sectionStampOf(s.mirror, n.Name)).sections...)
-			}
+			kept[n.Name] = checkSections(t, s, n.Name, after)
 		}
 		return kept
 	}
@@ -179,6 +156,216 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 			}
 		}
 		before = after
+	}
+}
+
+// checkSections composes node from its sections in both encodings, fails
+// t unless each equals what composeFrom composes, and returns the sections
+// kept: those of each encoding, one after the other.
+func checkSections(t *testing.T, s *Service, node, after string) []*section {
+	t.Helper()
+	req := &provisionerv1.ComposeRequest{Node: node}
+	want, _, werr := composeFrom(s.mirror, req, encoding{}, unpaged, reading{views: keepViews})
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	var kept []*section
+	for _, enc := range []encoding{{}, {json: true}} {
+		data, _, ok := s.composeSections(req, enc, unpaged)
+		if !ok { // asked for the first time since what it reads changed
+			data, _, ok = s.composeSections(req, enc, unpaged)
+		}
+		if !ok {
+			t.Fatalf("%s: %s, JSON %t: not composed from sections when asked again", after, node, enc.json)
+		}
+		got := &provisionerv1.ComposeResponse{}
+		var err error
+		if enc.json {
+			err = protojson.Unmarshal(data, got)
+		} else {
+			err = proto.Unmarshal(data, got)
+		}
+		if err != nil {
+			t.Fatalf("%s: %s, JSON %t: %v", after, node, enc.json, err)
+		}
+		// proto.Equal first: cmp.Diff's reflection takes some 20 ms an answer.
+		if !proto.Equal(want, got) {
+			t.Fatalf("%s: %s, JSON %t (-composeFrom +sections):\n%s", after, node, enc.json, cmp.Diff(want, got, protocmp.Transform()))
+		}
+		kept = append(kept, s.sections.get(sectionsKey{node, enc.json}, sectionStampOf(s.mirror, node)).sections...)
+	}
+	return kept
+}
+
+// Whatever a node writes, in whatever order, its composition from its
+// sections is composeFrom's: seeded random writes to its needs (rewritten,
+// added, deleted, out of shape, undecodable), among them modules whose
+// keys interleave ("<node>.web", out of shape, sorts before web-1's keys,
+// which sort before web's), and now and then to its applied records,
+// items, a provider's keys and manifest, and the registry: each part of
+// sectionStamp, and the needs' identity, is relied on by some step. The
+// node is compared after each write.
+func TestSectionsComposeAsComposeFromAfterRandomWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 17, Needs: 4, Builds: 30, Bound: 50}, Config{})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := func(bucket string) jetstream.KeyValue {
+		b, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	needs, applied, collect := kv(keys.NeedsBucket), kv(keys.AppliedBucket), kv(keys.CollectBucket)
+	registryKV, manifests := kv(keys.RegistryBucket), kv(keys.ManifestsBucket)
+	bound := kv(wire.BoundBucket("pg"))
+	node := mesh.Nodes[0]
+	manifestKey, err := keys.ManifestKey{Node: node.Name, Provider: "pg"}.Key()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := askCompose(nc, node.Name, false); err != nil { // the providers' buckets it names are followed
+		t.Fatal(err)
+	}
+	// settled waits until every copy the writes reach holds them.
+	settled := func(step int) {
+		t.Helper()
+		for _, w := range []struct {
+			kv   jetstream.KeyValue
+			copy revisionSource
+		}{
+			{needs, s.mirror.Needs}, {applied, s.mirror.Applied}, {collect, s.mirror.Collect},
+			{registryKV, s.mirror.Registry}, {manifests, s.mirror.Manifests},
+			{bound, s.mirror.Bound.Bucket(wire.BoundBucket("pg"))},
+		} {
+			status, err := w.kv.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			if last := status.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq; !w.copy.WaitFor(wctx, last) {
+				t.Fatalf("step %d: the copy of %s did not reach revision %d", step, w.kv.Bucket(), last)
+			}
+			cancel()
+		}
+	}
+	marshal := func(m proto.Message) []byte {
+		value, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return value
+	}
+	needKey := func(n synth.Need) string {
+		key, err := keys.NeedKey{Node: node.Name, Module: n.Module, Kind: n.Kind, Name: n.Name}.Key()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	rng := rand.New(rand.NewPCG(23, 1))
+	builds := [][]string{nil, {"b1"}, {"b2"}}
+	checkSections(t, s, node.Name, "before any write")
+	for step := range 150 {
+		var what string
+		var err error
+		switch op := rng.IntN(22); {
+		case op < 6:
+			n := node.Needs[rng.IntN(len(node.Needs))]
+			need := proto.CloneOf(n.Need)
+			need.Required, need.Builds = rng.IntN(2) == 0, builds[rng.IntN(len(builds))]
+			what = "rewrote " + needKey(n)
+			_, err = needs.Put(ctx, needKey(n), marshal(need))
+		case op < 10:
+			module := []string{"web", "web-1", "api", "zz"}[rng.IntN(4)]
+			name := fmt.Sprintf("extra%d", rng.IntN(4))
+			what = "added " + module + "." + name
+			_, err = needs.Put(ctx, node.Name+"."+module+".port."+name, marshal(&provisionerv1.Need{Placeholder: "${port:" + name + "}"}))
+		case op < 13:
+			key := needKey(node.Needs[rng.IntN(len(node.Needs))])
+			if rng.IntN(2) == 0 {
+				key = fmt.Sprintf("%s.%s.port.extra%d", node.Name, []string{"web", "web-1", "api", "zz"}[rng.IntN(4)], rng.IntN(4))
+			}
+			what = "deleted " + key
+			err = needs.Delete(ctx, key)
+			if errors.Is(err, jetstream.ErrKeyNotFound) {
+				err = nil
+			}
+		case op < 15:
+			key := []string{node.Name + ".web", node.Name + ".web-1.port", node.Name + ".zz"}[rng.IntN(3)]
+			what = "wrote out of shape " + key
+			_, err = needs.Put(ctx, key, []byte("x"))
+		case op < 16:
+			key := needKey(node.Needs[rng.IntN(len(node.Needs))])
+			what = "wrote undecodable " + key
+			_, err = needs.Put(ctx, key, []byte("\xff\xff"))
+		case op < 17:
+			module := node.Needs[rng.IntN(len(node.Needs))].Module
+			what = "applied " + module
+			_, err = applied.Put(ctx, node.Name+"."+module, marshal(&provisionerv1.Applied{WantedBuild: []string{"", "b1", "b2"}[rng.IntN(3)]}))
+		case op < 18:
+			item := node.Items[rng.IntN(len(node.Items))]
+			key, kerr := keys.CollectKey{Node: node.Name, Collection: item.Collection, Contributor: item.Contributor}.Key()
+			if kerr != nil {
+				t.Fatal(kerr)
+			}
+			what = "collected " + key
+			_, err = collect.Put(ctx, key, marshal(&provisionerv1.CollectItem{Value: fmt.Sprint(step)}))
+		case op < 19:
+			// The registry without one of its entries, or whole.
+			table := registry.Table()
+			if rng.IntN(2) == 0 {
+				i := rng.IntN(len(table))
+				what = "registry without " + table[i].GetKind()
+				table = slices.Delete(table, i, i+1)
+			} else {
+				what = "registry whole"
+			}
+			_, err = registry.Reconcile(ctx, registryKV, table)
+		case op < 20:
+			// pg's manifest offering its first n provisions.
+			offers := []*provisionerv1.Offer{}
+			for i := range rng.IntN(5) {
+				offers = append(offers, &provisionerv1.Offer{Provision: fmt.Sprintf("db%d", i)})
+			}
+			what = fmt.Sprintf("pg offers %d", len(offers))
+			_, err = manifests.Put(ctx, manifestKey, marshal(&provisionerv1.Manifest{Offers: offers}))
+		default:
+			// A key of pg's that the node's bound needs read, bound or
+			// unbound.
+			key := node.Name + ".web.db0"
+			for _, n := range node.Needs {
+				if n.Need.GetProvider() == "pg" && rng.IntN(2) == 0 {
+					provision := n.Need.GetProvision()
+					if provision == "" {
+						provision = n.Name
+					}
+					key = node.Name + "." + n.Module + "." + provision
+					if n.Need.GetLocal() != "" {
+						key += "." + n.Need.GetLocal()
+					}
+				}
+			}
+			if rng.IntN(2) == 0 {
+				what = "bound " + key
+				_, err = bound.Put(ctx, key, []byte("bound"))
+			} else {
+				what = "unbound " + key
+				err = bound.Delete(ctx, key)
+				if errors.Is(err, jetstream.ErrKeyNotFound) {
+					err = nil
+				}
+			}
+		}
+		if err != nil {
+			t.Fatalf("step %d, %s: %v", step, what, err)
+		}
+		settled(step)
+		checkSections(t, s, node.Name, fmt.Sprintf("step %d, %s", step, what))
 	}
 }
 
