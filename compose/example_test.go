@@ -77,3 +77,41 @@ func ExampleArena() {
 	// ace.web
 	// novox.web
 }
+
+// A composition's digest says whether what the node must apply changed: a
+// need or an item written again unchanged, at a new revision, leaves it as
+// it was, and a changed item changes it. Its value is part of the contract
+// (instances of different versions give equal compositions equal digests),
+// pinned here and in the conformance cases.
+func ExampleDigest() {
+	entries := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		entries[e.GetKind()] = e
+	}
+	input := func(revision uint64) compose.Input {
+		return compose.Input{
+			Node:    "ace",
+			Sources: compose.Sources{Registry: func(kind string) *provisionerv1.RegistryEntry { return entries[kind] }},
+			Needs: []*provisionerv1.NeedRecord{
+				{Node: "ace", Module: "web", Kind: "bound", Name: "db", Revision: revision, Need: &provisionerv1.Need{Provider: "pg", Local: "ro"}},
+				{Node: "ace", Module: "web", Kind: "gpu", Name: "cuda", Revision: revision, Need: &provisionerv1.Need{}},
+				{Node: "ace", Module: "web", Kind: "port", Name: "http", Revision: revision, Need: &provisionerv1.Need{}},
+				{Node: "ace", Module: "web", Kind: "secret", Name: "token", Revision: revision, Need: &provisionerv1.Need{}},
+				{Node: "ace", Module: "web", Kind: "shell", Name: "zsh:normal", Revision: revision, Need: &provisionerv1.Need{}},
+			},
+			Items: []*provisionerv1.CollectRecord{
+				{Node: "ace", Collection: "shell:zsh:normal", Contributor: "web", Revision: revision,
+					Item: &provisionerv1.CollectItem{Value: "export WEB_HOME=/srv/web", Order: 1, Attributes: map[string]string{"b": "2", "a": "1"}}},
+			},
+		}
+	}
+	fmt.Println(compose.Digest(compose.Compose(input(7))))
+	fmt.Println(compose.Digest(compose.Compose(input(8))))
+	changed := input(7)
+	changed.Items[0].Item.Order = 2
+	fmt.Println(compose.Digest(compose.Compose(changed)))
+	// Output:
+	// sha256:92055ccf79a00a4eedaa53839c14fa0c57aa6682d5b339b498de4150072800dd
+	// sha256:92055ccf79a00a4eedaa53839c14fa0c57aa6682d5b339b498de4150072800dd
+	// sha256:9dac63a75acb9b851df3c0b4b4d3ba85ed8d0f4da1869879e236cde3cb7e33bd
+}
