@@ -29,11 +29,14 @@ func EncodeStatsData(data *provisionerv1.EndpointStatsData) (json.RawMessage, er
 	return json.Marshal(tree)
 }
 
-// DecodeStatsData reads an endpoint's "data" in $SRV.STATS strictly: a
-// field the message does not know is an error.
+// DecodeStatsData reads an endpoint's "data" in $SRV.STATS. It skips
+// fields the message does not define: a newer instance may report
+// statistics this version does not know, and during a rolling upgrade
+// every reader reads every instance's. (The conformance runners decode
+// strictly: the server writes no field it does not define.)
 func DecodeStatsData(raw []byte) (*provisionerv1.EndpointStatsData, error) {
 	data := &provisionerv1.EndpointStatsData{}
-	if err := protojson.Unmarshal(raw, data); err != nil {
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(raw, data); err != nil {
 		return nil, fmt.Errorf("stats data is not a %s: %w", data.ProtoReflect().Descriptor().FullName(), err)
 	}
 	return data, nil

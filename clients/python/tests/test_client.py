@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import sys
@@ -189,6 +190,33 @@ async def test_discovery_names_the_instance(nc: NATS) -> None:
     data = stats["endpoints"][0]["data"]
     assert isinstance(data, EndpointStatsData) and list(data.loading) == [] and len(data.buckets) == 5
     assert await client.ping(id="no-such-instance", max_wait=0.5) == []
+
+
+async def test_stats_read_a_newer_instances_data_skipping_what_this_client_does_not_know(nc: NATS) -> None:
+    # An instance of a later version, answering $SRV.STATS beside the one
+    # running, with a statistic this version does not define.
+    newer = {
+        "type": "io.nats.micro.v1.stats_response", "name": SERVICE_NAME, "id": "newer", "version": "9.0.0",
+        "started": "2026-12-01T00:00:00Z",
+        "endpoints": [{
+            "name": "compose", "subject": COMPOSE_SUBJECT, "queue_group": "q", "num_requests": 3, "num_errors": 0,
+            "last_error": "", "processing_time": 0, "average_processing_time": 0,
+            "data": {"answered": 3, "seat": "held", "sections": {"hits": 2}},
+        }],
+    }
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(json.dumps(newer).encode())
+
+    sub = await nc.subscribe("$SRV.STATS." + SERVICE_NAME, cb=answer)
+    try:
+        await nc.flush()
+        stats = await ProvisionerClient(nc).stats()
+        assert len(stats) == 2, "want the running instance's stats and the newer one's"
+        [data] = [s["endpoints"][0]["data"] for s in stats if s["id"] == "newer"]
+        assert (data.answered, data.seat) == (3, "held")
+    finally:
+        await sub.unsubscribe()
 
 
 # A bound need of each of two nodes on provider postgres, and a need of

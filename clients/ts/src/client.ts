@@ -333,8 +333,8 @@ export interface EndpointStats {
   average_processing_time: number;
   /**
    * The service's own counts of the endpoint and the state of the
-   * instance's copy: the JSON `data` decoded strictly (a field the message
-   * does not define is an error) as an {@link EndpointStatsData}.
+   * instance's copy: the JSON `data` decoded as an {@link EndpointStatsData},
+   * skipping fields the message does not define (a newer instance's).
    */
   data?: EndpointStatsData;
 }
@@ -696,7 +696,9 @@ export class ProvisionerClient {
     return answers.map((answer) => ({
       ...answer,
       endpoints: answer.endpoints.map(({ data, ...endpoint }) =>
-        data === undefined || data === null ? endpoint : { ...endpoint, data: fromJson(EndpointStatsDataSchema, data) }),
+        // A newer instance may report statistics this client does not
+        // know: during a rolling upgrade every reader reads every instance's.
+        data === undefined || data === null ? endpoint : { ...endpoint, data: fromJson(EndpointStatsDataSchema, data, { ignoreUnknownFields: true }) }),
     }));
   }
 

@@ -829,6 +829,27 @@ describe("discovery", () => {
     assert.deepStrictEqual(await client.ping({ id: "no-such-instance", maxWait: 500 }), []);
   });
 
+  it("stats read a newer instance's data, skipping the fields this client does not know", async () => {
+    // An instance of a later version, answering $SRV.STATS beside the one
+    // running, with a statistic this version does not define.
+    const newer = nc!.subscribe("$SRV.STATS.mesh-provisioner", {
+      callback: (_err, msg) => void msg.respond(JSON.stringify({
+        type: "io.nats.micro.v1.stats_response", name: SERVICE_NAME, id: "newer", version: "9.0.0", started: "2026-12-01T00:00:00Z",
+        endpoints: [{ name: "compose", subject: COMPOSE_SUBJECT, queue_group: "q", num_requests: 3, num_errors: 0, last_error: "",
+          processing_time: 0, average_processing_time: 0, data: { answered: 3, seat: "held", sections: { hits: 2 } } }],
+      })),
+    });
+    try {
+      await nc!.flush();
+      const stats = await client.stats();
+      assert.equal(stats.length, 2, "want the running instance's stats and the newer one's");
+      const data = stats.find((s) => s.id === "newer")?.endpoints[0]?.data;
+      assert.deepStrictEqual([data?.answered, data?.seat], [3n, "held"]);
+    } finally {
+      newer.unsubscribe();
+    }
+  });
+
   it("info describes every endpoint and the messages each takes and gives", async () => {
     const [info] = await client.info();
     assert.equal(info?.type, "io.nats.micro.v1.info_response");

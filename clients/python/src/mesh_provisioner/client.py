@@ -331,8 +331,8 @@ class EndpointStats(TypedDict, total=False):
     processing_time: int
     average_processing_time: int
     # The service's own counts of the endpoint and the state of the
-    # instance's copy: the JSON "data" decoded strictly (a field the message
-    # does not define is an error) as an EndpointStatsData.
+    # instance's copy: the JSON "data" decoded as an EndpointStatsData,
+    # skipping fields the message does not define (a newer instance's).
     data: EndpointStatsData
 
 
@@ -592,7 +592,10 @@ class ProvisionerClient:
         for answer in answers:
             for endpoint in answer.get("endpoints") or []:
                 if endpoint.get("data") is not None:
-                    endpoint["data"] = json_format.ParseDict(endpoint["data"], EndpointStatsData())
+                    # A newer instance may report statistics this client does
+                    # not know: during a rolling upgrade every reader reads
+                    # every instance's.
+                    endpoint["data"] = json_format.ParseDict(endpoint["data"], EndpointStatsData(), ignore_unknown_fields=True)
         return answers  # type: ignore[return-value]
 
     async def _discover(
