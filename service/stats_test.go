@@ -108,8 +108,8 @@ func TestStatsDataIsTheMessage(t *testing.T) {
 				t.Errorf("%s: %s is %#v, want []", e.Name, name, raw[name])
 			}
 		}
-		// Strictly, where readers skip what they do not know: nothing
-		// the message does not define.
+		// Decoded strictly, unlike wire.DecodeStatsData, which skips
+		// unknown fields: the server writes none.
 		data := &provisionerv1.EndpointStatsData{}
 		if err := protojson.Unmarshal(e.Data, data); err != nil {
 			t.Fatalf("%s: %v", e.Name, err)
