@@ -193,8 +193,8 @@ async def test_discovery_names_the_instance(nc: NATS) -> None:
 
 
 async def test_stats_read_a_newer_instances_data_skipping_what_this_client_does_not_know(nc: NATS) -> None:
-    # An instance of a later version, answering $SRV.STATS beside the one
-    # running, with a statistic this version does not define.
+    # An instance of a later version, with a statistic this version does not
+    # define, asked by its id: the answer is its alone.
     newer = {
         "type": "io.nats.micro.v1.stats_response", "name": SERVICE_NAME, "id": "newer", "version": "9.0.0",
         "started": "2026-12-01T00:00:00Z",
@@ -208,13 +208,12 @@ async def test_stats_read_a_newer_instances_data_skipping_what_this_client_does_
     async def answer(msg: Msg) -> None:
         await msg.respond(json.dumps(newer).encode())
 
-    sub = await nc.subscribe("$SRV.STATS." + SERVICE_NAME, cb=answer)
+    sub = await nc.subscribe("$SRV.STATS." + SERVICE_NAME + ".newer", cb=answer)
     try:
         await nc.flush()
-        stats = await ProvisionerClient(nc).stats()
-        assert len(stats) == 2, "want the running instance's stats and the newer one's"
-        [data] = [s["endpoints"][0]["data"] for s in stats if s["id"] == "newer"]
-        assert (data.answered, data.seat) == (3, "held")
+        [stats] = await ProvisionerClient(nc).stats(id="newer")
+        data = stats["endpoints"][0]["data"]
+        assert stats["id"] == "newer" and (data.answered, data.seat) == (3, "held")
     finally:
         await sub.unsubscribe()
 

@@ -830,9 +830,9 @@ describe("discovery", () => {
   });
 
   it("stats read a newer instance's data, skipping the fields this client does not know", async () => {
-    // An instance of a later version, answering $SRV.STATS beside the one
-    // running, with a statistic this version does not define.
-    const newer = nc!.subscribe("$SRV.STATS.mesh-provisioner", {
+    // An instance of a later version, with a statistic this version does
+    // not define, asked by its id: the answer is its alone.
+    const newer = nc!.subscribe("$SRV.STATS.mesh-provisioner.newer", {
       callback: (_err, msg) => void msg.respond(JSON.stringify({
         type: "io.nats.micro.v1.stats_response", name: SERVICE_NAME, id: "newer", version: "9.0.0", started: "2026-12-01T00:00:00Z",
         endpoints: [{ name: "compose", subject: COMPOSE_SUBJECT, queue_group: "q", num_requests: 3, num_errors: 0, last_error: "",
@@ -841,9 +841,9 @@ describe("discovery", () => {
     });
     try {
       await nc!.flush();
-      const stats = await client.stats();
-      assert.equal(stats.length, 2, "want the running instance's stats and the newer one's");
-      const data = stats.find((s) => s.id === "newer")?.endpoints[0]?.data;
+      const stats = await client.stats({ id: "newer" });
+      assert.deepStrictEqual(stats.map((s) => s.id), ["newer"]);
+      const data = stats[0]?.endpoints[0]?.data;
       assert.deepStrictEqual([data?.answered, data?.seat], [3n, "held"]);
     } finally {
       newer.unsubscribe();
