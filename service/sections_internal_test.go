@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -30,17 +31,7 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Builds: 30, Bound: 50}, Config{})
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv := func(bucket string) jetstream.KeyValue {
-		b, err := js.KeyValue(ctx, bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	kv := bucketsOn(t, nc)
 	needs, applied, collect := kv(keys.NeedsBucket), kv(keys.AppliedBucket), kv(keys.CollectBucket)
 	bound := kv(wire.BoundBucket("pg"))
 	node := mesh.Nodes[1]
@@ -159,6 +150,23 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	}
 }
 
+// bucketsOn returns what binds a bucket on nc, failing t if it cannot.
+func bucketsOn(t *testing.T, nc *nats.Conn) func(bucket string) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(bucket string) jetstream.KeyValue {
+		t.Helper()
+		b, err := js.KeyValue(t.Context(), bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+}
+
 // checkSections composes node from its sections in both encodings, fails
 // t unless each equals what composeFrom composes, and returns the sections
 // kept: those of each encoding, one after the other.
@@ -209,17 +217,7 @@ func TestSectionsComposeAsComposeFromAfterRandomWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 17, Needs: 4, Builds: 30, Bound: 50}, Config{})
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv := func(bucket string) jetstream.KeyValue {
-		b, err := js.KeyValue(ctx, bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	kv := bucketsOn(t, nc)
 	needs, applied, collect := kv(keys.NeedsBucket), kv(keys.AppliedBucket), kv(keys.CollectBucket)
 	registryKV, manifests := kv(keys.RegistryBucket), kv(keys.ManifestsBucket)
 	bound := kv(wire.BoundBucket("pg"))
