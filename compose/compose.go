@@ -154,6 +154,11 @@ func (rs *resolver) resolve(kind string) *resolved {
 				r.shape, r.err = keyshape.Parse(b.GetKeyShape())
 				r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
 				r.buckets = map[string]string{}
+				if r.err == nil && r.perProvider && !r.shape.LeadsWith("node") {
+					// Answers are reused until a key of the node's own
+					// changes in a provider's bucket: one by node first.
+					r.err = fmt.Errorf("key shape %s of a bucket each provider keeps does not begin with <node>", r.shape)
+				}
 			}
 		}
 		rs.kinds[kind] = r

@@ -21,6 +21,8 @@ type composeCase struct {
 	needs   []*provisionerv1.NeedRecord
 	bad     []*provisionerv1.MalformedKey
 	sources compose.Sources
+	// entries replace the registry table's of their kinds.
+	entries []*provisionerv1.RegistryEntry
 	want    *provisionerv1.ComposeResponse
 }
 
@@ -28,7 +30,7 @@ type composeCase struct {
 // the collection items every case has.
 func (tt composeCase) input(arena *compose.Arena) compose.Input {
 	entries := map[string]*provisionerv1.RegistryEntry{}
-	for _, e := range registry.Table() {
+	for _, e := range append(registry.Table(), tt.entries...) {
 		entries[e.GetKind()] = e
 	}
 	sources := tt.sources
@@ -151,6 +153,16 @@ func composeCases() []composeCase {
 				Plans:      []*provisionerv1.ModulePlan{{Module: "web", Items: []*provisionerv1.PlanItem{{Kind: "bound", Name: "db", Owner: "pg", Location: bucket("pg_bound", "ace.web.db"), Revision: 7}}}},
 				Provisions: []*provisionerv1.Provision{{Provider: "pg", Bucket: "pg_bound", Key: "ace.web.db", Module: "web", Provision: "db", Name: "db"}},
 			},
+		},
+		{
+			name:  "a provider's bucket whose keys do not begin with the node is refused",
+			needs: []*provisionerv1.NeedRecord{need("web", "bound", "db", &provisionerv1.Need{Provider: "pg"})},
+			entries: []*provisionerv1.RegistryEntry{{Kind: "bound", Owner: "<provider>", Description: "d",
+				Source: &provisionerv1.RegistryEntry_Bucket{Bucket: &provisionerv1.BucketSource{Bucket: "<provider>_bound", KeyShape: "<module>.<node>.<provision>"}}}},
+			want: &provisionerv1.ComposeResponse{Node: "ace", Refusals: []*provisionerv1.Refusal{{
+				Key: "ace.web.bound.db", Module: "web", Kind: "bound", Name: "db", Reason: provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE,
+				Detail: `the registry entry of kind "bound" is unusable: key shape <module>.<node>.<provision> of a bucket each provider keeps does not begin with <node>`,
+			}}},
 		},
 		{
 			name:   "a module alone, an unknown kind refused",

@@ -95,6 +95,12 @@ func (k Shape) Has(name string) bool {
 	return false
 }
 
+// LeadsWith reports whether the shape's first token is the placeholder
+// <name>: every key it renders then begins with that value's token.
+func (k Shape) LeadsWith(name string) bool {
+	return len(k.required) > 0 && k.required[0].placeholder == name
+}
+
 // String returns the shape as Parse reads it.
 func (k Shape) String() string {
 	s := joinShape(k.required)

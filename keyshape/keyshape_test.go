@@ -79,3 +79,29 @@ func TestShapeRender(t *testing.T) {
 		})
 	}
 }
+
+func TestShapeLeadsWith(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		shape, name string
+		want        bool
+	}{
+		{"<node>.<module>.<provision>[.<local>]", "node", true},
+		{"<node>.<module>", "module", false},
+		{"plans.<node>", "node", false},
+		{"<module>.<node>", "node", false},
+		{"<node>", "node", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.shape+" "+tt.name, func(t *testing.T) {
+			t.Parallel()
+			ks, err := keyshape.Parse(tt.shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := ks.LeadsWith(tt.name); got != tt.want {
+				t.Errorf("LeadsWith(%q) = %v, want %v", tt.name, got, tt.want)
+			}
+		})
+	}
+}

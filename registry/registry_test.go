@@ -77,6 +77,7 @@ func TestValidateRejectsBadTables(t *testing.T) {
 		{"tail without placeholder", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>[.x]")}, "needs a placeholder"},
 		{"placeholder twice", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>.<node>")}, "stands twice"},
 		{"bad literal", []*provisionerv1.RegistryEntry{bucket("port", "b", "<node>.a:b")}, `literal token "a:b"`},
+		{"provider's keys not by node", []*provisionerv1.RegistryEntry{bucket("bound", "<provider>_bound", "<module>.<node>.<provision>")}, "must begin with <node>"},
 		{"bad bucket", []*provisionerv1.RegistryEntry{bucket("port", "my.bucket", "<node>")}, "is not a bucket name"},
 		{"wildcard subject", []*provisionerv1.RegistryEntry{verb("secret", "vault", "vault.*")}, "not a literal NATS subject"},
 		{"no seat", []*provisionerv1.RegistryEntry{verb("secret", "", "vault.secret")}, "has no seat"},

@@ -22,7 +22,8 @@ var (
 
 // Validate checks a registry table: every entry names a kind that is a key
 // token, an owner, a description and exactly one source; bucket sources have
-// a valid bucket name (after "<provider>") and a key shape that parses; verb
+// a valid bucket name (after "<provider>") and a key shape that parses (one
+// that begins with <node> if the bucket is each provider's); verb
 // sources have a seat and a literal subject; no secret kind has a bucket
 // source; no kind stands twice. It returns every problem at once, joined, each
 // wrapping ErrInvalidTable.
@@ -71,6 +72,9 @@ func Validate(table []*provisionerv1.RegistryEntry) error {
 			}
 			if err := checkCollection(shape, src.Bucket.GetCollection()); err != nil {
 				fail(i, e.GetKind(), "%v", err)
+			}
+			if strings.Contains(src.Bucket.GetBucket(), keyshape.ProviderOwner) && !shape.LeadsWith("node") {
+				fail(i, e.GetKind(), "key shape %s of a bucket each provider keeps must begin with <node>: a node's answers follow the providers' keys by their first token", shape)
 			}
 		case *provisionerv1.RegistryEntry_Verb:
 			if src.Verb == nil {
