@@ -46,13 +46,18 @@ const (
 type Bound struct {
 	mu      sync.RWMutex
 	buckets map[string]*BoundBucket
-	// gen counts every change of any bucket (a key, a bucket found or
-	// loaded): answers that read the copy are stamped with it.
+	// gen counts every change of any bucket (a key, a bucket named, found,
+	// loaded or read whole again): answers that read the copy are stamped
+	// with it (Stamp), or with the part of it a node's reads see
+	// (StampOf).
 	gen atomic.Uint64
 	// changed is the generation at which keys whose first token is the
-	// map's key last changed, in any bucket (Changed).
-	changedMu sync.Mutex
+	// map's key last changed, in any bucket (Changed, StampOf); shared,
+	// the generation of the last change of a bucket as a whole, which any
+	// node's reads may see.
+	changedMu sync.RWMutex
 	changed   map[string]uint64
+	shared    uint64
 	wants     chan *BoundBucket // buckets named and not yet followed
 	// lookups bounds how often buckets are looked for (boundLookups).
 	lookups *rate.Limiter
@@ -118,7 +123,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held, look: make(chan struct{}, 1)}
 		bb.named()
 		b.buckets[bucket] = bb
-		b.gen.Add(1)
+		b.mark(true)
 		select {
 		case b.wants <- bb:
 		default:
@@ -163,6 +168,17 @@ func (b *Bound) Key(bucket, key string) uint64 {
 
 // Stamp changes whenever any bucket of the copy does.
 func (b *Bound) Stamp() uint64 { return b.gen.Load() }
+
+// StampOf changes whenever a key whose first token is first changes in any
+// bucket, and whenever a bucket as a whole does (named, found, loaded,
+// failing, read whole again): what a node's composition reads of the copy,
+// since the keys it reads begin with the node (the registry's rule for the
+// providers' buckets). Read it before the keys.
+func (b *Bound) StampOf(first string) uint64 {
+	b.changedMu.RLock()
+	defer b.changedMu.RUnlock()
+	return max(b.shared, b.changed[first])
+}
 
 // Revisions returns the revision of each bucket followed that holds any.
 func (b *Bound) Revisions() map[string]uint64 {
@@ -302,18 +318,23 @@ func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) {
 		bb.keys[key] = revision
 	}
 	bb.revision = max(bb.revision, revision)
+	bb.bound.mark(false, key)
 	bb.advance()
 	bb.mu.Unlock()
-	bb.bound.markChanged(key)
 }
 
-// markChanged records that keys of key's first token changed now.
-func (b *Bound) markChanged(keys ...string) {
+// mark stamps a change once it is in the copy, and before its waiters
+// wake (a waiter then reads the change's stamp): of keys, by their first
+// tokens, and, if shared, of a bucket as a whole.
+func (b *Bound) mark(shared bool, keys ...string) {
 	b.changedMu.Lock()
 	defer b.changedMu.Unlock()
-	// Counted under the lock with the marks: Changed sees every mark up to
-	// the stamp it returns.
+	// Counted under the lock with the marks: Changed and StampOf see every
+	// mark up to the generation they read.
 	gen := b.gen.Add(1)
+	if shared {
+		b.shared = gen
+	}
 	for _, key := range keys {
 		first, _, _ := strings.Cut(key, ".")
 		b.changed[first] = gen
@@ -324,8 +345,8 @@ func (b *Bound) markChanged(keys ...string) {
 // of the keys that changed in any bucket after the copy's stamp gen, and
 // its stamp now.
 func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
-	b.changedMu.Lock()
-	defer b.changedMu.Unlock()
+	b.changedMu.RLock()
+	defer b.changedMu.RUnlock()
 	now = b.gen.Load()
 	for first, at := range b.changed {
 		if at > gen {
@@ -339,18 +360,19 @@ func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
 // (failing false), or that it cannot be read (failing true).
 func (bb *BoundBucket) markLoaded(failing bool) {
 	bb.mu.Lock()
+	defer bb.mu.Unlock()
 	if !bb.loaded || bb.failing != failing {
 		bb.loaded, bb.failing = true, failing
+		bb.bound.mark(true)
 		bb.advance()
 	}
-	bb.mu.Unlock()
 }
 
-// advance wakes the waiters and stamps the change; bb.mu is held.
+// advance wakes the waiters of a change stamped (Bound.mark); bb.mu is
+// held.
 func (bb *BoundBucket) advance() {
 	close(bb.advanced)
 	bb.advanced = make(chan struct{})
-	bb.bound.gen.Add(1)
 }
 
 // Run follows every bucket named, until ctx is done: a bucket that exists
@@ -481,8 +503,6 @@ func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	bb.keys = keys
 	bb.revision = max(bb.revision, revision)
 	bb.loaded, bb.failing = true, false
-	bb.advance()
-	bb.mu.Unlock()
 	changed := make([]string, 0, len(keys)+len(old))
 	for key := range keys {
 		changed = append(changed, key)
@@ -490,5 +510,9 @@ func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	for key := range old {
 		changed = append(changed, key)
 	}
-	bb.bound.markChanged(changed...)
+	// Each key, for the plans writer (Changed), and the bucket as a whole:
+	// it is loaded, or no longer failing.
+	bb.bound.mark(true, changed...)
+	bb.advance()
+	bb.mu.Unlock()
 }

@@ -69,3 +69,78 @@ func TestBoundFollowsAProvidersBucket(t *testing.T) {
 		t.Errorf("revisions %v, want pg_bound past the delete", revs)
 	}
 }
+
+// A node's stamp of the copy changes with its own keys (those whose first
+// token is the node) and with a bucket as a whole, not with another node's
+// keys; a wait for a revision returns with the change stamped.
+func TestBoundStampOfFollowsANodesOwnKeys(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "ace.web.db", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	b := mirror.NewBound()
+	done := make(chan struct{})
+	go func() { b.Run(ctx, js, nil); close(done) }()
+	defer func() { cancel(); <-done }()
+	pg := b.Bucket("pg_bound")
+	if !pg.WaitLoaded(ctx) {
+		t.Fatal("pg_bound not loaded")
+	}
+
+	type stamps struct{ all, ace, bob uint64 }
+	read := func() stamps { return stamps{b.Stamp(), b.StampOf("ace"), b.StampOf("bob")} }
+	write := func(key string, del bool) {
+		t.Helper()
+		var rev uint64
+		if del {
+			if err := kv.Delete(ctx, key); err != nil {
+				t.Fatal(err)
+			}
+			st, err := kv.Status(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev = st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq
+		} else if rev, err = kv.Put(ctx, key, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		if !pg.WaitFor(ctx, rev) {
+			t.Fatalf("the copy did not reach revision %d", rev)
+		}
+	}
+	// Which stamps a change changes.
+	type changes struct{ all, ace, bob bool }
+	steps := []struct {
+		name   string
+		change func()
+		want   changes
+	}{
+		{"another node's key put", func() { write("bob.api.db", false) }, changes{all: true, bob: true}},
+		{"the node's key put again", func() { write("ace.web.db", false) }, changes{all: true, ace: true}},
+		{"another node's key deleted", func() { write("bob.api.db", true) }, changes{all: true, bob: true}},
+		{"a key of a first token that begins alike", func() { write("acer.web.db", false) }, changes{all: true}},
+		{"a bucket named, and found missing", func() {
+			if !b.Bucket("redis_bound").WaitLoaded(ctx) {
+				t.Fatal("redis_bound not looked for")
+			}
+		}, changes{all: true, ace: true, bob: true}},
+	}
+	for _, step := range steps {
+		before := read()
+		step.change()
+		after := read()
+		if got := (changes{after.all != before.all, after.ace != before.ace, after.bob != before.bob}); got != step.want {
+			t.Errorf("%s: stamps %+v -> %+v; changed %+v, want %+v", step.name, before, after, got, step.want)
+		}
+	}
+}
