@@ -10,8 +10,9 @@ import (
 
 // stamp identifies what an answer read: the stamp of each copy, or of the
 // node's group of it, that the answer read (see mirror.Copy.Stamp; zero
-// for one it did not read), of the providers' buckets (mirror.Bound.Stamp)
-// and which copies were behind. Equal stamps mean an equal answer, but for
+// for one it did not read), of the providers' buckets (mirror.Bound.StampOf
+// the node, or Bound.Stamp for a read of every node's) and which copies
+// were behind. Equal stamps mean an equal answer, but for
 // its revisions and phases, which are added to it as it is sent.
 type stamp struct {
 	registry, needs, applied, collect, manifests, bound uint64

@@ -65,7 +65,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			applied, _ := s.mirror.Applied.Stamp(in.GetNode())
 			manifests, _ := s.mirror.Manifests.Stamp("")
 			return stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
-				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
+				bound: s.mirror.Bound.StampOf(in.GetNode()), behind: behindBits(s.mirror)}
 		},
 		encoded: s.composeSections,
 		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {

@@ -443,3 +443,64 @@ func TestWaitingRequestsAreBounded(t *testing.T) {
 	}
 	m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"}) // and the service still answers
 }
+
+// A composition read from the providers' buckets is reused while the keys
+// of its own node in them are unchanged, whatever the provider binds for
+// other nodes; a key of its own composes it again.
+func TestComposeIsReusedUntilItsNodesProviderKeysChange(t *testing.T) {
+	t.Parallel()
+	m := newComposeMesh(t)
+	ctx := context.Background()
+	js, err := jetstream.New(m.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// compose asks for ace once the copy holds the provider's write at rev,
+	// and returns its last phase's name ("reused" or "items") and the
+	// revision its pg provision was bound at.
+	compose := func(rev uint64) (string, uint64) {
+		t.Helper()
+		req := proto.CloneOf(m.revisions)
+		req.Bound = map[string]uint64{wire.BoundBucket("pg"): rev}
+		out := m.compose(t, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: req})
+		if out.GetRevisions().GetBound()[wire.BoundBucket("pg")] < rev {
+			t.Errorf("answered at pg_bound revision %d, want at least %d", out.GetRevisions().GetBound()[wire.BoundBucket("pg")], rev)
+		}
+		phases := out.GetPhases()
+		for _, p := range out.GetProvisions() {
+			if p.GetProvider() == "pg" {
+				return phases[len(phases)-1].GetName(), p.GetBoundRevision()
+			}
+		}
+		t.Fatalf("no provision of pg in %v", out)
+		return "", 0
+	}
+	// pg offers the provision ace's web binds (its manifest written from
+	// ace), so that a key bound for ace reads as bound, not refused.
+	_, rev, err := m.ace.PutManifest(ctx, "pg", &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "database"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.revisions.Manifests = rev
+	compose(put(t, pg, "novox.api.database", []byte("bound"))) // the bucket found
+
+	var aceBound uint64 // the revision of ace's own key: its provision's
+	for _, step := range []struct{ name, key, phase string }{
+		{"another node's key", "novox.api.cache", "reused"},
+		{"a key of a node whose name begins alike", "acer.web.database.ro", "reused"},
+		{"ace's own key", "ace.web.database.ro", "items"},
+		{"another node's key again", "novox.api.database", "reused"},
+	} {
+		rev := put(t, pg, step.key, []byte("bound"))
+		if strings.HasPrefix(step.key, "ace.") {
+			aceBound = rev
+		}
+		if phase, bound := compose(rev); phase != step.phase || bound != aceBound {
+			t.Errorf("after %s: last phase %q, bound at %d; want %q, bound at %d", step.name, phase, bound, step.phase, aceBound)
+		}
+	}
+}

@@ -67,7 +67,7 @@ func sectionStampOf(m *mirror.Mirror, node string) sectionStamp {
 	applied, _ := m.Applied.Stamp(node)
 	collect, _ := m.Collect.Stamp(node)
 	manifests, _ := m.Manifests.Stamp("")
-	return sectionStamp{registry: registry, applied: applied, collect: collect, manifests: manifests, bound: m.Bound.Stamp()}
+	return sectionStamp{registry: registry, applied: applied, collect: collect, manifests: manifests, bound: m.Bound.StampOf(node)}
 }
 
 // nodeSections is a node's last whole composition, in sections in key

@@ -71,7 +71,7 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 		name  string
 		write func() (wait revisionWait, err error)
 		// newSections is how many of the node's sections are composed
-		// again; -1: every one of every node's.
+		// again (none of another node's); -1: every one of the node's.
 		newSections int // in each encoding
 	}{
 		{"a need written again unchanged", func() (revisionWait, error) {
@@ -124,6 +124,10 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 			rev, err := bound.Put(ctx, node.Name+".any", []byte("bound"))
 			return revisionWait{s.mirror.Bound.Bucket(wire.BoundBucket("pg")), rev}, err
 		}, -1},
+		{"a provider's key of another node", func() (revisionWait, error) {
+			rev, err := bound.Put(ctx, "zed.any", []byte("bound"))
+			return revisionWait{s.mirror.Bound.Bucket(wire.BoundBucket("pg")), rev}, err
+		}, 0},
 	} {
 		wait, err := tt.write()
 		if err != nil {
@@ -135,15 +139,17 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 		}
 		cancel()
 		after := check(tt.name)
-		if tt.newSections >= 0 {
-			for _, n := range mesh.Nodes {
-				want := 0
-				if n.Name == node.Name {
-					want = 2 * tt.newSections
-				}
-				if got := newSections(before[n.Name], after[n.Name]); got != want {
-					t.Errorf("%s: %d of %s's %d sections composed again, want %d", tt.name, got, n.Name, len(after[n.Name]), want)
-				}
+		for _, n := range mesh.Nodes {
+			want := 0
+			switch {
+			case n.Name != node.Name:
+			case tt.newSections < 0:
+				want = len(after[n.Name])
+			default:
+				want = 2 * tt.newSections
+			}
+			if got := newSections(before[n.Name], after[n.Name]); got != want {
+				t.Errorf("%s: %d of %s's %d sections composed again, want %d", tt.name, got, n.Name, len(after[n.Name]), want)
 			}
 		}
 		before = after

@@ -183,8 +183,14 @@ func run(cfg config) error {
 			request: func(node string) proto.Message { return &provisionerv1.ComposeRequest{Node: node} }},
 		{name: "compose right after a write, JSON", subject: wire.ComposeSubject, contentType: wire.ContentTypeJSON, write: true,
 			request: func(node string) proto.Message { return &provisionerv1.ComposeRequest{Node: node} }},
+		{name: "compose right after another node's binding, binary", subject: wire.ComposeSubject, contentType: wire.ContentTypeProtobuf, bind: true,
+			request: func(node string) proto.Message { return &provisionerv1.ComposeRequest{Node: node} }},
 	}
 	needs, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		return err
+	}
+	bound, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: benchBound})
 	if err != nil {
 		return err
 	}
@@ -201,12 +207,12 @@ func run(cfg config) error {
 		for _, n := range cfg.requesters {
 			var verb, bare []result
 			for range cfg.rounds {
-				r, err := k.round(url, needs, wire.ServiceName, n, nodes, cfg.round)
+				r, err := k.round(url, writes{needs, bound}, wire.ServiceName, n, nodes, cfg.round)
 				if err != nil {
 					return fmt.Errorf("%s: %w", k.name, err)
 				}
 				verb = append(verb, r)
-				r, err = k.round(url, needs, "echo", n, nodes, cfg.round)
+				r, err = k.round(url, writes{needs, bound}, "echo", n, nodes, cfg.round)
 				if err != nil {
 					return fmt.Errorf("%s echo: %w", k.name, err)
 				}
@@ -239,7 +245,15 @@ type kind struct {
 	// write puts one of the node's needs before each request, which then
 	// asks for the copy to have reached it.
 	write bool
+	// bind puts a key of another node in a provider's bucket
+	// (benchBound) before each request, which then asks for the copy to
+	// have reached it.
+	bind bool
 }
+
+// benchBound is the provider's bucket of the kinds that bind, its keys
+// those of a node that is not asked.
+var benchBound = wire.BoundBucket("bench")
 
 // echoSubject is where the echo of a node's answer is asked.
 func echoSubject(node string) string { return "bench.echo." + node }
@@ -318,7 +332,10 @@ func merge(rs []result) result {
 
 // round runs requesters, each on its own connection, asking in a closed
 // loop for d: the service's verb, or the echo.
-func (k kind) round(url string, needs jetstream.KeyValue, target string, requesters int, nodes []string, d time.Duration) (result, error) {
+// writes are the buckets the kinds that write put to.
+type writes struct{ needs, bound jetstream.KeyValue }
+
+func (k kind) round(url string, to writes, target string, requesters int, nodes []string, d time.Duration) (result, error) {
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	latencies := make([][]time.Duration, requesters)
@@ -336,13 +353,21 @@ func (k kind) round(url string, needs jetstream.KeyValue, target string, request
 				node := nodes[j%len(nodes)]
 				req := k.request(node)
 				began := time.Now()
-				if k.write {
-					rev, err := needs.Put(context.Background(), node+".bench.port.p", nil)
+				switch {
+				case k.write:
+					rev, err := to.needs.Put(context.Background(), node+".bench.port.p", nil)
 					if err != nil {
 						failed.Store(err)
 						return
 					}
 					req.(*provisionerv1.ComposeRequest).MinRevisions = &provisionerv1.Revisions{Needs: rev}
+				case k.bind:
+					rev, err := to.bound.Put(context.Background(), "unasked.bench.p", nil)
+					if err != nil {
+						failed.Store(err)
+						return
+					}
+					req.(*provisionerv1.ComposeRequest).MinRevisions = &provisionerv1.Revisions{Bound: map[string]uint64{benchBound: rev}}
 				}
 				subject := k.subject
 				if target == "echo" {
