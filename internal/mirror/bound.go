@@ -31,8 +31,8 @@ const (
 	boundLookupBurst = 1000
 	// boundForget is how long a bucket not followed (missing, or that
 	// cannot be read) is kept once nothing names it: a node may name any
-	// provider, and the copy would otherwise keep every bucket ever named,
-	// and a goroutine for each.
+	// provider, and the copy would otherwise keep every bucket ever named.
+	// Such a bucket holds no goroutine meanwhile (Run).
 	boundForget = 10 * time.Minute
 )
 
@@ -93,14 +93,18 @@ type BoundBucket struct {
 	loaded   bool
 	failing  bool
 	advanced chan struct{} // closed and replaced when revision or loaded moves
-	// look asks the follower to look for a missing bucket now: a request
-	// waits for a revision of it.
-	look chan struct{}
 	// namedAt is Bound.now when a read last named the bucket (Bucket).
 	namedAt atomic.Int64
-	// followed says Run started the bucket's follower; only Run reads and
-	// writes it.
-	followed bool
+	// Only Run reads and writes these: running says a goroutine looks for
+	// the bucket or follows it, and again that it was asked to look while
+	// it ran; next is when a bucket not running is looked for again (zero:
+	// at once).
+	running, again bool
+	next           time.Time
+	// warned says the last look's failure was logged: once a run of
+	// failures, not every retry. Only the looking goroutine, one at a
+	// time, reads and writes it.
+	warned bool
 }
 
 // Bucket returns the copy of bucket, which it starts following if it does
@@ -120,7 +124,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if bb = b.buckets[bucket]; bb == nil {
-		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held, look: make(chan struct{}, 1)}
+		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held}
 		bb.named()
 		b.buckets[bucket] = bb
 		b.mark(true)
@@ -140,7 +144,7 @@ func (bb *BoundBucket) named() {
 	}
 }
 
-// forgetUnnamed forgets bb, a bucket not followed, if nothing named it for
+// forgetUnnamed forgets bb, a bucket not running, if nothing named it for
 // b.forget; it reports whether it did. A read that names it again makes it
 // anew, looked for at once.
 func (b *Bound) forgetUnnamed(bb *BoundBucket) bool {
@@ -291,7 +295,7 @@ func (bb *BoundBucket) WaitFor(ctx context.Context, revision uint64) bool {
 			return true
 		}
 		select {
-		case bb.look <- struct{}{}:
+		case bb.bound.wants <- bb: // look now, if it is not followed
 		default:
 		}
 		select {
@@ -377,76 +381,92 @@ func (bb *BoundBucket) advance() {
 
 // Run follows every bucket named, until ctx is done: a bucket that exists
 // through a KV watcher that asks for headers only, one that does not exist
-// yet by looking for it every few seconds.
+// yet (or cannot be read) by looking for it every few seconds. A goroutine
+// runs only for a bucket being looked for or followed: a bucket found
+// missing costs its entry in the map, however many a node names.
 func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
 	if logger == nil {
 		logger = slog.Default()
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	ended := make(chan *BoundBucket)
 	start := func(bb *BoundBucket) {
-		if !bb.followed {
-			bb.followed = true
-			wg.Go(func() { bb.follow(ctx, js, logger.With("bucket", bb.bucket)) })
+		if bb.running {
+			// A wait for a revision, while the bucket was found missing
+			// a moment ago: look again once this look ends.
+			bb.again = true
+			return
 		}
+		// The looks are bounded across every bucket named
+		// (boundLookups): one not allowed now is looked for on a later
+		// tick.
+		if !b.lookups.Allow() {
+			return
+		}
+		bb.running, bb.again = true, false
+		wg.Go(func() {
+			bb.follow(ctx, js, logger.With("bucket", bb.bucket))
+			select {
+			case ended <- bb:
+			case <-ctx.Done():
+			}
+		})
 	}
 	// Buckets named before Run, or while wants was full, are found in the
-	// map: at the start and on each tick.
-	lookAll := func() {
+	// map, and those due to be looked for again: at the start and on each
+	// tick. Buckets not running and named by nothing for a while are
+	// forgotten.
+	lookAll := func(now time.Time) {
 		b.mu.RLock()
 		named := slices.Collect(maps.Values(b.buckets))
 		b.mu.RUnlock()
 		for _, bb := range named {
-			start(bb)
+			switch {
+			case bb.running:
+			case b.forgetUnnamed(bb):
+			case !now.Before(bb.next):
+				start(bb)
+			}
 		}
 	}
-	lookAll()
+	lookAll(time.Now())
 	ticker := time.NewTicker(b.retry)
 	defer ticker.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case bb := <-b.wants:
+		case bb := <-b.wants: // named, or a revision of it is waited for
 			start(bb)
+		case bb := <-ended:
+			bb.running, bb.next = false, time.Now().Add(b.retry)
+			if bb.again {
+				start(bb)
+			}
 		case now := <-ticker.C:
 			b.now.Store(now.UnixNano())
-			lookAll()
+			lookAll(now)
 		}
 	}
 }
 
-// follow keeps the copy of one bucket until ctx is done, or until it is
-// forgotten: not followed, and named by nothing for a while.
+// follow looks for the bucket and follows it until ctx is done or it
+// cannot: not found (nothing is bound in a bucket not yet made), or
+// failing (its provisions read as pending, and answers say it is behind,
+// rather than wait for it). Run looks again later.
 func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
-	warned := false // once a run of failures, not every retry
-	for ctx.Err() == nil {
-		if bb.bound.lookups.Wait(ctx) != nil {
-			return // ctx is done
-		}
-		err := bb.watch(ctx, js)
-		if ctx.Err() != nil {
-			return
-		}
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			bb.markLoaded(false) // nothing is bound in a bucket not yet made
-			warned = false
-		} else {
-			// Its provisions read as pending, and answers say the bucket
-			// is behind, rather than wait for it.
-			bb.markLoaded(true)
-			if !warned {
-				logger.Warn("cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "error", err)
-				warned = true
-			}
-		}
-		if bb.bound.forgetUnnamed(bb) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(bb.bound.retry):
-		case <-bb.look:
+	err := bb.watch(ctx, js)
+	switch {
+	case ctx.Err() != nil:
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		bb.markLoaded(false)
+		bb.warned = false
+	default:
+		bb.markLoaded(true)
+		if !bb.warned {
+			logger.Warn("cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "error", err)
+			bb.warned = true
 		}
 	}
 }

@@ -3,6 +3,8 @@ package mirror
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,5 +121,52 @@ func TestBoundForgetsBucketsNothingNames(t *testing.T) {
 	defer cancelWait()
 	if !again.WaitLoaded(wait) {
 		t.Error("p000_bound, named again once forgotten, was not looked for")
+	}
+}
+
+// A node that names many providers whose buckets do not exist costs the
+// copy an entry for each, not a goroutine: once each is found missing, no
+// goroutine looks for or follows any of them until it is looked for again.
+func TestBoundHoldsNoGoroutineForAMissingBucket(t *testing.T) {
+	// Not parallel: it counts the followers of the whole process.
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	b.lookups = rate.NewLimiter(rate.Inf, 0)
+	b.retry = time.Minute // looked for once in this test
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+
+	const named = 300
+	for i := range named {
+		b.Bucket(fmt.Sprintf("m%03d_bound", i))
+	}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if behind := b.Behind(); len(behind) > 0 {
+			return fmt.Errorf("%d of %d buckets not looked for yet", len(behind), named)
+		}
+		return nil
+	})
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if n := followers(); n > 0 {
+			return fmt.Errorf("%d goroutines look for or follow buckets found missing", n)
+		}
+		return nil
+	})
+}
+
+// followers counts the goroutines in BoundBucket.follow.
+func followers() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "mirror.(*BoundBucket).follow(")
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }
