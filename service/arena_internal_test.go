@@ -54,7 +54,7 @@ func TestAnswersFromReusedArenasAreTheirOwn(t *testing.T) {
 						return
 					}
 				}
-				if _, _, err := s.composeForPlans(mesh.Nodes[round].Name); err != nil {
+				if _, err := s.composeForPlans(mesh.Nodes[round].Name); err != nil {
 					t.Error(err)
 				}
 			}

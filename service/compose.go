@@ -322,14 +322,15 @@ func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
 // not read yet: a provider met for the first time is read before the
 // composition that names it is answered, not reported behind. It runs on
 // the request's arrival, so it reads the node's needs only when they or
-// the registry changed since it last named their buckets, or a bucket is
-// still unread: a reused answer reads no need.
+// the registry changed since it last named their buckets, a bucket is
+// still unread, or the copy forgot a bucket (one of the node's, maybe,
+// which it follows again only once named): a reused answer reads no need.
 func (s *Service) boundUnread(node string) []revisionWait {
 	m := s.mirror
 	needs, _ := m.Needs.Stamp(node)
 	registry, _ := m.Registry.Stamp("")
-	at := [2]uint64{needs, registry}
-	if named, ok := s.boundNamed.Load(node); ok && named.([2]uint64) == at && m.Bound.AllLoaded() {
+	at := [3]uint64{needs, registry, m.Bound.Forgotten()}
+	if named, ok := s.boundNamed.Load(node); ok && named.([3]uint64) == at && m.Bound.AllLoaded() {
 		return nil
 	}
 	defer s.boundNamed.Store(node, at)

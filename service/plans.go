@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,11 +69,17 @@ type plansWriter struct {
 	redo map[string]bool
 	// swept is when the writer last looked for keys of nodes gone.
 	swept time.Time
+	// buckets are the providers' buckets each node's last composition
+	// named, named to the copy again on every sweep: a bucket not made yet
+	// is followed for as long as a node's needs name it, not forgotten
+	// while no request composes the node (mirror.Bound's forgetting).
+	buckets map[string][]string
 }
 
 // plansSweep is how often the writer looks for the keys of nodes with no
-// record left, whatever the copies' counts say: a node gone as another
-// came, within one interval, leaves the count of nodes as it was.
+// record left, whatever the copies' counts say (a node gone as another
+// came, within one interval, leaves the count of nodes as it was), and
+// names the providers' buckets of the nodes' compositions to the copy.
 const plansSweep = time.Second
 
 // RunPlans keeps mesh-provisioner_plans until ctx is done: for each node,
@@ -117,7 +124,7 @@ func (s *Service) RunPlans(ctx context.Context, cfg PlansConfig) error {
 // keepPlans is one run of RunPlans, until ctx is done or the bucket's
 // watcher fails.
 func (s *Service) keepPlans(ctx context.Context, cfg PlansConfig) error {
-	w := &plansWriter{s: s, kv: cfg.KV, key: map[string]heldDigest{}, redo: map[string]bool{}}
+	w := &plansWriter{s: s, kv: cfg.KV, key: map[string]heldDigest{}, redo: map[string]bool{}, buckets: map[string][]string{}}
 	watcher, err := cfg.KV.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
@@ -253,6 +260,11 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 				set[node] = true
 			}
 		}
+		for _, buckets := range w.buckets {
+			for _, b := range buckets {
+				m.Bound.Bucket(b)
+			}
+		}
 	}
 	if all {
 		addAll(set, slices.Collect(maps.Keys(w.key)))
@@ -358,18 +370,28 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	held, has := w.key[node]
 	w.mu.Unlock()
 	if !w.known(node) {
+		w.mu.Lock()
+		delete(w.buckets, node)
+		w.mu.Unlock()
 		return planWrite{node: node, held: held, has: has, gone: true}, has
 	}
-	digest, revisions, err := w.s.composeForPlans(node)
+	plan, err := w.s.composeForPlans(node)
 	w.s.plans.composed.Add(1)
 	if err != nil {
 		w.failed(node, "compose", err)
 		return planWrite{}, false
 	}
-	if has && held.digest == digest {
+	w.mu.Lock()
+	if len(plan.buckets) > 0 {
+		w.buckets[node] = plan.buckets
+	} else {
+		delete(w.buckets, node)
+	}
+	w.mu.Unlock()
+	if has && held.digest == plan.digest {
 		return planWrite{}, false
 	}
-	return planWrite{node: node, held: held, has: has, digest: digest, revisions: revisions}, true
+	return planWrite{node: node, held: held, has: has, digest: plan.digest, revisions: plan.revisions}, true
 }
 
 // write writes one node's key: a compare-and-set on the revision the
@@ -407,23 +429,39 @@ func (w *plansWriter) write(ctx context.Context, pw planWrite) {
 	w.s.plans.lastWritten.Store(time.Now().UnixNano())
 }
 
+// nodePlan is what the plans writer reads of a node's composition.
+type nodePlan struct {
+	digest string
+	// revisions are those the copies had reached after it was composed.
+	revisions *provisionerv1.Revisions
+	// buckets are the providers' buckets its provisions name, each once.
+	buckets []string
+}
+
 // composeForPlans composes node whole, as one page, and returns the
-// composition's digest and the revisions the copies had reached after it.
+// composition's digest, the revisions the copies had reached after it and
+// the providers' buckets it names.
 // It encodes nothing: the digest is what the bucket holds, and a node
 // notified asks for its composition, which is built then (composing
 // without encoding costs 0.52 ms a node of a 1,000 x 30 x 10 mesh against
 // 1.31 ms through the answer cache; BenchmarkComposeForPlans). It keeps no
 // decoded view of the node (dropViews): the writer reads every node.
-func (s *Service) composeForPlans(node string) (digest string, revisions *provisionerv1.Revisions, err error) {
+func (s *Service) composeForPlans(node string) (nodePlan, error) {
 	arena, done := pooledArena()
 	defer done()
 	out, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: dropViews, arena: arena})
 	if werr != nil {
-		return "", nil, werr
+		return nodePlan{}, werr
+	}
+	var buckets []string
+	for _, p := range out.GetProvisions() {
+		if !slices.Contains(buckets, p.GetBucket()) {
+			buckets = append(buckets, strings.Clone(p.GetBucket())) // out is the arena's
+		}
 	}
 	// Read after composing: a node that asks at these revisions is
 	// answered a composition at least as new as the digest.
-	return out.GetPlanDigest(), revisionsNow(s.mirror).proto(), nil
+	return nodePlan{digest: out.GetPlanDigest(), revisions: revisionsNow(s.mirror).proto(), buckets: buckets}, nil
 }
 
 // failed counts a node's failed write and composes it again on the next

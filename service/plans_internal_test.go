@@ -29,7 +29,7 @@ func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
 		return len(a) > 0 && a[0] == b[0]
 	}
 	written, read := mesh.Nodes[0].Name, mesh.Nodes[1].Name
-	if _, _, err := s.composeForPlans(written); err != nil {
+	if _, err := s.composeForPlans(written); err != nil {
 		t.Fatal(err)
 	}
 	if kept(written) {

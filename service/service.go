@@ -105,6 +105,11 @@ type Config struct {
 	// Observe, if set, hears every answer and refusal with its code and
 	// latency (see Observer).
 	Observe Observer
+
+	// boundTimings, in tests, replace how often the copy looks again for
+	// a provider's bucket found missing and how long it keeps one that
+	// nothing names (mirror.Bound.SetTimings).
+	boundRetry, boundForget time.Duration
 }
 
 // NoLimit lifts the limit of a Config field that takes it.
@@ -193,9 +198,9 @@ type Service struct {
 	// warnings.
 	plans        plansStats
 	planFailures rate.Sometimes
-	// boundNamed holds, by node, the stamps of its needs and the registry
-	// at which the providers' buckets it reads were last named
-	// (boundUnread).
+	// boundNamed holds, by node, the stamps of its needs and the registry,
+	// and the count of buckets the copy had forgotten, at which the
+	// providers' buckets it reads were last named (boundUnread).
 	boundNamed sync.Map
 	stopOnce   sync.Once
 }
@@ -304,6 +309,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
+	if cfg.boundRetry > 0 || cfg.boundForget > 0 {
+		s.mirror.Bound.SetTimings(cfg.boundRetry, cfg.boundForget)
+	}
 	watchers, err := s.mirror.Open(ctx, js, s.logger)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -70,6 +71,8 @@ type Bound struct {
 	// held says the copy is all there is (a capture's): a bucket it lacks
 	// holds nothing, and is not followed.
 	held bool
+	// forgotten counts the buckets forgotten (Forgotten).
+	forgotten atomic.Uint64
 }
 
 // NewBound returns an empty copy of the providers' buckets.
@@ -105,6 +108,13 @@ type BoundBucket struct {
 	// failures, not every retry. Only the looking goroutine, one at a
 	// time, reads and writes it.
 	warned bool
+}
+
+// SetTimings replaces, before Run, how often a bucket found missing is
+// looked for again (boundRetry) and how long one that nothing names is
+// kept (boundForget); zero leaves one as it is. Tests shorten them.
+func (b *Bound) SetTimings(retry, forget time.Duration) {
+	b.retry, b.forget = cmp.Or(retry, b.retry), cmp.Or(forget, b.forget)
 }
 
 // Bucket returns the copy of bucket, which it starts following if it does
@@ -158,8 +168,14 @@ func (b *Bound) forgetUnnamed(bb *BoundBucket) bool {
 		return false
 	}
 	delete(b.buckets, bb.bucket)
+	b.forgotten.Add(1)
 	return true
 }
+
+// Forgotten counts the buckets forgotten since the copy was made: a reader
+// that named buckets before it changed names them again, since a bucket
+// forgotten is followed again only once named.
+func (b *Bound) Forgotten() uint64 { return b.forgotten.Load() }
 
 // Key returns the revision of key in bucket, zero when the copy does not
 // hold it.
