@@ -71,7 +71,7 @@ type Bound struct {
 	// held says the copy is all there is (a capture's): a bucket it lacks
 	// holds nothing, and is not followed.
 	held bool
-	// forgotten counts the buckets forgotten (Forgotten).
+	// forgotten counts Run's looks that forgot buckets (Forgotten).
 	forgotten atomic.Uint64
 }
 
@@ -168,13 +168,12 @@ func (b *Bound) forgetUnnamed(bb *BoundBucket) bool {
 		return false
 	}
 	delete(b.buckets, bb.bucket)
-	b.forgotten.Add(1)
 	return true
 }
 
-// Forgotten counts the buckets forgotten since the copy was made: a reader
-// that named buckets before it changed names them again, since a bucket
-// forgotten is followed again only once named.
+// Forgotten changes whenever the copy forgets buckets, at most once every
+// boundRetry: a reader that named buckets before it changed names them
+// again, since a bucket forgotten is followed again only once named.
 func (b *Bound) Forgotten() uint64 { return b.forgotten.Load() }
 
 // Key returns the revision of key in bucket, zero when the copy does not
@@ -437,13 +436,18 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 		b.mu.RLock()
 		named := slices.Collect(maps.Values(b.buckets))
 		b.mu.RUnlock()
+		forgot := false
 		for _, bb := range named {
 			switch {
 			case bb.running:
 			case b.forgetUnnamed(bb):
+				forgot = true
 			case !now.Before(bb.next):
 				start(bb)
 			}
+		}
+		if forgot {
+			b.forgotten.Add(1)
 		}
 	}
 	lookAll(time.Now())
