@@ -407,6 +407,14 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 	defer wg.Wait()
 	ended := make(chan *BoundBucket)
 	start := func(bb *BoundBucket) {
+		b.mu.RLock()
+		forgotten := b.buckets[bb.bucket] != bb
+		b.mu.RUnlock()
+		if forgotten {
+			// A wait on a bucket forgotten since: its name, read again,
+			// makes another.
+			return
+		}
 		if bb.running {
 			// A wait for a revision, while the bucket was found missing
 			// a moment ago: look again once this look ends.

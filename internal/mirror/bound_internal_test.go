@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strings"
@@ -168,5 +169,51 @@ func followers() int {
 			return strings.Count(string(buf[:n]), "mirror.(*BoundBucket).follow(")
 		}
 		buf = make([]byte, 2*len(buf))
+	}
+}
+
+// A wait on a bucket the copy forgot since does not make the copy follow
+// it: only the bucket its name makes anew is followed.
+func TestBoundFollowsNoBucketItForgot(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	b.retry, b.forget = 20*time.Millisecond, 100*time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+
+	stale := b.Bucket("late_bound")
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if n, _ := b.Counts(); n > 0 {
+			return errors.New("late_bound not forgotten yet")
+		}
+		return nil
+	})
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "late_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, "ace.web.db", []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait, cancelWait := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancelWait()
+	if stale.WaitFor(wait, rev) {
+		t.Error("the forgotten bucket was followed again")
+	}
+	fresh := b.Bucket("late_bound")
+	if fresh == stale {
+		t.Fatal("late_bound named again is the forgotten one")
+	}
+	wait, cancelWait = context.WithTimeout(ctx, 5*time.Second)
+	defer cancelWait()
+	if !fresh.WaitFor(wait, rev) {
+		t.Errorf("late_bound, named again, did not reach revision %d", rev)
 	}
 }
