@@ -23,7 +23,7 @@ const (
 	boundRetry = 2 * time.Second
 	// boundLookups a second, after a burst of boundLookupBurst, bound the
 	// looks for buckets not followed yet, across every bucket named (each
-	// a JetStream API request, two for a bucket found). A need names its
+	// a JetStream API request, three for a bucket found). A need names its
 	// provider, and so a bucket: without the bound, a node naming a
 	// provider in each of its thousands of keys would have the server ask
 	// about each missing bucket every boundRetry, for as long as it holds
@@ -35,6 +35,10 @@ const (
 	// provider, and the copy would otherwise keep every bucket ever named.
 	// Such a bucket holds no goroutine meanwhile (Run).
 	boundForget = 10 * time.Minute
+	// boundCheck is how many boundRetry a followed bucket is checked
+	// after, for whether it was deleted (or made again): a watcher does
+	// not say.
+	boundCheck = 15
 )
 
 // Bound is the watched copy of the providers' buckets (<provider>_bound):
@@ -375,13 +379,29 @@ func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
 	return firsts, now
 }
 
-// markLoaded says the bucket's keys are in, or that it does not exist
-// (failing false), or that it cannot be read (failing true).
-func (bb *BoundBucket) markLoaded(failing bool) {
+// markMissing says the bucket does not exist, or no longer does: it
+// holds no key, at no revision (one made again starts its revisions
+// anew).
+func (bb *BoundBucket) markMissing() {
 	bb.mu.Lock()
 	defer bb.mu.Unlock()
-	if !bb.loaded || bb.failing != failing {
-		bb.loaded, bb.failing = true, failing
+	if bb.loaded && !bb.failing && len(bb.keys) == 0 && bb.revision == 0 {
+		return // found missing again: nothing changed
+	}
+	old := bb.keys
+	bb.keys, bb.revision = map[string]uint64{}, 0
+	bb.loaded, bb.failing = true, false
+	bb.bound.mark(true, slices.Collect(maps.Keys(old))...)
+	bb.advance()
+}
+
+// markFailing says the bucket cannot be read: its provisions are pending
+// on what it held.
+func (bb *BoundBucket) markFailing() {
+	bb.mu.Lock()
+	defer bb.mu.Unlock()
+	if !bb.loaded || !bb.failing {
+		bb.loaded, bb.failing = true, true
 		bb.bound.mark(true)
 		bb.advance()
 	}
@@ -480,18 +500,19 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 }
 
 // follow looks for the bucket and follows it until ctx is done or it
-// cannot: not found (nothing is bound in a bucket not yet made), or
-// failing (its provisions read as pending, and answers say it is behind,
-// rather than wait for it). Run looks again later.
+// cannot: not found, or no longer (nothing is bound in a bucket not yet
+// made, or deleted), or failing (its provisions read as pending, and
+// answers say it is behind, rather than wait for it). Run looks again
+// later.
 func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
 	err := bb.watch(ctx, js)
 	switch {
 	case ctx.Err() != nil:
-	case errors.Is(err, jetstream.ErrBucketNotFound):
-		bb.markLoaded(false)
+	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+		bb.markMissing()
 		bb.warned = false
 	default:
-		bb.markLoaded(true)
+		bb.markFailing()
 		if !bb.warned {
 			logger.Warn("cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "error", err)
 			bb.warned = true
@@ -499,8 +520,8 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logge
 	}
 }
 
-// watch reads the bucket's keys and follows them until ctx is done or the
-// watcher stops.
+// watch reads the bucket's keys and follows them until ctx is done, the
+// watcher stops, or the bucket is no longer the one it watched.
 func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error {
 	// Bounded as the watchers' API requests are: a request the server's
 	// identity may not send gets no answer at all, and compositions wait
@@ -511,6 +532,15 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 	if err != nil {
 		return err
 	}
+	made, err := madeAt(bind, kv)
+	if err != nil {
+		return err
+	}
+	// A deleted bucket's watcher waits on, silent, and one made again
+	// would be read from the old one's revisions on: the bucket is checked
+	// every boundCheck retries.
+	check := time.NewTicker(boundCheck * bb.bound.retry)
+	defer check.Stop()
 	w, err := kv.WatchAll(ctx, jetstream.MetaOnly())
 	if err != nil {
 		return err
@@ -540,8 +570,29 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			default:
 				bb.apply(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut)
 			}
+		case <-check.C:
+			checkCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+			now, err := madeAt(checkCtx, kv)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case err != nil:
+				return err
+			case !now.Equal(made):
+				return errors.New("the bucket was deleted and made again")
+			}
 		}
 	}
+}
+
+// madeAt returns when the bucket's stream was made.
+func madeAt(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return st.(*jetstream.KeyValueBucketStatus).StreamInfo().Created, nil
 }
 
 // replace sets the bucket's keys to a full read's, and marks it loaded.

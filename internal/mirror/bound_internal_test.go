@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -216,4 +217,67 @@ func TestBoundFollowsNoBucketItForgot(t *testing.T) {
 	if !fresh.WaitFor(wait, rev) {
 		t.Errorf("late_bound, named again, did not reach revision %d", rev)
 	}
+}
+
+// A provider's bucket deleted holds nothing any more: its keys are dropped
+// (its provisions pending again). Made again, it is read anew, from its
+// own first revision.
+func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	b.retry = 20 * time.Millisecond // checked every 300ms
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+
+	bind := func(keys ...string) (rev uint64) {
+		t.Helper()
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range keys {
+			if rev, err = kv.Put(ctx, key, []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rev
+	}
+	held := func(want map[string]uint64) func() error {
+		return func() error {
+			if got := b.Bucket("pg_bound").Keys(); !maps.Equal(got, want) {
+				return fmt.Errorf("pg_bound holds %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	bind("ace.web.db", "ace.web.cache", "bob.api.db")
+	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"ace.web.db": 1, "ace.web.cache": 2, "bob.api.db": 3}))
+	ace := b.StampOf("ace")
+
+	if err := js.DeleteKeyValue(ctx, "pg_bound"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{}))
+	if b.StampOf("ace") == ace {
+		t.Error("ace's stamp did not change with its keys dropped")
+	}
+	if rev := b.Bucket("pg_bound").Revision(); rev != 0 {
+		t.Errorf("a bucket deleted is at revision %d, want 0", rev)
+	}
+
+	bind("bob.api.db")
+	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"bob.api.db": 1}))
+
+	// Deleted and made again between two checks.
+	if err := js.DeleteKeyValue(ctx, "pg_bound"); err != nil {
+		t.Fatal(err)
+	}
+	bind("carl.db.db")
+	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"carl.db.db": 1}))
 }
