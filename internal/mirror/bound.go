@@ -577,8 +577,11 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			switch {
 			case ctx.Err() != nil:
 				return nil
-			case err != nil:
+			case errors.Is(err, jetstream.ErrStreamNotFound):
 				return err
+			case err != nil:
+				// An election, or a server slow to answer: the watcher
+				// goes on, and the bucket is checked again next time.
 			case !now.Equal(made):
 				return errors.New("the bucket was deleted and made again")
 			}
