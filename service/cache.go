@@ -62,6 +62,22 @@ func (r revisions) same(o revisions) bool {
 		r.collect == o.collect && r.manifests == o.manifests && r.boundStamp == o.boundStamp
 }
 
+// only returns the revisions with those of the providers' buckets named
+// alone: an answer names the buckets its asker reads, no other provider.
+func (r revisions) only(buckets []string) revisions {
+	bound := r.bound
+	r.bound = nil
+	for _, b := range buckets {
+		if rev, ok := bound[b]; ok {
+			if r.bound == nil {
+				r.bound = map[string]uint64{}
+			}
+			r.bound[b] = rev
+		}
+	}
+	return r
+}
+
 // proto returns the revisions as an answer carries them.
 func (r revisions) proto() *provisionerv1.Revisions {
 	return &provisionerv1.Revisions{Registry: r.registry, Needs: r.needs, Applied: r.applied,

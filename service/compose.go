@@ -40,11 +40,15 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 					waits = append(waits, revisionWait{waits[i].bucket, rev})
 				}
 			}
-			// checkCompose checked the buckets' names.
+			unread, buckets := s.boundUnread(in.GetNode())
+			// The node's own providers' buckets only: another's is not
+			// the node's to wait for, nor to learn the revision of.
 			for bucket, rev := range least.GetBound() {
-				waits = append(waits, revisionWait{s.mirror.Bound.Bucket(bucket), rev})
+				if _, own := slices.BinarySearch(buckets, bucket); own {
+					waits = append(waits, revisionWait{s.mirror.Bound.Bucket(bucket), rev})
+				}
 			}
-			return append(waits, s.boundUnread(in.GetNode())...)
+			return append(waits, unread...)
 		},
 		unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
@@ -78,7 +82,7 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 			return out, t, done, nil
 		},
 		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
-			tail := &provisionerv1.ComposeResponse{Revisions: revs.proto(), Phases: phasesOf(t)}
+			tail := &provisionerv1.ComposeResponse{Revisions: revs.only(s.boundBucketsOf(in.GetNode())).proto(), Phases: phasesOf(t)}
 			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)
 			return tail
 		},
@@ -164,6 +168,13 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		Manifests: m.Manifests.Revision(),
 	}
 	sources := sourcesOf(m, applied)
+	if heard := r.boundRead; heard != nil {
+		key := sources.Bound
+		sources.Bound = func(bucket, k string) uint64 {
+			heard(bucket)
+			return key(bucket, k)
+		}
+	}
 	records := make([]*provisionerv1.CollectRecord, 0, len(items))
 	for _, e := range items {
 		if e.Malformed == nil {
@@ -250,6 +261,9 @@ chunks:
 type reading struct {
 	views viewUse
 	arena *compose.Arena
+	// boundRead, if set, hears each providers' bucket the composition
+	// reads a key of.
+	boundRead func(bucket string)
 }
 
 // arenas are the compositions' arenas, reused once their answers are
@@ -325,28 +339,65 @@ func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
 // the registry changed since it last named their buckets, a bucket is
 // still unread, or the copy forgot a bucket (one of the node's, maybe,
 // which it follows again only once named): a reused answer reads no need.
-func (s *Service) boundUnread(node string) []revisionWait {
+func (s *Service) boundUnread(node string) (waits []revisionWait, buckets []string) {
 	m := s.mirror
 	needs, _ := m.Needs.Stamp(node)
 	registry, _ := m.Registry.Stamp("")
 	at := [3]uint64{needs, registry, m.Bound.Forgotten()}
-	if named, ok := s.boundNamed.Load(node); ok && named.([3]uint64) == at && m.Bound.AllLoaded() {
-		return nil
+	if v, ok := s.boundNamed.Load(node); ok {
+		if named := v.(boundNamed); named.at == at && m.Bound.AllLoaded() {
+			return nil, named.buckets
+		}
 	}
-	defer s.boundNamed.Store(node, at)
 	entries, _, _ := m.Needs.Group(node)
-	var waits []revisionWait
-	var lastBucket string
-	for _, e := range entries {
+	buckets = namedBuckets(m, entries)
+	for _, bucket := range buckets {
+		if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
+			waits = append(waits, revisionWait{boundLoaded{bb}, 1})
+		}
+	}
+	s.boundNamed.Store(node, boundNamed{at: at, buckets: buckets})
+	return waits, buckets
+}
+
+// namedBuckets returns the providers' buckets that needs name, sorted.
+func namedBuckets(m *mirror.Mirror, needs []*mirror.Entry[*provisionerv1.NeedRecord]) []string {
+	var buckets []string
+	seen := map[string]bool{}
+	for _, e := range needs {
 		provider := e.Record.GetNeed().GetProvider()
 		if e.Malformed != nil || provider == "" {
 			continue
 		}
-		bucket, ok := m.BoundBucketOf(e.Record.GetKind(), provider)
-		if !ok || bucket == lastBucket {
-			continue
+		if bucket, ok := m.BoundBucketOf(e.Record.GetKind(), provider); ok && !seen[bucket] {
+			seen[bucket] = true
+			buckets = append(buckets, bucket)
 		}
-		lastBucket = bucket
+	}
+	slices.Sort(buckets)
+	return buckets
+}
+
+// boundNamed is what boundUnread last named for a node: the stamps it
+// named them at, and the providers' buckets its needs name, sorted.
+type boundNamed struct {
+	at      [3]uint64
+	buckets []string
+}
+
+// boundBucketsOf returns the providers' buckets node's needs name, as
+// boundUnread last read them (on the request's arrival).
+func (s *Service) boundBucketsOf(node string) []string {
+	if v, ok := s.boundNamed.Load(node); ok {
+		return v.(boundNamed).buckets
+	}
+	return nil
+}
+
+// providerUnread is boundUnread for one provider's buckets (providerBuckets).
+func providerUnread(m *mirror.Mirror, provider string) []revisionWait {
+	var waits []revisionWait
+	for _, bucket := range providerBuckets(m, provider) {
 		if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
 			waits = append(waits, revisionWait{boundLoaded{bb}, 1})
 		}
@@ -354,19 +405,18 @@ func (s *Service) boundUnread(node string) []revisionWait {
 	return waits
 }
 
-// providerUnread is boundUnread for one provider's buckets: one for each
+// providerBuckets returns a provider's buckets, sorted: one for each
 // registry entry that each provider answers.
-func providerUnread(m *mirror.Mirror, provider string) []revisionWait {
-	var waits []revisionWait
+func providerBuckets(m *mirror.Mirror, provider string) []string {
+	var buckets []string
 	entries, _ := m.Registry.All()
 	for _, e := range entries {
-		if bucket, ok := m.BoundBucketOf(e.Key, provider); ok && e.Malformed == nil {
-			if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
-				waits = append(waits, revisionWait{boundLoaded{bb}, 1})
-			}
+		if bucket, ok := m.BoundBucketOf(e.Key, provider); ok && e.Malformed == nil && !slices.Contains(buckets, bucket) {
+			buckets = append(buckets, bucket)
 		}
 	}
-	return waits
+	slices.Sort(buckets)
+	return buckets
 }
 
 // boundLoaded is a wait for the copy of a provider's bucket to be read

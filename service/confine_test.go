@@ -3,12 +3,15 @@ package service_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -16,6 +19,8 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -202,5 +207,94 @@ func TestProvisionsVerb(t *testing.T) {
 	}
 	if _, err := c.Provisions(ctx, &provisionerv1.ProvisionsRequest{}); !errors.Is(err, client.ErrNoProvider) {
 		t.Errorf("no provider: %v, want client.ErrNoProvider", err)
+	}
+}
+
+// An answer names only the providers' buckets its asker reads: a node's
+// composition and its plan digest those its needs name, a provider's
+// provisions its own; another's bucket is neither named (its provider's
+// name, its revision) nor waited for.
+func TestAnswersNameOnlyTheirAskersProvidersBuckets(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc, func(c *service.Config) { c.RevisionWait = 2 * time.Second })
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	go func() { _ = svc.RunPlans(ctx, service.PlansConfig{KV: plans, Interval: 10 * time.Millisecond}) }()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// bind makes provider's bucket and binds key in it.
+	bind := func(provider, key string) uint64 {
+		t.Helper()
+		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket(provider)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev, err := kv.Put(ctx, key, []byte("bound"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	// need writes node's need of provider's db, and composes node once the
+	// provider's key at rev is in.
+	need := func(node, provider string, rev uint64) {
+		t.Helper()
+		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		needs, err := c.PutNeed(ctx, "web", "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: provider})
+		if err != nil {
+			t.Fatal(err)
+		}
+		least := &provisionerv1.Revisions{Needs: needs, Bound: map[string]uint64{wire.BoundBucket(provider): rev}}
+		if _, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: least}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pgRev := bind("pg", "ace.web.db")
+	need("ace", "pg", pgRev)
+	need("novox", "hidden", bind("hidden", "novox.web.db"))
+	want := map[string]uint64{wire.BoundBucket("pg"): pgRev}
+
+	ace := client.New(nc, client.AsNode("ace"))
+	out, err := ace.Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, out.GetRevisions().GetBound()); diff != "" {
+		t.Errorf("ace's composition names providers' buckets (-want +got):\n%s", diff)
+	}
+	// Asked for a revision of another's bucket: not waited for.
+	asked := &provisionerv1.Revisions{Bound: map[string]uint64{wire.BoundBucket("hidden"): 1 << 40}}
+	if out, err := ace.Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: asked}); err != nil {
+		t.Errorf("ace asking for a revision of hidden's bucket: %v", err)
+	} else if diff := cmp.Diff(want, out.GetRevisions().GetBound()); diff != "" {
+		t.Errorf("ace's composition, asked at hidden's bucket, names (-want +got):\n%s", diff)
+	}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		e, err := plans.Get(ctx, "ace")
+		if err != nil {
+			return err
+		}
+		d := &provisionerv1.PlanDigest{}
+		if err := proto.Unmarshal(e.Value(), d); err != nil {
+			return err
+		}
+		if diff := cmp.Diff(want, d.GetRevisions().GetBound()); diff != "" {
+			return fmt.Errorf("ace's plan digest names providers' buckets (-want +got):\n%s", diff)
+		}
+		return nil
+	})
+	provisions, err := client.New(nc).Provisions(ctx, &provisionerv1.ProvisionsRequest{Provider: "pg"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, provisions.GetRevisions().GetBound()); diff != "" {
+		t.Errorf("pg's provisions name providers' buckets (-want +got):\n%s", diff)
 	}
 }

@@ -57,8 +57,8 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 			out, t, werr := provisionsFrom(s.mirror, in, enc, budget)
 			return out, t, nil, werr
 		},
-		tail: func(_ *provisionerv1.ProvisionsRequest, _ timings, revs revisions) *provisionerv1.ProvisionsResponse {
-			return &provisionerv1.ProvisionsResponse{Revisions: revs.proto()}
+		tail: func(in *provisionerv1.ProvisionsRequest, _ timings, revs revisions) *provisionerv1.ProvisionsResponse {
+			return &provisionerv1.ProvisionsResponse{Revisions: revs.only(providerBuckets(s.mirror, in.GetProvider())).proto()}
 		},
 	}
 }

@@ -36,7 +36,8 @@ func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.Compo
 		return nil, werr
 	}
 	t.built = true
-	out.Revisions, out.Phases = revisionsNow(r.mirror).proto(), phasesOf(t)
+	needs, _, _ := r.mirror.Needs.Group(in.GetNode())
+	out.Revisions, out.Phases = revisionsNow(r.mirror).only(namedBuckets(r.mirror, needs)).proto(), phasesOf(t)
 	return out, nil
 }
 

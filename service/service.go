@@ -198,9 +198,8 @@ type Service struct {
 	// warnings.
 	plans        plansStats
 	planFailures rate.Sometimes
-	// boundNamed holds, by node, the stamps of its needs and the registry,
-	// and the count of buckets the copy had forgotten, at which the
-	// providers' buckets it reads were last named (boundUnread).
+	// boundNamed holds, by node, the providers' buckets its needs name
+	// and the stamps they were last named at (boundUnread).
 	boundNamed sync.Map
 	stopOnce   sync.Once
 }
