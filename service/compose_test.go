@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -503,4 +505,35 @@ func TestComposeIsReusedUntilItsNodesProviderKeysChange(t *testing.T) {
 			t.Errorf("after %s: last phase %q, bound at %d; want %q, bound at %d", step.name, phase, bound, step.phase, aceBound)
 		}
 	}
+}
+
+// A provider's bucket over Config.ProviderMaxKeys is not held: the
+// composition reads its provisions as pending and lists it behind.
+func TestComposeHoldsNoProvidersBucketOverItsBound(t *testing.T) {
+	t.Parallel()
+	m := newComposeMesh(t, func(c *service.Config) { c.ProviderMaxKeys = 2 })
+	ctx := context.Background()
+	js, err := jetstream.New(m.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"ace.web.database.ro", "novox.api.db", "zed.api.db"} {
+		put(t, pg, key, []byte("bound"))
+	}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		out := m.compose(t, &provisionerv1.ComposeRequest{Node: "ace"})
+		if !slices.Contains(out.GetBehind(), wire.BoundBucket("pg")) {
+			return fmt.Errorf("behind %v, want pg_bound listed", out.GetBehind())
+		}
+		for _, p := range out.GetProvisions() {
+			if p.GetBoundRevision() != 0 {
+				return fmt.Errorf("%s's provision bound at %d, want pending", p.GetProvider(), p.GetBoundRevision())
+			}
+		}
+		return nil
+	})
 }

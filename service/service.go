@@ -30,7 +30,7 @@ var ErrBucketMissing = mirror.ErrBucketMissing
 
 // Config holds what Start needs. In every field, zero means the default. A
 // negative value means "no limit", and only the fields whose comment says so
-// take one (NodeMaxKeys, NodeMaxBytes): Start refuses a negative value
+// take one (NodeMaxKeys, NodeMaxBytes, ProviderMaxKeys): Start refuses a negative value
 // anywhere else.
 type Config struct {
 	// Conn is the connection the service answers on, and watches the
@@ -83,6 +83,12 @@ type Config struct {
 	// DefaultNodeMaxBytes; negative (NoLimit) means no limit.
 	NodeMaxKeys  int
 	NodeMaxBytes int
+	// ProviderMaxKeys is the most keys the copy holds of one provider's
+	// bucket: one that holds more is not followed, its keys dropped (its
+	// provisions pending) and the bucket listed behind, until it holds
+	// fewer; each provider writes its bucket as it likes. Zero means
+	// DefaultProviderMaxKeys; negative (NoLimit) means no limit.
+	ProviderMaxKeys int
 	// AnswerCacheMaxBytes is the most bytes of encoded answers kept for
 	// reuse; zero means DefaultAnswerCacheMaxBytes. It cannot be lifted.
 	// Half as many again hold nodes' last compositions, a module at a
@@ -124,6 +130,10 @@ const (
 	// 10,000 keys and 4 MiB of values a bucket leave it ample room.
 	DefaultNodeMaxKeys  = 10_000
 	DefaultNodeMaxBytes = 4 << 20
+	// A provider binds a key for each need of it: a million keys is a
+	// mesh of some 100,000 nodes with ten needs of the provider each, and
+	// about 80 MiB of the copy.
+	DefaultProviderMaxKeys = 1_000_000
 	// Enough for the answers of a few thousand nodes asked again and again.
 	DefaultAnswerCacheMaxBytes = 64 << 20
 	// DefaultMaxQueueWait is under the 2s that NATS clients commonly give a
@@ -267,6 +277,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.NodeMaxBytes == 0 {
 		cfg.NodeMaxBytes = DefaultNodeMaxBytes
 	}
+	if cfg.ProviderMaxKeys == 0 {
+		cfg.ProviderMaxKeys = DefaultProviderMaxKeys
+	}
 	if cfg.MaxQueueWait == 0 {
 		cfg.MaxQueueWait = DefaultMaxQueueWait
 	}
@@ -308,6 +321,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
+	s.mirror.Bound.SetMaxKeys(cfg.ProviderMaxKeys)
 	if cfg.boundRetry > 0 || cfg.boundForget > 0 {
 		s.mirror.Bound.SetTimings(cfg.boundRetry, cfg.boundForget)
 	}

@@ -64,6 +64,7 @@ type serveFlags struct {
 	planWatchers     int
 	nodeMaxKeys      int
 	nodeMaxBytes     int
+	providerMaxKeys  int
 	connectRetry     bool
 	maxQueueWait     time.Duration
 	http             string
@@ -90,6 +91,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.planWatchers, "plans-max-watchers", buckets.DefaultMaxPlanWatchers, "most consumers of mesh-provisioner_plans: one a node that watches its plan (nats-server's default would be 1,000)")
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
+	fs.IntVar(&f.providerMaxKeys, "provider-max-keys", service.DefaultProviderMaxKeys, "most keys the server holds of one provider's bucket; one holding more is not followed, its provisions pending, until it holds fewer (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
 	fs.StringVar(&f.page.creds, "http-creds", "", "with --http, credentials of the operator's identity the status page reads the mesh as; with none of the --http-* identity flags the page reads on the answering connection, which the generated server permissions do not let read")
@@ -109,8 +111,8 @@ func defineServe(fs *flag.FlagSet) action {
 		if f.maxValueSize < 1 || f.maxValueSize > 64<<20 || f.bucketMaxBytes < int64(f.maxValueSize) {
 			return fmt.Errorf("--max-value-size %d and --bucket-max-bytes %d: the value size is 1 byte to 64 MiB, and a bucket holds at least one value", f.maxValueSize, f.bucketMaxBytes)
 		}
-		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 {
-			return fmt.Errorf("--node-max-keys and --node-max-bytes must be positive, or -1 for no limit")
+		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 || f.providerMaxKeys == 0 {
+			return fmt.Errorf("--node-max-keys, --node-max-bytes and --provider-max-keys must be positive, or -1 for no limit")
 		}
 		if err := service.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
 			return fmt.Errorf("--reply-prefixes %q: %w", f.replyPrefixes, err)
@@ -367,16 +369,17 @@ func (f *serveFlags) startService(ctx context.Context, conns *serveConns, provis
 	var svc *service.Service
 	err := retryStart(ctx, logger, "start the service", func(sctx context.Context) (err error) {
 		svc, err = service.Start(sctx, service.Config{
-			Conn:         conns.requests,
-			AnswerConn:   conns.answers,
-			LargeConn:    conns.large,
-			WatchConn:    conns.writer,
-			Version:      buildVersion(),
-			Logger:       logger,
-			SlowCompose:  f.slowCompose,
-			RevisionWait: f.revisionWait,
-			NodeMaxKeys:  f.nodeMaxKeys,
-			NodeMaxBytes: f.nodeMaxBytes,
+			Conn:            conns.requests,
+			AnswerConn:      conns.answers,
+			LargeConn:       conns.large,
+			WatchConn:       conns.writer,
+			Version:         buildVersion(),
+			Logger:          logger,
+			SlowCompose:     f.slowCompose,
+			RevisionWait:    f.revisionWait,
+			NodeMaxKeys:     f.nodeMaxKeys,
+			NodeMaxBytes:    f.nodeMaxBytes,
+			ProviderMaxKeys: f.providerMaxKeys,
 			Seat: func() (bool, time.Time, string) {
 				st := provisionerSeat.Status()
 				return st.Held, st.Since, st.Holder

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -77,7 +78,21 @@ type Bound struct {
 	held bool
 	// forgotten counts Run's looks that forgot buckets (Forgotten).
 	forgotten atomic.Uint64
+	// maxKeys is the most keys the copy holds of one bucket (SetMaxKeys);
+	// zero, no limit.
+	maxKeys int
 }
+
+// ErrTooManyKeys says a provider's bucket holds more keys than the copy
+// holds of one (Bound.SetMaxKeys): it is not followed, and reads as
+// failing, until it holds fewer.
+var ErrTooManyKeys = errors.New("the bucket holds more keys than the server holds of one provider's bucket (service.Config.ProviderMaxKeys, serve --provider-max-keys)")
+
+// SetMaxKeys sets, before Run, the most keys the copy holds of one
+// provider's bucket; zero or less, no limit. A provider writes its bucket
+// as it likes: without a bound, every instance would hold every key it
+// writes.
+func (b *Bound) SetMaxKeys(n int) { b.maxKeys = max(n, 0) }
 
 // NewBound returns an empty copy of the providers' buckets.
 func NewBound() *Bound {
@@ -109,9 +124,10 @@ type BoundBucket struct {
 	running, again bool
 	next           time.Time
 	// warned says the last look's failure was logged: once a run of
-	// failures, not every retry. Only the looking goroutine, one at a
-	// time, reads and writes it.
-	warned bool
+	// failures, not every retry; tooMany that the bucket held too many
+	// keys, looked for again less often. Only the looking goroutine, one
+	// at a time, reads and writes them (and Run once it ended).
+	warned, tooMany bool
 }
 
 // SetTimings replaces, before Run, how often a bucket found missing is
@@ -333,17 +349,24 @@ func (bb *BoundBucket) Keys() map[string]uint64 {
 }
 
 // apply takes in one change of the bucket: a put's revision, or a delete.
-func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) {
+// It reports false, taking nothing in, for a put of a new key past the
+// copy's bound (SetMaxKeys).
+func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) bool {
 	bb.mu.Lock()
 	if deleted {
 		delete(bb.keys, key)
 	} else {
+		if _, held := bb.keys[key]; !held && bb.bound.maxKeys > 0 && len(bb.keys) >= bb.bound.maxKeys {
+			bb.mu.Unlock()
+			return false
+		}
 		bb.keys[key] = revision
 	}
 	bb.revision = max(bb.revision, revision)
 	bb.bound.mark(false, key)
 	bb.advance()
 	bb.mu.Unlock()
+	return true
 }
 
 // mark stamps a change once it is in the copy, and before its waiters
@@ -396,15 +419,21 @@ func (bb *BoundBucket) markMissing() {
 }
 
 // markFailing says the bucket cannot be read: its provisions are pending
-// on what it held.
-func (bb *BoundBucket) markFailing() {
+// on what it held, or on nothing if drop is set.
+func (bb *BoundBucket) markFailing(drop bool) {
 	bb.mu.Lock()
 	defer bb.mu.Unlock()
-	if !bb.loaded || !bb.failing {
-		bb.loaded, bb.failing = true, true
-		bb.bound.mark(true)
-		bb.advance()
+	if bb.loaded && bb.failing && (!drop || len(bb.keys) == 0) {
+		return
 	}
+	var dropped []string
+	if drop {
+		dropped = slices.Collect(maps.Keys(bb.keys))
+		bb.keys = map[string]uint64{}
+	}
+	bb.loaded, bb.failing = true, true
+	bb.bound.mark(true, dropped...)
+	bb.advance()
 }
 
 // advance wakes the waiters of a change stamped (Bound.mark); bb.mu is
@@ -488,7 +517,11 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 		case bb := <-b.wants: // named, or a revision of it is waited for
 			start(bb)
 		case bb := <-ended:
-			bb.running, bb.next = false, time.Now().Add(b.retry)
+			wait := b.retry
+			if bb.tooMany { // each look reads as many keys as the bound
+				wait *= boundCheck
+			}
+			bb.running, bb.next = false, time.Now().Add(wait)
 			if bb.again {
 				start(bb)
 			}
@@ -506,13 +539,14 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 // later.
 func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
 	err := bb.watch(ctx, js)
+	bb.tooMany = errors.Is(err, ErrTooManyKeys)
 	switch {
 	case ctx.Err() != nil:
 	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
 		bb.markMissing()
 		bb.warned = false
 	default:
-		bb.markFailing()
+		bb.markFailing(bb.tooMany)
 		if !bb.warned {
 			logger.Warn("cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "error", err)
 			bb.warned = true
@@ -565,10 +599,17 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			case initial != nil:
 				if e.Operation() == jetstream.KeyValuePut {
 					initial[e.Key()] = e.Revision()
+				} else {
+					delete(initial, e.Key()) // a later put of it came before
 				}
 				top = max(top, e.Revision())
+				if limit := bb.bound.maxKeys; limit > 0 && len(initial) > limit {
+					return fmt.Errorf("%w (%d)", ErrTooManyKeys, limit)
+				}
 			default:
-				bb.apply(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut)
+				if !bb.apply(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut) {
+					return fmt.Errorf("%w (%d)", ErrTooManyKeys, bb.bound.maxKeys)
+				}
 			}
 		case <-check.C:
 			checkCtx, cancel := context.WithTimeout(ctx, apiTimeout)

@@ -281,3 +281,61 @@ func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
 	bind("carl.db.db")
 	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"carl.db.db": 1}))
 }
+
+// A provider's bucket that holds more keys than the copy's bound is not
+// held: its keys are dropped (its provisions pending) and it reads as
+// failing, whether it held them when first read or came to; once it holds
+// fewer, it is followed again.
+func TestBoundHoldsNoBucketOverItsBound(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	b.retry = 20 * time.Millisecond // a bucket over the bound looked for every 300ms
+	b.SetMaxKeys(3)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+
+	put := func(kv jetstream.KeyValue, keys ...string) {
+		t.Helper()
+		for _, key := range keys {
+			if _, err := kv.Put(ctx, key, []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// holds waits until bucket holds n keys and is failing or not.
+	holds := func(bucket string, n int, failing bool) {
+		t.Helper()
+		natstest.CheckFor(t, 5*time.Second, func() error {
+			bb := b.Bucket(bucket)
+			if got := len(bb.Keys()); got != n || bb.Behind() != failing {
+				return fmt.Errorf("%s holds %d keys, behind %v; want %d, %v", bucket, got, bb.Behind(), n, failing)
+			}
+			return nil
+		})
+	}
+	pg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(pg, "a.m.p", "b.m.p")
+	holds("pg_bound", 2, false)
+	put(pg, "c.m.p", "d.m.p")
+	holds("pg_bound", 0, true)
+	if err := pg.Delete(ctx, "d.m.p"); err != nil {
+		t.Fatal(err)
+	}
+	holds("pg_bound", 3, false)
+
+	big, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "big_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(big, "a.m.p", "b.m.p", "c.m.p", "d.m.p", "e.m.p")
+	holds("big_bound", 0, true)
+}
