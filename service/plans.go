@@ -222,13 +222,15 @@ func groupsOf(m *mirror.Mirror) int {
 
 // changed returns the nodes whose composition may have changed since mark,
 // in order, and the mark now; every node when all is set, or when the
-// registry or the manifests changed.
+// registry or the manifests changed, or the copy of the providers' buckets
+// no longer knows whose keys changed since mark.
 func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	m := w.s.mirror
 	var next plansMark
 	next.registry, _ = m.Registry.Stamp("")
 	next.manifests, _ = m.Manifests.Stamp("")
-	all = all || next.registry != mark.registry || next.manifests != mark.manifests
+	boundFirsts, boundNow, boundAll := m.Bound.Changed(mark.bound)
+	all = all || next.registry != mark.registry || next.manifests != mark.manifests || boundAll
 	set := map[string]bool{}
 	since := mark
 	if all {
@@ -241,8 +243,8 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	addAll(set, firsts)
 	firsts, next.collect = m.Collect.Changed(since.collect)
 	addAll(set, firsts)
-	firsts, next.bound = m.Bound.Changed(since.bound)
-	for _, first := range firsts {
+	next.bound = boundNow
+	for _, first := range boundFirsts {
 		if w.known(first) { // a provider's key of a node the mesh has
 			set[first] = true
 		}

@@ -40,6 +40,9 @@ const (
 	// after, for whether it was deleted (or made again): a watcher does
 	// not say.
 	boundCheck = 15
+	// boundChangedSlack is how many first tokens of keys no longer held
+	// the copy remembers before it clears them (Bound.floor).
+	boundChangedSlack = 65536
 )
 
 // Bound is the watched copy of the providers' buckets (<provider>_bound):
@@ -64,7 +67,16 @@ type Bound struct {
 	changedMu sync.RWMutex
 	changed   map[string]uint64
 	shared    uint64
-	wants     chan *BoundBucket // buckets named and not yet followed
+	// floor is the generation at which changed was last cleared: every
+	// first token's stamp is at least it, and Changed reports a caller's
+	// mark older than it. changed keeps a first token after its keys are
+	// deleted, and a provider may write keys of any first tokens: past
+	// changedSlack more entries than twice the keys held, it is cleared.
+	floor        uint64
+	changedSlack int
+	// keysHeld counts the keys held, in every bucket.
+	keysHeld atomic.Int64
+	wants    chan *BoundBucket // buckets named and not yet followed
 	// lookups bounds how often buckets are looked for (boundLookups).
 	lookups *rate.Limiter
 	// retry and forget are boundRetry and boundForget, but in tests.
@@ -96,7 +108,7 @@ func (b *Bound) SetMaxKeys(n int) { b.maxKeys = max(n, 0) }
 
 // NewBound returns an empty copy of the providers' buckets.
 func NewBound() *Bound {
-	b := &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{},
+	b := &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{}, changedSlack: boundChangedSlack,
 		lookups: rate.NewLimiter(boundLookups, boundLookupBurst), retry: boundRetry, forget: boundForget}
 	b.now.Store(time.Now().UnixNano())
 	return b
@@ -216,7 +228,7 @@ func (b *Bound) Stamp() uint64 { return b.gen.Load() }
 func (b *Bound) StampOf(first string) uint64 {
 	b.changedMu.RLock()
 	defer b.changedMu.RUnlock()
-	return max(b.shared, b.changed[first])
+	return max(b.shared, b.floor, b.changed[first])
 }
 
 // Revisions returns the revision of each bucket followed that holds any.
@@ -353,12 +365,18 @@ func (bb *BoundBucket) Keys() map[string]uint64 {
 // copy's bound (SetMaxKeys).
 func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) bool {
 	bb.mu.Lock()
-	if deleted {
+	_, held := bb.keys[key]
+	switch {
+	case deleted && held:
 		delete(bb.keys, key)
-	} else {
-		if _, held := bb.keys[key]; !held && bb.bound.maxKeys > 0 && len(bb.keys) >= bb.bound.maxKeys {
-			bb.mu.Unlock()
-			return false
+		bb.bound.keysHeld.Add(-1)
+	case deleted:
+	case !held && bb.bound.maxKeys > 0 && len(bb.keys) >= bb.bound.maxKeys:
+		bb.mu.Unlock()
+		return false
+	default:
+		if !held {
+			bb.bound.keysHeld.Add(1)
 		}
 		bb.keys[key] = revision
 	}
@@ -385,21 +403,28 @@ func (b *Bound) mark(shared bool, keys ...string) {
 		first, _, _ := strings.Cut(key, ".")
 		b.changed[first] = gen
 	}
+	if len(b.changed) > 2*int(b.keysHeld.Load())+b.changedSlack {
+		// Every node's stamp moves to the floor (its answers are built
+		// again once), and the plans writer composes every node once.
+		clear(b.changed)
+		b.floor = gen
+	}
 }
 
 // Changed returns the first tokens (nodes, by the bound entry's key shape)
 // of the keys that changed in any bucket after the copy's stamp gen, and
-// its stamp now.
-func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
+// its stamp now; all says that they may be any, the copy having cleared
+// what it remembered since gen.
+func (b *Bound) Changed(gen uint64) (firsts []string, now uint64, all bool) {
 	b.changedMu.RLock()
 	defer b.changedMu.RUnlock()
-	now = b.gen.Load()
+	now, all = b.gen.Load(), gen < b.floor
 	for first, at := range b.changed {
 		if at > gen {
 			firsts = append(firsts, first)
 		}
 	}
-	return firsts, now
+	return firsts, now, all
 }
 
 // markMissing says the bucket does not exist, or no longer does: it
@@ -413,6 +438,7 @@ func (bb *BoundBucket) markMissing() {
 	}
 	old := bb.keys
 	bb.keys, bb.revision = map[string]uint64{}, 0
+	bb.bound.keysHeld.Add(-int64(len(old)))
 	bb.loaded, bb.failing = true, false
 	bb.bound.mark(true, slices.Collect(maps.Keys(old))...)
 	bb.advance()
@@ -430,6 +456,7 @@ func (bb *BoundBucket) markFailing(drop bool) {
 	if drop {
 		dropped = slices.Collect(maps.Keys(bb.keys))
 		bb.keys = map[string]uint64{}
+		bb.bound.keysHeld.Add(-int64(len(dropped)))
 	}
 	bb.loaded, bb.failing = true, true
 	bb.bound.mark(true, dropped...)
@@ -644,6 +671,7 @@ func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	bb.mu.Lock()
 	old := bb.keys
 	bb.keys = keys
+	bb.bound.keysHeld.Add(int64(len(keys) - len(old)))
 	bb.revision = max(bb.revision, revision)
 	bb.loaded, bb.failing = true, false
 	changed := make([]string, 0, len(keys)+len(old))

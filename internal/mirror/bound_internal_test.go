@@ -237,10 +237,13 @@ func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
 
 	bind := func(keys ...string) (rev uint64) {
 		t.Helper()
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// Made again right after its delete, the stream's store may still
+		// be going: the server says so, and is asked again.
+		var kv jetstream.KeyValue
+		natstest.CheckFor(t, 5*time.Second, func() (err error) {
+			kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+			return err
+		})
 		for _, key := range keys {
 			if rev, err = kv.Put(ctx, key, []byte("v")); err != nil {
 				t.Fatal(err)
@@ -338,4 +341,66 @@ func TestBoundHoldsNoBucketOverItsBound(t *testing.T) {
 	}
 	put(big, "a.m.p", "b.m.p", "c.m.p", "d.m.p", "e.m.p")
 	holds("big_bound", 0, true)
+}
+
+// The first tokens of keys no longer held are not remembered without
+// bound: a provider writing and deleting keys of ever new first tokens
+// makes the copy clear them past changedSlack, every node's stamp moving
+// on (never back) and Changed saying that any node's keys may have changed.
+func TestBoundForgetsTheFirstTokensOfKeysGone(t *testing.T) {
+	t.Parallel()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	b.changedSlack = 4
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, "keep.m.p", []byte("v"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pg := b.Bucket("pg_bound")
+	if !pg.WaitFor(ctx, rev) {
+		t.Fatal("pg_bound not read")
+	}
+	_, mark, _ := b.Changed(0)
+	keep, ace := b.StampOf("keep"), b.StampOf("ace")
+	most := 0
+	for i := range 40 {
+		key := fmt.Sprintf("n%02d.m.p", i)
+		if _, err := kv.Put(ctx, key, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+		if err := kv.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !pg.WaitFor(ctx, st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq) {
+			t.Fatal("pg_bound not read")
+		}
+		b.changedMu.RLock()
+		most = max(most, len(b.changed))
+		b.changedMu.RUnlock()
+	}
+	if limit := 2*1 + b.changedSlack + 1; most > limit {
+		t.Errorf("the copy remembered up to %d first tokens, holding 1 key: want at most %d", most, limit)
+	}
+	if _, _, all := b.Changed(mark); !all {
+		t.Error("Changed since before the tokens were cleared does not say that any node's keys may have changed")
+	}
+	if b.StampOf("keep") <= keep || b.StampOf("ace") <= ace {
+		t.Errorf("stamps keep %d -> %d, ace %d -> %d: want both moved on", keep, b.StampOf("keep"), ace, b.StampOf("ace"))
+	}
 }
