@@ -222,15 +222,13 @@ func groupsOf(m *mirror.Mirror) int {
 
 // changed returns the nodes whose composition may have changed since mark,
 // in order, and the mark now; every node when all is set, or when the
-// registry or the manifests changed, or the copy of the providers' buckets
-// no longer knows whose keys changed since mark.
+// registry or the manifests changed.
 func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	m := w.s.mirror
 	var next plansMark
 	next.registry, _ = m.Registry.Stamp("")
 	next.manifests, _ = m.Manifests.Stamp("")
-	boundFirsts, boundNow, boundAll := m.Bound.Changed(mark.bound)
-	all = all || next.registry != mark.registry || next.manifests != mark.manifests || boundAll
+	all = all || next.registry != mark.registry || next.manifests != mark.manifests
 	set := map[string]bool{}
 	since := mark
 	if all {
@@ -243,8 +241,8 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	addAll(set, firsts)
 	firsts, next.collect = m.Collect.Changed(since.collect)
 	addAll(set, firsts)
-	next.bound = boundNow
-	for _, first := range boundFirsts {
+	firsts, next.bound = m.Bound.Changed(since.bound)
+	for _, first := range firsts {
 		if w.known(first) { // a provider's key of a node the mesh has
 			set[first] = true
 		}

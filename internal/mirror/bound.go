@@ -40,9 +40,6 @@ const (
 	// after, for whether it was deleted (or made again): a watcher does
 	// not say.
 	boundCheck = 15
-	// boundChangedSlack is how many first tokens of keys no longer held
-	// the copy remembers before it clears them (Bound.floor).
-	boundChangedSlack = 65536
 )
 
 // Bound is the watched copy of the providers' buckets (<provider>_bound):
@@ -67,16 +64,13 @@ type Bound struct {
 	changedMu sync.RWMutex
 	changed   map[string]uint64
 	shared    uint64
-	// floor is the generation at which changed was last cleared: every
-	// first token's stamp is at least it, and Changed reports a caller's
-	// mark older than it. changed keeps a first token after its keys are
-	// deleted, and a provider may write keys of any first tokens: past
-	// changedSlack more entries than twice the keys held, it is cleared.
-	floor        uint64
-	changedSlack int
-	// keysHeld counts the keys held, in every bucket.
-	keysHeld atomic.Int64
-	wants    chan *BoundBucket // buckets named and not yet followed
+	// isNode, if set, says whether a first token is a node with needs:
+	// only those are remembered in changed. A provider may write keys of
+	// any first tokens, and the copy would otherwise remember each for
+	// good; a first token with no needs has no composition that reads a
+	// provider's key, and its first need changes its stamps anyway.
+	isNode func(first string) bool
+	wants  chan *BoundBucket // buckets named and not yet followed
 	// lookups bounds how often buckets are looked for (boundLookups).
 	lookups *rate.Limiter
 	// retry and forget are boundRetry and boundForget, but in tests.
@@ -108,7 +102,7 @@ func (b *Bound) SetMaxKeys(n int) { b.maxKeys = max(n, 0) }
 
 // NewBound returns an empty copy of the providers' buckets.
 func NewBound() *Bound {
-	b := &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{}, changedSlack: boundChangedSlack,
+	b := &Bound{buckets: map[string]*BoundBucket{}, wants: make(chan *BoundBucket, 1024), changed: map[string]uint64{},
 		lookups: rate.NewLimiter(boundLookups, boundLookupBurst), retry: boundRetry, forget: boundForget}
 	b.now.Store(time.Now().UnixNano())
 	return b
@@ -221,14 +215,15 @@ func (b *Bound) Key(bucket, key string) uint64 {
 func (b *Bound) Stamp() uint64 { return b.gen.Load() }
 
 // StampOf changes whenever a key whose first token is first changes in any
-// bucket, and whenever a bucket as a whole does (named, found, loaded,
-// failing, read whole again): what a node's composition reads of the copy,
-// since the keys it reads begin with the node (the registry's rule for the
-// providers' buckets). Read it before the keys.
+// bucket while first is a node with needs, and whenever a bucket as a whole
+// does (named, found, loaded, failing, read whole again): what a node's
+// composition reads of the copy, since the keys it reads begin with the
+// node (the registry's rule for the providers' buckets). Read it before
+// the keys.
 func (b *Bound) StampOf(first string) uint64 {
 	b.changedMu.RLock()
 	defer b.changedMu.RUnlock()
-	return max(b.shared, b.floor, b.changed[first])
+	return max(b.shared, b.changed[first])
 }
 
 // Revisions returns the revision of each bucket followed that holds any.
@@ -365,18 +360,12 @@ func (bb *BoundBucket) Keys() map[string]uint64 {
 // copy's bound (SetMaxKeys).
 func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) bool {
 	bb.mu.Lock()
-	_, held := bb.keys[key]
-	switch {
-	case deleted && held:
+	if deleted {
 		delete(bb.keys, key)
-		bb.bound.keysHeld.Add(-1)
-	case deleted:
-	case !held && bb.bound.maxKeys > 0 && len(bb.keys) >= bb.bound.maxKeys:
-		bb.mu.Unlock()
-		return false
-	default:
-		if !held {
-			bb.bound.keysHeld.Add(1)
+	} else {
+		if _, held := bb.keys[key]; !held && bb.bound.maxKeys > 0 && len(bb.keys) >= bb.bound.maxKeys {
+			bb.mu.Unlock()
+			return false
 		}
 		bb.keys[key] = revision
 	}
@@ -391,6 +380,12 @@ func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) bool {
 // wake (a waiter then reads the change's stamp): of keys, by their first
 // tokens, and, if shared, of a bucket as a whole.
 func (b *Bound) mark(shared bool, keys ...string) {
+	firsts := make([]string, 0, len(keys))
+	for _, key := range keys {
+		if first, _, _ := strings.Cut(key, "."); b.isNode == nil || b.isNode(first) {
+			firsts = append(firsts, first)
+		}
+	}
 	b.changedMu.Lock()
 	defer b.changedMu.Unlock()
 	// Counted under the lock with the marks: Changed and StampOf see every
@@ -399,32 +394,24 @@ func (b *Bound) mark(shared bool, keys ...string) {
 	if shared {
 		b.shared = gen
 	}
-	for _, key := range keys {
-		first, _, _ := strings.Cut(key, ".")
+	for _, first := range firsts {
 		b.changed[first] = gen
-	}
-	if len(b.changed) > 2*int(b.keysHeld.Load())+b.changedSlack {
-		// Every node's stamp moves to the floor (its answers are built
-		// again once), and the plans writer composes every node once.
-		clear(b.changed)
-		b.floor = gen
 	}
 }
 
-// Changed returns the first tokens (nodes, by the bound entry's key shape)
-// of the keys that changed in any bucket after the copy's stamp gen, and
-// its stamp now; all says that they may be any, the copy having cleared
-// what it remembered since gen.
-func (b *Bound) Changed(gen uint64) (firsts []string, now uint64, all bool) {
+// Changed returns the first tokens (nodes with needs, by the bound entry's
+// key shape) of the keys that changed in any bucket after the copy's stamp
+// gen, and its stamp now.
+func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
 	b.changedMu.RLock()
 	defer b.changedMu.RUnlock()
-	now, all = b.gen.Load(), gen < b.floor
+	now = b.gen.Load()
 	for first, at := range b.changed {
 		if at > gen {
 			firsts = append(firsts, first)
 		}
 	}
-	return firsts, now, all
+	return firsts, now
 }
 
 // markMissing says the bucket does not exist, or no longer does: it
@@ -438,7 +425,6 @@ func (bb *BoundBucket) markMissing() {
 	}
 	old := bb.keys
 	bb.keys, bb.revision = map[string]uint64{}, 0
-	bb.bound.keysHeld.Add(-int64(len(old)))
 	bb.loaded, bb.failing = true, false
 	bb.bound.mark(true, slices.Collect(maps.Keys(old))...)
 	bb.advance()
@@ -456,7 +442,6 @@ func (bb *BoundBucket) markFailing(drop bool) {
 	if drop {
 		dropped = slices.Collect(maps.Keys(bb.keys))
 		bb.keys = map[string]uint64{}
-		bb.bound.keysHeld.Add(-int64(len(dropped)))
 	}
 	bb.loaded, bb.failing = true, true
 	bb.bound.mark(true, dropped...)
@@ -671,7 +656,6 @@ func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	bb.mu.Lock()
 	old := bb.keys
 	bb.keys = keys
-	bb.bound.keysHeld.Add(int64(len(keys) - len(old)))
 	bb.revision = max(bb.revision, revision)
 	bb.loaded, bb.failing = true, false
 	changed := make([]string, 0, len(keys)+len(old))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +16,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/keys"
 )
 
 // Looks for providers' buckets are bounded across every bucket named: a
@@ -343,18 +346,17 @@ func TestBoundHoldsNoBucketOverItsBound(t *testing.T) {
 	holds("big_bound", 0, true)
 }
 
-// The first tokens of keys no longer held are not remembered without
-// bound: a provider writing and deleting keys of ever new first tokens
-// makes the copy clear them past changedSlack, every node's stamp moving
-// on (never back) and Changed saying that any node's keys may have changed.
-func TestBoundForgetsTheFirstTokensOfKeysGone(t *testing.T) {
+// Only the first tokens of nodes with needs are remembered: a provider
+// writing and deleting keys of ever new first tokens leaves nothing behind,
+// while a node's own keys still move its stamp.
+func TestBoundRemembersTheFirstTokensOfNodesOnly(t *testing.T) {
 	t.Parallel()
 	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := NewBound()
-	b.changedSlack = 4
+	b.isNode = func(first string) bool { return first == "ace" }
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { defer close(done); b.Run(ctx, js, nil) }()
@@ -364,18 +366,13 @@ func TestBoundForgetsTheFirstTokensOfKeysGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev, err := kv.Put(ctx, "keep.m.p", []byte("v"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	pg := b.Bucket("pg_bound")
-	if !pg.WaitFor(ctx, rev) {
+	if !pg.WaitLoaded(ctx) {
 		t.Fatal("pg_bound not read")
 	}
-	_, mark, _ := b.Changed(0)
-	keep, ace := b.StampOf("keep"), b.StampOf("ace")
-	most := 0
-	for i := range 40 {
+	ace := b.StampOf("ace")
+	var rev uint64
+	for i := range 20 {
 		key := fmt.Sprintf("n%02d.m.p", i)
 		if _, err := kv.Put(ctx, key, []byte("v")); err != nil {
 			t.Fatal(err)
@@ -383,24 +380,38 @@ func TestBoundForgetsTheFirstTokensOfKeysGone(t *testing.T) {
 		if err := kv.Delete(ctx, key); err != nil {
 			t.Fatal(err)
 		}
-		st, err := kv.Status(ctx)
-		if err != nil {
-			t.Fatal(err)
+	}
+	if rev, err = kv.Put(ctx, "ace.m.p", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if !pg.WaitFor(ctx, rev) {
+		t.Fatal("pg_bound not read")
+	}
+	b.changedMu.RLock()
+	remembered := slices.Collect(maps.Keys(b.changed))
+	b.changedMu.RUnlock()
+	if !slices.Equal(remembered, []string{"ace"}) {
+		t.Errorf("first tokens remembered: %v, want [ace]", remembered)
+	}
+	if b.StampOf("ace") == ace {
+		t.Error("ace's stamp did not move with its key")
+	}
+}
+
+// A mirror's copy of the providers' buckets takes a node to be one with
+// needs in the mirror.
+func TestMirrorsNodesAreThoseWithNeeds(t *testing.T) {
+	t.Parallel()
+	m, err := Load(&provisionerv1.Capture{Buckets: []*provisionerv1.CapturedBucket{
+		{Bucket: keys.NeedsBucket, Entries: []*provisionerv1.CapturedEntry{{Key: "ace.web.port.http", Revision: 1}}},
+		{Bucket: keys.AppliedBucket, Entries: []*provisionerv1.CapturedEntry{{Key: "bob.web", Revision: 1}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for first, want := range map[string]bool{"ace": true, "bob": false, "zed": false} {
+		if got := m.Bound.isNode(first); got != want {
+			t.Errorf("isNode(%q) = %v, want %v", first, got, want)
 		}
-		if !pg.WaitFor(ctx, st.(*jetstream.KeyValueBucketStatus).StreamInfo().State.LastSeq) {
-			t.Fatal("pg_bound not read")
-		}
-		b.changedMu.RLock()
-		most = max(most, len(b.changed))
-		b.changedMu.RUnlock()
-	}
-	if limit := 2*1 + b.changedSlack + 1; most > limit {
-		t.Errorf("the copy remembered up to %d first tokens, holding 1 key: want at most %d", most, limit)
-	}
-	if _, _, all := b.Changed(mark); !all {
-		t.Error("Changed since before the tokens were cleared does not say that any node's keys may have changed")
-	}
-	if b.StampOf("keep") <= keep || b.StampOf("ace") <= ace {
-		t.Errorf("stamps keep %d -> %d, ace %d -> %d: want both moved on", keep, b.StampOf("keep"), ace, b.StampOf("ace"))
 	}
 }

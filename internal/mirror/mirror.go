@@ -32,13 +32,18 @@ func New() *Mirror {
 	needs.check = checkNeed
 	collect := newCopy(keys.CollectBucket, decodeCollect, collectRecords)
 	collect.check = checkCollect
+	bound := NewBound()
+	bound.isNode = func(first string) bool {
+		st, _ := needs.Stamp(first)
+		return st != 0
+	}
 	return &Mirror{
 		Registry:  registry,
 		Needs:     needs,
 		Applied:   NewCopy(keys.AppliedBucket, decodeApplied),
 		Collect:   collect,
 		Manifests: NewCopy(keys.ManifestsBucket, ms.decode),
-		Bound:     NewBound(),
+		Bound:     bound,
 		manifests: ms,
 	}
 }
