@@ -453,14 +453,7 @@ func TestComposeIsReusedUntilItsNodesProviderKeysChange(t *testing.T) {
 	t.Parallel()
 	m := newComposeMesh(t)
 	ctx := context.Background()
-	js, err := jetstream.New(m.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pg := providerBucket(t, m.nc, "pg")
 	// compose asks for ace once the copy holds the provider's write at rev,
 	// and returns its last phase's name ("reused" or "items") and the
 	// revision its pg provision was bound at.
@@ -512,15 +505,7 @@ func TestComposeIsReusedUntilItsNodesProviderKeysChange(t *testing.T) {
 func TestComposeHoldsNoProvidersBucketOverItsBound(t *testing.T) {
 	t.Parallel()
 	m := newComposeMesh(t, func(c *service.Config) { c.ProviderMaxKeys = 2 })
-	ctx := context.Background()
-	js, err := jetstream.New(m.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pg, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pg := providerBucket(t, m.nc, "pg")
 	for _, key := range []string{"ace.web.database.ro", "novox.api.db", "zed.api.db"} {
 		put(t, pg, key, []byte("bound"))
 	}
@@ -536,4 +521,18 @@ func TestComposeHoldsNoProvidersBucketOverItsBound(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// providerBucket makes provider's bucket, as the provider would.
+func providerBucket(t *testing.T, nc *nats.Conn, provider string) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: wire.BoundBucket(provider)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }

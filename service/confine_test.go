@@ -10,7 +10,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
@@ -222,22 +221,10 @@ func TestAnswersNameOnlyTheirAskersProvidersBuckets(t *testing.T) {
 	svc := servicetest.Start(t, nc, func(c *service.Config) { c.RevisionWait = 2 * time.Second })
 	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
 	go func() { _ = svc.RunPlans(ctx, service.PlansConfig{KV: plans, Interval: 10 * time.Millisecond}) }()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// bind makes provider's bucket and binds key in it.
 	bind := func(provider, key string) uint64 {
 		t.Helper()
-		kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket(provider)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev, err := kv.Put(ctx, key, []byte("bound"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rev
+		return put(t, providerBucket(t, nc, provider), key, []byte("bound"))
 	}
 	// need writes node's need of provider's db, and composes node once the
 	// provider's key at rev is in.

@@ -81,16 +81,9 @@ func TestBoundLooksForBucketsAtABoundedRate(t *testing.T) {
 // forgotten and then named again is looked for anew.
 func TestBoundForgetsBucketsNothingNames(t *testing.T) {
 	t.Parallel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := NewBound()
-	b.retry, b.forget = 20*time.Millisecond, 200*time.Millisecond
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx, js, nil) }()
-	defer func() { cancel(); <-done }()
+	b, _, ctx := runBound(t, func(b *Bound) {
+		b.retry, b.forget = 20*time.Millisecond, 200*time.Millisecond
+	})
 
 	const named = 30
 	for i := range named {
@@ -134,17 +127,10 @@ func TestBoundForgetsBucketsNothingNames(t *testing.T) {
 // goroutine looks for or follows any of them until it is looked for again.
 func TestBoundHoldsNoGoroutineForAMissingBucket(t *testing.T) {
 	// Not parallel: it counts the followers of the whole process.
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := NewBound()
-	b.lookups = rate.NewLimiter(rate.Inf, 0)
-	b.retry = time.Minute // looked for once in this test
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx, js, nil) }()
-	defer func() { cancel(); <-done }()
+	b, _, _ := runBound(t, func(b *Bound) {
+		b.lookups = rate.NewLimiter(rate.Inf, 0)
+		b.retry = time.Minute // looked for once in this test
+	})
 
 	const named = 300
 	for i := range named {
@@ -180,16 +166,9 @@ func followers() int {
 // it: only the bucket its name makes anew is followed.
 func TestBoundFollowsNoBucketItForgot(t *testing.T) {
 	t.Parallel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := NewBound()
-	b.retry, b.forget = 20*time.Millisecond, 100*time.Millisecond
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx, js, nil) }()
-	defer func() { cancel(); <-done }()
+	b, js, ctx := runBound(t, func(b *Bound) {
+		b.retry, b.forget = 20*time.Millisecond, 100*time.Millisecond
+	})
 
 	stale := b.Bucket("late_bound")
 	natstest.CheckFor(t, 10*time.Second, func() error {
@@ -227,16 +206,9 @@ func TestBoundFollowsNoBucketItForgot(t *testing.T) {
 // own first revision.
 func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
 	t.Parallel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := NewBound()
-	b.retry = 20 * time.Millisecond // checked every 300ms
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx, js, nil) }()
-	defer func() { cancel(); <-done }()
+	b, js, ctx := runBound(t, func(b *Bound) {
+		b.retry = 20 * time.Millisecond // checked every 300ms
+	})
 
 	bind := func(keys ...string) (rev uint64) {
 		t.Helper()
@@ -248,6 +220,7 @@ func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
 			return err
 		})
 		for _, key := range keys {
+			var err error
 			if rev, err = kv.Put(ctx, key, []byte("v")); err != nil {
 				t.Fatal(err)
 			}
@@ -294,17 +267,10 @@ func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
 // fewer, it is followed again.
 func TestBoundHoldsNoBucketOverItsBound(t *testing.T) {
 	t.Parallel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := NewBound()
-	b.retry = 20 * time.Millisecond // a bucket over the bound looked for every 300ms
-	b.SetMaxKeys(3)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx, js, nil) }()
-	defer func() { cancel(); <-done }()
+	b, js, ctx := runBound(t, func(b *Bound) {
+		b.retry = 20 * time.Millisecond // a bucket over the bound looked for every 300ms
+		b.SetMaxKeys(3)
+	})
 
 	put := func(kv jetstream.KeyValue, keys ...string) {
 		t.Helper()
@@ -351,16 +317,9 @@ func TestBoundHoldsNoBucketOverItsBound(t *testing.T) {
 // while a node's own keys still move its stamp.
 func TestBoundRemembersTheFirstTokensOfNodesOnly(t *testing.T) {
 	t.Parallel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := NewBound()
-	b.isNode = func(first string) bool { return first == "ace" }
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { defer close(done); b.Run(ctx, js, nil) }()
-	defer func() { cancel(); <-done }()
+	b, js, ctx := runBound(t, func(b *Bound) {
+		b.isNode = func(first string) bool { return first == "ace" }
+	})
 
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
 	if err != nil {
@@ -414,4 +373,23 @@ func TestMirrorsNodesAreThoseWithNeeds(t *testing.T) {
 			t.Errorf("isNode(%q) = %v, want %v", first, got, want)
 		}
 	}
+}
+
+// runBound starts a copy of the providers' buckets, made as configure says,
+// on a server of its own, and stops it when t ends.
+func runBound(t *testing.T, configure func(*Bound)) (*Bound, jetstream.JetStream, context.Context) {
+	t.Helper()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := NewBound()
+	if configure != nil {
+		configure(b)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b, js, ctx
 }

@@ -19,17 +19,7 @@ import (
 // Changed says whose keys changed.
 func TestBoundFollowsAProvidersBucket(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := mirror.NewBound()
-	done := make(chan struct{})
-	go func() { b.Run(ctx, js, nil); close(done) }()
-	defer func() { cancel(); <-done }()
-
+	b, js, ctx := runBound(t)
 	pg := b.Bucket("pg_bound")
 	if !pg.WaitLoaded(ctx) || pg.Behind() || b.Key("pg_bound", "ace.web.db") != 0 {
 		t.Fatalf("a bucket not made yet: loaded %v, behind %v", pg.Loaded(), pg.Behind())
@@ -75,12 +65,7 @@ func TestBoundFollowsAProvidersBucket(t *testing.T) {
 // keys; a wait for a revision returns with the change stamped.
 func TestBoundStampOfFollowsANodesOwnKeys(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, js, ctx := runBound(t)
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
 	if err != nil {
 		t.Fatal(err)
@@ -88,10 +73,6 @@ func TestBoundStampOfFollowsANodesOwnKeys(t *testing.T) {
 	if _, err := kv.Put(ctx, "ace.web.db", []byte("v")); err != nil {
 		t.Fatal(err)
 	}
-	b := mirror.NewBound()
-	done := make(chan struct{})
-	go func() { b.Run(ctx, js, nil); close(done) }()
-	defer func() { cancel(); <-done }()
 	pg := b.Bucket("pg_bound")
 	if !pg.WaitLoaded(ctx) {
 		t.Fatal("pg_bound not loaded")
@@ -143,4 +124,20 @@ func TestBoundStampOfFollowsANodesOwnKeys(t *testing.T) {
 			t.Errorf("%s: stamps %+v -> %+v; changed %+v, want %+v", step.name, before, after, got, step.want)
 		}
 	}
+}
+
+// runBound starts a copy of the providers' buckets on a server of its own,
+// for 20 s at most, and stops it when t ends.
+func runBound(t *testing.T) (*mirror.Bound, jetstream.JetStream, context.Context) {
+	t.Helper()
+	js, err := jetstream.New(natstest.Connect(t, natstest.Start(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := mirror.NewBound()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	done := make(chan struct{})
+	go func() { b.Run(ctx, js, nil); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b, js, ctx
 }
