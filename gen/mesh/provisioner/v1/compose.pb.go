@@ -101,8 +101,10 @@ type Revisions struct {
 	Collect uint64 `protobuf:"varint,4,opt,name=collect,proto3" json:"collect,omitempty"`
 	// Of mesh-provisioner_manifests.
 	Manifests uint64 `protobuf:"varint,5,opt,name=manifests,proto3" json:"manifests,omitempty"`
-	// Of each provider's bucket the server watches, by bucket
-	// (<provider>_bound); a bucket not yet written is left out.
+	// Of each provider's bucket the asker reads, by bucket (<provider>_bound):
+	// in a node's answer and plan digest, those its needs name; in a
+	// provider's, its own. A bucket not yet written is left out. In a
+	// request, only the node's own are waited for.
 	Bound         map[string]uint64 `protobuf:"bytes,6,rep,name=bound,proto3" json:"bound,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

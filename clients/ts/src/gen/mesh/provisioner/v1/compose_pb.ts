@@ -60,8 +60,10 @@ export type Revisions = Message<"mesh.provisioner.v1.Revisions"> & {
   manifests: bigint;
 
   /**
-   * Of each provider's bucket the server watches, by bucket
-   * (<provider>_bound); a bucket not yet written is left out.
+   * Of each provider's bucket the asker reads, by bucket (<provider>_bound):
+   * in a node's answer and plan digest, those its needs name; in a
+   * provider's, its own. A bucket not yet written is left out. In a
+   * request, only the node's own are waited for.
    *
    * @generated from field: map<string, uint64> bound = 6;
    */
