@@ -482,6 +482,11 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 			bb.again = true
 			return
 		}
+		if bb.tooMany && time.Now().Before(bb.next) {
+			// Each look reads as many keys as the bound: not sooner
+			// for a wait.
+			return
+		}
 		// The looks are bounded across every bucket named
 		// (boundLookups): one not allowed now is looked for on a later
 		// tick.

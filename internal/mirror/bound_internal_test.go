@@ -393,3 +393,62 @@ func runBound(t *testing.T, configure func(*Bound)) (*Bound, jetstream.JetStream
 	t.Cleanup(func() { cancel(); <-done })
 	return b, js, ctx
 }
+
+// A bucket over the bound is looked at again no sooner for a wait on it:
+// each look reads as many keys as the bound, and a node may ask again and
+// again.
+func TestBoundLooksAtABucketOverItsBoundNoSoonerForAWait(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Start(t)
+	js, err := jetstream.New(natstest.Connect(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spy := natstest.Connect(t, srv)
+	var looks atomic.Int64
+	if _, err := spy.Subscribe("$JS.API.STREAM.INFO.KV_big_bound", func(*nats.Msg) { looks.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "big_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rev uint64
+	for _, key := range []string{"a.m.p", "b.m.p", "c.m.p"} {
+		if rev, err = kv.Put(t.Context(), key, []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := NewBound()
+	b.SetMaxKeys(2)
+	b.retry = time.Second // looked at again after 15s
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Run(ctx, js, nil) }()
+	defer func() { cancel(); <-done }()
+	big := b.Bucket("big_bound")
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if !big.Loaded() || !big.Behind() {
+			return errors.New("big_bound not found over its bound yet")
+		}
+		return nil
+	})
+	if err := spy.Flush(); err != nil { // the first look's requests are in
+		t.Fatal(err)
+	}
+	first := looks.Load()
+	for range 50 { // a node asking again and again for its revision
+		wait, cancelWait := context.WithTimeout(ctx, 5*time.Millisecond)
+		big.WaitFor(wait, rev)
+		cancelWait()
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if more := looks.Load() - first; more > 0 {
+		t.Errorf("50 waits on a bucket over its bound: looked at %d times more, want none before 15s", more)
+	}
+}
