@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
@@ -33,15 +34,7 @@ func TestBoundLooksForBucketsAtABoundedRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The spy sees the account's JetStream API requests, the copy's too.
-	spy := natstest.Connect(t, srv)
-	var asked atomic.Int64
-	if _, err := spy.Subscribe("$JS.API.STREAM.INFO.>", func(*nats.Msg) { asked.Add(1) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := spy.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	asked := countRequests(t, srv, "$JS.API.STREAM.INFO.>")
 
 	const named, perSecond, burst = 200, 20, 20
 	b := NewBound()
@@ -58,7 +51,7 @@ func TestBoundLooksForBucketsAtABoundedRate(t *testing.T) {
 	time.Sleep(watched)
 	took := time.Since(began)
 	most := burst + int64(perSecond*took.Seconds()) + 1
-	if n := asked.Load(); n > most {
+	if n := asked(); n > most {
 		t.Errorf("%d buckets named, none made: the server was asked about them %d times in %s, more than the %d the bound allows", named, n, took.Round(time.Millisecond), most)
 	} else if n < burst {
 		t.Errorf("the server was asked %d times in %s: the test proves nothing", n, took.Round(time.Millisecond))
@@ -404,14 +397,7 @@ func TestBoundLooksAtABucketOverItsBoundNoSoonerForAWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spy := natstest.Connect(t, srv)
-	var looks atomic.Int64
-	if _, err := spy.Subscribe("$JS.API.STREAM.INFO.KV_big_bound", func(*nats.Msg) { looks.Add(1) }); err != nil {
-		t.Fatal(err)
-	}
-	if err := spy.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	looks := countRequests(t, srv, "$JS.API.STREAM.INFO.KV_big_bound")
 	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: "big_bound"})
 	if err != nil {
 		t.Fatal(err)
@@ -436,19 +422,34 @@ func TestBoundLooksAtABucketOverItsBoundNoSoonerForAWait(t *testing.T) {
 		}
 		return nil
 	})
-	if err := spy.Flush(); err != nil { // the first look's requests are in
-		t.Fatal(err)
-	}
-	first := looks.Load()
+	first := looks()
 	for range 50 { // a node asking again and again for its revision
 		wait, cancelWait := context.WithTimeout(ctx, 5*time.Millisecond)
 		big.WaitFor(wait, rev)
 		cancelWait()
 	}
+	if more := looks() - first; more > 0 {
+		t.Errorf("50 waits on a bucket over its bound: looked at %d times more, want none before 15s", more)
+	}
+}
+
+// countRequests counts the requests on subject that srv's account sends,
+// the copy's too: what it returns flushes first, so that each request sent
+// before it is counted.
+func countRequests(t *testing.T, srv *server.Server, subject string) func() int64 {
+	t.Helper()
+	spy := natstest.Connect(t, srv)
+	var n atomic.Int64
+	if _, err := spy.Subscribe(subject, func(*nats.Msg) { n.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
 	if err := spy.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if more := looks.Load() - first; more > 0 {
-		t.Errorf("50 waits on a bucket over its bound: looked at %d times more, want none before 15s", more)
+	return func() int64 {
+		if err := spy.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return n.Load()
 	}
 }
