@@ -26,29 +26,8 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 		newRequest: func() *provisionerv1.ComposeRequest { return &provisionerv1.ComposeRequest{} },
 		check:      checkCompose,
 		waits: func(in *provisionerv1.ComposeRequest) []revisionWait {
-			least := in.GetMinRevisions()
-			waits := []revisionWait{
-				{s.mirror.Registry, least.GetRegistry()},
-				{s.mirror.Needs, least.GetNeeds()},
-				{s.mirror.Applied, least.GetApplied()},
-				{s.mirror.Collect, least.GetCollect()},
-				{s.mirror.Manifests, least.GetManifests()},
-			}
-			// checkCompose read the token already: it decodes.
-			if t, _ := readToken(in.GetPageToken(), composeDigest(in)); len(t.Revisions) == len(waits) {
-				for i, rev := range t.Revisions {
-					waits = append(waits, revisionWait{waits[i].bucket, rev})
-				}
-			}
 			unread, buckets := s.boundUnread(in.GetNode())
-			// The node's own providers' buckets only: another's is not
-			// the node's to wait for, nor to learn the revision of.
-			for bucket, rev := range least.GetBound() {
-				if _, own := slices.BinarySearch(buckets, bucket); own {
-					waits = append(waits, revisionWait{s.mirror.Bound.Bucket(bucket), rev})
-				}
-			}
-			return append(waits, unread...)
+			return append(composeWaits(s.mirror, in, buckets), unread...)
 		},
 		unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
@@ -72,20 +51,53 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 				bound: s.mirror.Bound.StampOf(in.GetNode()), behind: behindBits(s.mirror)}
 		},
 		encoded: s.composeSections,
-		answer: func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
-			arena, done := pooledArena()
-			out, t, werr := composeFrom(s.mirror, in, enc, budget, reading{views: keepViews, arena: arena})
-			if werr != nil {
-				done()
-				return nil, t, nil, werr
-			}
-			return out, t, done, nil
-		},
+		early:   s.composeEarly,
+		answer:  composeAnswer(s.mirror, keepViews),
 		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
 			tail := &provisionerv1.ComposeResponse{Revisions: revs.only(s.boundBucketsOf(in.GetNode())).proto(), Phases: phasesOf(t)}
 			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)
 			return tail
 		},
+	}
+}
+
+// composeWaits are the revisions a compose request asks m to reach: its
+// min_revisions (of the providers' buckets, only those of its node's,
+// ownBuckets, sorted: another's is not the node's to wait for, nor to
+// learn the revision of) and its page token's.
+func composeWaits(m *mirror.Mirror, in *provisionerv1.ComposeRequest, ownBuckets []string) []revisionWait {
+	least := in.GetMinRevisions()
+	waits := []revisionWait{
+		{m.Registry, least.GetRegistry()},
+		{m.Needs, least.GetNeeds()},
+		{m.Applied, least.GetApplied()},
+		{m.Collect, least.GetCollect()},
+		{m.Manifests, least.GetManifests()},
+	}
+	// checkCompose read the token already: it decodes.
+	if t, _ := readToken(in.GetPageToken(), composeDigest(in)); len(t.Revisions) == len(waits) {
+		for i, rev := range t.Revisions {
+			waits = append(waits, revisionWait{waits[i].bucket, rev})
+		}
+	}
+	for bucket, rev := range least.GetBound() {
+		if _, own := slices.BinarySearch(ownBuckets, bucket); own {
+			waits = append(waits, revisionWait{m.Bound.Bucket(bucket), rev})
+		}
+	}
+	return waits
+}
+
+// composeAnswer answers a compose request from m, in an arena of the pool.
+func composeAnswer(m *mirror.Mirror, views viewUse) func(*provisionerv1.ComposeRequest, encoding, int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
+	return func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
+		arena, done := pooledArena()
+		out, t, werr := composeFrom(m, in, enc, budget, reading{views: views, arena: arena})
+		if werr != nil {
+			done()
+			return nil, t, nil, werr
+		}
+		return out, t, done, nil
 	}
 }
 

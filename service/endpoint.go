@@ -45,6 +45,10 @@ type endpoint[Req, Res proto.Message] struct {
 	// encoded already, as answer would but for how the encoding orders
 	// fields, cheaper (ok), and leaves the others to answer.
 	encoded func(req Req, enc encoding, budget int) (data []byte, t timings, ok bool)
+	// early, if set, answers a checked request while the copy loads (it
+	// is then the instance's whole answer, tail and all), rather than a
+	// 503, once the copy holds the registry and manifests (earlyLoaded).
+	early func(ctx context.Context, req Req, enc encoding) ([]byte, *wire.Error)
 	// tail returns the fields added to every answer as it is sent, reused
 	// or not: the revisions given, and the phases. It depends on nothing
 	// else, so that an answer reused with the same revisions is the same.
@@ -179,7 +183,11 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		}
 	}
 	if !s.mirror.Ready() {
-		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", ")))
+		if ep.early != nil {
+			ep.answerEarly(s, r, in, enc, count, arrived)
+			return
+		}
+		s.refuse(r, enc, count, s.stillLoading())
 		return
 	}
 	if ep.unavailable != nil {
@@ -250,6 +258,43 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 			shed(s.overloaded())
 		}
 	}()
+}
+
+// answerEarly answers a checked request on a worker while the copy loads
+// (early), within RevisionWait, once the copy holds what it reads beside
+// the request's own keys (earlyLoaded).
+func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time) {
+	release := s.admit()
+	if release == nil {
+		s.refuse(r, enc, count, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
+		return
+	}
+	run := func() {
+		ctx, cancel := context.WithTimeout(s.stopping, s.revisionWait)
+		defer cancel()
+		if !s.earlyLoaded(ctx) {
+			s.send(r, enc, count, nil, s.stillLoading())
+			return
+		}
+		if ep.unavailable != nil {
+			if werr := ep.unavailable(in); werr != nil {
+				s.send(r, enc, count, nil, werr)
+				return
+			}
+		}
+		data, werr := ep.early(ctx, in, enc)
+		s.send(r, enc, count, data, werr)
+	}
+	if !s.enqueue(job{queued: arrived, count: count, run: run, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release}) {
+		release()
+		count.queueFull.Add(1)
+		s.refuse(r, enc, count, s.overloaded())
+	}
+}
+
+// stillLoading is the refusal of a request the copy cannot answer yet.
+func (s *Service) stillLoading() *wire.Error {
+	return wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", "))
 }
 
 // job is a checked request waiting in the queue for a worker.

@@ -165,6 +165,9 @@ type Service struct {
 	answer *nats.Conn   // answers and refusals go out on it
 	large  *largeSender // of answers over LargeAnswer bytes
 	mirror *mirror.Mirror
+	// js reads the buckets on the watching connection: a node's keys
+	// alone while the copy loads (composeEarly).
+	js     jetstream.JetStream
 	logger *slog.Logger
 
 	revisionWait time.Duration
@@ -301,6 +304,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		conn:         cfg.Conn,
 		answer:       cmp.Or(cfg.AnswerConn, cfg.Conn),
 		mirror:       mirror.New(),
+		js:           js,
 		logger:       cfg.Logger,
 		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait: cfg.MaxQueueWait,

@@ -6,9 +6,12 @@
 //   - RSS a key: the serving process's resident memory (VmRSS) once its
 //     copy has settled, above the same binary's serving empty buckets;
 //   - start: from exec to the first compose answer at the buckets' last
-//     revisions that equals the one composed from the mesh itself, and the
-//     same messages pulled bare from JetStream (the watchers' consumers
-//     without the service), in the same run;
+//     revisions that equals the one composed from the mesh itself (a lone
+//     instance answers compose from the node's keys read alone while its
+//     copy loads); whole: from exec to the first provisioning answer at
+//     the last revision, which waits for the whole copy; and the same
+//     messages pulled bare from JetStream (the watchers' consumers without
+//     the service), in the same run;
 //   - compose p50/p99 of nodes taken at random, one requester;
 //   - verb throughput at 8 requesters: compose (JSON) and needs by node.
 //
@@ -108,7 +111,7 @@ func main() {
 type figures struct {
 	nodes, keys           int
 	baselineRSS, rss, hwm int64 // bytes
-	start, pull           time.Duration
+	start, whole, pull    time.Duration
 	p50, p99              time.Duration
 	composeRate, needRate float64
 }
@@ -116,6 +119,8 @@ type figures struct {
 func (f figures) rssPerKey() float64 { return float64(f.rss-f.baselineRSS) / float64(f.keys) }
 
 func (f figures) startPerKey() float64 { return float64(f.start.Nanoseconds()) / float64(f.keys) }
+
+func (f figures) wholePerKey() float64 { return float64(f.whole.Nanoseconds()) / float64(f.keys) }
 
 func run(cfg config) error {
 	if _, err := os.Stat(cfg.bin); err != nil {
@@ -141,19 +146,20 @@ func run(cfg config) error {
 	}
 	first, last := all[0], all[len(all)-1]
 	if len(all) > 1 {
-		fmt.Printf("from %d to %d nodes: RSS a key x%.2f, start a key x%.2f (flat is within 15%%: x0.85 to x1.15)\n",
-			first.nodes, last.nodes, last.rssPerKey()/first.rssPerKey(), last.startPerKey()/first.startPerKey())
+		fmt.Printf("from %d to %d nodes: RSS a key x%.2f, copy whole a key x%.2f (flat is within 15%%: x0.85 to x1.15); first answer x%.2f (one node's read: flat in all)\n",
+			first.nodes, last.nodes, last.rssPerKey()/first.rssPerKey(), last.wholePerKey()/first.wholePerKey(), float64(last.start)/float64(first.start))
 	}
 	return nil
 }
 
 func printTable(all []figures) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tkeys\tempty RSS MiB\tRSS MiB\tpeak MiB\tRSS B/key\tstart\tbare pull\tstart/pull\tstart µs/key\tcompose p50\tcompose p99\tcompose req/s\tneeds req/s\t")
+	fmt.Fprintln(w, "nodes\tkeys\tempty RSS MiB\tRSS MiB\tpeak MiB\tRSS B/key\tstart\twhole\tbare pull\tstart/pull\twhole/pull\twhole µs/key\tcompose p50\tcompose p99\tcompose req/s\tneeds req/s\t")
 	for _, f := range all {
-		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t%.0f\t\n",
+		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.0f\t%.0f\t\n",
 			f.nodes, f.keys, mib(f.baselineRSS), mib(f.rss), mib(f.hwm), f.rssPerKey(),
-			f.start.Round(time.Millisecond), f.pull.Round(time.Millisecond), float64(f.start)/float64(f.pull), f.startPerKey()/1e3,
+			f.start.Round(time.Millisecond), f.whole.Round(time.Millisecond), f.pull.Round(time.Millisecond),
+			float64(f.start)/float64(f.pull), float64(f.whole)/float64(f.pull), f.wholePerKey()/1e3,
 			f.p50.Round(time.Microsecond), f.p99.Round(time.Microsecond), f.composeRate, f.needRate)
 	}
 	_ = w.Flush()
@@ -261,6 +267,10 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	f.start = time.Since(srv.started)
+	if err := firstWholeAnswer(nc, node, last); err != nil {
+		return f, err
+	}
+	f.whole = time.Since(srv.started)
 	if f.rss, err = settledRSS(srv.pid(), cfg.settle); err != nil {
 		return f, err
 	}
@@ -364,6 +374,21 @@ func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revision
 		time.Sleep(2 * time.Millisecond)
 	}
 	return fmt.Errorf("no correct answer within 5 minutes: %w", lastErr)
+}
+
+// firstWholeAnswer asks for node's needs at the last revision until they
+// come: the provisioning verb answers from the whole copy only.
+func firstWholeAnswer(nc *nats.Conn, node string, last *provisionerv1.Revisions) error {
+	deadline := time.Now().Add(5 * time.Minute)
+	var err error
+	for time.Now().Before(deadline) {
+		req := &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: node, MinRevision: last.GetNeeds()}
+		if err = request(nc, wire.ProvisioningSubject, wire.ContentTypeProtobuf, req, nil); err == nil {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return fmt.Errorf("no provisioning answer within 5 minutes: %w", err)
 }
 
 func lastRevisions(ctx context.Context, js jetstream.JetStream) (*provisionerv1.Revisions, error) {

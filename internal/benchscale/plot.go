@@ -49,7 +49,8 @@ func writePlot(file string, all []figures) error {
 		return err
 	}
 	start, err := panel("start to a correct answer, a key", "µs a key",
-		"exec to answer", line(func(f figures) float64 { return f.startPerKey() / 1e3 }),
+		"exec to a compose answer", line(func(f figures) float64 { return f.startPerKey() / 1e3 }),
+		"exec to the copy whole", line(func(f figures) float64 { return f.wholePerKey() / 1e3 }),
 		"bare JetStream pull", line(func(f figures) float64 { return float64(f.pull.Nanoseconds()) / float64(f.keys) / 1e3 }))
 	if err != nil {
 		return err

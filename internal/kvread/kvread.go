@@ -17,7 +17,12 @@ var ErrWatcherStopped = errors.New("watcher stopped before the initial values we
 // jetstream.MetaOnly narrow what is read), in the order
 // the watcher delivers them.
 func Live(ctx context.Context, kv jetstream.KeyValue, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
-	w, err := kv.WatchAll(ctx, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
+	return LiveOf(ctx, kv, []string{">"}, opts...)
+}
+
+// LiveOf is Live for the keys that match filters (KV key patterns) only.
+func LiveOf(ctx context.Context, kv jetstream.KeyValue, filters []string, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+	w, err := kv.WatchFiltered(ctx, filters, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -351,14 +351,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	loaded := c.ready.Load() // set under c.mu, once the tails are merged
-	if revision > c.revision {
-		c.revision = revision
-		c.reached.Store(revision)
-		if c.waited.Swap(false) {
-			close(c.advanced)
-			c.advanced = make(chan struct{})
-		}
-	}
+	c.advanceTo(revision)
 	g := c.groups[first]
 	if g == nil {
 		if deleted {
@@ -387,6 +380,19 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		// A node that left leaves nothing behind: its stamp is then the
 		// empty group's, and what is answered of it is the empty answer.
 		delete(c.groups, first)
+	}
+}
+
+// advanceTo moves the copy's revision to revision, if later, and wakes its
+// waiters. c.mu is held.
+func (c *Copy[R]) advanceTo(revision uint64) {
+	if revision > c.revision {
+		c.revision = revision
+		c.reached.Store(revision)
+		if c.waited.Swap(false) {
+			close(c.advanced)
+			c.advanced = make(chan struct{})
+		}
 	}
 }
 

@@ -1,0 +1,135 @@
+package mirror
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/internal/kvread"
+)
+
+// ErrNodeUnread says ReadNode did not read a node: what it reads beside the
+// node's keys is not loaded yet, or the node reads more than a read of its
+// own may (too many providers' buckets, or one over Bound.SetMaxKeys).
+// Its composition waits for the whole copy.
+var ErrNodeUnread = errors.New("the node is not read alone")
+
+// ReadNode reads one node's keys straight from its buckets, for an answer
+// while the copy loads: it returns a mirror that holds the node's needs,
+// applied records and items, each copy at the revision its bucket had when
+// it was read, and the node's keys in each provider's bucket its needs name
+// (at most maxBound buckets), beside m's own registry and manifests, which
+// must be loaded. What it composes for the node is what the whole copy
+// composes at those revisions: the same budgets, the same malformed keys.
+//
+// Each bucket is read by one KV watcher of the node's keys alone, stopped
+// once they are in: a provider's bucket too, whose key shape begins with
+// <node> (registry.Validate). A bucket's revision is read first, so that
+// the keys read are at least as new.
+func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node string, maxBound int) (*Mirror, error) {
+	if !m.Registry.Ready() || !m.Manifests.Ready() {
+		return nil, fmt.Errorf("%w: the copy of the registry or of the manifests is still loading", ErrNodeUnread)
+	}
+	read := New()
+	read.Registry, read.Manifests, read.manifests = m.Registry, m.Manifests, m.manifests
+	read.Bound.held, read.Bound.maxKeys = true, m.Bound.maxKeys
+	var reading errgroup.Group
+	reading.Go(func() error { return readNodeInto(ctx, js, node, m.Needs, read.Needs) })
+	reading.Go(func() error { return readNodeInto(ctx, js, node, m.Applied, read.Applied) })
+	reading.Go(func() error { return readNodeInto(ctx, js, node, m.Collect, read.Collect) })
+	if err := reading.Wait(); err != nil {
+		return nil, err
+	}
+	buckets := read.BoundBuckets()
+	if len(buckets) > maxBound {
+		return nil, fmt.Errorf("%w: its needs name %d providers' buckets, more than the %d read alone", ErrNodeUnread, len(buckets), maxBound)
+	}
+	// At once: a bucket the identity may not read goes unanswered for
+	// apiTimeout, as many as the needs name.
+	var providers errgroup.Group
+	for _, bucket := range buckets {
+		providers.Go(func() error {
+			keys := map[string]uint64{}
+			revision, err := readKeys(ctx, js, bucket, node, true, read.Bound.maxKeys, func(key string, _ []byte, revision uint64) {
+				keys[key] = revision
+			})
+			switch {
+			case errors.Is(err, jetstream.ErrBucketNotFound):
+				// Missing: held empty, as the copy holds a missing bucket.
+			case errors.Is(err, ErrNodeUnread), ctx.Err() != nil:
+				return fmt.Errorf("read %s of node %s: %w", bucket, node, err)
+			case err != nil:
+				// As the copy holds a bucket it fails to read: its
+				// provisions pending, the bucket behind.
+				read.Bound.Bucket(bucket).markFailing(true)
+			default:
+				read.Bound.Bucket(bucket).replace(keys, revision)
+			}
+			return nil
+		})
+	}
+	if err := providers.Wait(); err != nil {
+		return nil, err
+	}
+	return read, nil
+}
+
+// readNodeInto reads node's keys of a provisioning bucket into into, held
+// within from's budget, at the bucket's revision.
+func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, node string, from, into *Copy[R]) error {
+	from.mu.RLock()
+	budget := from.budget
+	from.mu.RUnlock()
+	into.SetBudget(budget, nil)
+	revision, err := readKeys(ctx, js, into.Bucket(), node, false, 0, func(key string, value []byte, revision uint64) {
+		into.Apply(key, value, revision, false)
+	})
+	if err != nil {
+		return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
+	}
+	into.mu.Lock()
+	into.advanceTo(revision)
+	into.mu.Unlock()
+	into.MarkLoaded()
+	return nil
+}
+
+// readKeys reads the live keys of node in bucket, in the order they were
+// written, and returns the bucket's revision read before them: through a
+// KV watcher, as the copy reads a bucket whole, on the identity's grants
+// for it. metaOnly reads no values (as the copy reads a provider's
+// bucket); with maxKeys above zero, a bucket that holds more messages than
+// maxKeys is not read (ErrNodeUnread): the copy may not hold it
+// (Bound.SetMaxKeys).
+func readKeys(ctx context.Context, js jetstream.JetStream, bucket, node string, metaOnly bool, maxKeys int, each func(key string, value []byte, revision uint64)) (uint64, error) {
+	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	kv, err := js.KeyValue(apiCtx, bucket)
+	if err != nil {
+		return 0, err
+	}
+	status, err := kv.Status(apiCtx)
+	if err != nil {
+		return 0, err
+	}
+	state := status.(*jetstream.KeyValueBucketStatus).StreamInfo().State
+	if maxKeys > 0 && state.Msgs > uint64(maxKeys) {
+		return 0, fmt.Errorf("%w: %s holds %d messages, more than the %d keys the copy holds of a provider's bucket", ErrNodeUnread, bucket, state.Msgs, maxKeys)
+	}
+	var opts []jetstream.WatchOpt
+	if metaOnly {
+		opts = append(opts, jetstream.MetaOnly())
+	}
+	live, err := kvread.LiveOf(ctx, kv, []string{node, node + ".>"}, opts...)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range live {
+		each(e.Key(), e.Value(), e.Revision())
+	}
+	return state.LastSeq, nil
+}

@@ -1,0 +1,176 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/synth"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// loadingMesh is a mesh whose service never loads its copy of the needs:
+// its identity may not create the consumer that reads the whole bucket
+// (nats-server refuses it), and may create the consumers that read one
+// node's keys. It answers compose as a lone instance does while it loads.
+type loadingMesh struct {
+	admin   *nats.Conn
+	js      jetstream.JetStream
+	mesh    *synth.Mesh
+	service *service.Service
+}
+
+func newLoadingMesh(t *testing.T, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
+	t.Helper()
+	whole := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(keys.NeedsBucket) + ".*." + wire.KVPrefix(keys.NeedsBucket) + ">"
+	s := natstest.StartWithConfig(t, fmt.Sprintf(`
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: svc, password: svc, permissions: {
+        publish: { allow: [">"], deny: [%q] }
+        subscribe: { allow: [">"] }
+    } }
+  ]
+}`, whole))
+	m := &loadingMesh{admin: natstest.Connect(t, s, nats.UserInfo("admin", "admin"))}
+	m.js, _ = jetstream.New(m.admin)
+	ctx := t.Context()
+	if err := buckets.Ensure(ctx, m.js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := m.js.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
+		t.Fatal(err)
+	}
+	m.mesh = synth.Generate(meshConfig)
+	if err := m.mesh.Write(ctx, m.js, 4, nil); err != nil {
+		t.Fatal(err)
+	}
+	if write != nil {
+		write(m.js)
+	}
+	cfg.Conn = natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	if m.service, err = service.Start(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.service.Stop)
+	return m
+}
+
+// stillLoading fails the test unless the service's copy of the needs is
+// still loading: what it answered, it answered early.
+func (m *loadingMesh) stillLoading(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if err := m.service.WaitReady(ctx); err == nil {
+		t.Fatal("the copy loaded: the test asks a loading copy")
+	}
+}
+
+func TestComposeWhileLoadingAnswersAsTheCopy(t *testing.T) {
+	t.Parallel()
+	need := func(provider string) []byte {
+		return encode(t, &provisionerv1.Need{Provider: provider, Provision: "db9"})
+	}
+	m := newLoadingMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Builds: 50, Bound: 50}, func(js jetstream.JetStream) {
+		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
+		put(t, needs, "odd.web.bound.ok", need("pg"))
+		put(t, needs, "odd.web.bound.garbled", []byte{0xff, 0xff}) // malformed
+		put(t, needs, "ghost.web.bound.db", need("ghost"))         // a provider with no bucket
+	}, service.Config{})
+	// A replay composes at the captured revisions as the copy does.
+	capture, err := mirror.Capture(t.Context(), m.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay, err := service.NewReplay(capture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := []string{"odd", "ghost", "nobody"}
+	for _, n := range m.mesh.Nodes {
+		nodes = append(nodes, n.Name)
+	}
+	for _, node := range nodes {
+		want, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, contentType := range []string{wire.ContentTypeProtobuf, wire.ContentTypeJSON} {
+			body := encode(t, &provisionerv1.ComposeRequest{Node: node})
+			if contentType == wire.ContentTypeJSON {
+				body = []byte(fmt.Sprintf(`{"node":%q}`, node))
+			}
+			got := &provisionerv1.ComposeResponse{}
+			if err := decodeAnswer(rawTo(t, m.admin, wire.ComposeSubject, contentType, body), got); err != nil {
+				t.Fatalf("compose %s while loading, in %s: %v", node, contentType, err)
+			}
+			if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
+				t.Errorf("compose %s while loading, in %s, differs from the copy's at the same revisions (-copy +early):\n%s", node, contentType, diff)
+			}
+		}
+	}
+	m.stillLoading(t)
+}
+
+func TestComposeWhileLoadingRefusesWhatItCannotReadAlone(t *testing.T) {
+	t.Parallel()
+	m := newLoadingMesh(t, synth.Config{Nodes: 1, Modules: 2, Needs: 2}, func(js jetstream.JetStream) {
+		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
+		for i := range 40 { // more providers' buckets than a node read alone may name
+			put(t, needs, fmt.Sprintf("wide.web.bound.b%d", i), encode(t, &provisionerv1.Need{Provider: fmt.Sprintf("p%d", i), Provision: "db"}))
+			put(t, needs, fmt.Sprintf("big.web.port.p%d", i), encode(t, &provisionerv1.Need{}))
+		}
+	}, service.Config{NodeMaxKeys: 35})
+	ask := client.New(m.admin)
+	// A node read alone is held within its budget, as the copy holds it.
+	big, err := ask.Compose(t.Context(), &provisionerv1.ComposeRequest{Node: "big"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	over := 0
+	for _, r := range big.GetRefusals() {
+		if strings.Contains(r.GetDetail(), "over its budget of 35 keys") {
+			over++
+		}
+	}
+	if over != 5 {
+		t.Errorf("compose big while loading refuses %d needs as over its budget, want the 5 of 40 over 35:\n%v", over, big.GetRefusals())
+	}
+	for _, tc := range []struct {
+		name string
+		req  *provisionerv1.ComposeRequest
+		want string
+	}{
+		{"too many providers' buckets", &provisionerv1.ComposeRequest{Node: "wide"}, "could not read node wide alone"},
+		{"a revision after the read", &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[0].Name, MinRevisions: &provisionerv1.Revisions{Needs: 1 << 40}}, "behind the 1099511627776 asked for"},
+	} {
+		_, err := ask.Compose(t.Context(), tc.req)
+		var werr *wire.Error
+		if !errors.As(err, &werr) || werr.Code() != wire.CodeUnavailable || !strings.Contains(werr.Sentence(), tc.want) || !strings.Contains(werr.Sentence(), "still loading") {
+			t.Errorf("%s: compose while loading = %v, want a 503 that says the copy is still loading and %q", tc.name, err, tc.want)
+		}
+	}
+	m.stillLoading(t)
+}
