@@ -5,14 +5,17 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// An instance alone on the bus answers compose before its copy is whole:
-// it reads the asking node's keys alone (mirror.ReadNode) and composes
-// them as the copy would at the revisions it read. A large mesh takes a
+// An instance alone on the bus answers a node before its copy is whole:
+// it reads the asking node's keys alone (mirror.ReadNode) and answers
+// compose, or the node's own records, as the copy would at the revisions
+// it read; the registry and the manifests, loaded first, from its copy. A large mesh takes a
 // second or more to load, during which a restarted instance would
 // otherwise answer every node 503. An instance that joins others takes no
 // request before its copy is whole (Start), so it never reads this way.
@@ -42,7 +45,10 @@ func (s *Service) earlyLoaded(ctx context.Context) bool {
 // fails, gets the 503 of a loading copy, with why.
 func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeRequest, enc encoding) ([]byte, *wire.Error) {
 	start := time.Now()
-	m, err := s.mirror.ReadNode(ctx, s.js, in.GetNode(), earlyMaxBound)
+	m, err := s.mirror.ReadNode(ctx, s.js, in.GetNode())
+	if err == nil {
+		err = m.ReadNodeBound(ctx, s.js, in.GetNode(), earlyMaxBound)
+	}
 	read := time.Since(start)
 	if err != nil {
 		// Logged as every 503 is, with its sentence (logFailure).
@@ -60,18 +66,55 @@ func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeReq
 				strings.Join(s.mirror.Loading(), ", "), in.GetNode(), w.bucket.Revision(), w.bucket.Bucket(), w.revision)
 		}
 	}
-	ep := endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
+	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
 		name:   wire.ComposeEndpoint,
 		answer: composeAnswer(m, dropViews),
 		tail: func(_ *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
 			return &provisionerv1.ComposeResponse{Revisions: revs.only(buckets).proto(), Phases: phasesOf(t)}
 		},
+	})
+}
+
+// provisioningEarly answers a provisioning request while the copy loads:
+// the registry and the manifests from their copies, loaded already; a
+// node's needs, applied records or items from its keys read alone. What
+// spans every node waits for the whole copy.
+func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.ProvisioningRequest, enc encoding) ([]byte, *wire.Error) {
+	m, read := s.mirror, time.Duration(0)
+	switch what := whatOf(in); {
+	case what == provisionerv1.What_WHAT_REGISTRY || what == provisionerv1.What_WHAT_MANIFESTS:
+	case in.GetNode() == "":
+		return nil, s.stillLoading()
+	default:
+		start := time.Now()
+		var err error
+		if m, err = s.mirror.ReadNode(ctx, s.js, in.GetNode()); err != nil {
+			return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s and could not read node %s alone (%v); ask again shortly",
+				strings.Join(s.mirror.Loading(), ", "), in.GetNode(), err)
+		}
+		read = time.Since(start)
 	}
+	for _, w := range provisioningWaits(m, in) {
+		if w.bucket.Revision() < w.revision {
+			return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and what it read for node %s is at revision %d of %s, behind the %d asked for; ask again shortly",
+				strings.Join(s.mirror.Loading(), ", "), in.GetNode(), w.bucket.Revision(), w.bucket.Bucket(), w.revision)
+		}
+	}
+	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
+		name:   wire.ProvisioningEndpoint,
+		answer: provisioningAnswer(m),
+		tail:   provisioningTail,
+	})
+}
+
+// answerFrom answers a request early as ep, whose answer and tail read m,
+// builds and encodes it, with nothing kept: read is how long reading m
+// took, the answer's read phase.
+func answerFrom[Req, Res proto.Message](s *Service, m *mirror.Mirror, in Req, enc encoding, read time.Duration, ep endpoint[Req, Res]) ([]byte, *wire.Error) {
 	data, t, werr := ep.build(s, in, enc)
 	if werr != nil {
 		return nil, werr
 	}
-	// The read of the node's keys is the answer's read phase too.
 	t.read, t.built = t.read+read, true
 	return ep.withTail(s, in, enc, data, t, revisionsNow(m))
 }

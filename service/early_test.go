@@ -26,9 +26,9 @@ import (
 )
 
 // loadingMesh is a mesh whose service never loads its copy of the needs:
-// its identity may not create the consumer that reads the whole bucket
-// (nats-server refuses it), and may create the consumers that read one
-// node's keys. It answers compose as a lone instance does while it loads.
+// its identity may not pull from the consumer that reads the whole bucket
+// (nats-server refuses it), and may watch one node's keys. It answers as
+// a lone instance does while it loads.
 type loadingMesh struct {
 	admin   *nats.Conn
 	js      jetstream.JetStream
@@ -38,7 +38,7 @@ type loadingMesh struct {
 
 func newLoadingMesh(t *testing.T, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
 	t.Helper()
-	whole := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(keys.NeedsBucket) + ".*." + wire.KVPrefix(keys.NeedsBucket) + ">"
+	whole := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamOf(keys.NeedsBucket) + ".>"
 	s := natstest.StartWithConfig(t, fmt.Sprintf(`
 authorization {
   users = [
@@ -88,7 +88,7 @@ func (m *loadingMesh) stillLoading(t *testing.T) {
 	}
 }
 
-func TestComposeWhileLoadingAnswersAsTheCopy(t *testing.T) {
+func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 	t.Parallel()
 	need := func(provider string) []byte {
 		return encode(t, &provisionerv1.Need{Provider: provider, Provision: "db9"})
@@ -97,6 +97,7 @@ func TestComposeWhileLoadingAnswersAsTheCopy(t *testing.T) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
 		put(t, needs, "odd.web.bound.ok", need("pg"))
 		put(t, needs, "odd.web.bound.garbled", []byte{0xff, 0xff}) // malformed
+		put(t, needs, "odd", need("pg"))                           // malformed: the node's name alone
 		put(t, needs, "ghost.web.bound.db", need("ghost"))         // a provider with no bucket
 	}, service.Config{})
 	// A replay composes at the captured revisions as the copy does.
@@ -131,10 +132,30 @@ func TestComposeWhileLoadingAnswersAsTheCopy(t *testing.T) {
 			}
 		}
 	}
+	ask := client.New(m.admin)
+	provisioning := []*provisionerv1.ProvisioningRequest{{What: provisionerv1.What_WHAT_REGISTRY}, {What: provisionerv1.What_WHAT_MANIFESTS}}
+	for _, node := range nodes {
+		for _, what := range []provisionerv1.What{provisionerv1.What_WHAT_NEEDS, provisionerv1.What_WHAT_APPLIED, provisionerv1.What_WHAT_COLLECT} {
+			provisioning = append(provisioning, &provisionerv1.ProvisioningRequest{What: what, Node: node})
+		}
+	}
+	for _, req := range provisioning {
+		want, err := replay.Provisioning(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ask.Provisioning(t.Context(), req)
+		if err != nil {
+			t.Fatalf("provisioning %v while loading: %v", req, err)
+		}
+		if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
+			t.Errorf("provisioning %v while loading differs from the copy's at the same revision (-copy +early):\n%s", req, diff)
+		}
+	}
 	m.stillLoading(t)
 }
 
-func TestComposeWhileLoadingRefusesWhatItCannotReadAlone(t *testing.T) {
+func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 	t.Parallel()
 	m := newLoadingMesh(t, synth.Config{Nodes: 1, Modules: 2, Needs: 2}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
@@ -167,10 +188,28 @@ func TestComposeWhileLoadingRefusesWhatItCannotReadAlone(t *testing.T) {
 		{"a revision after the read", &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[0].Name, MinRevisions: &provisionerv1.Revisions{Needs: 1 << 40}}, "behind the 1099511627776 asked for"},
 	} {
 		_, err := ask.Compose(t.Context(), tc.req)
-		var werr *wire.Error
-		if !errors.As(err, &werr) || werr.Code() != wire.CodeUnavailable || !strings.Contains(werr.Sentence(), tc.want) || !strings.Contains(werr.Sentence(), "still loading") {
-			t.Errorf("%s: compose while loading = %v, want a 503 that says the copy is still loading and %q", tc.name, err, tc.want)
-		}
+		checkStillLoading(t, "compose: "+tc.name, err, tc.want)
+	}
+	for _, tc := range []struct {
+		name string
+		req  *provisionerv1.ProvisioningRequest
+		want string
+	}{
+		{"every node's needs", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS}, "ask again shortly"},
+		{"a revision after the read", &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "big", MinRevision: 1 << 40}, "behind the 1099511627776 asked for"},
+	} {
+		_, err := ask.Provisioning(t.Context(), tc.req)
+		checkStillLoading(t, "provisioning: "+tc.name, err, tc.want)
 	}
 	m.stillLoading(t)
+}
+
+// checkStillLoading fails the test unless err is the 503 of a loading copy
+// that says want.
+func checkStillLoading(t *testing.T, name string, err error, want string) {
+	t.Helper()
+	var werr *wire.Error
+	if !errors.As(err, &werr) || werr.Code() != wire.CodeUnavailable || !strings.Contains(werr.Sentence(), want) || !strings.Contains(werr.Sentence(), "still loading") {
+		t.Errorf("%s while loading = %v, want a 503 that says the copy is still loading and %q", name, err, want)
+	}
 }

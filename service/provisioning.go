@@ -22,13 +22,7 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
 		check:      checkProvisioning,
 		waits: func(in *provisionerv1.ProvisioningRequest) []revisionWait {
-			c := copyOf(s.mirror, whatOf(in))
-			waits := []revisionWait{{c, in.GetMinRevision()}}
-			// checkProvisioning read the token already: it decodes.
-			if t, _ := readToken(in.GetPageToken(), provisioningDigest(in)); len(t.Revisions) == 1 {
-				waits = append(waits, revisionWait{c, t.Revisions[0]})
-			}
-			return waits
+			return provisioningWaits(s.mirror, in)
 		},
 		keyOf: func(in *provisionerv1.ProvisioningRequest) string {
 			least := in.GetMinRevision()
@@ -53,14 +47,36 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 			}
 			return read
 		},
-		answer: func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
-			start := time.Now()
-			out, werr := provisioningFrom(s.mirror, in, enc, budget)
-			return out, timings{read: time.Since(start)}, nil, werr
-		},
-		tail: func(in *provisionerv1.ProvisioningRequest, _ timings, revs revisions) *provisionerv1.ProvisioningResponse {
-			return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, whatOf(in))}
-		},
+		answer: provisioningAnswer(s.mirror),
+		early:  s.provisioningEarly,
+		tail:   provisioningTail,
+	}
+}
+
+// provisioningWaits are the revisions a provisioning request asks m to
+// reach: its min_revision and its page token's, of the bucket it reads.
+func provisioningWaits(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest) []revisionWait {
+	c := copyOf(m, whatOf(in))
+	waits := []revisionWait{{c, in.GetMinRevision()}}
+	// checkProvisioning read the token already: it decodes.
+	if t, _ := readToken(in.GetPageToken(), provisioningDigest(in)); len(t.Revisions) == 1 {
+		waits = append(waits, revisionWait{c, t.Revisions[0]})
+	}
+	return waits
+}
+
+// provisioningTail is the tail of a provisioning answer: the revision of
+// the bucket it read.
+func provisioningTail(in *provisionerv1.ProvisioningRequest, _ timings, revs revisions) *provisionerv1.ProvisioningResponse {
+	return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, whatOf(in))}
+}
+
+// provisioningAnswer answers a provisioning request from m.
+func provisioningAnswer(m *mirror.Mirror) func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
+	return func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
+		start := time.Now()
+		out, werr := provisioningFrom(m, in, enc, budget)
+		return out, timings{read: time.Since(start)}, nil, werr
 	}
 }
 

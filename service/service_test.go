@@ -594,7 +594,9 @@ authorization {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{})
+	// Every node's needs wait for the whole copy (a node's own are read
+	// alone meanwhile: TestVerbsWhileLoadingAnswerAsTheCopy).
+	_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS})
 	var serr *wire.Error
 	if !errors.As(err, &serr) || serr.Code() != wire.CodeUnavailable {
 		t.Fatalf("Provisioning before load = %v, want a 503", err)

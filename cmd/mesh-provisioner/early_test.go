@@ -18,7 +18,7 @@ import (
 )
 
 // TestTheWriterReadsANodeAloneWithItsGrants: what a lone instance reads to
-// answer a node while its copy loads (mirror.ReadNode), the server's
+// answer a node while its copy loads (mirror.ReadNode, ReadNodeBound), the server's
 // writing identity reads with exactly the grants `permissions
 // --server-writer --providers pg` prints, on a real authorizing
 // nats-server: the node's keys in the three state buckets, and in pg's
@@ -78,7 +78,10 @@ func TestTheWriterReadsANodeAloneWithItsGrants(t *testing.T) {
 		}
 	}
 
-	read, err := copied.ReadNode(ctx, writer.js, "ace", 32)
+	read, err := copied.ReadNode(ctx, writer.js, "ace")
+	if err == nil {
+		err = read.ReadNodeBound(ctx, writer.js, "ace", 16)
+	}
 	if err != nil {
 		t.Fatalf("the writer reads ace alone: %v (violations %v)", err, writer.violations)
 	}

@@ -7,9 +7,9 @@
 //     copy has settled, above the same binary's serving empty buckets;
 //   - start: from exec to the first compose answer at the buckets' last
 //     revisions that equals the one composed from the mesh itself (a lone
-//     instance answers compose from the node's keys read alone while its
-//     copy loads); whole: from exec to the first provisioning answer at
-//     the last revision, which waits for the whole copy; and the same
+//     instance answers a node from its keys read alone while its copy
+//     loads); whole: from exec to the first answer of every node's needs
+//     at the last revision, which waits for the whole copy; and the same
 //     messages pulled bare from JetStream (the watchers' consumers without
 //     the service), in the same run;
 //   - compose p50/p99 of nodes taken at random, one requester;
@@ -267,7 +267,7 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	f.start = time.Since(srv.started)
-	if err := firstWholeAnswer(nc, node, last); err != nil {
+	if err := firstWholeAnswer(nc, last); err != nil {
 		return f, err
 	}
 	f.whole = time.Since(srv.started)
@@ -376,13 +376,14 @@ func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revision
 	return fmt.Errorf("no correct answer within 5 minutes: %w", lastErr)
 }
 
-// firstWholeAnswer asks for node's needs at the last revision until they
-// come: the provisioning verb answers from the whole copy only.
-func firstWholeAnswer(nc *nats.Conn, node string, last *provisionerv1.Revisions) error {
+// firstWholeAnswer asks for the first need of every node's at the last
+// revision until it comes: what spans every node is answered from the
+// whole copy only.
+func firstWholeAnswer(nc *nats.Conn, last *provisionerv1.Revisions) error {
 	deadline := time.Now().Add(5 * time.Minute)
 	var err error
 	for time.Now().Before(deadline) {
-		req := &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: node, MinRevision: last.GetNeeds()}
+		req := &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last.GetNeeds(), PageSize: 1}
 		if err = request(nc, wire.ProvisioningSubject, wire.ContentTypeProtobuf, req, nil); err == nil {
 			return nil
 		}

@@ -17,12 +17,15 @@ var ErrWatcherStopped = errors.New("watcher stopped before the initial values we
 // jetstream.MetaOnly narrow what is read), in the order
 // the watcher delivers them.
 func Live(ctx context.Context, kv jetstream.KeyValue, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
-	return LiveOf(ctx, kv, []string{">"}, opts...)
+	return LiveOf(ctx, kv, ">", opts...)
 }
 
-// LiveOf is Live for the keys that match filters (KV key patterns) only.
-func LiveOf(ctx context.Context, kv jetstream.KeyValue, filters []string, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
-	w, err := kv.WatchFiltered(ctx, filters, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
+// LiveOf is Live for the keys that match filter (a KV key pattern) only.
+// It takes one filter: nats-server makes a watcher of several filters
+// count what it has pending across the whole stream (on 3 million keys,
+// 517 ms to read 300 keys through [k, k.>] against 5 ms through k.>).
+func LiveOf(ctx context.Context, kv jetstream.KeyValue, filter string, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+	w, err := kv.Watch(ctx, filter, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,9 +1,11 @@
 package mirror
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -21,16 +23,15 @@ var ErrNodeUnread = errors.New("the node is not read alone")
 // ReadNode reads one node's keys straight from its buckets, for an answer
 // while the copy loads: it returns a mirror that holds the node's needs,
 // applied records and items, each copy at the revision its bucket had when
-// it was read, and the node's keys in each provider's bucket its needs name
-// (at most maxBound buckets), beside m's own registry and manifests, which
-// must be loaded. What it composes for the node is what the whole copy
-// composes at those revisions: the same budgets, the same malformed keys.
+// it was read, beside m's own registry and manifests, which must be loaded,
+// and no provider's bucket (ReadNodeBound reads those). What it answers of
+// the node is what the whole copy answers at those revisions: the same
+// budgets, the same malformed keys.
 //
-// Each bucket is read by one KV watcher of the node's keys alone, stopped
-// once they are in: a provider's bucket too, whose key shape begins with
-// <node> (registry.Validate). A bucket's revision is read first, so that
-// the keys read are at least as new.
-func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node string, maxBound int) (*Mirror, error) {
+// Each bucket is read by KV watchers of the node's keys alone, stopped once
+// they are in. A bucket's revision is read first, so that the keys read are
+// at least as new.
+func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node string) (*Mirror, error) {
 	if !m.Registry.Ready() || !m.Manifests.Ready() {
 		return nil, fmt.Errorf("%w: the copy of the registry or of the manifests is still loading", ErrNodeUnread)
 	}
@@ -44,9 +45,17 @@ func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node stri
 	if err := reading.Wait(); err != nil {
 		return nil, err
 	}
-	buckets := read.BoundBuckets()
+	return read, nil
+}
+
+// ReadNodeBound reads, into a mirror ReadNode returned, node's keys in the
+// bucket of each provider its needs name, at most maxBound buckets, as
+// ReadNode reads the state buckets: a provider's bucket's key shape begins
+// with <node> (registry.Validate).
+func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node string, maxBound int) error {
+	buckets := m.BoundBuckets()
 	if len(buckets) > maxBound {
-		return nil, fmt.Errorf("%w: its needs name %d providers' buckets, more than the %d read alone", ErrNodeUnread, len(buckets), maxBound)
+		return fmt.Errorf("%w: its needs name %d providers' buckets, more than the %d read alone", ErrNodeUnread, len(buckets), maxBound)
 	}
 	// At once: a bucket the identity may not read goes unanswered for
 	// apiTimeout, as many as the needs name.
@@ -54,7 +63,7 @@ func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node stri
 	for _, bucket := range buckets {
 		providers.Go(func() error {
 			keys := map[string]uint64{}
-			revision, err := readKeys(ctx, js, bucket, node, true, read.Bound.maxKeys, func(key string, _ []byte, revision uint64) {
+			revision, err := readKeys(ctx, js, bucket, node, true, m.Bound.maxKeys, func(key string, _ []byte, revision uint64) {
 				keys[key] = revision
 			})
 			switch {
@@ -65,17 +74,14 @@ func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node stri
 			case err != nil:
 				// As the copy holds a bucket it fails to read: its
 				// provisions pending, the bucket behind.
-				read.Bound.Bucket(bucket).markFailing(true)
+				m.Bound.Bucket(bucket).markFailing(true)
 			default:
-				read.Bound.Bucket(bucket).replace(keys, revision)
+				m.Bound.Bucket(bucket).replace(keys, revision)
 			}
 			return nil
 		})
 	}
-	if err := providers.Wait(); err != nil {
-		return nil, err
-	}
-	return read, nil
+	return providers.Wait()
 }
 
 // readNodeInto reads node's keys of a provisioning bucket into into, held
@@ -124,10 +130,19 @@ func readKeys(ctx context.Context, js jetstream.JetStream, bucket, node string, 
 	if metaOnly {
 		opts = append(opts, jetstream.MetaOnly())
 	}
-	live, err := kvread.LiveOf(ctx, kv, []string{node, node + ".>"}, opts...)
-	if err != nil {
-		return 0, err
+	// The node's keys, and a key that is the node's name alone (malformed,
+	// listed with the node's), each through a watcher of one filter
+	// (kvread.LiveOf), taken in the order they were written, as the copy
+	// takes them: a node over its budget holds the same keys.
+	var live []jetstream.KeyValueEntry
+	for _, filter := range []string{node + ".>", node} {
+		entries, err := kvread.LiveOf(ctx, kv, filter, opts...)
+		if err != nil {
+			return 0, err
+		}
+		live = append(live, entries...)
 	}
+	slices.SortFunc(live, func(a, b jetstream.KeyValueEntry) int { return cmp.Compare(a.Revision(), b.Revision()) })
 	for _, e := range live {
 		each(e.Key(), e.Value(), e.Revision())
 	}
