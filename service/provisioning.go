@@ -218,15 +218,16 @@ const pageOverhead = 512
 // while they fit. It returns the page's records and malformed keys, the
 // last key of the page when more entries follow.
 func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep func(R) bool, keepMalformed func([]string) bool) (records []R, malformed []*provisionerv1.MalformedKey, next string, werr *wire.Error) {
-	var entries []*mirror.Entry[R]
+	// Every group's, decoded as the page reaches it; or one group's, whose
+	// view is kept for the reads that follow.
+	entries := c.After(after)
 	if first != "" {
-		entries, _, _ = c.Group(first)
-	} else {
-		entries, _ = c.All()
+		group, _, _ := c.Group(first)
+		start := sort.Search(len(group), func(i int) bool { return group[i].Key > after })
+		entries = slices.Values(group[start:])
 	}
-	start := sort.Search(len(entries), func(i int) bool { return entries[i].Key > after })
 	last := ""
-	for _, e := range entries[start:] {
+	for e := range entries {
 		var item proto.Message
 		switch {
 		case e.Malformed != nil && (keepMalformed == nil || keepMalformed(e.Tokens())):

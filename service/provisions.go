@@ -1,7 +1,6 @@
 package service
 
 import (
-	"sort"
 	"time"
 
 	"github.com/novox/mesh-provisioner/compose"
@@ -100,33 +99,29 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc e
 		return nil, timings{}, werr
 	}
 	start := time.Now()
-	revs := &provisionerv1.Revisions{Registry: m.Registry.Revision()}
-	var needs []*mirror.Entry[*provisionerv1.NeedRecord]
-	needs, revs.Needs = m.Needs.All()
-	needs = needs[sort.Search(len(needs), func(i int) bool { return needs[i].Key > token.After }):]
-	read := time.Since(start)
-
+	// Read before the needs: they are at least as new. Each node's needs
+	// are decoded as the page reaches them, not every node's at once.
+	revs := &provisionerv1.Revisions{Registry: m.Registry.Revision(), Needs: m.Needs.Revision()}
 	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider()}
 	find := compose.NewProvisionsOf(in.GetProvider(), sourcesOf(m, nil))
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
-	for i, e := range needs {
-		if e.Malformed != nil {
-			continue
-		}
-		provision := find.Need(e.Record)
-		if provision == nil {
-			continue
-		}
-		if !p.fits(p.sizeOf(provision)) {
-			if p.count == 0 {
-				return nil, timings{}, wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
+	previous := token.After
+	for e := range m.Needs.After(token.After) {
+		if e.Malformed == nil {
+			if provision := find.Need(e.Record); provision != nil {
+				if !p.fits(p.sizeOf(provision)) {
+					if p.count == 0 {
+						return nil, timings{}, wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
+					}
+					t := pageToken{Request: provisionsDigest(in), After: previous, Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
+					out.NextPageToken = t.encode()
+					break
+				}
+				out.Provisions = append(out.Provisions, provision)
 			}
-			t := pageToken{Request: provisionsDigest(in), After: needs[i-1].Key, Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
-			out.NextPageToken = t.encode()
-			break
 		}
-		out.Provisions = append(out.Provisions, provision)
+		previous = e.Key
 	}
 	out.Behind = append(m.Behind(), boundBehind(m, out.GetProvisions())...)
-	return out, timings{read: read, resolve: time.Since(start) - read}, nil
+	return out, timings{resolve: time.Since(start)}, nil
 }

@@ -3,6 +3,7 @@ package mirror
 import (
 	"cmp"
 	"context"
+	"iter"
 	"slices"
 	"strings"
 	"sync"
@@ -705,6 +706,55 @@ func (c *Copy[R]) All() (entries []*Entry[R], revision uint64) {
 }
 
 func byKey[R proto.Message](a, b *Entry[R]) int { return cmp.Compare(a.Key, b.Key) }
+
+// After returns the entries whose keys sort after after, in key order, as
+// All lists them, decoding each group only once it is reached (no view
+// kept): a page of every node's keys decodes the nodes it lists, not every
+// node, as All would.
+//
+// A group's keys are its first token alone, or begin with it and a dot,
+// and no token holds a dot: the keys that begin with "t." sort together,
+// apart from any other group's, and a key "t" sorts before every key that
+// begins with it. So the groups, each as its run of keys "t." and its key
+// "t" if it has one, sorted by those prefixes, list every key in order.
+func (c *Copy[R]) After(after string) iter.Seq[*Entry[R]] {
+	type run struct {
+		prefix, first string
+		alone         bool // the key that is the first token alone
+	}
+	return func(yield func(*Entry[R]) bool) {
+		c.mu.RLock()
+		runs := make([]run, 0, len(c.groups))
+		for first, g := range c.groups {
+			alone := 0
+			if g.find(first) >= 0 || g.odd[first] != nil {
+				alone = 1
+				runs = append(runs, run{prefix: first, first: first, alone: true})
+			}
+			if g.listed() > alone {
+				runs = append(runs, run{prefix: first + ".", first: first})
+			}
+		}
+		c.mu.RUnlock()
+		slices.SortFunc(runs, func(a, b run) int { return strings.Compare(a.prefix, b.prefix) })
+		for _, r := range runs {
+			if r.alone && r.prefix <= after || !r.alone && after >= r.prefix && !strings.HasPrefix(after, r.prefix) {
+				continue // every key of the run sorts before after, or is it
+			}
+			c.mu.RLock()
+			var entries []*Entry[R]
+			if g := c.groups[r.first]; g != nil {
+				entries = c.viewOf(g, false)
+			}
+			c.mu.RUnlock()
+			for _, e := range entries {
+				if (e.Key == r.first) == r.alone && e.Key > after && !yield(e) {
+					return
+				}
+			}
+		}
+	}
+}
 
 // liveKeys returns how many keys the copy has (held, listed or refused
 // over a budget), each a message of the bucket, the least of their

@@ -3,6 +3,7 @@ package mirror
 import (
 	"context"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -380,4 +381,46 @@ func TestCopyKeepsKeyOrderInAnyArrivalOrder(t *testing.T) {
 		}
 	}
 	check("at the end")
+}
+
+// After lists what All lists after a key, in the same order, for every key
+// and between keys, across groups whose tokens prefix one another and
+// lone tokens (malformed needs, and a registry's every key).
+func TestAfterListsAsAllDoes(t *testing.T) {
+	t.Parallel()
+	needs := New().Needs
+	for i, key := range []string{"a.web.port.http", "a-b.web.port.http", "a", "a-b", "a=c.x.port.y", "a/b.x.port.y",
+		"b.db.dir.x", "a.api.port.http", "a-", "a-.x.port.y", "b", "0.x.port.y", "a.web.port.https"} {
+		needs.Apply(key, need(t), uint64(i+1), false)
+	}
+	registry := New().Registry
+	for i, kind := range []string{"port", "port-range", "secret", "a"} {
+		registry.Apply(kind, []byte{}, uint64(i+1), false)
+	}
+	checkAfter(t, needs.All, needs.After)
+	checkAfter(t, registry.All, registry.After)
+}
+
+func checkAfter[R proto.Message](t *testing.T, all func() ([]*Entry[R], uint64), after func(string) iter.Seq[*Entry[R]]) {
+	t.Helper()
+	every, _ := all()
+	afters := []string{"", "~"}
+	for _, e := range every {
+		afters = append(afters, e.Key, e.Key+".", e.Key+"-", e.Key[:len(e.Key)-1])
+	}
+	for _, from := range afters {
+		var want []string
+		for _, e := range every {
+			if e.Key > from {
+				want = append(want, e.Key)
+			}
+		}
+		var got []string
+		for e := range after(from) {
+			got = append(got, e.Key)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("After(%q) (-All's +After's):\n%s", from, diff)
+		}
+	}
 }

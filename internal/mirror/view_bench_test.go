@@ -54,3 +54,47 @@ func BenchmarkGroupAfterAWrite(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPageOfEveryNode reads the first 10,000 needs of a copy of 1,000
+// nodes x 300 needs in key order, as a page of every node's needs does:
+// "after" through After, decoding the nodes it reaches, and "all", the
+// baseline in the same run, through All, decoding every node.
+//
+//	go test ./internal/mirror -run '^$' -bench BenchmarkPageOfEveryNode
+func BenchmarkPageOfEveryNode(b *testing.B) {
+	c := New().Needs
+	value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}", Provider: "postgres"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	revision := uint64(0)
+	for node := range 1000 {
+		for need := range 300 {
+			revision++
+			c.Apply(fmt.Sprintf("node-%04d.module-%02d.port.need-%02d", node, need/10, need%10), value, revision, false)
+		}
+	}
+	c.MarkLoaded()
+	const page = 10_000
+	for _, name := range []string{"all", "after"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				n := 0
+				if name == "all" {
+					all, _ := c.All()
+					n = len(all[:page])
+				} else {
+					for range c.After("") {
+						if n++; n == page {
+							break
+						}
+					}
+				}
+				if n != page {
+					b.Fatalf("read %d needs, want %d", n, page)
+				}
+			}
+		})
+	}
+}
