@@ -15,10 +15,11 @@ import (
 // An instance alone on the bus answers a node before its copy is whole:
 // it reads the asking node's keys alone (mirror.ReadNode) and answers
 // compose, or the node's own records, as the copy would at the revisions
-// it read; the registry and the manifests, loaded first, from its copy. A large mesh takes a
-// second or more to load, during which a restarted instance would
-// otherwise answer every node 503. An instance that joins others takes no
-// request before its copy is whole (Start), so it never reads this way.
+// it read; the registry and the manifests, loaded first, from its copy. A
+// large mesh takes seconds to load, during which a restarted instance
+// would otherwise answer every node 503. An instance that joins others
+// takes no request before its copy is whole (Start), so it never reads
+// this way.
 
 // earlyMaxBound is the most providers' buckets a node's needs may name
 // for it to be read alone: each is one more watcher made while the copy
@@ -51,20 +52,12 @@ func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeReq
 	}
 	read := time.Since(start)
 	if err != nil {
-		// Logged as every 503 is, with its sentence (logFailure).
-		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s and could not read node %s alone (%v); ask again shortly",
-			strings.Join(s.mirror.Loading(), ", "), in.GetNode(), err)
+		return nil, s.unreadAlone(in.GetNode(), err)
 	}
 	needs, _, _ := m.Needs.Group(in.GetNode())
 	buckets := namedBuckets(m, needs)
-	// What was read is not waited on: a revision it has not reached was
-	// written after the read, and is the whole copy's to answer. No
-	// worker is held for it.
-	for _, w := range composeWaits(m, in, buckets) {
-		if w.bucket.Revision() < w.revision {
-			return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and what it read for node %s is at revision %d of %s, behind the %d asked for; ask again shortly",
-				strings.Join(s.mirror.Loading(), ", "), in.GetNode(), w.bucket.Revision(), w.bucket.Bucket(), w.revision)
-		}
+	if werr := s.readBehind(composeWaits(m, in, buckets)); werr != nil {
+		return nil, werr
 	}
 	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
 		name:   wire.ComposeEndpoint,
@@ -89,22 +82,38 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 		start := time.Now()
 		var err error
 		if m, err = s.mirror.ReadNode(ctx, s.js, in.GetNode()); err != nil {
-			return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s and could not read node %s alone (%v); ask again shortly",
-				strings.Join(s.mirror.Loading(), ", "), in.GetNode(), err)
+			return nil, s.unreadAlone(in.GetNode(), err)
 		}
 		read = time.Since(start)
 	}
-	for _, w := range provisioningWaits(m, in) {
-		if w.bucket.Revision() < w.revision {
-			return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and what it read for node %s is at revision %d of %s, behind the %d asked for; ask again shortly",
-				strings.Join(s.mirror.Loading(), ", "), in.GetNode(), w.bucket.Revision(), w.bucket.Bucket(), w.revision)
-		}
+	if werr := s.readBehind(provisioningWaits(m, in)); werr != nil {
+		return nil, werr
 	}
 	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
 		name:   wire.ProvisioningEndpoint,
 		answer: provisioningAnswer(m),
 		tail:   provisioningTail,
 	})
+}
+
+// unreadAlone is the refusal of a request whose node could not be read
+// alone; logged as every 503 is, with its sentence (logFailure).
+func (s *Service) unreadAlone(node string, err error) *wire.Error {
+	return wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s and could not read node %s alone (%v); ask again shortly",
+		strings.Join(s.mirror.Loading(), ", "), node, err)
+}
+
+// readBehind refuses a request that asks for a revision after what was
+// read for it. It is not waited for, holding a worker: it was written
+// after the read, and is the whole copy's to answer.
+func (s *Service) readBehind(waits []revisionWait) *wire.Error {
+	for _, w := range waits {
+		if w.bucket.Revision() < w.revision {
+			return wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and its read of %s is at revision %d, behind the %d asked for; ask again shortly",
+				strings.Join(s.mirror.Loading(), ", "), w.bucket.Bucket(), w.bucket.Revision(), w.revision)
+		}
+	}
+	return nil
 }
 
 // answerFrom answers a request early as ep, whose answer and tail read m,
