@@ -13,6 +13,9 @@ import (
 // delivered the bucket's initial values.
 var ErrWatcherStopped = errors.New("watcher stopped before the initial values were in")
 
+// ErrStopped is returned by Each when its reader stopped it.
+var ErrStopped = errors.New("the reader stopped before the initial values were in")
+
 // Live returns every live entry of kv (deleted keys left out; opts such as
 // jetstream.MetaOnly narrow what is read), in the order
 // the watcher delivers them.
@@ -25,24 +28,35 @@ func Live(ctx context.Context, kv jetstream.KeyValue, opts ...jetstream.WatchOpt
 // count what it has pending across the whole stream (on 3 million keys,
 // 517 ms to read 300 keys through [k, k.>] against 5 ms through k.>).
 func LiveOf(ctx context.Context, kv jetstream.KeyValue, filter string, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+	var entries []jetstream.KeyValueEntry
+	err := Each(ctx, kv, filter, func(e jetstream.KeyValueEntry) bool {
+		entries = append(entries, e)
+		return true
+	}, opts...)
+	return entries, err
+}
+
+// Each hands each live entry of LiveOf to each as it arrives, holding
+// none, until each returns false (ErrStopped) or every entry is in.
+func Each(ctx context.Context, kv jetstream.KeyValue, filter string, each func(jetstream.KeyValueEntry) bool, opts ...jetstream.WatchOpt) error {
 	w, err := kv.Watch(ctx, filter, append([]jetstream.WatchOpt{jetstream.IgnoreDeletes()}, opts...)...)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer func() { _ = w.Stop() }()
-	var entries []jetstream.KeyValueEntry
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return ctx.Err()
 		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, ErrWatcherStopped
+			switch {
+			case !ok:
+				return ErrWatcherStopped
+			case e == nil:
+				return nil
+			case !each(e):
+				return ErrStopped
 			}
-			if e == nil {
-				return entries, nil
-			}
-			entries = append(entries, e)
 		}
 	}
 }

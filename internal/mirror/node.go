@@ -1,11 +1,9 @@
 package mirror
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -63,8 +61,9 @@ func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node
 	for _, bucket := range buckets {
 		providers.Go(func() error {
 			keys := map[string]uint64{}
-			revision, err := readKeys(ctx, js, bucket, node, true, m.Bound.maxKeys, func(key string, _ []byte, revision uint64) {
+			revision, err := readKeys(ctx, js, bucket, node, true, m.Bound.maxKeys, func(key string, _ []byte, revision uint64) bool {
 				keys[key] = revision
+				return true
 			})
 			switch {
 			case errors.Is(err, jetstream.ErrBucketNotFound):
@@ -91,8 +90,11 @@ func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, 
 	budget := from.budget
 	from.mu.RUnlock()
 	into.SetBudget(budget, nil)
-	revision, err := readKeys(ctx, js, into.Bucket(), node, false, 0, func(key string, value []byte, revision uint64) {
+	// A node over its budget is not read alone: its keys beyond the
+	// budget are as many as it wrote, each read on every request.
+	revision, err := readKeys(ctx, js, into.Bucket(), node, false, 0, func(key string, value []byte, revision uint64) bool {
 		into.Apply(key, value, revision, false)
+		return !into.overBudget(node)
 	})
 	if err != nil {
 		return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
@@ -104,6 +106,13 @@ func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, 
 	return nil
 }
 
+// overBudget says whether the group first is over its budget.
+func (c *Copy[R]) overBudget(first string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.overSet[first] != nil
+}
+
 // readKeys reads the live keys of node in bucket, in the order they were
 // written, and returns the bucket's revision read before them: through a
 // KV watcher, as the copy reads a bucket whole, on the identity's grants
@@ -111,7 +120,7 @@ func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, 
 // bucket); with maxKeys above zero, a bucket that holds more messages than
 // maxKeys is not read (ErrNodeUnread): the copy may not hold it
 // (Bound.SetMaxKeys).
-func readKeys(ctx context.Context, js jetstream.JetStream, bucket, node string, metaOnly bool, maxKeys int, each func(key string, value []byte, revision uint64)) (uint64, error) {
+func readKeys(ctx context.Context, js jetstream.JetStream, bucket, node string, metaOnly bool, maxKeys int, each func(key string, value []byte, revision uint64) bool) (uint64, error) {
 	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	kv, err := js.KeyValue(apiCtx, bucket)
@@ -130,21 +139,31 @@ func readKeys(ctx context.Context, js jetstream.JetStream, bucket, node string, 
 	if metaOnly {
 		opts = append(opts, jetstream.MetaOnly())
 	}
-	// The node's keys, and a key that is the node's name alone (malformed,
-	// listed with the node's), each through a watcher of one filter
-	// (kvread.LiveOf), taken in the order they were written, as the copy
-	// takes them: a node over its budget holds the same keys.
-	var live []jetstream.KeyValueEntry
-	for _, filter := range []string{node + ".>", node} {
-		entries, err := kvread.LiveOf(ctx, kv, filter, opts...)
-		if err != nil {
-			return 0, err
-		}
-		live = append(live, entries...)
+	// A key that is the node's name alone (malformed, listed with the
+	// node's), then the node's keys as they arrive, each through a watcher
+	// of one filter (kvread.LiveOf), taken in the order they were written,
+	// as the copy takes them.
+	alone, err := kvread.LiveOf(ctx, kv, node, opts...)
+	if err != nil {
+		return 0, err
 	}
-	slices.SortFunc(live, func(a, b jetstream.KeyValueEntry) int { return cmp.Compare(a.Revision(), b.Revision()) })
-	for _, e := range live {
-		each(e.Key(), e.Value(), e.Revision())
+	err = kvread.Each(ctx, kv, node+".>", func(e jetstream.KeyValueEntry) bool {
+		if len(alone) > 0 && alone[0].Revision() < e.Revision() {
+			if !each(alone[0].Key(), alone[0].Value(), alone[0].Revision()) {
+				return false
+			}
+			alone = nil
+		}
+		return each(e.Key(), e.Value(), e.Revision())
+	}, opts...)
+	if err == nil && len(alone) > 0 && !each(alone[0].Key(), alone[0].Value(), alone[0].Revision()) {
+		err = kvread.ErrStopped
+	}
+	if errors.Is(err, kvread.ErrStopped) {
+		return 0, fmt.Errorf("%w: the node is over its budget in %s (serve --node-max-keys, --node-max-bytes)", ErrNodeUnread, bucket)
+	}
+	if err != nil {
+		return 0, err
 	}
 	return state.LastSeq, nil
 }
