@@ -170,3 +170,69 @@ func TestFaultPurgedBucket(t *testing.T) {
 		t.Error("no answer said the copy was behind between the purge and the reload")
 	}
 }
+
+// TestFaultRestartAlone restarts the only instance of a mesh of 50,000
+// keys while nodes ask for their plans without pause, at the last revision:
+// it answers them from each node's keys read alone before its copy is
+// whole, and every answer is the node's whole plan.
+func TestFaultRestartAlone(t *testing.T) {
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	first := servicetest.Start(t, nc, func(cfg *service.Config) { cfg.Logger = logger(t) })
+	last := fill(t, servicetest.Bucket(t, nc, keys.NeedsBucket), 500, 100) // 50,000 keys: a load long enough to be asked during
+	first.Stop()
+
+	ask := client.New(natstest.Connect(t, s))
+	started := time.Now()
+	second, err := service.Start(context.Background(), service.Config{Conn: natstest.Connect(t, s), Logger: logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Stop)
+	var answered, loading, failed atomic.Int64
+	var firstAnswer atomic.Int64 // nanoseconds after Start
+	var firstFailure atomic.Value
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; ctx.Err() == nil; i += 4 {
+				node := fmt.Sprintf("n%d", i*37%500)
+				rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+				plan, err := ask.Compose(rctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: &provisionerv1.Revisions{Needs: last}})
+				rcancel()
+				var werr *wire.Error
+				switch {
+				case ctx.Err() != nil:
+					return
+				case errors.As(err, &werr) && werr.Code() == wire.CodeUnavailable && strings.Contains(werr.Sentence(), "loading"):
+					loading.Add(1)
+				case err != nil:
+					failed.Add(1)
+					firstFailure.CompareAndSwap(nil, err.Error())
+				case len(plan.GetPlans()) != 1 || len(plan.GetPlans()[0].GetItems()) != 100:
+					failed.Add(1)
+					firstFailure.CompareAndSwap(nil, fmt.Sprintf("%s's plan: %d plans, want one of 100 items", node, len(plan.GetPlans())))
+				default:
+					answered.Add(1)
+					firstAnswer.CompareAndSwap(0, int64(time.Since(started)))
+				}
+			}
+		})
+	}
+	if err := second.WaitReady(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	whole := time.Since(started)
+	time.Sleep(200 * time.Millisecond)
+	cancel()
+	wg.Wait()
+	t.Logf("the only instance restarted on 50,000 keys: first plan %s after Start, copy whole after %s; %d plans answered, %d answered \"loading\", %d failed",
+		time.Duration(firstAnswer.Load()).Round(time.Millisecond), whole.Round(time.Millisecond), answered.Load(), loading.Load(), failed.Load())
+	if failed.Load() > 0 {
+		t.Errorf("%d requests failed, such as: %v", failed.Load(), firstFailure.Load())
+	}
+	if at := time.Duration(firstAnswer.Load()); at == 0 || at >= whole {
+		t.Errorf("the first plan came %s after Start, the copy whole %s after: want a plan before the copy is whole", at, whole)
+	}
+}
