@@ -38,7 +38,7 @@ type loadingMesh struct {
 
 func newLoadingMesh(t *testing.T, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
 	t.Helper()
-	whole := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamOf(keys.NeedsBucket) + ".>"
+	pullWhole := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamOf(keys.NeedsBucket) + ".>"
 	s := natstest.StartWithConfig(t, fmt.Sprintf(`
 authorization {
   users = [
@@ -48,10 +48,13 @@ authorization {
         subscribe: { allow: [">"] }
     } }
   ]
-}`, whole))
+}`, pullWhole))
 	m := &loadingMesh{admin: natstest.Connect(t, s, nats.UserInfo("admin", "admin"))}
-	m.js, _ = jetstream.New(m.admin)
 	ctx := t.Context()
+	var err error
+	if m.js, err = jetstream.New(m.admin); err != nil {
+		t.Fatal(err)
+	}
 	if err := buckets.Ensure(ctx, m.js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,6 +91,11 @@ func (m *loadingMesh) stillLoading(t *testing.T) {
 	}
 }
 
+// TestVerbsWhileLoadingAnswerAsTheCopy asks a loading instance for every
+// node's composition, in binary and JSON, and its own records, and the
+// registry and manifests: each answer is the one a replay of the buckets
+// gives at the same revisions, for nodes with malformed keys, a key that
+// is the node's name alone, a provider with no bucket, and no keys at all.
 func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 	t.Parallel()
 	need := func(provider string) []byte {
@@ -155,6 +163,10 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 	m.stillLoading(t)
 }
 
+// TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone: a loading instance
+// answers 503, saying why, a node over its budget or that names too many
+// providers' buckets, a revision after what it read, and every node's
+// records.
 func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 	t.Parallel()
 	m := newLoadingMesh(t, synth.Config{Nodes: 1, Modules: 2, Needs: 2}, func(js jetstream.JetStream) {
