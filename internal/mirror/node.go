@@ -12,10 +12,11 @@ import (
 	"github.com/novox/mesh-provisioner/internal/kvread"
 )
 
-// ErrNodeUnread says ReadNode did not read a node: what it reads beside the
-// node's keys is not loaded yet, or the node reads more than a read of its
-// own may (too many providers' buckets, or one over Bound.SetMaxKeys).
-// Its composition waits for the whole copy.
+// ErrNodeUnread says ReadNode or ReadNodeBound did not read a node: what
+// it reads beside the node's keys is not loaded yet, or the node reads more
+// than a read of its own may (it is over its budget, its needs name too
+// many providers' buckets, or one holds more than Bound.SetMaxKeys). Its
+// answers wait for the whole copy.
 var ErrNodeUnread = errors.New("the node is not read alone")
 
 // ReadNode reads one node's keys straight from its buckets, for an answer
@@ -23,8 +24,8 @@ var ErrNodeUnread = errors.New("the node is not read alone")
 // applied records and items, each copy at the revision its bucket had when
 // it was read, beside m's own registry and manifests, which must be loaded,
 // and no provider's bucket (ReadNodeBound reads those). What it answers of
-// the node is what the whole copy answers at those revisions: the same
-// budgets, the same malformed keys.
+// the node is what the whole copy answers at those revisions, malformed
+// keys included; a node over its budget in a bucket is not read.
 //
 // Each bucket is read by KV watchers of the node's keys alone, stopped once
 // they are in. A bucket's revision is read first, so that the keys read are
