@@ -583,7 +583,7 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 	if err != nil {
 		return err
 	}
-	made, err := madeAt(bind, kv)
+	made, last, err := bucketState(bind, kv)
 	if err != nil {
 		return err
 	}
@@ -597,6 +597,7 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 		return err
 	}
 	defer func() { _ = w.Stop() }()
+	var stalled stall
 	// The keys the watcher starts with replace the copy's: a key deleted
 	// while no watcher followed the bucket is not held on.
 	initial := map[string]uint64{}
@@ -613,6 +614,7 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			case e == nil: // the keys there were are in
 				bb.replace(initial, top)
 				initial = nil
+				stalled = stall{last: last, revision: bb.Revision()}
 			case initial != nil:
 				if e.Operation() == jetstream.KeyValuePut {
 					initial[e.Key()] = e.Revision()
@@ -630,7 +632,10 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			}
 		case <-check.C:
 			checkCtx, cancel := context.WithTimeout(ctx, apiTimeout)
-			now, err := madeAt(checkCtx, kv)
+			// The copy's revision first: the bucket's, read after, is at
+			// least as new.
+			revision, before := bb.Revision(), stalled.last
+			now, last, err := bucketState(checkCtx, kv)
 			cancel()
 			switch {
 			case ctx.Err() != nil:
@@ -642,18 +647,46 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 				// goes on, and the bucket is checked again next time.
 			case !now.Equal(made):
 				return errors.New("the bucket was deleted and made again")
+			case initial == nil && stalled.at(revision, last):
+				return fmt.Errorf("%w: the bucket went from revision %d to %d since the last check, and its watcher delivered nothing past %d", ErrWatcherStalled, before, last, revision)
 			}
 		}
 	}
 }
 
-// madeAt returns when the bucket's stream was made.
-func madeAt(ctx context.Context, kv jetstream.KeyValue) (time.Time, error) {
+// bucketState returns when the bucket's stream was made, and its last
+// revision.
+func bucketState(ctx context.Context, kv jetstream.KeyValue) (made time.Time, last uint64, err error) {
 	st, err := kv.Status(ctx)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, 0, err
 	}
-	return st.(*jetstream.KeyValueBucketStatus).StreamInfo().Created, nil
+	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+	return info.Created, info.State.LastSeq, nil
+}
+
+// ErrWatcherStalled says a watcher delivered nothing while its bucket was
+// written to: its consumer stopped delivering and nats.go did not notice
+// (a consumer paused, or a delivery that never came with its heartbeats
+// still coming). The watcher is started again from the bucket's keys.
+var ErrWatcherStalled = errors.New("the bucket's watcher stalled")
+
+// stall remembers, from one check of a watched bucket to the next (the
+// first: its keys read), the bucket's last revision and the copy's.
+type stall struct{ last, revision uint64 }
+
+// at takes in a check and says whether the watcher stalled since the last
+// one: the bucket was written to (its last revision moved) and the copy
+// took in none of it (its revision did not move, and is behind). A
+// healthy watcher delivers within boundCheck retries (30 s) what was
+// written; a stalled one is noticed at the first check after a write.
+// Reading the bucket's messages to tell a stall from a last message
+// removed unread would read a provider's values, which the server never
+// does; hence the write between checks.
+func (s *stall) at(revision, last uint64) bool {
+	stalled := last > s.last && revision == s.revision && revision < last
+	*s = stall{last: last, revision: revision}
+	return stalled
 }
 
 // replace sets the bucket's keys to a full read's, and marks it loaded.

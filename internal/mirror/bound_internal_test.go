@@ -453,3 +453,52 @@ func countRequests(t *testing.T, srv *server.Server, subject string) func() int6
 		return n.Load()
 	}
 }
+
+// A watcher whose consumer stops delivering while the bucket is written to
+// (paused here: no fault stalls one on cue) is started again: the
+// bucket's last revision moved between two checks, the copy's did not.
+func TestBoundFollowsABucketWhoseWatcherStalled(t *testing.T) {
+	t.Parallel()
+	b, js, ctx := runBound(t, func(b *Bound) {
+		b.retry = 20 * time.Millisecond // checked every 300ms
+	})
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key string) uint64 {
+		t.Helper()
+		rev, err := kv.Put(ctx, key, []byte("v"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	held := func(want map[string]uint64) func() error {
+		return func() error {
+			if got := b.Bucket("pg_bound").Keys(); !maps.Equal(got, want) {
+				return fmt.Errorf("pg_bound holds %v, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	first := put("ace.web.db")
+	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"ace.web.db": first}))
+
+	stream, err := js.Stream(ctx, "KV_pg_bound")
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := 0
+	for name := range stream.ConsumerNames(ctx).Name() {
+		if _, err := js.PauseConsumer(ctx, "KV_pg_bound", name, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		paused++
+	}
+	if paused != 1 {
+		t.Fatalf("paused %d consumers of pg_bound, want its watcher's", paused)
+	}
+	second := put("ace.web.cache")
+	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"ace.web.db": first, "ace.web.cache": second}))
+}

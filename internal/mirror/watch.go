@@ -693,15 +693,24 @@ func (f *follower) readmitKey(key string, value []byte, revision uint64) bool {
 }
 
 // auditEvery is how often a follower checks that its bucket still holds
-// what its copy holds.
+// what its copy holds, and that its watcher delivers.
 const auditEvery = time.Second
+
+// stallAfter is how long a copy behind its bucket may take in nothing
+// before its watcher is taken for stalled: a consumer that delivers
+// nothing while its heartbeats still come (paused, or a delivery lost
+// without a gap nats.go sees) is otherwise followed for good.
+const stallAfter = 3 * time.Second
 
 // auditLoop notices that the bucket lost messages the copy holds (a purge
 // by an operator, messages removed by limits), which no consumer delivers:
-// the copy is then behind, and a new consumer reads every key again.
+// the copy is then behind, and a new consumer reads every key again. It
+// notices too a watcher that stalled: a new one resumes from the copy's
+// revision.
 func (f *follower) auditLoop(ctx context.Context) {
 	tick := time.NewTicker(auditEvery)
 	defer tick.Stop()
+	var moved stallWatch
 	for {
 		select {
 		case <-ctx.Done():
@@ -709,45 +718,82 @@ func (f *follower) auditLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 		if behind, _ := f.state(); behind || !f.copy.Ready() || !f.conn.IsConnected() {
+			moved = stallWatch{}
 			continue
 		}
-		if why := f.audit(ctx); why != "" {
-			f.mu.Lock()
-			f.lost = true
-			f.mu.Unlock()
-			f.fellBehind(why)
-			f.mu.Lock()
-			if f.cancel != nil {
-				f.cancel() // the next consumer reads every key again
-			}
-			f.mu.Unlock()
+		// The copy's revision first: the bucket's, read after, is at
+		// least as new.
+		keys, oldest, revision := f.copy.liveKeys()
+		apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+		info, err := f.stream.Info(apiCtx)
+		cancel()
+		if err != nil {
+			continue // the consumer notices a bucket that is gone
 		}
+		lost := true
+		why := purged(info.State, keys, oldest, revision)
+		if why == "" {
+			lost, why = false, f.stalled(ctx, &moved, revision, info.State.LastSeq)
+		}
+		if why == "" {
+			continue
+		}
+		f.mu.Lock()
+		f.lost = f.lost || lost
+		f.mu.Unlock()
+		f.fellBehind(why)
+		f.mu.Lock()
+		if f.cancel != nil {
+			f.cancel() // the next consumer resumes, or reads every key again
+		}
+		f.mu.Unlock()
 	}
 }
 
-// audit says why the bucket no longer holds what the copy holds, or "". Each
-// key the copy holds is a message of the bucket at the copy's revision, and
-// later changes never lower the count (a delete's marker replaces its
-// key's value): fewer messages than keys, or, while the copy is at the
-// stream's last revision, a first message after a key's, mean messages were
-// removed. The count is read before the stream's state, which is thus at
-// least as new.
-func (f *follower) audit(ctx context.Context) string {
-	keys, oldest, revision := f.copy.liveKeys()
-	if keys == 0 {
+// stallWatch is when a follower's copy last moved, and to which revision.
+type stallWatch struct {
+	revision uint64
+	since    time.Time
+}
+
+// stalled says why the watcher stalled, or "": the copy has taken in
+// nothing for stallAfter while behind its bucket (at revision last), and
+// the bucket holds a change after the copy's revision, which the watcher
+// should have delivered (a last message removed unread is no change).
+func (f *follower) stalled(ctx context.Context, moved *stallWatch, revision, last uint64) string {
+	now := time.Now()
+	if revision != moved.revision || moved.since.IsZero() || revision >= last {
+		*moved = stallWatch{revision: revision, since: now}
 		return ""
 	}
-	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	info, err := f.stream.Info(apiCtx)
-	if err != nil {
-		return "" // the consumer notices a bucket that is gone
+	if still := now.Sub(moved.since); still < stallAfter {
+		return ""
 	}
+	moved.since = now // asked again no sooner than stallAfter
+	getCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	msg, err := f.stream.GetMsg(getCtx, revision+1, jetstream.WithGetMsgSubject(f.prefix+">"))
+	cancel()
+	if err != nil {
+		return "" // nothing after the copy's revision, or no answer
+	}
+	return fmt.Sprintf("its watcher stalled: the copy took in nothing for %s while the bucket holds revision %d after the copy's %d", stallAfter, msg.Sequence, revision)
+}
+
+// purged says why the bucket no longer holds what the copy holds, or "".
+// Each key the copy holds is a message of the bucket at the copy's
+// revision, and later changes never lower the count (a delete's marker
+// replaces its key's value): fewer messages than keys, or, while the copy
+// is at the stream's last revision, a first message after a key's, mean
+// messages were removed. The copy's keys are read before the stream's
+// state, which is thus at least as new.
+func purged(state jetstream.StreamState, keys int, oldest, revision uint64) string {
 	switch {
-	case info.State.Msgs < uint64(keys):
-		return fmt.Sprintf("the bucket holds %d messages, fewer than the %d keys of the copy: it was purged", info.State.Msgs, keys)
-	case oldest > 0 && info.State.LastSeq == revision && info.State.FirstSeq > oldest:
-		return fmt.Sprintf("the bucket's first message is at revision %d, after the copy's key at %d: it was purged", info.State.FirstSeq, oldest)
+	case keys == 0:
+		return ""
+	case state.Msgs < uint64(keys):
+		return fmt.Sprintf("the bucket holds %d messages, fewer than the %d keys of the copy: it was purged", state.Msgs, keys)
+	case oldest > 0 && state.LastSeq == revision && state.FirstSeq > oldest:
+		return fmt.Sprintf("the bucket's first message is at revision %d, after the copy's key at %d: it was purged", state.FirstSeq, oldest)
 	}
 	return ""
 }

@@ -194,3 +194,33 @@ func TestWatcherReadsEverythingWhenChangesAreGone(t *testing.T) {
 		return nil
 	})
 }
+
+// A watcher whose consumer stops delivering while the bucket is written to
+// (paused here: no fault stalls one on cue) is noticed, and the copy
+// catches up.
+func TestWatcherResumesWhenItsConsumerStalls(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.run(t)
+	f.reached(t, f.put(t, "a.web.port.http"), 5*time.Second)
+
+	stream, err := f.js.Stream(context.Background(), "KV_"+keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range stream.ConsumerNames(context.Background()).Name() {
+		if _, err := f.js.PauseConsumer(context.Background(), "KV_"+keys.NeedsBucket, name, time.Now().Add(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.reached(t, f.put(t, "b.web.port.http"), 10*time.Second)
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
+			return fmt.Errorf("the copy is still behind after its watcher stalled; log:\n%s", f.log)
+		}
+		return nil
+	})
+	if !strings.Contains(f.log.String(), "its watcher stalled") {
+		t.Errorf("the log does not say the watcher stalled:\n%s", f.log)
+	}
+}
