@@ -55,6 +55,9 @@ const (
 	// pullBatch is how many messages a watcher asks for at once: a full
 	// read of a large bucket takes fewer round trips.
 	pullBatch = 4096
+	// smallFirst is how long the large buckets' watchers wait for the
+	// registry's and the manifests' copies to load before they start.
+	smallFirst = time.Second
 )
 
 // Watchers keep a mirror's copies up to date, one consumer per bucket.
@@ -107,8 +110,33 @@ func (w *Watchers) Run(ctx context.Context) {
 	defer w.conn.RemoveStatusListener(statuses)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.mirror.Bound.Run(ctx, w.js, w.logger) })
+	// The registry and the manifests are read first, at most smallFirst
+	// ahead of the large buckets: a few keys, which an instance alone
+	// needs to answer a node before its copy is whole (ReadNode), and
+	// which would otherwise share nats-server with the large buckets'
+	// delivery.
+	small := make(chan struct{})
+	wg.Go(func() {
+		defer close(small)
+		wait := time.NewTimer(smallFirst)
+		defer wait.Stop()
+		for _, c := range []Watched{w.mirror.Registry, w.mirror.Manifests} {
+			select {
+			case <-c.Loaded():
+			case <-wait.C:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	})
 	for _, f := range w.followers {
-		wg.Go(func() { f.run(ctx) })
+		wg.Go(func() {
+			if f.copy != followed(w.mirror.Registry) && f.copy != followed(w.mirror.Manifests) {
+				<-small
+			}
+			f.run(ctx)
+		})
 		wg.Go(func() { f.pollWhileBehind(ctx) })
 		wg.Go(func() { f.readmitLoop(ctx) })
 		wg.Go(func() { f.auditLoop(ctx) })

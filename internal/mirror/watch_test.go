@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -222,5 +223,51 @@ func TestWatcherResumesWhenItsConsumerStalls(t *testing.T) {
 	})
 	if !strings.Contains(f.log.String(), "its watcher stalled") {
 		t.Errorf("the log does not say the watcher stalled:\n%s", f.log)
+	}
+}
+
+// The large buckets' watchers wait for the registry's and the manifests'
+// copies before they start, but no longer than smallFirst: a registry its
+// identity may not read (nats-server refuses the consumer) holds no other
+// bucket's copy back for good.
+func TestWatchersStartTheLargeBucketsWithoutTheRegistry(t *testing.T) {
+	t.Parallel()
+	s := natstest.StartWithConfig(t, `
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: svc, password: svc, permissions: {
+        publish: { allow: [">"], deny: ["$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry.>"] }
+        subscribe: { allow: [">"] }
+    } }
+  ]
+}`)
+	admin, err := jetstream.New(natstest.Connect(t, s, nats.UserInfo("admin", "admin")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(context.Background(), admin, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mirror.New()
+	w, err := m.Open(context.Background(), js, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-m.Needs.Loaded():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the needs' copy did not load while the registry's could not")
+	}
+	if m.Registry.Ready() {
+		t.Error("the registry's copy loaded: the test wants it refused")
 	}
 }
