@@ -46,7 +46,7 @@ func (s *Service) earlyLoaded(ctx context.Context) bool {
 // fails, gets the 503 of a loading copy, with why.
 func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeRequest, enc encoding) ([]byte, *wire.Error) {
 	start := time.Now()
-	m, err := s.mirror.ReadNode(ctx, s.js, in.GetNode())
+	m, err := s.followers.ReadNode(ctx, in.GetNode())
 	if err == nil {
 		err = m.ReadNodeBound(ctx, s.js, in.GetNode(), earlyMaxBound)
 	}
@@ -81,7 +81,7 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 	default:
 		start := time.Now()
 		var err error
-		if m, err = s.mirror.ReadNode(ctx, s.js, in.GetNode()); err != nil {
+		if m, err = s.followers.ReadNode(ctx, in.GetNode()); err != nil {
 			return nil, s.unreadAlone(in.GetNode(), err)
 		}
 		read = time.Since(start)

@@ -165,10 +165,11 @@ type Service struct {
 	answer *nats.Conn   // answers and refusals go out on it
 	large  *largeSender // of answers over LargeAnswer bytes
 	mirror *mirror.Mirror
-	// js reads the buckets on the watching connection: a node's keys
-	// alone while the copy loads (composeEarly).
-	js     jetstream.JetStream
-	logger *slog.Logger
+	// followers keep the copy, and read a node's keys alone while it
+	// loads (composeEarly); js reads the providers' buckets then.
+	followers *mirror.Watchers
+	js        jetstream.JetStream
+	logger    *slog.Logger
 
 	revisionWait time.Duration
 	slowCompose  time.Duration
@@ -329,12 +330,11 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.boundRetry > 0 || cfg.boundForget > 0 {
 		s.mirror.Bound.SetTimings(cfg.boundRetry, cfg.boundForget)
 	}
-	watchers, err := s.mirror.Open(ctx, js, s.logger)
-	if err != nil {
+	if s.followers, err = s.mirror.Open(ctx, js, s.logger); err != nil {
 		return nil, err
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
-	s.watchers.Go(func() { watchers.Run(s.stopping) })
+	s.watchers.Go(func() { s.followers.Run(s.stopping) })
 	for range cfg.Concurrency {
 		s.workers.Go(s.work)
 	}

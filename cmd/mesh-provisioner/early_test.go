@@ -79,7 +79,7 @@ func TestTheWriterReadsANodeAloneWithItsGrants(t *testing.T) {
 		}
 	}
 
-	read, err := copied.ReadNode(ctx, writer.js, "ace")
+	read, err := watchers.ReadNode(ctx, "ace")
 	if err == nil {
 		err = read.ReadNodeBound(ctx, writer.js, "ace", 16)
 	}

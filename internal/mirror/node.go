@@ -22,15 +22,17 @@ var ErrNodeUnread = errors.New("the node is not read alone")
 // ReadNode reads one node's keys straight from its buckets, for an answer
 // while the copy loads: it returns a mirror that holds the node's needs,
 // applied records and items, each copy at the revision its bucket had when
-// it was read, beside m's own registry and manifests, which must be loaded,
-// and no provider's bucket (ReadNodeBound reads those). What it answers of
-// the node is what the whole copy answers at those revisions, malformed
-// keys included; a node over its budget in a bucket is not read.
+// it was read, beside the copy's own registry and manifests, which must be
+// loaded, and no provider's bucket (ReadNodeBound reads those). What it
+// answers of the node is what the whole copy answers at those revisions,
+// malformed keys included; a node over its budget in a bucket is not read.
 //
-// Each bucket is read by KV watchers of the node's keys alone, stopped once
-// they are in. A bucket's revision is read first, so that the keys read are
-// at least as new.
-func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node string) (*Mirror, error) {
+// Each bucket, bound once by Open, is read in two requests: its state,
+// which gives its revision (read first, so that the keys read are at
+// least as new) and says whether a key is the node's name alone, then a KV
+// watcher of the node's keys, stopped once they are in.
+func (w *Watchers) ReadNode(ctx context.Context, node string) (*Mirror, error) {
+	m := w.mirror
 	if !m.Registry.Ready() || !m.Manifests.Ready() {
 		return nil, fmt.Errorf("%w: the copy of the registry or of the manifests is still loading", ErrNodeUnread)
 	}
@@ -38,19 +40,100 @@ func (m *Mirror) ReadNode(ctx context.Context, js jetstream.JetStream, node stri
 	read.Registry, read.Manifests, read.manifests = m.Registry, m.Manifests, m.manifests
 	read.Bound.held, read.Bound.maxKeys = true, m.Bound.maxKeys
 	var reading errgroup.Group
-	reading.Go(func() error { return readNodeInto(ctx, js, node, m.Needs, read.Needs) })
-	reading.Go(func() error { return readNodeInto(ctx, js, node, m.Applied, read.Applied) })
-	reading.Go(func() error { return readNodeInto(ctx, js, node, m.Collect, read.Collect) })
+	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Needs), node, m.Needs, read.Needs) })
+	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Applied), node, m.Applied, read.Applied) })
+	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Collect), node, m.Collect, read.Collect) })
 	if err := reading.Wait(); err != nil {
 		return nil, err
 	}
 	return read, nil
 }
 
+// followerOf returns the follower of a copy.
+func (w *Watchers) followerOf(c followed) *follower {
+	for _, f := range w.followers {
+		if f.copy == c {
+			return f
+		}
+	}
+	panic("mirror: no follower of bucket " + c.Bucket())
+}
+
+// readNodeInto reads node's keys of a provisioning bucket into into, held
+// within from's budget, at the bucket's revision. A node over its budget
+// is not read alone: its keys beyond the budget are as many as it wrote,
+// each read on every request.
+func readNodeInto[R proto.Message](ctx context.Context, f *follower, node string, from, into *Copy[R]) error {
+	from.mu.RLock()
+	budget := from.budget
+	from.mu.RUnlock()
+	into.SetBudget(budget, nil)
+	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	info, err := f.stream.Info(apiCtx, jetstream.WithSubjectFilter(f.prefix+node))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
+	}
+	// A key that is the node's name alone is malformed, and listed with
+	// the node's: read when there is one.
+	var alone []jetstream.KeyValueEntry
+	if len(info.State.Subjects) > 0 {
+		if alone, err = kvread.LiveOf(ctx, f.kv, node); err != nil {
+			return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
+		}
+	}
+	err = eachKey(ctx, f.kv, node, alone, nil, func(key string, value []byte, revision uint64) bool {
+		into.Apply(key, value, revision, false)
+		return !into.overBudget(node)
+	})
+	if errors.Is(err, kvread.ErrStopped) {
+		return fmt.Errorf("%w: the node is over its budget in %s (serve --node-max-keys, --node-max-bytes)", ErrNodeUnread, into.Bucket())
+	}
+	if err != nil {
+		return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
+	}
+	into.mu.Lock()
+	into.advanceTo(info.State.LastSeq)
+	into.mu.Unlock()
+	into.MarkLoaded()
+	return nil
+}
+
+// eachKey hands each live key of node in kv to each, in the order they
+// were written, through a KV watcher of one filter, <node>.> (kvread.LiveOf
+// says why one), with the entries of alone (read apart) in their place,
+// until each returns false (kvread.ErrStopped).
+func eachKey(ctx context.Context, kv jetstream.KeyValue, node string, alone []jetstream.KeyValueEntry, opts []jetstream.WatchOpt, each func(key string, value []byte, revision uint64) bool) error {
+	take := func(e jetstream.KeyValueEntry) bool { return each(e.Key(), e.Value(), e.Revision()) }
+	err := kvread.Each(ctx, kv, node+".>", func(e jetstream.KeyValueEntry) bool {
+		for len(alone) > 0 && alone[0].Revision() < e.Revision() {
+			if !take(alone[0]) {
+				return false
+			}
+			alone = alone[1:]
+		}
+		return take(e)
+	}, opts...)
+	for ; err == nil && len(alone) > 0; alone = alone[1:] {
+		if !take(alone[0]) {
+			err = kvread.ErrStopped
+		}
+	}
+	return err
+}
+
+// overBudget says whether the group first is over its budget.
+func (c *Copy[R]) overBudget(first string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.overSet[first] != nil
+}
+
 // ReadNodeBound reads, into a mirror ReadNode returned, node's keys in the
 // bucket of each provider its needs name, at most maxBound buckets, as
-// ReadNode reads the state buckets: a provider's bucket's key shape begins
-// with <node> (registry.Validate).
+// ReadNode reads the state buckets but with no value (as the copy reads a
+// provider's bucket) and bound on each request: a provider's bucket's key
+// shape begins with <node> (registry.Validate), so its keys are <node>.>.
 func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node string, maxBound int) error {
 	buckets := m.BoundBuckets()
 	if len(buckets) > maxBound {
@@ -61,11 +144,7 @@ func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node
 	var providers errgroup.Group
 	for _, bucket := range buckets {
 		providers.Go(func() error {
-			keys := map[string]uint64{}
-			revision, err := readKeys(ctx, js, bucket, node, true, m.Bound.maxKeys, func(key string, _ []byte, revision uint64) bool {
-				keys[key] = revision
-				return true
-			})
+			revision, keys, err := readBound(ctx, js, bucket, node, m.Bound.maxKeys)
 			switch {
 			case errors.Is(err, jetstream.ErrBucketNotFound):
 				// Missing: held empty, as the copy holds a missing bucket.
@@ -84,87 +163,29 @@ func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node
 	return providers.Wait()
 }
 
-// readNodeInto reads node's keys of a provisioning bucket into into, held
-// within from's budget, at the bucket's revision.
-func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, node string, from, into *Copy[R]) error {
-	from.mu.RLock()
-	budget := from.budget
-	from.mu.RUnlock()
-	into.SetBudget(budget, nil)
-	// A node over its budget is not read alone: its keys beyond the
-	// budget are as many as it wrote, each read on every request.
-	revision, err := readKeys(ctx, js, into.Bucket(), node, false, 0, func(key string, value []byte, revision uint64) bool {
-		into.Apply(key, value, revision, false)
-		return !into.overBudget(node)
-	})
-	if err != nil {
-		return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
-	}
-	into.mu.Lock()
-	into.advanceTo(revision)
-	into.mu.Unlock()
-	into.MarkLoaded()
-	return nil
-}
-
-// overBudget says whether the group first is over its budget.
-func (c *Copy[R]) overBudget(first string) bool {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.overSet[first] != nil
-}
-
-// readKeys reads the live keys of node in bucket, in the order they were
-// written, and returns the bucket's revision read before them: through a
-// KV watcher, as the copy reads a bucket whole, on the identity's grants
-// for it. metaOnly reads no values (as the copy reads a provider's
-// bucket); with maxKeys above zero, a bucket that holds more messages than
-// maxKeys is not read (ErrNodeUnread): the copy may not hold it
-// (Bound.SetMaxKeys).
-func readKeys(ctx context.Context, js jetstream.JetStream, bucket, node string, metaOnly bool, maxKeys int, each func(key string, value []byte, revision uint64) bool) (uint64, error) {
+// readBound reads node's keys in a provider's bucket, and the bucket's
+// revision read before them; with maxKeys above zero, a bucket that holds
+// more messages than maxKeys is not read (ErrNodeUnread): the copy may not
+// hold it (Bound.SetMaxKeys).
+func readBound(ctx context.Context, js jetstream.JetStream, bucket, node string, maxKeys int) (uint64, map[string]uint64, error) {
 	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
 	kv, err := js.KeyValue(apiCtx, bucket)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	status, err := kv.Status(apiCtx)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	state := status.(*jetstream.KeyValueBucketStatus).StreamInfo().State
 	if maxKeys > 0 && state.Msgs > uint64(maxKeys) {
-		return 0, fmt.Errorf("%w: %s holds %d messages, more than the %d keys the copy holds of a provider's bucket", ErrNodeUnread, bucket, state.Msgs, maxKeys)
+		return 0, nil, fmt.Errorf("%w: %s holds %d messages, more than the %d keys the copy holds of a provider's bucket", ErrNodeUnread, bucket, state.Msgs, maxKeys)
 	}
-	var opts []jetstream.WatchOpt
-	if metaOnly {
-		opts = append(opts, jetstream.MetaOnly())
-	}
-	// A key that is the node's name alone (malformed, listed with the
-	// node's), then the node's keys as they arrive, each through a watcher
-	// of one filter (kvread.LiveOf), taken in the order they were written,
-	// as the copy takes them.
-	alone, err := kvread.LiveOf(ctx, kv, node, opts...)
-	if err != nil {
-		return 0, err
-	}
-	err = kvread.Each(ctx, kv, node+".>", func(e jetstream.KeyValueEntry) bool {
-		if len(alone) > 0 && alone[0].Revision() < e.Revision() {
-			if !each(alone[0].Key(), alone[0].Value(), alone[0].Revision()) {
-				return false
-			}
-			alone = nil
-		}
-		return each(e.Key(), e.Value(), e.Revision())
-	}, opts...)
-	if err == nil && len(alone) > 0 && !each(alone[0].Key(), alone[0].Value(), alone[0].Revision()) {
-		err = kvread.ErrStopped
-	}
-	if errors.Is(err, kvread.ErrStopped) {
-		return 0, fmt.Errorf("%w: the node is over its budget in %s (serve --node-max-keys, --node-max-bytes)", ErrNodeUnread, bucket)
-	}
-	if err != nil {
-		return 0, err
-	}
-	return state.LastSeq, nil
+	keys := map[string]uint64{}
+	err = eachKey(ctx, kv, node, nil, []jetstream.WatchOpt{jetstream.MetaOnly()}, func(key string, _ []byte, revision uint64) bool {
+		keys[key] = revision
+		return true
+	})
+	return state.LastSeq, keys, err
 }

@@ -90,6 +90,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		}
 		w.followers = append(w.followers, &follower{
 			copy:      c,
+			kv:        kv,
 			stream:    stream,
 			prefix:    wire.KVPrefix(kv.Bucket()),
 			heartbeat: DefaultHeartbeat,
@@ -174,6 +175,7 @@ func (w *Watchers) releaseLoadMemory(ctx context.Context) {
 // follower keeps one bucket's copy up to date.
 type follower struct {
 	copy      followed
+	kv        jetstream.KeyValue // the bucket, bound once: a node's keys are read through it (ReadNode)
 	stream    jetstream.Stream
 	prefix    string // of the bucket's key subjects: wire.KVPrefix
 	heartbeat time.Duration
