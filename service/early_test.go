@@ -147,6 +147,7 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 			provisioning = append(provisioning, &provisionerv1.ProvisioningRequest{What: what, Node: node})
 		}
 	}
+	asked := map[string]uint64{wire.ComposeEndpoint: uint64(2 * len(nodes)), wire.ProvisioningEndpoint: uint64(len(provisioning))}
 	for _, req := range provisioning {
 		want, err := replay.Provisioning(req)
 		if err != nil {
@@ -158,6 +159,16 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 		}
 		if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 			t.Errorf("provisioning %v while loading differs from the copy's at the same revision (-copy +early):\n%s", req, diff)
+		}
+	}
+	// The stats count them apart, each endpoint its own.
+	for _, e := range m.service.Stats().Endpoints {
+		data, err := wire.DecodeStatsData(e.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if data.GetAnsweredEarly() != asked[e.Name] || data.GetAnswered() < asked[e.Name] {
+			t.Errorf("%s's stats: %d answered, %d early; want %d early", e.Name, data.GetAnswered(), data.GetAnsweredEarly(), asked[e.Name])
 		}
 	}
 	m.stillLoading(t)

@@ -283,6 +283,9 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 			}
 		}
 		data, werr := ep.early(ctx, in, enc)
+		if werr == nil {
+			count.early.Add(1)
+		}
 		s.send(r, enc, count, data, werr)
 	}
 	if !s.enqueue(job{queued: arrived, count: count, run: run, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release}) {

@@ -545,6 +545,7 @@ func (s *Service) stopWatchers() {
 type counters struct {
 	subject      string
 	answered     atomic.Uint64 // answers sent
+	early        atomic.Uint64 // of those, answers sent while the copy loads (answerEarly)
 	answerErrors atomic.Uint64 // errors sent by workers, and answers that could not be sent
 	shed         atomic.Uint64 // 503s for requests that waited longer than MaxQueueWait
 	queueFull    atomic.Uint64 // 503s for requests that found the queue full
@@ -574,6 +575,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 	c := s.counters[e.Name]
 	data := &provisionerv1.EndpointStatsData{
 		Answered:       c.answered.Load(),
+		AnsweredEarly:  c.early.Load(),
 		AnswerErrors:   c.answerErrors.Load(),
 		Shed:           c.shed.Load(),
 		QueueFull:      c.queueFull.Load(),

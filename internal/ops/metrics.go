@@ -34,6 +34,8 @@ var endpointCounters = []struct {
 		}},
 	{"answers_total", "Answers sent by the service's workers or reused (stats data answered).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAnswered()) }},
+	{"answered_early_total", "Answers sent while the instance's copy was loading, from the asking node's keys read alone (stats data answered_early); counted in answers_total too.",
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAnsweredEarly()) }},
 	{"answer_errors_total", "Requests accepted, then answered with an error or whose answer could not be sent (stats data answer_errors).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAnswerErrors()) }},
 	{"shed_total", "Requests answered 503 without being computed: they waited longer than --max-queue-wait for a worker (stats data shed).",

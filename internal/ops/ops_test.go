@@ -172,6 +172,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 		for _, e := range stats.Endpoints {
 			var d struct {
 				Answered       uint64 `json:"answered"`
+				AnsweredEarly  uint64 `json:"answered_early"`
 				AnswerErrors   uint64 `json:"answer_errors"`
 				Shed           uint64 `json:"shed"`
 				QueueFull      uint64 `json:"queue_full"`
@@ -187,6 +188,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 			check(e.Name+" requests", value(families, "mesh_provisioner_requests_total", ep...), float64(e.NumRequests))
 			check(e.Name+" errors", value(families, "mesh_provisioner_errors_total", ep...), float64(e.NumErrors))
 			check(e.Name+" answered", value(families, "mesh_provisioner_answers_total", ep...), float64(d.Answered))
+			check(e.Name+" answered early", value(families, "mesh_provisioner_answered_early_total", ep...), float64(d.AnsweredEarly))
 			check(e.Name+" answer errors", value(families, "mesh_provisioner_answer_errors_total", ep...), float64(d.AnswerErrors))
 			check(e.Name+" shed", value(families, "mesh_provisioner_shed_total", ep...), float64(d.Shed))
 			check(e.Name+" queue full", value(families, "mesh_provisioner_queue_full_total", ep...), float64(d.QueueFull))

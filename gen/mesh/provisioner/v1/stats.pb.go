@@ -26,7 +26,8 @@ const (
 // that endpoint, and the state of the instance's copy, which every endpoint
 // reports alike. micro carries it as JSON: the fields by these names, every
 // field present (zero counts as 0, empty lists as []), 64-bit counts as JSON
-// numbers. A reader decodes it as this message, refusing unknown fields.
+// numbers. A reader decodes it as this message, skipping fields it does not
+// know: a newer instance may report more.
 type EndpointStatsData struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Answers sent.
@@ -77,7 +78,10 @@ type EndpointStatsData struct {
 	Refused uint64 `protobuf:"varint,16,opt,name=refused,proto3" json:"refused,omitempty"`
 	// The plan digests this instance keeps in mesh-provisioner_plans, while
 	// it holds the seat (the counts are since the instance started).
-	Plans         *PlansStats `protobuf:"bytes,17,opt,name=plans,proto3" json:"plans,omitempty"`
+	Plans *PlansStats `protobuf:"bytes,17,opt,name=plans,proto3" json:"plans,omitempty"`
+	// Answers sent while the copy was loading, from the asking node's keys
+	// read alone (an instance alone, just started); counted in answered too.
+	AnsweredEarly uint64 `protobuf:"varint,18,opt,name=answered_early,json=answeredEarly,proto3" json:"answered_early,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -229,6 +233,13 @@ func (x *EndpointStatsData) GetPlans() *PlansStats {
 		return x.Plans
 	}
 	return nil
+}
+
+func (x *EndpointStatsData) GetAnsweredEarly() uint64 {
+	if x != nil {
+		return x.AnsweredEarly
+	}
+	return 0
 }
 
 // PlansStats is what the seat's holder has done of mesh-provisioner_plans.
@@ -580,7 +591,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\x93\x05\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xba\x05\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -604,7 +615,8 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
 	"large_shed\x18\x0f \x01(\x04R\tlargeShed\x12\x18\n" +
 	"\arefused\x18\x10 \x01(\x04R\arefused\x125\n" +
-	"\x05plans\x18\x11 \x01(\v2\x1f.mesh.provisioner.v1.PlansStatsR\x05plans\"\xb9\x01\n" +
+	"\x05plans\x18\x11 \x01(\v2\x1f.mesh.provisioner.v1.PlansStatsR\x05plans\x12%\n" +
+	"\x0eanswered_early\x18\x12 \x01(\x04R\ransweredEarly\"\xb9\x01\n" +
 	"\n" +
 	"PlansStats\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\x04R\awritten\x12\x1a\n" +
