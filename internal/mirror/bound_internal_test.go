@@ -220,14 +220,7 @@ func TestBoundFollowsABucketDeletedAndMadeAgain(t *testing.T) {
 		}
 		return rev
 	}
-	held := func(want map[string]uint64) func() error {
-		return func() error {
-			if got := b.Bucket("pg_bound").Keys(); !maps.Equal(got, want) {
-				return fmt.Errorf("pg_bound holds %v, want %v", got, want)
-			}
-			return nil
-		}
-	}
+	held := func(want map[string]uint64) func() error { return holds(b, "pg_bound", want) }
 	bind("ace.web.db", "ace.web.cache", "bob.api.db")
 	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"ace.web.db": 1, "ace.web.cache": 2, "bob.api.db": 3}))
 	ace := b.StampOf("ace")
@@ -474,14 +467,7 @@ func TestBoundFollowsABucketWhoseWatcherStalled(t *testing.T) {
 		}
 		return rev
 	}
-	held := func(want map[string]uint64) func() error {
-		return func() error {
-			if got := b.Bucket("pg_bound").Keys(); !maps.Equal(got, want) {
-				return fmt.Errorf("pg_bound holds %v, want %v", got, want)
-			}
-			return nil
-		}
-	}
+	held := func(want map[string]uint64) func() error { return holds(b, "pg_bound", want) }
 	first := put("ace.web.db")
 	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"ace.web.db": first}))
 
@@ -501,4 +487,14 @@ func TestBoundFollowsABucketWhoseWatcherStalled(t *testing.T) {
 	}
 	second := put("ace.web.cache")
 	natstest.CheckFor(t, 5*time.Second, held(map[string]uint64{"ace.web.db": first, "ace.web.cache": second}))
+}
+
+// holds checks, for natstest.CheckFor, that the copy holds want of bucket.
+func holds(b *Bound, bucket string, want map[string]uint64) func() error {
+	return func() error {
+		if got := b.Bucket(bucket).Keys(); !maps.Equal(got, want) {
+			return fmt.Errorf("%s holds %v, want %v", bucket, got, want)
+		}
+		return nil
+	}
 }

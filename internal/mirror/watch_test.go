@@ -89,6 +89,33 @@ func (f *fixture) reached(t *testing.T, revision uint64, within time.Duration) {
 	}
 }
 
+// eachConsumer calls do with the name of each consumer of the needs'
+// stream: the watcher's.
+func (f *fixture) eachConsumer(t *testing.T, do func(name string) error) {
+	t.Helper()
+	stream, err := f.js.Stream(context.Background(), "KV_"+keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range stream.ConsumerNames(context.Background()).Name() {
+		if err := do(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// caughtUp waits until the needs copy is no longer behind and the log says
+// it caught up, after what happened to its watcher.
+func (f *fixture) caughtUp(t *testing.T, after string) {
+	t.Helper()
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
+			return fmt.Errorf("the copy is still behind after %s; log:\n%s", after, f.log)
+		}
+		return nil
+	})
+}
+
 func (f *fixture) keys() []string {
 	entries, _ := f.m.Needs.All()
 	var out []string
@@ -108,22 +135,13 @@ func TestWatcherResumesWhenItsConsumerIsDeleted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name := range stream.ConsumerNames(context.Background()).Name() {
-		if err := stream.DeleteConsumer(context.Background(), name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	f.eachConsumer(t, func(name string) error { return stream.DeleteConsumer(context.Background(), name) })
 	rev := f.put(t, "b.web.port.http")
 	f.reached(t, rev, 2*time.Second)
 	if got := f.keys(); !slices.Equal(got, []string{"a.web.port.http", "b.web.port.http"}) {
 		t.Errorf("keys %v", got)
 	}
-	natstest.CheckFor(t, 5*time.Second, func() error {
-		if f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
-			return fmt.Errorf("the copy is still behind after its consumer was deleted; log:\n%s", f.log)
-		}
-		return nil
-	})
+	f.caughtUp(t, "its consumer was deleted")
 	if !strings.Contains(f.log.String(), "bucket copy may be behind") {
 		t.Errorf("the log does not say the copy fell behind:\n%s", f.log)
 	}
@@ -205,22 +223,12 @@ func TestWatcherResumesWhenItsConsumerStalls(t *testing.T) {
 	f.run(t)
 	f.reached(t, f.put(t, "a.web.port.http"), 5*time.Second)
 
-	stream, err := f.js.Stream(context.Background(), "KV_"+keys.NeedsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name := range stream.ConsumerNames(context.Background()).Name() {
-		if _, err := f.js.PauseConsumer(context.Background(), "KV_"+keys.NeedsBucket, name, time.Now().Add(time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f.reached(t, f.put(t, "b.web.port.http"), 10*time.Second)
-	natstest.CheckFor(t, 5*time.Second, func() error {
-		if f.m.Needs.Behind() || !strings.Contains(f.log.String(), "bucket copy caught up") {
-			return fmt.Errorf("the copy is still behind after its watcher stalled; log:\n%s", f.log)
-		}
-		return nil
+	f.eachConsumer(t, func(name string) error {
+		_, err := f.js.PauseConsumer(context.Background(), "KV_"+keys.NeedsBucket, name, time.Now().Add(time.Hour))
+		return err
 	})
+	f.reached(t, f.put(t, "b.web.port.http"), 10*time.Second)
+	f.caughtUp(t, "its watcher stalled")
 	if !strings.Contains(f.log.String(), "its watcher stalled") {
 		t.Errorf("the log does not say the watcher stalled:\n%s", f.log)
 	}
