@@ -27,6 +27,13 @@ import (
 // times the composition's own cost. Each collection's items are hashed
 // once: Compose gives every item that reads a collection its same items.
 func Digest(c *provisionerv1.ComposeResponse) string {
+	sum, _ := digest(c)
+	return "sha256:" + hex.EncodeToString(sum)
+}
+
+// digest returns Digest's hash of c, and how many bytes it hashed (each
+// collection's items, hashed apart, not counted).
+func digest(c *provisionerv1.ComposeResponse) (sum []byte, hashed int) {
 	// The fields are appended to a local buffer, written to the hash in
 	// blocks: a write a field, or a buffer in a struct (each append a
 	// write barrier while the collector runs), cost more than the hashing.
@@ -35,6 +42,7 @@ func Digest(c *provisionerv1.ComposeResponse) string {
 	flush := func() {
 		if len(b) > digestBlock {
 			h.Write(b)
+			hashed += len(b)
 			b = b[:0]
 		}
 	}
@@ -60,7 +68,7 @@ func Digest(c *provisionerv1.ComposeResponse) string {
 		flush()
 	}
 	h.Write(b)
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+	return h.Sum(nil), hashed + len(b)
 }
 
 // A DigestPart is what Digest reads of a part of a composition (a
