@@ -378,16 +378,7 @@ func (b *logBuffer) has(parts ...string) bool {
 // the seat is taken or seen held.
 func TestAStandbyThatCannotTakeTheSeatWarnsOnce(t *testing.T) {
 	t.Parallel()
-	s := natstest.StartWithConfig(t, `
-authorization {
-  users = [
-    { user: admin, password: admin }
-    { user: standby, password: standby, permissions: {
-        publish: { allow: [">"], deny: ["`+wire.SeatSubject+`"] }
-        subscribe: { allow: [">"] }
-    } }
-  ]
-}`)
+	s := natstest.StartDenying(t, "standby", wire.SeatSubject)
 	js, _ := jetstream.New(natstest.Connect(t, s, nats.UserInfo("admin", "admin")))
 	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
 		t.Fatal(err)

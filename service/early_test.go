@@ -39,16 +39,7 @@ type loadingMesh struct {
 func newLoadingMesh(t *testing.T, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
 	t.Helper()
 	pullWhole := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamOf(keys.NeedsBucket) + ".>"
-	s := natstest.StartWithConfig(t, fmt.Sprintf(`
-authorization {
-  users = [
-    { user: admin, password: admin }
-    { user: svc, password: svc, permissions: {
-        publish: { allow: [">"], deny: [%q] }
-        subscribe: { allow: [">"] }
-    } }
-  ]
-}`, pullWhole))
+	s := natstest.StartDenying(t, "svc", pullWhole)
 	m := &loadingMesh{admin: natstest.Connect(t, s, nats.UserInfo("admin", "admin"))}
 	ctx := t.Context()
 	var err error

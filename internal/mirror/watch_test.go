@@ -240,16 +240,7 @@ func TestWatcherResumesWhenItsConsumerStalls(t *testing.T) {
 // bucket's copy back for good.
 func TestWatchersStartTheLargeBucketsWithoutTheRegistry(t *testing.T) {
 	t.Parallel()
-	s := natstest.StartWithConfig(t, `
-authorization {
-  users = [
-    { user: admin, password: admin }
-    { user: svc, password: svc, permissions: {
-        publish: { allow: [">"], deny: ["$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry.>"] }
-        subscribe: { allow: [">"] }
-    } }
-  ]
-}`)
+	s := natstest.StartDenying(t, "svc", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry.>")
 	admin, err := jetstream.New(natstest.Connect(t, s, nats.UserInfo("admin", "admin")))
 	if err != nil {
 		t.Fatal(err)

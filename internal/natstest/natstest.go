@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,29 @@ func StartWithConfig(t testing.TB, config string) *server.Server {
 		t.Fatalf("nats-server configuration: %v\n%s", err, config)
 	}
 	return start(t, opts, true)
+}
+
+// StartDenying runs a nats-server with JetStream (as StartWithConfig) and
+// two users: "admin", who may publish and subscribe to anything, and user,
+// who may too but for publishing to the subjects in deny. Each password is
+// its user's name. A test denies its subject under test a request (a
+// consumer's creation, say) to see how the service does without it.
+func StartDenying(t testing.TB, user string, deny ...string) *server.Server {
+	t.Helper()
+	quoted := make([]string, len(deny))
+	for i, subject := range deny {
+		quoted[i] = strconv.Quote(subject)
+	}
+	return StartWithConfig(t, fmt.Sprintf(`
+authorization {
+  users = [
+    { user: admin, password: admin }
+    { user: %[1]q, password: %[1]q, permissions: {
+        publish: { allow: [">"], deny: [%[2]s] }
+        subscribe: { allow: [">"] }
+    } }
+  ]
+}`, user, strings.Join(quoted, ", ")))
 }
 
 func start(t testing.TB, opts *server.Options, jetStream bool) *server.Server {
