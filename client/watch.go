@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -51,7 +52,7 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 	if err != nil {
 		return fmt.Errorf("client: watch %s's plan: %w", node, err)
 	}
-	defer func() { _ = watcher.Stop() }()
+	defer kvread.Stop(watcher)
 
 	last := ""
 	composeAt := func(least *provisionerv1.Revisions) error {

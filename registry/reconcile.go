@@ -269,7 +269,7 @@ func (r *Reconciler) watchAndRun(ctx context.Context, wanted map[string][]byte) 
 	if err != nil {
 		return fmt.Errorf("watch registry bucket %s: %w", r.KV.Bucket(), err)
 	}
-	defer func() { _ = watcher.Stop() }()
+	defer kvread.Stop(watcher)
 	if _, err := r.runOnce(ctx, "start"); err != nil {
 		return err
 	}

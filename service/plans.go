@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
@@ -128,7 +129,7 @@ func (s *Service) keepPlans(ctx context.Context, cfg PlansConfig) error {
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
 	}
-	defer func() { _ = watcher.Stop() }()
+	defer kvread.Stop(watcher)
 	if err := w.follow(ctx, watcher, true); err != nil {
 		return err
 	}

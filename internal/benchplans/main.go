@@ -47,6 +47,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/benchnats"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
@@ -755,7 +756,7 @@ func bareWatch(ctx context.Context, js jetstream.JetStream, watchConn *nats.Conn
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = watcher.Stop() }()
+	defer kvread.Stop(watcher)
 	var out []time.Duration
 	for i := range cfg.writes {
 		began := time.Now()

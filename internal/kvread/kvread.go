@@ -43,7 +43,7 @@ func Each(ctx context.Context, kv jetstream.KeyValue, filter string, each func(j
 	if err != nil {
 		return err
 	}
-	defer func() { _ = w.Stop() }()
+	defer Stop(w)
 	for {
 		select {
 		case <-ctx.Done():
@@ -59,4 +59,18 @@ func Each(ctx context.Context, kv jetstream.KeyValue, filter string, each func(j
 			}
 		}
 	}
+}
+
+// Stop stops w, and reads what it still delivers until nats.go closes its
+// Updates. A watcher's delivery blocks while Updates is full (by nats.go's
+// design), and Stop does not end a delivery so blocked: a watcher stopped
+// while its reader lagged would otherwise keep its goroutine, and its
+// subscription the messages pending, for good. Every KV watcher is stopped
+// this way.
+func Stop(w jetstream.KeyWatcher) {
+	_ = w.Stop()
+	go func() {
+		for range w.Updates() {
+		}
+	}()
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
+
+	"github.com/novox/mesh-provisioner/internal/kvread"
 )
 
 // How the providers' buckets are found and followed.
@@ -596,7 +598,7 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 	if err != nil {
 		return err
 	}
-	defer func() { _ = w.Stop() }()
+	defer kvread.Stop(w)
 	var stalled stall
 	// The keys the watcher starts with replace the copy's: a key deleted
 	// while no watcher followed the bucket is not held on.
