@@ -164,7 +164,7 @@ func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node
 }
 
 // readBound reads node's keys in a provider's bucket, and the bucket's
-// revision read before them; with maxKeys above zero, a bucket that holds
+// revision as of the read; with maxKeys above zero, a bucket that holds
 // more messages than maxKeys is not read (ErrNodeUnread): the copy may not
 // hold it (Bound.SetMaxKeys).
 func readBound(ctx context.Context, js jetstream.JetStream, bucket, node string, maxKeys int) (uint64, map[string]uint64, error) {
@@ -182,10 +182,13 @@ func readBound(ctx context.Context, js jetstream.JetStream, bucket, node string,
 	if maxKeys > 0 && state.Msgs > uint64(maxKeys) {
 		return 0, nil, fmt.Errorf("%w: %s holds %d messages, more than the %d keys the copy holds of a provider's bucket", ErrNodeUnread, bucket, state.Msgs, maxKeys)
 	}
-	keys := map[string]uint64{}
-	err = eachKey(ctx, kv, node, nil, []jetstream.WatchOpt{jetstream.MetaOnly()}, func(key string, _ []byte, revision uint64) bool {
-		keys[key] = revision
+	// The bucket's revision is the newer of its state's and the keys'
+	// read after it, as the copy's, which holds no key newer than its
+	// revision.
+	keys, revision := map[string]uint64{}, state.LastSeq
+	err = eachKey(ctx, kv, node, nil, []jetstream.WatchOpt{jetstream.MetaOnly()}, func(key string, _ []byte, rev uint64) bool {
+		keys[key], revision = rev, max(revision, rev)
 		return true
 	})
-	return state.LastSeq, keys, err
+	return revision, keys, err
 }
