@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/testing/protocmp"
@@ -30,6 +31,7 @@ import (
 // (nats-server refuses it), and may watch one node's keys. It answers as
 // a lone instance does while it loads.
 type loadingMesh struct {
+	server  *server.Server
 	admin   *nats.Conn
 	js      jetstream.JetStream
 	mesh    *synth.Mesh
@@ -39,8 +41,14 @@ type loadingMesh struct {
 func newLoadingMesh(t *testing.T, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
 	t.Helper()
 	pullWhole := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamOf(keys.NeedsBucket) + ".>"
-	s := natstest.StartDenying(t, "svc", pullWhole)
-	m := &loadingMesh{admin: natstest.Connect(t, s, nats.UserInfo("admin", "admin"))}
+	return newMeshDenying(t, []string{pullWhole}, meshConfig, write, cfg)
+}
+
+// newMeshDenying is a mesh whose service's identity is denied deny.
+func newMeshDenying(t *testing.T, deny []string, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
+	t.Helper()
+	s := natstest.StartDenying(t, "svc", deny...)
+	m := &loadingMesh{server: s, admin: natstest.Connect(t, s, nats.UserInfo("admin", "admin"))}
 	ctx := t.Context()
 	var err error
 	if m.js, err = jetstream.New(m.admin); err != nil {
@@ -163,6 +171,75 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 		}
 	}
 	m.stillLoading(t)
+}
+
+// A request that comes while the copy loads, and waits for the registry's
+// copy (which a read of its node alone needs), is answered as the whole
+// copy answers it if the copy came whole meanwhile, not read alone: the
+// registry's copy is the last to load, once nats-server lets the
+// service's identity make its consumer. The node names more providers'
+// buckets than a read alone may: read alone, it would get a 503.
+func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
+	t.Parallel()
+	registryConsumer := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(keys.RegistryBucket)
+	m := newMeshDenying(t, []string{registryConsumer, registryConsumer + ".>"}, synth.Config{Nodes: 1, Modules: 3, Needs: 4}, func(js jetstream.JetStream) {
+		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
+		for i := range 20 {
+			put(t, needs, fmt.Sprintf("wide.web.bound.b%d", i), encode(t, &provisionerv1.Need{Provider: fmt.Sprintf("p%d", i), Provision: "db"}))
+		}
+	}, service.Config{RevisionWait: 30 * time.Second})
+	// The large buckets load without the registry's copy, a second on
+	// (provisions, never answered early, says what is still loading).
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		_, err := client.New(m.admin).Provisions(t.Context(), &provisionerv1.ProvisionsRequest{Provider: "pg"})
+		if !strings.Contains(fmt.Sprint(err), "loading its copy of "+keys.RegistryBucket+";") {
+			return fmt.Errorf("provisions: %w; want a 503 naming the registry's copy alone", err)
+		}
+		return nil
+	})
+	const node = "wide"
+	answered := make(chan *provisionerv1.ComposeResponse, 1)
+	go func() {
+		out, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: node})
+		if err != nil {
+			t.Errorf("compose %s: %v", node, err)
+		}
+		answered <- out
+	}()
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		for _, e := range m.service.Stats().Endpoints {
+			if e.Name == wire.ComposeEndpoint && e.NumRequests > 0 {
+				return nil
+			}
+		}
+		return errors.New("the compose request has not come")
+	})
+	natstest.ReloadDenying(t, m.server, "svc")
+	got := <-answered
+	capture, err := mirror.Capture(t.Context(), m.js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay, err := service.NewReplay(capture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
+		t.Errorf("compose %s differs from the copy's (-copy +got):\n%s", node, diff)
+	}
+	for _, e := range m.service.Stats().Endpoints {
+		data, err := wire.DecodeStatsData(e.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name == wire.ComposeEndpoint && data.GetAnsweredEarly() != 0 {
+			t.Errorf("compose answered %d early, want none: the copy was whole when it answered", data.GetAnsweredEarly())
+		}
+	}
 }
 
 // TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone: a loading instance

@@ -190,6 +190,13 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		s.refuse(r, enc, count, s.stillLoading())
 		return
 	}
+	ep.answerWhole(s, r, in, enc, count, arrived)
+}
+
+// answerWhole answers a checked request from the whole copy: a reused answer
+// at once, else on a worker, once the copy reaches the revisions the
+// request asks for.
+func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time) {
 	if ep.unavailable != nil {
 		if werr := ep.unavailable(in); werr != nil {
 			s.refuse(r, enc, count, werr)
@@ -274,6 +281,14 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 		defer cancel()
 		if !s.earlyLoaded(ctx) {
 			s.send(r, enc, count, nil, s.stillLoading())
+			return
+		}
+		if s.mirror.Ready() {
+			// The copy came whole while the request waited: it answers
+			// as it answers any request, revisions waited for, where a
+			// read of the node alone could refuse. Its time in the queue
+			// starts again, as after a wait for revisions.
+			ep.answerWhole(s, r, in, enc, count, time.Now())
 			return
 		}
 		if ep.unavailable != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +30,12 @@ func Start(t testing.TB) *server.Server {
 // gives one.
 func StartWithConfig(t testing.TB, config string) *server.Server {
 	t.Helper()
+	return start(t, processConfig(t, config), true)
+}
+
+// processConfig reads configuration text as nats-server reads its file.
+func processConfig(t testing.TB, config string) *server.Options {
+	t.Helper()
 	file := filepath.Join(t.TempDir(), "nats-server.conf")
 	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
@@ -37,7 +44,7 @@ func StartWithConfig(t testing.TB, config string) *server.Server {
 	if err != nil {
 		t.Fatalf("nats-server configuration: %v\n%s", err, config)
 	}
-	return start(t, opts, true)
+	return opts
 }
 
 // StartDenying runs a nats-server with JetStream (as StartWithConfig) and
@@ -47,11 +54,35 @@ func StartWithConfig(t testing.TB, config string) *server.Server {
 // consumer's creation, say) to see how the service does without it.
 func StartDenying(t testing.TB, user string, deny ...string) *server.Server {
 	t.Helper()
+	return StartWithConfig(t, denying(user, deny))
+}
+
+// ReloadDenying reloads a server StartDenying started with what user is
+// denied replaced by deny (none: user may do anything), as an operator's
+// configuration reload does: connected clients keep their connections.
+func ReloadDenying(t testing.TB, s *server.Server, user string, deny ...string) {
+	t.Helper()
+	opts := processConfig(t, denying(user, deny))
+	v, ok := started.Load(s)
+	if !ok {
+		t.Fatal("natstest: ReloadDenying of a server natstest did not start")
+	}
+	// What start set, the server's address and its configuration file's
+	// name: a reload may not change them.
+	was := v.(*server.Options)
+	opts.ConfigFile, opts.Host, opts.Port, opts.JetStream, opts.StoreDir, opts.NoLog, opts.NoSigs = was.ConfigFile, was.Host, -1, was.JetStream, was.StoreDir, true, true
+	if err := s.ReloadOptions(opts); err != nil {
+		t.Fatalf("nats-server reload: %v", err)
+	}
+}
+
+// denying is StartDenying's configuration.
+func denying(user string, deny []string) string {
 	quoted := make([]string, len(deny))
 	for i, subject := range deny {
 		quoted[i] = strconv.Quote(subject)
 	}
-	return StartWithConfig(t, fmt.Sprintf(`
+	return fmt.Sprintf(`
 authorization {
   users = [
     { user: admin, password: admin }
@@ -60,8 +91,11 @@ authorization {
         subscribe: { allow: [">"] }
     } }
   ]
-}`, user, strings.Join(quoted, ", ")))
+}`, user, strings.Join(quoted, ", "))
 }
+
+// started holds the options start gave each server, for ReloadDenying.
+var started sync.Map // *server.Server to *server.Options
 
 func start(t testing.TB, opts *server.Options, jetStream bool) *server.Server {
 	t.Helper()
@@ -85,7 +119,9 @@ func start(t testing.TB, opts *server.Options, jetStream bool) *server.Server {
 		s.Shutdown()
 		t.Fatal("nats-server did not become ready in 10s")
 	}
+	started.Store(s, opts.Clone())
 	t.Cleanup(func() {
+		started.Delete(s)
 		s.Shutdown()
 		s.WaitForShutdown()
 	})
