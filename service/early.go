@@ -21,11 +21,17 @@ import (
 // takes no request before its copy is whole (Start), so it never reads
 // this way.
 
-// earlyMaxBound is the most providers' buckets a node's needs may name
-// for it to be read alone: each is one more watcher made while the copy
-// loads, on a node's request, and a node asks for itself as often as it
-// likes (at most Config.Concurrency reads at once).
-const earlyMaxBound = 16
+// Reads of a node alone are bounded across every node: earlyReadsPerSecond a
+// second, after a burst of as many. Each costs JetStream some six API
+// requests (a bucket's state and a watcher, in each state bucket), and a
+// node asks for itself as often as it likes: without the bound, a node
+// asking in a loop while the copy loads would have the server ask
+// JetStream thousands of times a second, and slow the load.
+const earlyReadsPerSecond = 100
+
+// earlyMaxUnread is the most providers' buckets not read yet that a read of
+// a node alone waits for, on a worker.
+const earlyMaxUnread = 16
 
 // earlyLoaded waits until the copy holds what a read of one node reads
 // beside the node's keys, the registry and the manifests (a few keys,
@@ -46,16 +52,33 @@ func (s *Service) earlyLoaded(ctx context.Context) bool {
 // fails, gets the 503 of a loading copy, with why.
 func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeRequest, enc encoding) ([]byte, *wire.Error) {
 	start := time.Now()
-	m, err := s.followers.ReadNode(ctx, in.GetNode())
-	if err == nil {
-		err = m.ReadNodeBound(ctx, s.js, in.GetNode(), earlyMaxBound)
+	m, werr := s.readAlone(ctx, in.GetNode())
+	if werr != nil {
+		return nil, werr
 	}
-	read := time.Since(start)
-	if err != nil {
-		return nil, s.unreadAlone(in.GetNode(), err)
-	}
+	// The providers' buckets its needs name are the copy's, named now and
+	// waited for, as the whole copy's answer waits for them; on a worker,
+	// so for a few only: a node that names more has them looked for, and
+	// is answered once they are read.
 	needs, _, _ := m.Needs.Group(in.GetNode())
 	buckets := namedBuckets(m, needs)
+	var unread []*mirror.BoundBucket
+	for _, bucket := range buckets {
+		if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
+			unread = append(unread, bb)
+		}
+	}
+	if len(unread) > earlyMaxUnread {
+		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and node %s's needs name %d providers' buckets it has not read yet, more than the %d a read alone waits for; ask again shortly",
+			strings.Join(s.mirror.Loading(), ", "), in.GetNode(), len(unread), earlyMaxUnread)
+	}
+	for _, bb := range unread {
+		if !bb.WaitLoaded(ctx) {
+			return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and has not read %s, which node %s's needs name; ask again shortly",
+				strings.Join(s.mirror.Loading(), ", "), bb.Bucket(), in.GetNode())
+		}
+	}
+	read := time.Since(start)
 	if werr := s.readBehind(composeWaits(m, in, buckets)); werr != nil {
 		return nil, werr
 	}
@@ -80,9 +103,9 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 		return nil, s.stillLoading()
 	default:
 		start := time.Now()
-		var err error
-		if m, err = s.followers.ReadNode(ctx, in.GetNode()); err != nil {
-			return nil, s.unreadAlone(in.GetNode(), err)
+		var werr *wire.Error
+		if m, werr = s.readAlone(ctx, in.GetNode()); werr != nil {
+			return nil, werr
 		}
 		read = time.Since(start)
 	}
@@ -96,11 +119,20 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 	})
 }
 
-// unreadAlone is the refusal of a request whose node could not be read
-// alone; logged as every 503 is, with its sentence (logFailure).
-func (s *Service) unreadAlone(node string, err error) *wire.Error {
-	return wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s and could not read node %s alone (%v); ask again shortly",
-		strings.Join(s.mirror.Loading(), ", "), node, err)
+// readAlone reads node's keys alone (mirror.ReadNode), within the bound
+// on such reads (earlyReadsPerSecond); a node it does not read gets a 503 that says
+// why, logged as every 503 is (logFailure).
+func (s *Service) readAlone(ctx context.Context, node string) (*mirror.Mirror, *wire.Error) {
+	if !s.earlyReads.Allow() {
+		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and reads at most %d nodes alone a second meanwhile; ask again shortly",
+			strings.Join(s.mirror.Loading(), ", "), earlyReadsPerSecond)
+	}
+	m, err := s.followers.ReadNode(ctx, node)
+	if err != nil {
+		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s and could not read node %s alone (%v); ask again shortly",
+			strings.Join(s.mirror.Loading(), ", "), node, err)
+	}
+	return m, nil
 }
 
 // readBehind refuses a request that asks for a revision after what was

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,17 +179,17 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 // copy (which a read of its node alone needs), is answered as the whole
 // copy answers it if the copy came whole meanwhile, not read alone: the
 // registry's copy is the last to load, once nats-server lets the
-// service's identity make its consumer. The node names more providers'
-// buckets than a read alone may: read alone, it would get a 503.
+// service's identity make its consumer. The node is over its budget:
+// read alone, it would get a 503.
 func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 	t.Parallel()
 	registryConsumer := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(keys.RegistryBucket)
 	m := newMeshDenying(t, []string{registryConsumer, registryConsumer + ".>"}, synth.Config{Nodes: 1, Modules: 3, Needs: 4}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
-		for i := range 20 {
-			put(t, needs, fmt.Sprintf("wide.web.bound.b%d", i), encode(t, &provisionerv1.Need{Provider: fmt.Sprintf("p%d", i), Provision: "db"}))
+		for i := range 40 {
+			put(t, needs, fmt.Sprintf("big.web.port.p%d", i), encode(t, &provisionerv1.Need{}))
 		}
-	}, service.Config{RevisionWait: 30 * time.Second})
+	}, service.Config{RevisionWait: 30 * time.Second, NodeMaxKeys: 35})
 	// The large buckets load without the registry's copy, a second on
 	// (provisions, never answered early, says what is still loading).
 	natstest.CheckFor(t, 10*time.Second, func() error {
@@ -197,7 +199,7 @@ func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 		}
 		return nil
 	})
-	const node = "wide"
+	const node = "big"
 	answered := make(chan *provisionerv1.ComposeResponse, 1)
 	go func() {
 		out, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: node})
@@ -216,20 +218,9 @@ func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 	})
 	natstest.ReloadDenying(t, m.server, "svc")
 	got := <-answered
-	capture, err := mirror.Capture(t.Context(), m.js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	replay, err := service.NewReplay(capture)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := replay.Compose(&provisionerv1.ComposeRequest{Node: node})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.ComposeResponse{}, "phases")); diff != "" {
-		t.Errorf("compose %s differs from the copy's (-copy +got):\n%s", node, diff)
+	// The whole copy holds 35 of its 40 keys, and refuses the others.
+	if n := len(got.GetRefusals()); n != 5 || !strings.Contains(got.GetRefusals()[0].GetDetail(), "not held") {
+		t.Errorf("compose %s: %d refusals (%v), want the 5 keys over its budget", node, n, got.GetRefusals())
 	}
 	for _, e := range m.service.Stats().Endpoints {
 		data, err := wire.DecodeStatsData(e.Data)
@@ -243,14 +234,15 @@ func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 }
 
 // TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone: a loading instance
-// answers 503, saying why, a node over its budget or that names too many
-// providers' buckets, a revision after what it read, and every node's
-// records.
+// answers 503, saying why, a node over its budget, a revision after what
+// it read, and every node's records; and a node whose needs name more
+// providers' buckets than it waits for, not read yet, until the copy has
+// looked for them.
 func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 	t.Parallel()
 	m := newLoadingMesh(t, synth.Config{Nodes: 1, Modules: 2, Needs: 2}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
-		for i := range 20 { // more providers' buckets than a node read alone may name
+		for i := range 20 { // more providers' buckets than a read alone waits for
 			put(t, needs, fmt.Sprintf("wide.web.bound.b%d", i), encode(t, &provisionerv1.Need{Provider: fmt.Sprintf("p%d", i), Provision: "db"}))
 		}
 		for i := range 40 { // over its budget
@@ -263,13 +255,25 @@ func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 		req  *provisionerv1.ComposeRequest
 		want string
 	}{
-		{"too many providers' buckets", &provisionerv1.ComposeRequest{Node: "wide"}, "its needs name 20 providers' buckets, more than the 16 read alone"},
+		{"too many providers' buckets not read yet", &provisionerv1.ComposeRequest{Node: "wide"}, "name 20 providers' buckets it has not read yet, more than the 16 a read alone waits for"},
 		{"over its budget", &provisionerv1.ComposeRequest{Node: "big"}, "the node is over its budget in mesh-provisioner_needs"},
 		{"a revision after the read", &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[0].Name, MinRevisions: &provisionerv1.Revisions{Needs: 1 << 40}}, "behind the 1099511627776 asked for"},
 	} {
 		_, err := ask.Compose(t.Context(), tc.req)
 		checkStillLoading(t, "compose: "+tc.name, err, tc.want)
 	}
+	// Named by that request, its buckets are looked for, found missing:
+	// asked again, it is answered, its provisions pending.
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		out, err := ask.Compose(t.Context(), &provisionerv1.ComposeRequest{Node: "wide"})
+		if err != nil {
+			return err
+		}
+		if n := len(out.GetProvisions()); n != 20 {
+			return fmt.Errorf("wide's composition holds %d provisions, want 20", n)
+		}
+		return nil
+	})
 	for _, tc := range []struct {
 		name string
 		req  *provisionerv1.ProvisioningRequest
@@ -281,6 +285,38 @@ func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 	} {
 		_, err := ask.Provisioning(t.Context(), tc.req)
 		checkStillLoading(t, "provisioning: "+tc.name, err, tc.want)
+	}
+	m.stillLoading(t)
+}
+
+// Reads of a node alone are bounded across every node (100 a second,
+// after a burst of 100): many requests at once, while the copy loads, get
+// that many answers, and the others a 503 that says so.
+func TestReadsAloneAreBounded(t *testing.T) {
+	t.Parallel()
+	m := newLoadingMesh(t, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, service.Config{})
+	const asked = 400
+	var answered, bounded atomic.Int64
+	var asking sync.WaitGroup
+	start := time.Now()
+	for i := range asked {
+		asking.Go(func() {
+			_, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[i%2].Name})
+			var werr *wire.Error
+			switch {
+			case err == nil:
+				answered.Add(1)
+			case errors.As(err, &werr) && strings.Contains(werr.Sentence(), "reads at most 100 nodes alone a second"):
+				bounded.Add(1)
+			default:
+				t.Errorf("compose while loading: %v", err)
+			}
+		})
+	}
+	asking.Wait()
+	most := 100 + int64(100*time.Since(start).Seconds()) + 1
+	if answered.Load() > most || bounded.Load() == 0 {
+		t.Errorf("%d of %d requests answered and %d refused for the bound in %s; want at most %d answered", answered.Load(), asked, bounded.Load(), time.Since(start), most)
 	}
 	m.stillLoading(t)
 }

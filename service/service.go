@@ -166,10 +166,10 @@ type Service struct {
 	large  *largeSender // of answers over LargeAnswer bytes
 	mirror *mirror.Mirror
 	// followers keep the copy, and read a node's keys alone while it
-	// loads (composeEarly); js reads the providers' buckets then.
-	followers *mirror.Watchers
-	js        jetstream.JetStream
-	logger    *slog.Logger
+	// loads (readAlone), at most as often as earlyReads allows.
+	followers  *mirror.Watchers
+	earlyReads *rate.Limiter
+	logger     *slog.Logger
 
 	revisionWait time.Duration
 	slowCompose  time.Duration
@@ -305,7 +305,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		conn:         cfg.Conn,
 		answer:       cmp.Or(cfg.AnswerConn, cfg.Conn),
 		mirror:       mirror.New(),
-		js:           js,
+		earlyReads:   rate.NewLimiter(earlyReadsPerSecond, earlyReadsPerSecond),
 		logger:       cfg.Logger,
 		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait: cfg.MaxQueueWait,

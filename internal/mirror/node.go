@@ -12,10 +12,8 @@ import (
 	"github.com/novox/mesh-provisioner/internal/kvread"
 )
 
-// ErrNodeUnread says ReadNode or ReadNodeBound did not read a node: what
-// it reads beside the node's keys is not loaded yet, or the node reads more
-// than a read of its own may (it is over its budget, its needs name too
-// many providers' buckets, or one holds more than Bound.SetMaxKeys). Its
+// ErrNodeUnread says ReadNode did not read a node: what it reads beside the
+// node's keys is not loaded yet, or the node is over its budget. Its
 // answers wait for the whole copy.
 var ErrNodeUnread = errors.New("the node is not read alone")
 
@@ -23,9 +21,11 @@ var ErrNodeUnread = errors.New("the node is not read alone")
 // while the copy loads: it returns a mirror that holds the node's needs,
 // applied records and items, each copy at the revision its bucket had when
 // it was read, beside the copy's own registry and manifests, which must be
-// loaded, and no provider's bucket (ReadNodeBound reads those). What it
-// answers of the node is what the whole copy answers at those revisions,
-// malformed keys included; a node over its budget in a bucket is not read.
+// loaded, and providers' buckets (the copy's: each is read once for every
+// node, its lookups bounded, and a bucket named by a node's needs is waited
+// for as the whole copy's answers wait for it). What it answers of the node
+// is what the whole copy answers at those revisions, malformed keys
+// included; a node over its budget in a bucket is not read.
 //
 // Each bucket, bound once by Open, is read in two requests: its state,
 // which gives its revision (read first, so that the keys read are at
@@ -37,8 +37,7 @@ func (w *Watchers) ReadNode(ctx context.Context, node string) (*Mirror, error) {
 		return nil, fmt.Errorf("%w: the copy of the registry or of the manifests is still loading", ErrNodeUnread)
 	}
 	read := New()
-	read.Registry, read.Manifests, read.manifests = m.Registry, m.Manifests, m.manifests
-	read.Bound.held, read.Bound.maxKeys = true, m.Bound.maxKeys
+	read.Registry, read.Manifests, read.manifests, read.Bound = m.Registry, m.Manifests, m.manifests, m.Bound
 	var reading errgroup.Group
 	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Needs), node, m.Needs, read.Needs) })
 	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Applied), node, m.Applied, read.Applied) })
@@ -82,7 +81,7 @@ func readNodeInto[R proto.Message](ctx context.Context, f *follower, node string
 			return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
 		}
 	}
-	err = eachKey(ctx, f.kv, node, alone, nil, func(key string, value []byte, revision uint64) bool {
+	err = eachKey(ctx, f.kv, node, alone, func(key string, value []byte, revision uint64) bool {
 		into.Apply(key, value, revision, false)
 		return !into.overBudget(node)
 	})
@@ -103,7 +102,7 @@ func readNodeInto[R proto.Message](ctx context.Context, f *follower, node string
 // were written, through a KV watcher of one filter, <node>.> (kvread.LiveOf
 // says why one), with the entries of alone (read apart) in their place,
 // until each returns false (kvread.ErrStopped).
-func eachKey(ctx context.Context, kv jetstream.KeyValue, node string, alone []jetstream.KeyValueEntry, opts []jetstream.WatchOpt, each func(key string, value []byte, revision uint64) bool) error {
+func eachKey(ctx context.Context, kv jetstream.KeyValue, node string, alone []jetstream.KeyValueEntry, each func(key string, value []byte, revision uint64) bool) error {
 	take := func(e jetstream.KeyValueEntry) bool { return each(e.Key(), e.Value(), e.Revision()) }
 	err := kvread.Each(ctx, kv, node+".>", func(e jetstream.KeyValueEntry) bool {
 		for len(alone) > 0 && alone[0].Revision() < e.Revision() {
@@ -113,7 +112,7 @@ func eachKey(ctx context.Context, kv jetstream.KeyValue, node string, alone []je
 			alone = alone[1:]
 		}
 		return take(e)
-	}, opts...)
+	})
 	for ; err == nil && len(alone) > 0; alone = alone[1:] {
 		if !take(alone[0]) {
 			err = kvread.ErrStopped
@@ -127,68 +126,4 @@ func (c *Copy[R]) overBudget(first string) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.overSet[first] != nil
-}
-
-// ReadNodeBound reads, into a mirror ReadNode returned, node's keys in the
-// bucket of each provider its needs name, at most maxBound buckets, as
-// ReadNode reads the state buckets but with no value (as the copy reads a
-// provider's bucket) and bound on each request: a provider's bucket's key
-// shape begins with <node> (registry.Validate), so its keys are <node>.>.
-func (m *Mirror) ReadNodeBound(ctx context.Context, js jetstream.JetStream, node string, maxBound int) error {
-	buckets := m.BoundBuckets()
-	if len(buckets) > maxBound {
-		return fmt.Errorf("%w: its needs name %d providers' buckets, more than the %d read alone", ErrNodeUnread, len(buckets), maxBound)
-	}
-	// At once: a bucket the identity may not read goes unanswered for
-	// apiTimeout, as many as the needs name.
-	var providers errgroup.Group
-	for _, bucket := range buckets {
-		providers.Go(func() error {
-			revision, keys, err := readBound(ctx, js, bucket, node, m.Bound.maxKeys)
-			switch {
-			case errors.Is(err, jetstream.ErrBucketNotFound):
-				// Missing: held empty, as the copy holds a missing bucket.
-			case errors.Is(err, ErrNodeUnread), ctx.Err() != nil:
-				return fmt.Errorf("read %s of node %s: %w", bucket, node, err)
-			case err != nil:
-				// As the copy holds a bucket it fails to read: its
-				// provisions pending, the bucket behind.
-				m.Bound.Bucket(bucket).markFailing(true)
-			default:
-				m.Bound.Bucket(bucket).replace(keys, revision)
-			}
-			return nil
-		})
-	}
-	return providers.Wait()
-}
-
-// readBound reads node's keys in a provider's bucket, and the bucket's
-// revision as of the read; with maxKeys above zero, a bucket that holds
-// more messages than maxKeys is not read (ErrNodeUnread): the copy may not
-// hold it (Bound.SetMaxKeys).
-func readBound(ctx context.Context, js jetstream.JetStream, bucket, node string, maxKeys int) (uint64, map[string]uint64, error) {
-	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
-	defer cancel()
-	kv, err := js.KeyValue(apiCtx, bucket)
-	if err != nil {
-		return 0, nil, err
-	}
-	status, err := kv.Status(apiCtx)
-	if err != nil {
-		return 0, nil, err
-	}
-	state := status.(*jetstream.KeyValueBucketStatus).StreamInfo().State
-	if maxKeys > 0 && state.Msgs > uint64(maxKeys) {
-		return 0, nil, fmt.Errorf("%w: %s holds %d messages, more than the %d keys the copy holds of a provider's bucket", ErrNodeUnread, bucket, state.Msgs, maxKeys)
-	}
-	// The bucket's revision is the newer of its state's and the keys'
-	// read after it, as the copy's, which holds no key newer than its
-	// revision.
-	keys, revision := map[string]uint64{}, state.LastSeq
-	err = eachKey(ctx, kv, node, nil, []jetstream.WatchOpt{jetstream.MetaOnly()}, func(key string, _ []byte, rev uint64) bool {
-		keys[key], revision = rev, max(revision, rev)
-		return true
-	})
-	return revision, keys, err
 }
