@@ -125,7 +125,7 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 func (s *Service) readAlone(ctx context.Context, node string) (*mirror.Mirror, *wire.Error) {
 	if !s.earlyReads.Allow() {
 		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and reads at most %d nodes alone a second meanwhile; ask again shortly",
-			strings.Join(s.mirror.Loading(), ", "), earlyReadsPerSecond)
+			strings.Join(s.mirror.Loading(), ", "), s.earlyReads.Burst())
 	}
 	m, err := s.followers.ReadNode(ctx, node)
 	if err != nil {

@@ -289,13 +289,18 @@ func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 	m.stillLoading(t)
 }
 
-// Reads of a node alone are bounded across every node (100 a second,
-// after a burst of 100): many requests at once, while the copy loads, get
-// that many answers, and the others a 503 that says so.
+// Reads of a node alone are bounded across every node (a rate, after a
+// burst of as many): many requests at once, while the copy loads, get that
+// many answers, and the others a 503 that says so. The test's bound, 10 a
+// second, is under what any machine reads (a -race run on 2 busy cores
+// reads some 100 a second, the default bound, which it could not see), and
+// no request is shed for its wait in the queue, which is not this bound.
 func TestReadsAloneAreBounded(t *testing.T) {
 	t.Parallel()
-	m := newLoadingMesh(t, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, service.Config{})
-	const asked = 400
+	const perSecond, asked = 10, 200
+	cfg := service.Config{MaxQueueWait: time.Minute}
+	cfg.SetEarlyReadsPerSecond(perSecond)
+	m := newLoadingMesh(t, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, cfg)
 	var answered, bounded atomic.Int64
 	var asking sync.WaitGroup
 	start := time.Now()
@@ -306,7 +311,7 @@ func TestReadsAloneAreBounded(t *testing.T) {
 			switch {
 			case err == nil:
 				answered.Add(1)
-			case errors.As(err, &werr) && strings.Contains(werr.Sentence(), "reads at most 100 nodes alone a second"):
+			case errors.As(err, &werr) && strings.Contains(werr.Sentence(), fmt.Sprintf("reads at most %d nodes alone a second", perSecond)):
 				bounded.Add(1)
 			default:
 				t.Errorf("compose while loading: %v", err)
@@ -314,9 +319,10 @@ func TestReadsAloneAreBounded(t *testing.T) {
 		})
 	}
 	asking.Wait()
-	most := 100 + int64(100*time.Since(start).Seconds()) + 1
+	took := time.Since(start)
+	most := perSecond + int64(perSecond*took.Seconds()) + 1
 	if answered.Load() > most || bounded.Load() == 0 {
-		t.Errorf("%d of %d requests answered and %d refused for the bound in %s; want at most %d answered", answered.Load(), asked, bounded.Load(), time.Since(start), most)
+		t.Errorf("%d of %d requests answered and %d refused for the bound in %s; want at most %d answered and some refused", answered.Load(), asked, bounded.Load(), took, most)
 	}
 	m.stillLoading(t)
 }

@@ -116,6 +116,10 @@ type Config struct {
 	// a provider's bucket found missing and how long it keeps one that
 	// nothing names (mirror.Bound.SetTimings).
 	boundRetry, boundForget time.Duration
+	// earlyReadsPerSecond, in tests, replaces the bound on reads of a
+	// node alone (earlyReadsPerSecond): a bound under what the test's
+	// machine reads, so that it is the bound a test sees.
+	earlyReadsPerSecond int
 }
 
 // NoLimit lifts the limit of a Config field that takes it.
@@ -269,6 +273,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.earlyReadsPerSecond == 0 {
+		cfg.earlyReadsPerSecond = earlyReadsPerSecond
+	}
 	if cfg.AnswerCacheMaxBytes == 0 {
 		cfg.AnswerCacheMaxBytes = DefaultAnswerCacheMaxBytes
 	}
@@ -305,7 +312,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		conn:         cfg.Conn,
 		answer:       cmp.Or(cfg.AnswerConn, cfg.Conn),
 		mirror:       mirror.New(),
-		earlyReads:   rate.NewLimiter(earlyReadsPerSecond, earlyReadsPerSecond),
+		earlyReads:   rate.NewLimiter(rate.Limit(cfg.earlyReadsPerSecond), cfg.earlyReadsPerSecond),
 		logger:       cfg.Logger,
 		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait: cfg.MaxQueueWait,
