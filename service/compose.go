@@ -168,10 +168,7 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 	start := time.Now()
 	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views)
 	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views)
-	applied, _, appliedRevision := groupOf(m.Applied, in.GetNode(), r.views)
-	if applied == nil {
-		applied = []*mirror.Entry[*provisionerv1.AppliedRecord]{} // read: none
-	}
+	builds, appliedRevision := m.BuildsOf(in.GetNode())
 	revisions := &provisionerv1.Revisions{
 		Registry:  m.Registry.Revision(),
 		Needs:     needsRevision,
@@ -179,7 +176,7 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		Collect:   collectRevision,
 		Manifests: m.Manifests.Revision(),
 	}
-	sources := sourcesOf(m, applied)
+	sources := sourcesOf(m, &builds)
 	if heard := r.boundRead; heard != nil {
 		key := sources.Bound
 		sources.Bound = func(bucket, k string) uint64 {
@@ -445,32 +442,18 @@ func (b boundLoaded) Revision() uint64 {
 func (b boundLoaded) WaitFor(ctx context.Context, _ uint64) bool { return b.WaitLoaded(ctx) }
 
 // sourcesOf returns what compositions read of a mirror beyond a node's own
-// needs and items. The builds are those of applied, the node's applied
-// records read with its needs, or, when nil, each module's as the copy holds
-// it when it is read.
-func sourcesOf(m *mirror.Mirror, applied []*mirror.Entry[*provisionerv1.AppliedRecord]) compose.Sources {
-	builds := func(node, module string) (string, string) {
+// needs and items. The builds are builds, the node's read with its needs
+// (Mirror.BuildsOf), or, when nil, each module's as the copy holds it when
+// it is read.
+func sourcesOf(m *mirror.Mirror, builds *mirror.Builds) compose.Sources {
+	read := func(node, module string) (string, string) {
 		r, _ := m.Applied.Get(node, node+"."+module)
 		return r.GetApplied().GetWantedBuild(), r.GetApplied().GetNewestBuild()
 	}
-	if applied != nil {
-		builds = func(_, module string) (string, string) {
-			i, found := sort.Find(len(applied), func(i int) int { return strings.Compare(module, appliedModule(applied[i])) })
-			if !found || applied[i].Malformed != nil {
-				return "", ""
-			}
-			a := applied[i].Record.GetApplied()
-			return a.GetWantedBuild(), a.GetNewestBuild()
-		}
+	if builds != nil {
+		read = func(_, module string) (string, string) { return builds.Of(module) }
 	}
-	return compose.Sources{Registry: m.RegistryEntry, Builds: builds, Bound: m.Bound.Key, Manifest: m.ManifestOf}
-}
-
-// appliedModule returns the module token of an applied key, well formed or
-// not: the applied records of a node are in module order.
-func appliedModule(e *mirror.Entry[*provisionerv1.AppliedRecord]) string {
-	_, module, _ := strings.Cut(e.Key, ".")
-	return module
+	return compose.Sources{Registry: m.RegistryEntry, Builds: read, Bound: m.Bound.Key, Manifest: m.ManifestOf}
 }
 
 // composeNeeds composes some of a node's needs, in key order.

@@ -272,7 +272,8 @@ func BenchmarkComposeMesh(b *testing.B) {
 	}
 	writerRun := time.Since(first)
 	// What that first pass reads, alone, on a copy loaded alike: every
-	// node's needs, items and applied records decoded, nothing composed.
+	// node's needs and items decoded, and its applied records' builds,
+	// nothing composed.
 	// The copy keeps each key as its bytes (the memory target), so the
 	// first pass decodes every value once: this is that pass's floor.
 	writer = nil
@@ -288,7 +289,7 @@ func BenchmarkComposeMesh(b *testing.B) {
 		decoding.Go(func() error {
 			groupOf(decoded.mirror.Needs, n, dropViews)
 			groupOf(decoded.mirror.Collect, n, dropViews)
-			groupOf(decoded.mirror.Applied, n, dropViews)
+			decoded.mirror.BuildsOf(n)
 			return nil
 		})
 	}

@@ -287,17 +287,14 @@ var headFields = (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().
 func (s *Service) sectionComposer(node string, arena *compose.Arena) *compose.Composer {
 	m := s.mirror
 	items, _, _ := m.Collect.Group(node)
-	applied, _, _ := m.Applied.Group(node)
-	if applied == nil {
-		applied = []*mirror.Entry[*provisionerv1.AppliedRecord]{} // read: none
-	}
+	builds, _ := m.BuildsOf(node)
 	records := make([]*provisionerv1.CollectRecord, 0, len(items))
 	for _, e := range items {
 		if e.Malformed == nil {
 			records = append(records, e.Record)
 		}
 	}
-	return compose.NewComposer(compose.Input{Node: node, Sources: sourcesOf(m, applied), Items: records, Arena: arena})
+	return compose.NewComposer(compose.Input{Node: node, Sources: sourcesOf(m, &builds), Items: records, Arena: arena})
 }
 
 // sharedParts is what the sections of one composition share as they are

@@ -674,6 +674,23 @@ func (c *Copy[R]) group(first string, keep bool) (entries []*Entry[R], changedAt
 	return entries, changedAt, c.revision
 }
 
+// Values calls each with the key and the value's bytes of each key the
+// group first holds well formed, in key order, and returns the copy's
+// revision: for a reader of a field or two of each value, which decodes
+// nothing else and keeps no view. The strings are the copy's, never
+// changed: each may keep windows on them. each runs under the copy's read
+// lock, and must not call the copy.
+func (c *Copy[R]) Values(first string, each func(key, value string)) (revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if g := c.groups[first]; g != nil {
+		for _, s := range g.inOrder() {
+			each(s.key(), s.value())
+		}
+	}
+	return c.revision
+}
+
 // All returns every entry of the copy in key order, and the copy's revision.
 // The groups' views it makes are not kept: every group's would be the whole
 // copy decoded.
