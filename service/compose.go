@@ -166,8 +166,13 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		return nil, timings{}, werr
 	}
 	start := time.Now()
-	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views)
-	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views)
+	var needsScratch *mirror.Scratch[*provisionerv1.NeedRecord]
+	var collectScratch *mirror.Scratch[*provisionerv1.CollectRecord]
+	if r.scratch != nil {
+		needsScratch, collectScratch = &r.scratch.needs, &r.scratch.collect
+	}
+	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views, needsScratch)
+	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views, collectScratch)
 	builds, appliedRevision := m.BuildsOf(in.GetNode())
 	revisions := &provisionerv1.Revisions{
 		Registry:  m.Registry.Revision(),
@@ -270,10 +275,24 @@ chunks:
 type reading struct {
 	views viewUse
 	arena *compose.Arena
+	// scratch, if set (with dropViews), is where the node's needs and
+	// items are decoded, for a composition of which nothing is kept once
+	// its digest is read: the plans writer's.
+	scratch *decodeScratch
 	// boundRead, if set, hears each providers' bucket the composition
 	// reads a key of.
 	boundRead func(bucket string)
 }
+
+// decodeScratch is where the plans writer decodes a node's needs and
+// items, reused from one node to the next (mirror.Scratch).
+type decodeScratch struct {
+	needs   mirror.Scratch[*provisionerv1.NeedRecord]
+	collect mirror.Scratch[*provisionerv1.CollectRecord]
+}
+
+// scratches are the plans writer's decodeScratches, one a worker.
+var scratches = sync.Pool{New: func() any { return new(decodeScratch) }}
 
 // arenas are the compositions' arenas, reused once their answers are
 // encoded (or their digests read).
@@ -299,10 +318,14 @@ const (
 	dropViews viewUse = false
 )
 
-// groupOf reads a node's group of a copy as views says.
-func groupOf[R proto.Message](c *mirror.Copy[R], node string, views viewUse) (entries []*mirror.Entry[R], changedAt, revision uint64) {
-	if views == keepViews {
+// groupOf reads a node's group of a copy as views says, into scratch, if
+// set, when it keeps no view.
+func groupOf[R proto.Message](c *mirror.Copy[R], node string, views viewUse, scratch *mirror.Scratch[R]) (entries []*mirror.Entry[R], changedAt, revision uint64) {
+	switch {
+	case views == keepViews:
 		return c.Group(node)
+	case scratch != nil:
+		return c.GroupInto(node, scratch)
 	}
 	return c.GroupOnce(node)
 }

@@ -248,8 +248,8 @@ func BenchmarkComposeMesh(b *testing.B) {
 	}
 	firstRun := time.Since(first)
 	// The first pass as the plans writer makes it, on a copy loaded alike:
-	// as many nodes at once as there are cores, each in a pooled arena, no
-	// view kept.
+	// as many nodes at once as there are cores, each in a pooled arena and
+	// decoded in a pooled scratch, no view kept.
 	writer, err := NewReplay(capture)
 	if err != nil {
 		b.Fatal(err)
@@ -261,7 +261,9 @@ func BenchmarkComposeMesh(b *testing.B) {
 		composing.Go(func() error {
 			arena, done := pooledArena()
 			defer done()
-			if _, _, werr := composeFrom(writer.mirror, &provisionerv1.ComposeRequest{Node: n}, encoding{}, unpaged, reading{views: dropViews, arena: arena}); werr != nil {
+			scratch := scratches.Get().(*decodeScratch)
+			defer scratches.Put(scratch)
+			if _, _, werr := composeFrom(writer.mirror, &provisionerv1.ComposeRequest{Node: n}, encoding{}, unpaged, reading{views: dropViews, arena: arena, scratch: scratch}); werr != nil {
 				return werr
 			}
 			return nil
@@ -287,8 +289,10 @@ func BenchmarkComposeMesh(b *testing.B) {
 	decoding.SetLimit(runtime.GOMAXPROCS(0))
 	for _, n := range nodes {
 		decoding.Go(func() error {
-			groupOf(decoded.mirror.Needs, n, dropViews)
-			groupOf(decoded.mirror.Collect, n, dropViews)
+			scratch := scratches.Get().(*decodeScratch)
+			defer scratches.Put(scratch)
+			groupOf(decoded.mirror.Needs, n, dropViews, &scratch.needs)
+			groupOf(decoded.mirror.Collect, n, dropViews, &scratch.collect)
 			decoded.mirror.BuildsOf(n)
 			return nil
 		})

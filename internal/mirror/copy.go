@@ -202,8 +202,9 @@ type Copy[R proto.Message] struct {
 	check func(key, value string) error
 	// recordsOf returns what decodes n values that decode accepted, for one
 	// view: it may read them in place, keep windows on them and on their
-	// keys, and allocate the n records at once.
-	recordsOf func(n int) func(key, value string, revision uint64) R
+	// keys, and allocate the n records at once, or make them in reuse's
+	// arrays when it is not nil.
+	recordsOf func(n int, reuse *recordBuffers) func(key, value string, revision uint64) R
 	loaded    chan struct{} // closed once the first watcher's initial values are in
 	ready     atomic.Bool   // loaded, as one atomic load
 	once      sync.Once
@@ -239,7 +240,7 @@ type Copy[R proto.Message] struct {
 
 // NewCopy returns an empty copy of bucket whose values decode is given.
 func NewCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error)) *Copy[R] {
-	c := newCopy(bucket, decode, func(int) func(key, value string, revision uint64) R {
+	c := newCopy(bucket, decode, func(int, *recordBuffers) func(key, value string, revision uint64) R {
 		return func(key, value string, revision uint64) R {
 			r, _ := decode(key, []byte(value), revision)
 			return r
@@ -254,7 +255,7 @@ func NewCopy[R proto.Message](bucket string, decode func(key string, value []byt
 
 // newCopy returns an empty copy whose views decode with recordsOf, faster
 // than decode, the values decode accepted.
-func newCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error), recordsOf func(n int) func(key, value string, revision uint64) R) *Copy[R] {
+func newCopy[R proto.Message](bucket string, decode func(key string, value []byte, revision uint64) (R, error), recordsOf func(n int, reuse *recordBuffers) func(key, value string, revision uint64) R) *Copy[R] {
 	return &Copy[R]{
 		bucket:    bucket,
 		decode:    decode,
@@ -569,6 +570,12 @@ func (g *group[R]) inOrder() []slot {
 // next reads. Of the values the stale view decoded, those still held are
 // not decoded again. The caller holds c.mu for reading.
 func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
+	return c.viewIn(g, keep, nil)
+}
+
+// viewIn is viewOf, making the view in scratch's arrays when it is not nil
+// (and keep is false): the view is then scratch's until its next read.
+func (c *Copy[R]) viewIn(g *group[R], keep bool, scratch *Scratch[R]) []*Entry[R] {
 	if v := g.view.Load(); v != nil {
 		return v.entries
 	}
@@ -580,14 +587,22 @@ func (c *Copy[R]) viewOf(g *group[R], keep bool) []*Entry[R] {
 	slices.SortFunc(odd, byKey)
 	stale := g.stale.Load()
 	reuse, decode := reusable(stale, slots)
-	v := &view[R]{entries: make([]*Entry[R], 0, len(slots)+len(odd)), alive: len(slots)}
+	v := &view[R]{alive: len(slots)}
 	if reuse != nil {
 		v.alive = stale.alive + decode
 	}
 	var made []Entry[R]
 	var record func(key, value string, revision uint64) R
-	if decode > 0 {
-		made, record = make([]Entry[R], 0, decode), c.recordsOf(decode)
+	if scratch != nil && !keep {
+		v.entries = cleared(&scratch.entries, len(slots)+len(odd))
+		if decode > 0 {
+			made, record = cleared(&scratch.made, decode), c.recordsOf(decode, &scratch.records)
+		}
+	} else {
+		v.entries = make([]*Entry[R], 0, len(slots)+len(odd))
+		if decode > 0 {
+			made, record = make([]Entry[R], 0, decode), c.recordsOf(decode, nil)
+		}
 	}
 	for i, s := range slots {
 		for len(odd) > 0 && odd[0].Key < s.key() {
@@ -665,11 +680,22 @@ func (c *Copy[R]) GroupOnce(first string) (entries []*Entry[R], changedAt, revis
 	return c.group(first, false)
 }
 
+// GroupInto returns what GroupOnce returns, decoded in scratch's arrays:
+// the entries and their records are valid until scratch's next read. A
+// view kept already (a request read the group) is returned as it is.
+func (c *Copy[R]) GroupInto(first string, scratch *Scratch[R]) (entries []*Entry[R], changedAt, revision uint64) {
+	return c.groupIn(first, false, scratch)
+}
+
 func (c *Copy[R]) group(first string, keep bool) (entries []*Entry[R], changedAt, revision uint64) {
+	return c.groupIn(first, keep, nil)
+}
+
+func (c *Copy[R]) groupIn(first string, keep bool, scratch *Scratch[R]) (entries []*Entry[R], changedAt, revision uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if g := c.groups[first]; g != nil {
-		entries, changedAt = c.viewOf(g, keep), g.changedAt
+		entries, changedAt = c.viewIn(g, keep, scratch), g.changedAt
 	}
 	return entries, changedAt, c.revision
 }

@@ -75,12 +75,18 @@ func decodeCollect(key string, value []byte, revision uint64) (*provisionerv1.Co
 
 // needRecords returns what decodes n needs the copy holds (decodeNeed
 // accepted them) without copying: the records' strings are windows on the
-// keys and the values, and the records are allocated together. A value with
-// a field this reader does not know, or any surprise, is decoded by
-// decodeNeed instead, so a field added to Need is never lost.
-func needRecords(n int) func(key, value string, revision uint64) *provisionerv1.NeedRecord {
-	records := make([]provisionerv1.NeedRecord, 0, n)
-	needs := make([]provisionerv1.Need, 0, n)
+// keys and the values, and the records are allocated together (in reuse's
+// arrays, when it is not nil). A value with a field this reader does not
+// know, or any surprise, is decoded by decodeNeed instead, so a field
+// added to Need is never lost.
+func needRecords(n int, reuse *recordBuffers) func(key, value string, revision uint64) *provisionerv1.NeedRecord {
+	var records []provisionerv1.NeedRecord
+	var needs []provisionerv1.Need
+	if reuse != nil {
+		records, needs = cleared(&reuse.needRecords, n), cleared(&reuse.needs, n)
+	} else {
+		records, needs = make([]provisionerv1.NeedRecord, 0, n), make([]provisionerv1.Need, 0, n)
+	}
 	return func(key, value string, revision uint64) *provisionerv1.NeedRecord {
 		k, ok := needKeyOf(key)
 		if !ok || len(records) == cap(records) {
@@ -137,7 +143,7 @@ func needKeyOf(key string) (keys.NeedKey, bool) {
 
 // needRecord decodes one need the copy holds, as needRecords does.
 func needRecord(key, value string, revision uint64) *provisionerv1.NeedRecord {
-	return needRecords(1)(key, value, revision)
+	return needRecords(1, nil)(key, value, revision)
 }
 
 // readNeed reads a Need's wire bytes in place into need, which is new: its
@@ -203,9 +209,14 @@ func varint(s string) (uint64, int) {
 // windows on the keys and values, records and items are allocated
 // together, and only an item's attributes take a map of their own. Any
 // surprise sends the value to decodeCollect.
-func collectRecords(n int) func(key, value string, revision uint64) *provisionerv1.CollectRecord {
-	records := make([]provisionerv1.CollectRecord, 0, n)
-	items := make([]provisionerv1.CollectItem, 0, n)
+func collectRecords(n int, reuse *recordBuffers) func(key, value string, revision uint64) *provisionerv1.CollectRecord {
+	var records []provisionerv1.CollectRecord
+	var items []provisionerv1.CollectItem
+	if reuse != nil {
+		records, items = cleared(&reuse.collectRecords, n), cleared(&reuse.items, n)
+	} else {
+		records, items = make([]provisionerv1.CollectRecord, 0, n), make([]provisionerv1.CollectItem, 0, n)
+	}
 	return func(key, value string, revision uint64) *provisionerv1.CollectRecord {
 		k, err := keys.ParseCollectKey(key)
 		if err != nil || len(records) == cap(records) {

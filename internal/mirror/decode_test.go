@@ -71,7 +71,7 @@ func TestCollectRecordsDecodeAsDecodeCollect(t *testing.T) {
 		if err := checkCollect("n.shell.web", string(value)); err != nil {
 			t.Errorf("%s: checkCollect says %v", name, err)
 		}
-		got := collectRecords(1)("n.shell.web", string(value), 7)
+		got := collectRecords(1, nil)("n.shell.web", string(value), 7)
 		if !proto.Equal(got, want) {
 			t.Errorf("%s: collectRecords gives %v, decodeCollect %v", name, got, want)
 		}
