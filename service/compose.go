@@ -75,7 +75,7 @@ func composeWaits(m *mirror.Mirror, in *provisionerv1.ComposeRequest, ownBuckets
 		{m.Manifests, least.GetManifests()},
 	}
 	// checkCompose read the token already: it decodes.
-	if t, _ := readToken(in.GetPageToken(), composeDigest(in)); len(t.Revisions) == len(waits) {
+	if t, _ := readToken(in.GetPageToken(), func() string { return composeDigest(in) }); len(t.Revisions) == len(waits) {
 		for i, rev := range t.Revisions {
 			waits = append(waits, revisionWait{waits[i].bucket, rev})
 		}
@@ -130,7 +130,7 @@ func checkCompose(in *provisionerv1.ComposeRequest) *wire.Error {
 			return werr
 		}
 	}
-	_, werr := readToken(in.GetPageToken(), composeDigest(in))
+	_, werr := readToken(in.GetPageToken(), func() string { return composeDigest(in) })
 	return werr
 }
 
@@ -161,7 +161,7 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // r says whether the node's decoded views are kept for later reads, and the
 // arena the composition is made in.
 func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, r reading) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
-	token, werr := readToken(in.GetPageToken(), composeDigest(in))
+	token, werr := readToken(in.GetPageToken(), func() string { return composeDigest(in) })
 	if werr != nil {
 		return nil, timings{}, werr
 	}

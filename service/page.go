@@ -74,8 +74,10 @@ func requestDigest(req proto.Message) string {
 }
 
 // readToken decodes a request's page token and checks that it continues
-// the request whose digest is given; an empty token is the first page.
-func readToken(text, digest string) (pageToken, *wire.Error) {
+// the request whose digest digestOf returns; an empty token is the first
+// page. The digest is made only for a token: it encodes and hashes the
+// request, and most requests, a flood's too, carry none.
+func readToken(text string, digestOf func() string) (pageToken, *wire.Error) {
 	if text == "" {
 		return pageToken{}, nil
 	}
@@ -83,7 +85,7 @@ func readToken(text, digest string) (pageToken, *wire.Error) {
 	if err != nil {
 		return pageToken{}, wire.Errorf(wire.CodeBadRequest, "page_token refused (%v); send the next_page_token of the previous page as it came, or leave page_token out to start again", err)
 	}
-	if t.Request != digest {
+	if t.Request != digestOf() {
 		return pageToken{}, wire.NewError(wire.CodeBadRequest, "page_token was issued for another request; send it with the same what, filters, node and module as the first page, or leave it out to start again")
 	}
 	return t, nil

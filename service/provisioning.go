@@ -59,7 +59,7 @@ func provisioningWaits(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest) 
 	c := copyOf(m, whatOf(in))
 	waits := []revisionWait{{c, in.GetMinRevision()}}
 	// checkProvisioning read the token already: it decodes.
-	if t, _ := readToken(in.GetPageToken(), provisioningDigest(in)); len(t.Revisions) == 1 {
+	if t, _ := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) }); len(t.Revisions) == 1 {
 		waits = append(waits, revisionWait{c, t.Revisions[0]})
 	}
 	return waits
@@ -118,7 +118,7 @@ func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
 			return werr
 		}
 	}
-	_, werr := readToken(in.GetPageToken(), provisioningDigest(in))
+	_, werr := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) })
 	return werr
 }
 
@@ -155,7 +155,7 @@ func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
 // at most budget bytes once encoded, without the revision, which is added as
 // the answer is sent.
 func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
-	token, werr := readToken(in.GetPageToken(), provisioningDigest(in))
+	token, werr := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) })
 	if werr != nil {
 		return nil, werr
 	}

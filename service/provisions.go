@@ -24,7 +24,7 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 			least := in.GetMinRevisions()
 			waits := []revisionWait{{s.mirror.Registry, least.GetRegistry()}, {s.mirror.Needs, least.GetNeeds()}}
 			// checkProvisions read the token already: it decodes.
-			if t, _ := readToken(in.GetPageToken(), provisionsDigest(in)); len(t.Revisions) == len(waits) {
+			if t, _ := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) }); len(t.Revisions) == len(waits) {
 				for i, rev := range t.Revisions {
 					waits = append(waits, revisionWait{waits[i].bucket, rev})
 				}
@@ -69,7 +69,7 @@ func checkProvisions(in *provisionerv1.ProvisionsRequest) *wire.Error {
 	if werr := checkName("provider", in.GetProvider(), true); werr != nil {
 		return werr
 	}
-	_, werr := readToken(in.GetPageToken(), provisionsDigest(in))
+	_, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
 	return werr
 }
 
@@ -94,7 +94,7 @@ func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
 // provisionsFrom lists a provider's provisions from the copy, need by need in
 // key order across the mesh, a page at a time.
 func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
-	token, werr := readToken(in.GetPageToken(), provisionsDigest(in))
+	token, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
 	if werr != nil {
 		return nil, timings{}, werr
 	}
