@@ -190,13 +190,15 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		s.refuse(r, enc, count, s.stillLoading())
 		return
 	}
-	ep.answerWhole(s, r, in, enc, count, arrived)
+	ep.answerWhole(s, r, in, enc, count, arrived, true)
 }
 
 // answerWhole answers a checked request from the whole copy: a reused answer
 // at once, else on a worker, once the copy reaches the revisions the
-// request asks for.
-func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time) {
+// request asks for. join says it may wait for the answer of an identical
+// request being built (flights); a request that waited for one and finds
+// no answer kept is answered as any other, without joining again.
+func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, join bool) {
 	if ep.unavailable != nil {
 		if werr := ep.unavailable(in); werr != nil {
 			s.refuse(r, enc, count, werr)
@@ -210,11 +212,23 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 		}
 	}
 	// A reused answer costs a lookup: it is sent from the callback, with
-	// no worker to wait for.
+	// no worker to wait for. One being built for an identical request is
+	// waited for (flights), once.
+	land := func([]byte) {}
 	if len(pending) == 0 {
-		if data, ok := ep.reuse(s, in, enc); ok {
+		data, key, st, ok := ep.lookup(s, in, enc)
+		if ok {
 			s.send(r, enc, count, data, nil)
 			return
+		}
+		if join && s.flights != nil {
+			joined, landed := s.flights.join(key, st, func(body []byte) { ep.afterFlight(s, r, in, enc, count, arrived, body) })
+			if joined {
+				return
+			}
+			if landed != nil {
+				land = landed
+			}
 		}
 	}
 	// From here the request is counted in until its answer is sent:
@@ -222,19 +236,27 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 	release := s.admit()
 	if release == nil {
 		s.refuse(r, enc, count, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
+		land(nil)
 		return
 	}
 	respond := func(waited time.Duration) {
-		data, werr := ep.respond(s, in, enc, waited)
+		data, _, werr := ep.respond(s, in, enc, waited)
 		s.send(r, enc, count, data, werr)
 	}
 	if len(pending) == 0 {
 		// The callback never waits for a worker: the request's time in the
 		// queue is measured from here, and a full queue is refused at once.
-		if !s.enqueue(job{queued: arrived, count: count, run: func() { respond(0) }, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release}) {
+		run := func() {
+			data, body, werr := ep.respond(s, in, enc, 0)
+			s.send(r, enc, count, data, werr)
+			land(body)
+		}
+		shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr); land(nil) }
+		if !s.enqueue(job{queued: arrived, count: count, run: run, shed: shed, release: release}) {
 			release()
 			count.queueFull.Add(1)
 			s.refuse(r, enc, count, s.overloaded())
+			land(nil)
 		}
 		return
 	}
@@ -288,7 +310,7 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 			// as it answers any request, revisions waited for, where a
 			// read of the node alone could refuse. Its time in the queue
 			// starts again, as after a wait for revisions.
-			ep.answerWhole(s, r, in, enc, count, time.Now())
+			ep.answerWhole(s, r, in, enc, count, time.Now(), true)
 			return
 		}
 		if ep.unavailable != nil {
@@ -360,48 +382,66 @@ func (s *Service) work() {
 // answerHeadroom is what an answer leaves of max_payload for its headers.
 const answerHeadroom = 1024
 
-// reuse returns the answer kept in the cache for a request that waited for
+// lookup returns the answer kept in the cache for a request that waited for
 // nothing, if what it read is unchanged: as it was last sent while the
 // revisions it names are unchanged (no encoding, no copy), or with a new
-// tail.
-func (ep endpoint[Req, Res]) reuse(s *Service, in Req, enc encoding) ([]byte, bool) {
-	key := cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}
-	cached, hit := s.cache.get(key, ep.stamp(in))
+// tail. It returns the request's cache key and the stamp it read too, for
+// a request that misses.
+func (ep endpoint[Req, Res]) lookup(s *Service, in Req, enc encoding) (data []byte, key cacheKey, st stamp, ok bool) {
+	key, st = cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}, ep.stamp(in)
+	cached, hit := s.cache.get(key, st)
 	if !hit {
-		return nil, false
+		return nil, key, st, false
 	}
 	// Read after the stamp: the answer names revisions at least as new as
 	// what it holds.
 	revs := revisionsNow(s.mirror)
 	if sent := cached.sent.Load(); sent != nil && sent.revisions.same(revs) {
-		return sent.data, true
+		return sent.data, key, st, true
 	}
 	whole, werr := ep.withTail(s, in, enc, cached.data, timings{}, revs)
 	if werr != nil {
-		return nil, false
+		return nil, key, st, false
 	}
 	cached.sent.Store(&sentAnswer{revisions: revs, data: whole})
-	return whole, true
+	return whole, key, st, true
 }
 
 // respond builds the encoded answer of a checked request on a worker, keeps
-// it in the cache, and adds its tail.
-func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited time.Duration) ([]byte, *wire.Error) {
+// it in the cache, and adds its tail; it returns the body too, the answer
+// without its tail.
+func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited time.Duration) (answer, body []byte, werr *wire.Error) {
 	key := cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}
 	st := ep.stamp(in)
 	if cached, hit := s.cache.get(key, st); hit {
 		// Built meanwhile, or asked after a wait.
-		return ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revisionsNow(s.mirror))
+		whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revisionsNow(s.mirror))
+		return whole, cached.data, werr
 	}
-	data, t, werr := ep.build(s, in, enc)
+	body, t, werr := ep.build(s, in, enc)
 	if werr != nil {
-		return nil, werr
+		return nil, nil, werr
 	}
 	t.waited, t.built = waited, true
-	s.cache.put(key, st, data)
+	s.cache.put(key, st, body)
 	// Read after the build: the answer names revisions at least as new as
 	// what it holds.
-	return ep.withTail(s, in, enc, data, t, revisionsNow(s.mirror))
+	answer, werr = ep.withTail(s, in, enc, body, t, revisionsNow(s.mirror))
+	return answer, body, werr
+}
+
+// afterFlight answers a request that waited for an identical one's answer
+// (flights): with its body and a tail of its own, as a reused answer is;
+// or, if none was built, as any request, without waiting again.
+func (ep endpoint[Req, Res]) afterFlight(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, body []byte) {
+	if body == nil {
+		ep.answerWhole(s, r, in, enc, count, arrived, false)
+		return
+	}
+	// Read after the body was built: the answer names revisions at least
+	// as new as what it holds.
+	answer, werr := ep.withTail(s, in, enc, body, timings{}, revisionsNow(s.mirror))
+	s.send(r, enc, count, answer, werr)
 }
 
 // withTail adds an encoded answer's tail to it.

@@ -160,6 +160,10 @@ const (
 	PendingBytesLimit = 16 << 20
 	// QueuePerWorker is the length of the queue for workers, per worker.
 	QueuePerWorker = 128
+	// flightWaiters bounds the requests that wait for an identical
+	// request's answer being built (flights), over every endpoint: two
+	// endpoints' pending buffers, a few MiB.
+	flightWaiters = 2 * PendingMsgsLimit
 )
 
 // Service is a running mesh-provisioner micro service.
@@ -204,6 +208,7 @@ type Service struct {
 
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
+	flights  *flights      // nil without an answer cache: a waiter reuses the answer kept
 	sections *sectionCache // nil: none kept
 	seat     func() (held bool, since time.Time, holder string)
 	observe  Observer
@@ -331,6 +336,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if !cfg.NoAnswerCache {
 		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
+		s.flights = newFlights(flightWaiters)
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	s.mirror.Bound.SetMaxKeys(cfg.ProviderMaxKeys)
