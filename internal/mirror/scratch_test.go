@@ -4,10 +4,9 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
-
-	"github.com/google/go-cmp/cmp"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
@@ -19,9 +18,7 @@ import (
 func TestGroupIntoReadsAsGroup(t *testing.T) {
 	t.Parallel()
 	m := New()
-	put := func(c interface {
-		Apply(string, []byte, uint64, bool)
-	}, key string, msg proto.Message) {
+	put := func(c followed, key string, msg proto.Message) {
 		b, err := proto.Marshal(msg)
 		if err != nil {
 			t.Fatal(err)
