@@ -80,13 +80,10 @@ func decodeCollect(key string, value []byte, revision uint64) (*provisionerv1.Co
 // know, or any surprise, is decoded by decodeNeed instead, so a field
 // added to Need is never lost.
 func needRecords(n int, reuse *recordBuffers) func(key, value string, revision uint64) *provisionerv1.NeedRecord {
-	var records []provisionerv1.NeedRecord
-	var needs []provisionerv1.Need
-	if reuse != nil {
-		records, needs = cleared(&reuse.needRecords, n), cleared(&reuse.needs, n)
-	} else {
-		records, needs = make([]provisionerv1.NeedRecord, 0, n), make([]provisionerv1.Need, 0, n)
+	if reuse == nil {
+		reuse = new(recordBuffers) // arrays of this view's own
 	}
+	records, needs := cleared(&reuse.needRecords, n), cleared(&reuse.needs, n)
 	return func(key, value string, revision uint64) *provisionerv1.NeedRecord {
 		k, ok := needKeyOf(key)
 		if !ok || len(records) == cap(records) {
@@ -210,13 +207,10 @@ func varint(s string) (uint64, int) {
 // together, and only an item's attributes take a map of their own. Any
 // surprise sends the value to decodeCollect.
 func collectRecords(n int, reuse *recordBuffers) func(key, value string, revision uint64) *provisionerv1.CollectRecord {
-	var records []provisionerv1.CollectRecord
-	var items []provisionerv1.CollectItem
-	if reuse != nil {
-		records, items = cleared(&reuse.collectRecords, n), cleared(&reuse.items, n)
-	} else {
-		records, items = make([]provisionerv1.CollectRecord, 0, n), make([]provisionerv1.CollectItem, 0, n)
+	if reuse == nil {
+		reuse = new(recordBuffers) // arrays of this view's own
 	}
+	records, items := cleared(&reuse.collectRecords, n), cleared(&reuse.items, n)
 	return func(key, value string, revision uint64) *provisionerv1.CollectRecord {
 		k, err := keys.ParseCollectKey(key)
 		if err != nil || len(records) == cap(records) {
