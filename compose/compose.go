@@ -81,6 +81,8 @@ type resolver struct {
 	last     *resolved
 	// The builds of the last module met, for the same reason.
 	lastModule builds
+	// key is where each need's key is rendered, read before the next.
+	key []byte
 }
 
 // builds are a module's builds on a node: wanted, then newest, once each
@@ -192,10 +194,11 @@ func (p *ProvisionsOf) Need(need *provisionerv1.NeedRecord) *provisionerv1.Provi
 	if !in {
 		return nil
 	}
-	_, provision, refusal := p.resolver.resolveNeed(need.GetNode(), need, r, builds, new(Arena))
-	if refusal != nil || provision == nil {
+	res, refusal := p.resolver.resolveNeed(need.GetNode(), need, r, builds)
+	if refusal != nil || !res.provided {
 		return nil
 	}
+	provision := res.provisionOf(need, builds)
 	provision.Node = need.GetNode()
 	return provision
 }
@@ -260,11 +263,12 @@ func (c *Composer) Part(needs []*provisionerv1.NeedRecord, malformed []*provisio
 		if !inPlan {
 			continue // of a build the node neither wants nor knows as newest
 		}
-		item, provision, refusal := rs.resolveNeed(in.Node, need, rs.resolve(need.GetKind()), builds, arena)
+		res, refusal := rs.resolveNeed(in.Node, need, rs.resolve(need.GetKind()), builds)
 		if refusal != nil {
 			out.Refusals = append(out.Refusals, refusal)
 			continue
 		}
+		item := res.item(need, builds, arena)
 		if item.GetCollection() != "" {
 			collections = append(collections, item)
 		}
@@ -275,27 +279,11 @@ func (c *Composer) Part(needs []*provisionerv1.NeedRecord, malformed []*provisio
 		}
 		items = append(items, item)
 		plan.Items = items[planStart:len(items):len(items)]
-		if provision != nil {
-			out.Provisions = append(out.Provisions, provision)
+		if res.provided {
+			out.Provisions = append(out.Provisions, res.provisionOf(need, builds))
 		}
 	}
-	for _, m := range malformed {
-		tokens := strings.Split(m.GetKey(), ".")
-		if in.Module != "" && len(tokens) > 1 && tokens[1] != in.Module {
-			continue
-		}
-		r := &provisionerv1.Refusal{Key: m.GetKey(), Reason: provisionerv1.RefusalReason_REFUSAL_REASON_MALFORMED_NEED, Detail: m.GetReason()}
-		for i, field := range []*string{&r.Module, &r.Kind, &r.Name} {
-			if i+1 < len(tokens) {
-				*field = tokens[i+1]
-			}
-		}
-		if name, err := keys.Unescape(r.GetName()); err == nil {
-			r.Name = name // readable, as in plan items, where the token allows
-		}
-		out.Refusals = append(out.Refusals, r)
-	}
-	slices.SortFunc(out.GetRefusals(), func(a, b *provisionerv1.Refusal) int { return cmp.Compare(a.GetKey(), b.GetKey()) })
+	out.Refusals = refuseMalformed(out.GetRefusals(), malformed, in.Module)
 	mark := time.Now()
 	out.Phases = append(out.Phases, phase("resolve", mark.Sub(start)))
 
@@ -319,12 +307,91 @@ func phase(name string, d time.Duration) *provisionerv1.Phase {
 	return &provisionerv1.Phase{Name: name, Duration: durationpb.New(d)}
 }
 
-// resolveNeed resolves one need of the builds given: a plan item (and a
-// provision, for an entry that each provider answers), or a refusal.
-func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, builds []string, arena *Arena) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
-	refuse := func(reason provisionerv1.RefusalReason, format string, args ...any) (*provisionerv1.PlanItem, *provisionerv1.Provision, *provisionerv1.Refusal) {
+// refuseMalformed appends the refusals of malformed need keys (of module,
+// if set) to refusals, and orders them all by key, as a composition lists
+// them.
+func refuseMalformed(refusals []*provisionerv1.Refusal, malformed []*provisionerv1.MalformedKey, module string) []*provisionerv1.Refusal {
+	for _, m := range malformed {
+		tokens := strings.Split(m.GetKey(), ".")
+		if module != "" && len(tokens) > 1 && tokens[1] != module {
+			continue
+		}
+		r := &provisionerv1.Refusal{Key: m.GetKey(), Reason: provisionerv1.RefusalReason_REFUSAL_REASON_MALFORMED_NEED, Detail: m.GetReason()}
+		for i, field := range []*string{&r.Module, &r.Kind, &r.Name} {
+			if i+1 < len(tokens) {
+				*field = tokens[i+1]
+			}
+		}
+		if name, err := keys.Unescape(r.GetName()); err == nil {
+			r.Name = name // readable, as in plan items, where the token allows
+		}
+		refusals = append(refusals, r)
+	}
+	slices.SortFunc(refusals, func(a, b *provisionerv1.Refusal) int { return cmp.Compare(a.GetKey(), b.GetKey()) })
+	return refusals
+}
+
+// A resolution is what a need resolved to, before any message is made of
+// it: its plan item's owner and location, and, for an entry each provider
+// answers, what it asks of the provider. Part makes messages of it, and
+// PlanDigester.Digest appends it to a digest, which makes none.
+type resolution struct {
+	owner string
+	// verb is the entry's verb, when the item's value is read by calling
+	// it; else the value is at key in bucket.
+	verb   *provisionerv1.VerbSource
+	bucket string
+	// key is rendered in the resolver's buffer: read it before the next
+	// need is resolved. keyString is it as a string, once made.
+	key        []byte
+	keyString  string
+	collection string
+	// provided says the need asks provider for a provision: the entry is
+	// answered by each provider.
+	provided       bool
+	provider       string
+	provision      string
+	bound          uint64
+	manifestDigest string
+}
+
+// keyOf returns the key as a string, made once.
+func (res *resolution) keyOf() string {
+	if res.keyString == "" {
+		res.keyString = string(res.key)
+	}
+	return res.keyString
+}
+
+// item returns the plan item of a need resolved, made in arena.
+func (res *resolution) item(need *provisionerv1.NeedRecord, builds []string, arena *Arena) *provisionerv1.PlanItem {
+	item := arena.item()
+	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
+	item.Owner, item.Revision, item.Builds, item.Collection = res.owner, need.GetRevision(), builds, res.collection
+	if res.verb != nil {
+		item.Location = &provisionerv1.PlanItem_Verb{Verb: res.verb}
+	} else {
+		item.Location = arena.bucketKey(res.bucket, res.keyOf())
+	}
+	return item
+}
+
+// provisionOf returns what a need resolved asks of its provider.
+func (res *resolution) provisionOf(need *provisionerv1.NeedRecord, builds []string) *provisionerv1.Provision {
+	return &provisionerv1.Provision{
+		Provider: res.provider, Bucket: res.bucket, Key: res.keyOf(),
+		Module: need.GetModule(), Provision: res.provision, Local: need.GetNeed().GetLocal(), Name: need.GetName(),
+		Builds: builds, BoundRevision: res.bound, ManifestDigest: res.manifestDigest,
+	}
+}
+
+// resolveNeed resolves one need of the builds given: what its plan item is
+// made of (and its provision, for an entry that each provider answers), or
+// a refusal.
+func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *resolved, builds []string) (resolution, *provisionerv1.Refusal) {
+	refuse := func(reason provisionerv1.RefusalReason, format string, args ...any) (resolution, *provisionerv1.Refusal) {
 		key, _ := keys.NeedKey{Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName()}.Key()
-		return nil, nil, &provisionerv1.Refusal{
+		return resolution{}, &provisionerv1.Refusal{
 			Key: key, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName(),
 			Reason: reason, Detail: fmt.Sprintf(format, args...), Builds: builds,
 		}
@@ -332,26 +399,24 @@ func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *
 	if r == nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_DOMAIN, "no registry entry answers kind %q", need.GetKind())
 	}
-	item := arena.item()
-	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
-	item.Owner, item.Revision, item.Builds = r.entry.GetOwner(), need.GetRevision(), builds
+	res := resolution{owner: r.entry.GetOwner()}
 	if verb := r.entry.GetVerb(); verb != nil {
-		item.Location = &provisionerv1.PlanItem_Verb{Verb: verb}
-		return item, nil, nil
+		res.verb = verb
+		return res, nil
 	}
 	if r.err != nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "the registry entry of kind %q is unusable: %v", need.GetKind(), r.err)
 	}
 	source := r.entry.GetBucket()
 	provider := need.GetNeed().GetProvider()
-	bucket := source.GetBucket()
+	res.bucket = source.GetBucket()
 	if r.perProvider {
 		if err := keys.CheckToken(provider); err != nil {
-			return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "kind %q is answered by each provider in bucket %s, and the need's provider %q %v", need.GetKind(), bucket, provider, err)
+			return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "kind %q is answered by each provider in bucket %s, and the need's provider %q %v", need.GetKind(), res.bucket, provider, err)
 		}
-		bucket = r.bucketOf(provider)
-		if item.GetOwner() == keyshape.ProviderOwner {
-			item.Owner = provider
+		res.bucket = r.bucketOf(provider)
+		if res.owner == keyshape.ProviderOwner {
+			res.owner = provider
 		}
 	}
 	provision := cmp.Or(need.GetNeed().GetProvision(), need.GetName())
@@ -359,29 +424,25 @@ func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *
 		Node: node, Module: need.GetModule(), Kind: need.GetKind(), Name: need.GetName(),
 		Provision: provision, Local: need.GetNeed().GetLocal(), Provider: provider,
 	}
-	var key string
 	var err error
 	if tmpl := source.GetCollection(); tmpl != "" {
-		item.Collection = keyshape.CollectionOf(tmpl, need.GetKind(), need.GetName())
-		values.Collection = item.GetCollection()
-		key, err = r.shape.Filter(values)
+		res.collection = keyshape.CollectionOf(tmpl, need.GetKind(), need.GetName())
+		values.Collection = res.collection
+		rs.key, err = r.shape.AppendFilter(rs.key[:0], values)
 	} else {
-		key, err = r.shape.Render(values)
+		rs.key, err = r.shape.AppendRender(rs.key[:0], values)
 	}
 	if err != nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "%v", err)
 	}
-	item.Location = arena.bucketKey(bucket, key)
+	res.key = rs.key
 	if !r.perProvider {
-		return item, nil, nil
+		return res, nil
 	}
-	p := &provisionerv1.Provision{
-		Provider: provider, Bucket: bucket, Key: key,
-		Module: need.GetModule(), Provision: provision, Local: need.GetNeed().GetLocal(), Name: need.GetName(),
-		Builds: builds,
-	}
+	res.provided, res.provider, res.provision = true, provider, provision
+	key := res.keyOf()
 	if rs.Bound != nil {
-		p.BoundRevision = rs.Bound(bucket, key)
+		res.bound = rs.Bound(res.bucket, key)
 	}
 	var manifest *provisionerv1.ManifestRecord
 	if rs.Manifest != nil {
@@ -392,12 +453,12 @@ func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NOT_OFFERED, "provider %q does not offer provision %q: its manifest (%s, from node %s) offers %s",
 			provider, provision, manifest.GetDigest(), manifest.GetNode(), offered(manifest.GetManifest()))
 	case manifest != nil:
-		p.ManifestDigest = manifest.GetDigest()
-	case p.GetBoundRevision() > 0:
+		res.manifestDigest = manifest.GetDigest()
+	case res.bound > 0:
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NO_MANIFEST, "provider %q bound key %s of %s (revision %d) but has declared no manifest: a node that runs it must write its manifest to %s",
-			provider, key, bucket, p.GetBoundRevision(), keys.ManifestsBucket)
+			provider, key, res.bucket, res.bound, keys.ManifestsBucket)
 	}
-	return item, p, nil
+	return res, nil
 }
 
 // offers reports whether a manifest offers provision.

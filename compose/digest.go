@@ -151,10 +151,14 @@ func DigestOf(node, module string, parts ...DigestPart) string {
 
 // appendPlanHead appends a plan's fields but its items, and their count.
 func appendPlanHead(b []byte, p *provisionerv1.ModulePlan) []byte {
-	b = appendString(b, p.GetModule())
-	b = appendString(b, p.GetWantedBuild())
-	b = appendString(b, p.GetNewestBuild())
-	return binary.AppendUvarint(b, uint64(len(p.GetItems())))
+	return appendPlanFields(b, p.GetModule(), p.GetWantedBuild(), p.GetNewestBuild(), len(p.GetItems()))
+}
+
+func appendPlanFields(b []byte, module, wanted, newest string, items int) []byte {
+	b = appendString(b, module)
+	b = appendString(b, wanted)
+	b = appendString(b, newest)
+	return binary.AppendUvarint(b, uint64(items))
 }
 
 func appendProvision(b []byte, p *provisionerv1.Provision) []byte {
@@ -176,7 +180,7 @@ func appendRefusal(b []byte, r *provisionerv1.Refusal) []byte {
 // digestBlock is how many bytes Digest gathers before it hashes them.
 const digestBlock = 32 << 10
 
-func appendString(b []byte, s string) []byte {
+func appendString[S string | []byte](b []byte, s S) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
 }
@@ -210,28 +214,52 @@ func appendMessage(b []byte, m proto.Message) []byte {
 // appendItem appends a plan item but the revision at which its need was
 // written, and its collection's items hashed, once per collection.
 func appendItem(b []byte, item *provisionerv1.PlanItem, collections *collectionSums) []byte {
-	b = appendString(b, item.GetKind())
-	b = appendString(b, item.GetName())
-	b = appendString(b, item.GetPlaceholder())
-	b = appendString(b, item.GetOwner())
+	b = appendItemHead(b, item.GetKind(), item.GetName(), item.GetPlaceholder(), item.GetOwner())
 	switch loc := item.GetLocation().(type) {
 	case *provisionerv1.PlanItem_Bucket:
-		b = appendString(b, "bucket")
-		b = appendString(b, loc.Bucket.GetBucket())
-		b = appendString(b, loc.Bucket.GetKey())
+		b = appendBucketLocation(b, loc.Bucket.GetBucket(), loc.Bucket.GetKey())
 	case *provisionerv1.PlanItem_Verb:
-		b = appendString(b, "verb")
-		b = appendString(b, loc.Verb.GetSeat())
-		b = appendString(b, loc.Verb.GetSubject())
+		b = appendVerbLocation(b, loc.Verb)
 	default:
 		b = appendString(b, "")
 	}
 	b = appendStrings(b, item.GetBuilds())
-	b = appendString(b, item.GetCollection())
 	if item.GetCollection() == "" {
-		return binary.AppendUvarint(b, 0)
+		return appendNoCollection(b)
 	}
-	sum := collections.of(item)
+	return appendCollection(b, item.GetCollection(), collections.of(item.GetCollection(), item.GetItems()))
+}
+
+// The parts of a plan item's digest, in order: its head, its location, its
+// builds (appendStrings), its collection. PlanDigester.Digest appends them
+// from a need resolved, as appendItem does from the item made of it.
+
+func appendItemHead(b []byte, kind, name, placeholder, owner string) []byte {
+	b = appendString(b, kind)
+	b = appendString(b, name)
+	b = appendString(b, placeholder)
+	return appendString(b, owner)
+}
+
+func appendBucketLocation[K string | []byte](b []byte, bucket string, key K) []byte {
+	b = appendString(b, "bucket")
+	b = appendString(b, bucket)
+	return appendString(b, key)
+}
+
+func appendVerbLocation(b []byte, verb *provisionerv1.VerbSource) []byte {
+	b = appendString(b, "verb")
+	b = appendString(b, verb.GetSeat())
+	return appendString(b, verb.GetSubject())
+}
+
+func appendNoCollection(b []byte) []byte {
+	b = appendString(b, "")
+	return binary.AppendUvarint(b, 0)
+}
+
+func appendCollection(b []byte, collection string, sum [sha256.Size]byte) []byte {
+	b = appendString(b, collection)
 	b = binary.AppendUvarint(b, 1)
 	return append(b, sum[:]...)
 }
@@ -244,21 +272,33 @@ type collectionSums struct {
 	scratch []byte
 }
 
-// of returns the hash of the items of the collection item reads.
-func (c *collectionSums) of(item *provisionerv1.PlanItem) [sha256.Size]byte {
-	if sum, ok := c.sums[item.GetCollection()]; ok {
+// collected is a collection's item, as a plan item lists it or as the
+// node's record of it holds it.
+type collected interface {
+	GetContributor() string
+	GetItem() *provisionerv1.CollectItem
+}
+
+// of returns the hash of a collection's items.
+func (c *collectionSums) of(collection string, items []*provisionerv1.CollectedItem) [sha256.Size]byte {
+	return collectionSum(c, collection, items)
+}
+
+// collectionSum is collectionSums.of for items of either form.
+func collectionSum[T collected](c *collectionSums, collection string, items []T) [sha256.Size]byte {
+	if sum, ok := c.sums[collection]; ok {
 		return sum
 	}
-	items := binary.AppendUvarint(c.scratch[:0], uint64(len(item.GetItems())))
-	for _, collected := range item.GetItems() {
-		items = appendString(items, collected.GetContributor())
-		items = appendMessage(items, collected.GetItem())
+	b := binary.AppendUvarint(c.scratch[:0], uint64(len(items)))
+	for _, it := range items {
+		b = appendString(b, it.GetContributor())
+		b = appendMessage(b, it.GetItem())
 	}
-	c.scratch = items
-	sum := sha256.Sum256(items)
+	c.scratch = b
+	sum := sha256.Sum256(b)
 	if c.sums == nil {
 		c.sums = map[string][sha256.Size]byte{}
 	}
-	c.sums[item.GetCollection()] = sum
+	c.sums[collection] = sum
 	return sum
 }

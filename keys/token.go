@@ -40,28 +40,26 @@ const hexDigits = "0123456789ABCDEF"
 // a key: every byte outside A-Z a-z 0-9 - _ / (so also '.', ':' and '=') is
 // written '=' and two upper-case hex digits.
 func Escape(name string) string {
-	n := 0
 	for i := 0; i < len(name); i++ {
 		if !tokenByte(name[i], true) {
-			n++
+			var buf [64]byte
+			return string(AppendEscaped(buf[:0], name))
 		}
 	}
-	if n == 0 {
-		return name
-	}
-	var b strings.Builder
-	b.Grow(len(name) + 2*n)
+	return name
+}
+
+// AppendEscaped appends the token Escape returns to b.
+func AppendEscaped(b []byte, name string) []byte {
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if tokenByte(c, true) {
-			b.WriteByte(c)
+			b = append(b, c)
 			continue
 		}
-		b.WriteByte('=')
-		b.WriteByte(hexDigits[c>>4])
-		b.WriteByte(hexDigits[c&0x0F])
+		b = append(b, '=', hexDigits[c>>4], hexDigits[c&0x0F])
 	}
-	return b.String()
+	return b
 }
 
 // Unescape returns the name a token written by Escape stands for. It

@@ -157,17 +157,33 @@ func (v *Values) get(placeholder string) string {
 // its placeholders have one. A <collection> value is the readable name and
 // is escaped; every other value must be a key token.
 func (k Shape) Render(values Values) (string, error) {
-	return k.render(&values, false)
+	var buf [128]byte
+	b, err := k.render(buf[:0], &values, false)
+	return string(b), err
 }
 
 // Filter is Render for a set of keys: a required placeholder without a value
 // stands as the wildcard "*", so "<node>.<collection>.<contributor>" with no
 // contributor renders "ace.shell=3Azsh=3Anormal.*".
 func (k Shape) Filter(values Values) (string, error) {
-	return k.render(&values, true)
+	var buf [128]byte
+	b, err := k.render(buf[:0], &values, true)
+	return string(b), err
 }
 
-func (k Shape) render(values *Values, wildcards bool) (string, error) {
+// AppendRender appends the key Render returns to b: a caller that reads
+// the key and drops it (a digest) makes no string of it.
+func (k Shape) AppendRender(b []byte, values Values) ([]byte, error) {
+	return k.render(b, &values, false)
+}
+
+// AppendFilter appends the key Filter returns to b.
+func (k Shape) AppendFilter(b []byte, values Values) ([]byte, error) {
+	return k.render(b, &values, true)
+}
+
+// render appends the key to b, which it returns unchanged with an error.
+func (k Shape) render(b []byte, values *Values, wildcards bool) ([]byte, error) {
 	tail := 0
 	for _, tok := range k.optional {
 		if tok.placeholder != "" && values.get(tok.placeholder) != "" {
@@ -180,42 +196,33 @@ func (k Shape) render(values *Values, wildcards bool) (string, error) {
 	case countPlaceholders(k.optional):
 		tokens = k.all
 	default:
-		return "", fmt.Errorf("%w: %s: the optional tail needs all of its values or none", ErrCannotRender, k)
+		return b, fmt.Errorf("%w: %s: the optional tail needs all of its values or none", ErrCannotRender, k)
 	}
-	// Resolve every token first, so that the key is built in one allocation:
-	// compositions render a key for each need.
-	var stack [8]string
-	parts := stack[:0]
-	size := len(tokens) - 1
-	for _, tok := range tokens {
-		v := tok.literal
-		if tok.placeholder != "" {
-			v = values.get(tok.placeholder)
-			switch {
-			case v == "" && wildcards:
-				v = "*"
-			case v == "":
-				return "", fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
-			case tok.placeholder == "collection":
-				v = keys.Escape(v)
-			default:
-				if err := keys.CheckToken(v); err != nil {
-					return "", fmt.Errorf("%w: %s: <%s> %q %w", ErrCannotRender, k, tok.placeholder, v, err)
-				}
-			}
-		}
-		parts = append(parts, v)
-		size += len(v)
-	}
-	var b strings.Builder
-	b.Grow(size)
-	for i, part := range parts {
+	start := len(b)
+	for i, tok := range tokens {
 		if i > 0 {
-			b.WriteByte('.')
+			b = append(b, '.')
 		}
-		b.WriteString(part)
+		if tok.placeholder == "" {
+			b = append(b, tok.literal...)
+			continue
+		}
+		v := values.get(tok.placeholder)
+		switch {
+		case v == "" && wildcards:
+			b = append(b, '*')
+		case v == "":
+			return b[:start], fmt.Errorf("%w: %s: no value for <%s>", ErrCannotRender, k, tok.placeholder)
+		case tok.placeholder == "collection":
+			b = keys.AppendEscaped(b, v)
+		default:
+			if err := keys.CheckToken(v); err != nil {
+				return b[:start], fmt.Errorf("%w: %s: <%s> %q %w", ErrCannotRender, k, tok.placeholder, v, err)
+			}
+			b = append(b, v...)
+		}
 	}
-	return b.String(), nil
+	return b, nil
 }
 
 func countPlaceholders(tokens []shapeToken) int {
