@@ -9,9 +9,10 @@
 // caller that encodes each composition and then drops it makes them in an
 // [Arena] it resets and reuses, as the service does. [Digest] says what a
 // composition asks the node to apply, so that a node learns its plan
-// changed. A [Composer] composes a node a part at a time, and [DigestOf]
-// digests a composition from its parts' [DigestPart]s, which a
-// [PartDigester] reads: the service keeps a node's last composition a
-// module at a time, and composes again only the modules whose needs
-// changed.
+// changed; a [PlanDigester] digests a composition without making it, for
+// a caller that keeps only the digest. A [Composer] composes a node a part
+// at a time, and [DigestOf] digests a composition from its parts'
+// [DigestPart]s, which a [PartDigester] reads: the service keeps a node's
+// last composition a module at a time, and composes again only the modules
+// whose needs changed.
 package compose

@@ -166,13 +166,8 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		return nil, timings{}, werr
 	}
 	start := time.Now()
-	var needsScratch *mirror.Scratch[*provisionerv1.NeedRecord]
-	var collectScratch *mirror.Scratch[*provisionerv1.CollectRecord]
-	if r.scratch != nil {
-		needsScratch, collectScratch = &r.scratch.needs, &r.scratch.collect
-	}
-	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views, needsScratch)
-	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views, collectScratch)
+	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views)
+	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views)
 	builds, appliedRevision := m.BuildsOf(in.GetNode())
 	revisions := &provisionerv1.Revisions{
 		Registry:  m.Registry.Revision(),
@@ -189,12 +184,7 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 			return key(bucket, k)
 		}
 	}
-	records := make([]*provisionerv1.CollectRecord, 0, len(items))
-	for _, e := range items {
-		if e.Malformed == nil {
-			records = append(records, e.Record)
-		}
-	}
+	records := wellFormed(make([]*provisionerv1.CollectRecord, 0, len(items)), items)
 	// The needs this request composes (every page), and this page's: those
 	// after the token's key. all is the view itself when it is every need:
 	// it is only sliced, never appended to.
@@ -275,24 +265,79 @@ chunks:
 type reading struct {
 	views viewUse
 	arena *compose.Arena
-	// scratch, if set (with dropViews), is where the node's needs and
-	// items are decoded, for a composition of which nothing is kept once
-	// its digest is read: the plans writer's.
-	scratch *decodeScratch
 	// boundRead, if set, hears each providers' bucket the composition
 	// reads a key of.
 	boundRead func(bucket string)
 }
 
-// decodeScratch is where the plans writer decodes a node's needs and
-// items, reused from one node to the next (mirror.Scratch).
-type decodeScratch struct {
-	needs   mirror.Scratch[*provisionerv1.NeedRecord]
-	collect mirror.Scratch[*provisionerv1.CollectRecord]
+// digestScratch is where the plans writer digests a node (planDigestOf),
+// reused from one node to the next: the arrays its needs and items are
+// decoded in (mirror.Scratch), their lists, and a PlanDigester's buffers.
+type digestScratch struct {
+	needs     mirror.Scratch[*provisionerv1.NeedRecord]
+	collect   mirror.Scratch[*provisionerv1.CollectRecord]
+	records   []*provisionerv1.NeedRecord
+	malformed []*provisionerv1.MalformedKey
+	items     []*provisionerv1.CollectRecord
+	digester  compose.PlanDigester
 }
 
-// scratches are the plans writer's decodeScratches, one a worker.
-var scratches = sync.Pool{New: func() any { return new(decodeScratch) }}
+// scratches are the plans writer's digestScratches, one a worker.
+var scratches = sync.Pool{New: func() any { return new(digestScratch) }}
+
+// planDigestOf returns the plan digest of node's whole composition, the
+// one its compose answer carries, without making the composition
+// (compose.PlanDigester), nor keeping the node's decoded views. boundRead,
+// if set, hears each providers' bucket the composition reads a key of.
+func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRead func(bucket string)) string {
+	entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
+	items, _, _ := m.Collect.GroupInto(node, &scratch.collect)
+	builds, _ := m.BuildsOf(node)
+	sources := sourcesOf(m, &builds)
+	if boundRead != nil {
+		key := sources.Bound
+		sources.Bound = func(bucket, k string) uint64 {
+			boundRead(bucket)
+			return key(bucket, k)
+		}
+	}
+	records, malformed := splitNeeds(scratch.records[:0], scratch.malformed[:0], entries)
+	in := compose.Input{Node: node, Sources: sources, Needs: records, Malformed: malformed, Items: wellFormed(scratch.items[:0], items)}
+	digest := scratch.digester.Digest(in)
+	// Kept for their room, not their records.
+	scratch.records, scratch.malformed, scratch.items = emptied(in.Needs), emptied(in.Malformed), emptied(in.Items)
+	return digest
+}
+
+// emptied returns s emptied, its elements zeroed.
+func emptied[T any](s []T) []T {
+	clear(s)
+	return s[:0]
+}
+
+// splitNeeds appends needs' records to records, and the keys of those
+// malformed to malformed.
+func splitNeeds(records []*provisionerv1.NeedRecord, malformed []*provisionerv1.MalformedKey, needs []*mirror.Entry[*provisionerv1.NeedRecord]) ([]*provisionerv1.NeedRecord, []*provisionerv1.MalformedKey) {
+	for _, e := range needs {
+		if e.Malformed != nil {
+			malformed = append(malformed, e.Malformed)
+		} else {
+			records = append(records, e.Record)
+		}
+	}
+	return records, malformed
+}
+
+// wellFormed appends the records of items that are not malformed to
+// records.
+func wellFormed(records []*provisionerv1.CollectRecord, items []*mirror.Entry[*provisionerv1.CollectRecord]) []*provisionerv1.CollectRecord {
+	for _, e := range items {
+		if e.Malformed == nil {
+			records = append(records, e.Record)
+		}
+	}
+	return records
+}
 
 // arenas are the compositions' arenas, reused once their answers are
 // encoded (or their digests read).
@@ -318,14 +363,10 @@ const (
 	dropViews viewUse = false
 )
 
-// groupOf reads a node's group of a copy as views says, into scratch, if
-// set, when it keeps no view.
-func groupOf[R proto.Message](c *mirror.Copy[R], node string, views viewUse, scratch *mirror.Scratch[R]) (entries []*mirror.Entry[R], changedAt, revision uint64) {
-	switch {
-	case views == keepViews:
+// groupOf reads a node's group of a copy as views says.
+func groupOf[R proto.Message](c *mirror.Copy[R], node string, views viewUse) (entries []*mirror.Entry[R], changedAt, revision uint64) {
+	if views == keepViews {
 		return c.Group(node)
-	case scratch != nil:
-		return c.GroupInto(node, scratch)
 	}
 	return c.GroupOnce(node)
 }
@@ -481,15 +522,8 @@ func sourcesOf(m *mirror.Mirror, builds *mirror.Builds) compose.Sources {
 
 // composeNeeds composes some of a node's needs, in key order.
 func composeNeeds(sources compose.Sources, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions, arena *compose.Arena) *provisionerv1.ComposeResponse {
-	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Sources: sources, Items: items, Revisions: revisions,
-		Needs: make([]*provisionerv1.NeedRecord, 0, len(needs)), Arena: arena}
-	for _, e := range needs {
-		if e.Malformed != nil {
-			input.Malformed = append(input.Malformed, e.Malformed)
-		} else {
-			input.Needs = append(input.Needs, e.Record)
-		}
-	}
+	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Sources: sources, Items: items, Revisions: revisions, Arena: arena}
+	input.Needs, input.Malformed = splitNeeds(make([]*provisionerv1.NeedRecord, 0, len(needs)), nil, needs)
 	return compose.Compose(input)
 }
 

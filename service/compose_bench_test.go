@@ -248,30 +248,25 @@ func BenchmarkComposeMesh(b *testing.B) {
 	}
 	firstRun := time.Since(first)
 	// The first pass as the plans writer makes it, on a copy loaded alike:
-	// as many nodes at once as there are cores, each in a pooled arena and
-	// decoded in a pooled scratch, no view kept.
+	// as many nodes at once as there are cores, each digested in a pooled
+	// scratch (planDigestOf), no view kept. Its digests are the answers'.
 	writer, err := NewReplay(capture)
 	if err != nil {
 		b.Fatal(err)
 	}
+	digests := make([]string, len(nodes))
 	first = time.Now()
 	var composing errgroup.Group
 	composing.SetLimit(runtime.GOMAXPROCS(0))
-	for _, n := range nodes {
+	for i, n := range nodes {
 		composing.Go(func() error {
-			arena, done := pooledArena()
-			defer done()
-			scratch := scratches.Get().(*decodeScratch)
+			scratch := scratches.Get().(*digestScratch)
 			defer scratches.Put(scratch)
-			if _, _, werr := composeFrom(writer.mirror, &provisionerv1.ComposeRequest{Node: n}, encoding{}, unpaged, reading{views: dropViews, arena: arena, scratch: scratch}); werr != nil {
-				return werr
-			}
+			digests[i] = planDigestOf(writer.mirror, n, scratch, nil)
 			return nil
 		})
 	}
-	if err := composing.Wait(); err != nil {
-		b.Fatal(err)
-	}
+	_ = composing.Wait()
 	writerRun := time.Since(first)
 	// What that first pass reads, alone, on a copy loaded alike: every
 	// node's needs and items decoded, and its applied records' builds,
@@ -289,10 +284,10 @@ func BenchmarkComposeMesh(b *testing.B) {
 	decoding.SetLimit(runtime.GOMAXPROCS(0))
 	for _, n := range nodes {
 		decoding.Go(func() error {
-			scratch := scratches.Get().(*decodeScratch)
+			scratch := scratches.Get().(*digestScratch)
 			defer scratches.Put(scratch)
-			groupOf(decoded.mirror.Needs, n, dropViews, &scratch.needs)
-			groupOf(decoded.mirror.Collect, n, dropViews, &scratch.collect)
+			decoded.mirror.Needs.GroupInto(n, &scratch.needs)
+			decoded.mirror.Collect.GroupInto(n, &scratch.collect)
 			decoded.mirror.BuildsOf(n)
 			return nil
 		})
@@ -300,6 +295,16 @@ func BenchmarkComposeMesh(b *testing.B) {
 	_ = decoding.Wait()
 	decodeRun := time.Since(first)
 	decoded = nil
+	// The writer's digests are the answers'.
+	for i, n := range nodes {
+		c, err := replay.Compose(&provisionerv1.ComposeRequest{Node: n})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if c.GetPlanDigest() != digests[i] {
+			b.Fatalf("the plans writer digests %s as %s, its composition as %s", n, digests[i], c.GetPlanDigest())
+		}
+	}
 	runtime.GC() // not the loading's garbage: the compositions' own
 	b.ReportAllocs()
 	for b.Loop() {

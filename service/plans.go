@@ -375,12 +375,8 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 		w.mu.Unlock()
 		return planWrite{node: node, held: held, has: has, gone: true}, has
 	}
-	plan, err := w.s.composeForPlans(node)
+	plan := w.s.composeForPlans(node)
 	w.s.plans.composed.Add(1)
-	if err != nil {
-		w.failed(node, "compose", err)
-		return planWrite{}, false
-	}
 	w.mu.Lock()
 	if len(plan.buckets) > 0 {
 		w.buckets[node] = plan.buckets
@@ -438,21 +434,15 @@ type nodePlan struct {
 	buckets []string
 }
 
-// composeForPlans composes node whole, as one page, and returns the
-// composition's digest, the revisions the copies had reached after it (of
-// the providers' buckets, those it read) and the providers' buckets it
-// read.
-// It encodes nothing: the digest is what the bucket holds, and a node
-// notified asks for its composition, which is built then (composing
-// without encoding costs 0.52 ms a node of a 1,000 x 30 x 10 mesh against
-// 1.31 ms through the answer cache; BenchmarkComposeForPlans). It keeps no
-// decoded view of the node (dropViews): the writer reads every node, each
-// decoded in a scratch of the pool, as nothing of its composition is kept
-// but the digest.
-func (s *Service) composeForPlans(node string) (nodePlan, error) {
-	arena, done := pooledArena()
-	defer done()
-	scratch := scratches.Get().(*decodeScratch)
+// composeForPlans returns the digest of node's whole composition, the
+// revisions the copies had reached after it was composed (of the
+// providers' buckets, those it read) and the providers' buckets it read.
+// It makes no composition (planDigestOf): the digest is what the bucket
+// holds, and a node notified asks for its composition, which is made then.
+// Nor does it keep a decoded view of the node: the writer reads every
+// node, each decoded in a scratch of the pool.
+func (s *Service) composeForPlans(node string) nodePlan {
+	scratch := scratches.Get().(*digestScratch)
 	defer scratches.Put(scratch)
 	var buckets []string
 	read := func(bucket string) {
@@ -460,14 +450,11 @@ func (s *Service) composeForPlans(node string) (nodePlan, error) {
 			buckets = append(buckets, bucket)
 		}
 	}
-	out, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: dropViews, arena: arena, scratch: scratch, boundRead: read})
-	if werr != nil {
-		return nodePlan{}, werr
-	}
+	digest := planDigestOf(s.mirror, node, scratch, read)
 	slices.Sort(buckets)
 	// Read after composing: a node that asks at these revisions is
 	// answered a composition at least as new as the digest.
-	return nodePlan{digest: out.GetPlanDigest(), revisions: revisionsNow(s.mirror).only(buckets).proto(), buckets: buckets}, nil
+	return nodePlan{digest: digest, revisions: revisionsNow(s.mirror).only(buckets).proto(), buckets: buckets}
 }
 
 // failed counts a node's failed write and composes it again on the next

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -29,9 +30,7 @@ func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
 		return len(a) > 0 && a[0] == b[0]
 	}
 	written, read := mesh.Nodes[0].Name, mesh.Nodes[1].Name
-	if _, err := s.composeForPlans(written); err != nil {
-		t.Fatal(err)
-	}
+	s.composeForPlans(written)
 	if kept(written) {
 		t.Errorf("composing %s for its plan digest kept its decoded view", written)
 	}
@@ -41,6 +40,42 @@ func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
 	}
 	if !kept(read) {
 		t.Errorf("composing %s for a request kept no decoded view", read)
+	}
+}
+
+// The writer's digest of a node, made without composing it, is the one
+// the node's compose answer carries, and it reads keys of the providers'
+// buckets the composition reads: every node of a mesh with bound
+// keys, manifests, collections and malformed keys, each digested in the
+// same scratch in turn, in two orders.
+func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
+	t.Parallel()
+	s, mesh, _ := startOnMesh(t, synth.Config{Nodes: 6, Modules: 8, Needs: 12, Bound: 50}, Config{})
+	for _, order := range []string{"in order", "reversed"} {
+		for _, n := range mesh.Nodes {
+			got := s.composeForPlans(n.Name)
+			var buckets []string
+			read := func(bucket string) {
+				if !slices.Contains(buckets, bucket) {
+					buckets = append(buckets, bucket)
+				}
+			}
+			want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: n.Name}, encoding{}, unpaged, reading{views: dropViews, boundRead: read})
+			if werr != nil {
+				t.Fatal(werr)
+			}
+			if len(want.GetPlans()) == 0 || len(want.GetProvisions()) == 0 || len(want.GetRefusals()) == 0 {
+				t.Fatalf("%s composes %d plans, %d provisions and %d refusals: the mesh tests too little", n.Name, len(want.GetPlans()), len(want.GetProvisions()), len(want.GetRefusals()))
+			}
+			if got.digest != want.GetPlanDigest() {
+				t.Errorf("%s, %s: the writer's digest %s, the answer's %s", order, n.Name, got.digest, want.GetPlanDigest())
+			}
+			slices.Sort(buckets)
+			if !slices.Equal(got.buckets, buckets) {
+				t.Errorf("%s: the writer read keys of %v, the composition of %v", n.Name, got.buckets, buckets)
+			}
+		}
+		slices.Reverse(mesh.Nodes)
 	}
 }
 
