@@ -132,8 +132,8 @@ FAULTS_LOG    := build/test-faults.log
 # The scenarios' figures are timings on a machine shared with the servers,
 # the service and the load itself: one that fails is run again, alone, once,
 # and passes the target only if it then passes, with a FLAKY line saying so.
-# A 2-core machine half as fast as usual put TestFaultBlast's recovery at
-# 0.7-2.3 s against its 2 s bound (see the session notes).
+# TestFaultBlast bounds its recovery against a bare echo blasted alike in
+# the same run; others bound absolute timings.
 FAULTS_RUN    := build/test-faults-run.log
 FAULTS_FAILED := awk '/^=== RUN   [^\/]+$$/ { block = "" } { block = block $$0 "\n" } /^--- FAIL: / { printf "%s", block }'
 
