@@ -177,13 +177,6 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		Manifests: m.Manifests.Revision(),
 	}
 	sources := sourcesOf(m, &builds)
-	if heard := r.boundRead; heard != nil {
-		key := sources.Bound
-		sources.Bound = func(bucket, k string) uint64 {
-			heard(bucket)
-			return key(bucket, k)
-		}
-	}
 	records := wellFormed(make([]*provisionerv1.CollectRecord, 0, len(items)), items)
 	// The needs this request composes (every page), and this page's: those
 	// after the token's key. all is the view itself when it is every need:
@@ -265,9 +258,6 @@ chunks:
 type reading struct {
 	views viewUse
 	arena *compose.Arena
-	// boundRead, if set, hears each providers' bucket the composition
-	// reads a key of.
-	boundRead func(bucket string)
 }
 
 // digestScratch is where the plans writer digests a node (planDigestOf),
@@ -295,11 +285,7 @@ func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRe
 	builds, _ := m.BuildsOf(node)
 	sources := sourcesOf(m, &builds)
 	if boundRead != nil {
-		key := sources.Bound
-		sources.Bound = func(bucket, k string) uint64 {
-			boundRead(bucket)
-			return key(bucket, k)
-		}
+		sources = hearBound(sources, boundRead)
 	}
 	records, malformed := splitNeeds(scratch.records[:0], scratch.malformed[:0], entries)
 	in := compose.Input{Node: node, Sources: sources, Needs: records, Malformed: malformed, Items: wellFormed(scratch.items[:0], items)}
@@ -307,6 +293,17 @@ func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRe
 	// Kept for their room, not their records.
 	scratch.records, scratch.malformed, scratch.items = emptied(in.Needs), emptied(in.Malformed), emptied(in.Items)
 	return digest
+}
+
+// hearBound returns sources whose Bound tells heard each providers' bucket
+// it reads a key of.
+func hearBound(sources compose.Sources, heard func(bucket string)) compose.Sources {
+	key := sources.Bound
+	sources.Bound = func(bucket, k string) uint64 {
+		heard(bucket)
+		return key(bucket, k)
+	}
+	return sources
 }
 
 // emptied returns s emptied, its elements zeroed.

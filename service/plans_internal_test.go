@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/synth"
@@ -54,13 +55,7 @@ func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 	for _, order := range []string{"in order", "reversed"} {
 		for _, n := range mesh.Nodes {
 			got := s.composeForPlans(n.Name)
-			var buckets []string
-			read := func(bucket string) {
-				if !slices.Contains(buckets, bucket) {
-					buckets = append(buckets, bucket)
-				}
-			}
-			want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: n.Name}, encoding{}, unpaged, reading{views: dropViews, boundRead: read})
+			want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: n.Name}, encoding{}, unpaged, reading{views: dropViews})
 			if werr != nil {
 				t.Fatal(werr)
 			}
@@ -70,6 +65,20 @@ func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 			if got.digest != want.GetPlanDigest() {
 				t.Errorf("%s, %s: the writer's digest %s, the answer's %s", order, n.Name, got.digest, want.GetPlanDigest())
 			}
+			// The buckets a composition reads keys of: its provisions', and
+			// those of provisions refused for what the key's revision says.
+			var buckets []string
+			read := func(bucket string) {
+				if !slices.Contains(buckets, bucket) {
+					buckets = append(buckets, bucket)
+				}
+			}
+			entries, _, _ := s.mirror.Needs.GroupOnce(n.Name)
+			items, _, _ := s.mirror.Collect.GroupOnce(n.Name)
+			builds, _ := s.mirror.BuildsOf(n.Name)
+			in := compose.Input{Node: n.Name, Sources: hearBound(sourcesOf(s.mirror, &builds), read), Items: wellFormed(nil, items)}
+			in.Needs, in.Malformed = splitNeeds(nil, nil, entries)
+			compose.Compose(in)
 			slices.Sort(buckets)
 			if !slices.Equal(got.buckets, buckets) {
 				t.Errorf("%s: the writer read keys of %v, the composition of %v", n.Name, got.buckets, buckets)
