@@ -39,6 +39,18 @@ func (tt composeCase) input(arena *compose.Arena) compose.Input {
 	return compose.Input{Node: "ace", Module: tt.module, Needs: tt.needs, Malformed: tt.bad, Items: items, Sources: sources, Arena: arena}
 }
 
+// caseBuilds are the cases' modules' builds: web is between builds b1
+// (wanted) and b2 (newest); db is at b1.
+func caseBuilds(_, module string) (string, string) {
+	switch module {
+	case "web":
+		return "b1", "b2"
+	case "db":
+		return "b1", ""
+	}
+	return "", ""
+}
+
 func composeCases() []composeCase {
 	need := func(module, kind, name string, n *provisionerv1.Need) *provisionerv1.NeedRecord {
 		if n == nil {
@@ -49,16 +61,7 @@ func composeCases() []composeCase {
 	bucket := func(b, k string) *provisionerv1.PlanItem_Bucket {
 		return &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: b, Key: k}}
 	}
-	// web is between builds b1 (wanted) and b2 (newest); db is at b1.
-	builds := func(node, module string) (string, string) {
-		switch module {
-		case "web":
-			return "b1", "b2"
-		case "db":
-			return "b1", ""
-		}
-		return "", ""
-	}
+	builds := caseBuilds
 	pgManifest := &provisionerv1.ManifestRecord{Node: "g14", Provider: "pg", Digest: "sha256:aa",
 		Manifest: &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "ro"}, {Provision: "db"}}}}
 	manifest := func(provider string) *provisionerv1.ManifestRecord {

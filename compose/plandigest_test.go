@@ -66,15 +66,7 @@ func FuzzPlanDigest(f *testing.F) {
 		{Node: "ace", Collection: "main", Contributor: "web", Item: &provisionerv1.CollectItem{Order: 2}, Revision: 5},
 	}
 	sources := compose.Sources{
-		Builds: func(_, module string) (string, string) {
-			switch module {
-			case "web":
-				return "b1", "b2"
-			case "db":
-				return "b1", ""
-			}
-			return "", ""
-		},
+		Builds: caseBuilds,
 		Bound: func(_, key string) uint64 {
 			if len(key)%3 == 0 {
 				return uint64(len(key))
