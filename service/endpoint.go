@@ -190,19 +190,22 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		s.refuse(r, enc, count, s.stillLoading())
 		return
 	}
-	ep.answerWhole(s, r, in, enc, count, arrived, true)
+	if werr := ep.answerWhole(s, r, in, enc, count, arrived, true); werr != nil {
+		s.refuse(r, enc, count, werr)
+	}
 }
 
-// answerWhole answers a checked request from the whole copy: a reused answer
-// at once, else on a worker, once the copy reaches the revisions the
-// request asks for. join says it may wait for the answer of an identical
-// request being built (flights); a request that waited for one and finds
-// no answer kept is answered as any other, without joining again.
-func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, join bool) {
+// answerWhole answers a checked request from the whole copy, once it
+// reaches the revisions the request asks for (answerReached), or returns
+// the refusal for its caller to send: on the micro callback with refuse,
+// so that micro counts it, elsewhere with send. join says it may wait for
+// the answer of an identical request being built (flights); a request that
+// waited for one and finds no answer kept is answered as any other,
+// without joining again.
+func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, join bool) *wire.Error {
 	if ep.unavailable != nil {
 		if werr := ep.unavailable(in); werr != nil {
-			s.refuse(r, enc, count, werr)
-			return
+			return werr
 		}
 	}
 	var pending []revisionWait
@@ -211,82 +214,82 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 			pending = append(pending, w)
 		}
 	}
-	// A reused answer costs a lookup: it is sent from the callback, with
-	// no worker to wait for. One being built for an identical request is
-	// waited for (flights), once.
-	land := func([]byte) {}
 	if len(pending) == 0 {
-		data, key, st, ok := ep.lookup(s, in, enc)
-		if ok {
-			s.send(r, enc, count, data, nil)
-			return
+		return ep.answerReached(s, r, in, enc, count, arrived, 0, join)
+	}
+	// Counted in while it waits, so that Stop waits for it too.
+	release := s.admit()
+	if release == nil {
+		return errStopping
+	}
+	select {
+	case s.waiting <- struct{}{}:
+	default:
+		release()
+		return wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))
+	}
+	go func() {
+		defer func() { <-s.waiting }()
+		defer release()
+		start := time.Now()
+		werr := s.waitRevisions(pending)
+		if werr == nil {
+			// Reached, it is a request that came now: answered from the
+			// cache or a flight, as are the many that wait for one
+			// provider's bucket read for the first time, not each on a
+			// worker of its own.
+			werr = ep.answerReached(s, r, in, enc, count, time.Now(), time.Since(start), join)
 		}
-		if join && s.flights != nil {
-			joined, landed := s.flights.join(key, st, func(body []byte) { ep.afterFlight(s, r, in, enc, count, arrived, body) })
-			if joined {
-				return
-			}
-			if landed != nil {
-				land = landed
-			}
+		if werr != nil {
+			s.send(r, enc, count, nil, werr)
+		}
+	}()
+	return nil
+}
+
+// answerReached answers a checked request whose revisions the copy has
+// reached, waited for for waited, or returns the refusal for its caller to
+// send (answerWhole): an answer kept is sent from the caller's goroutine,
+// with no worker to wait for; one being built for an identical request is
+// waited for (flights) if join says so; any other is built on a worker,
+// its time in the queue measured from queued. A full queue is refused at
+// once.
+func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, enc encoding, count *counters, queued time.Time, waited time.Duration, join bool) *wire.Error {
+	data, key, st, ok := ep.lookup(s, in, enc, waited)
+	if ok {
+		s.send(r, enc, count, data, nil)
+		return nil
+	}
+	land := func([]byte) {}
+	if join && s.flights != nil {
+		joined, landed := s.flights.join(key, st, func(body []byte) { ep.afterFlight(s, r, in, enc, count, queued, waited, body) })
+		if joined {
+			return nil
+		}
+		if landed != nil {
+			land = landed
 		}
 	}
 	// From here the request is counted in until its answer is sent:
 	// release says so, once, wherever that happens.
 	release := s.admit()
 	if release == nil {
-		s.refuse(r, enc, count, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
 		land(nil)
-		return
+		return errStopping
 	}
-	respond := func(waited time.Duration) {
-		data, _, werr := ep.respond(s, in, enc, waited)
+	run := func() {
+		data, body, werr := ep.respond(s, in, enc, waited)
 		s.send(r, enc, count, data, werr)
+		land(body)
 	}
-	if len(pending) == 0 {
-		// The callback never waits for a worker: the request's time in the
-		// queue is measured from here, and a full queue is refused at once.
-		run := func() {
-			data, body, werr := ep.respond(s, in, enc, 0)
-			s.send(r, enc, count, data, werr)
-			land(body)
-		}
-		shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr); land(nil) }
-		if !s.enqueue(job{queued: arrived, count: count, run: run, shed: shed, release: release}) {
-			release()
-			count.queueFull.Add(1)
-			s.refuse(r, enc, count, s.overloaded())
-			land(nil)
-		}
-		return
-	}
-	select {
-	case s.waiting <- struct{}{}:
-	default:
+	shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr); land(nil) }
+	if !s.enqueue(job{queued: queued, count: count, run: run, shed: shed, release: release}) {
 		release()
-		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting)))
-		return
+		count.queueFull.Add(1)
+		land(nil)
+		return s.overloaded()
 	}
-	go func() {
-		defer func() { <-s.waiting }()
-		queued := false // then the worker releases it
-		defer func() {
-			if !queued {
-				release()
-			}
-		}()
-		start := time.Now()
-		if werr := s.waitRevisions(pending); werr != nil {
-			s.send(r, enc, count, nil, werr)
-			return
-		}
-		waited := time.Since(start)
-		shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }
-		if queued = s.enqueue(job{queued: time.Now(), count: count, run: func() { respond(waited) }, shed: shed, release: release}); !queued {
-			count.queueFull.Add(1)
-			shed(s.overloaded())
-		}
-	}()
+	return nil
 }
 
 // answerEarly answers a checked request on a worker while the copy loads
@@ -295,7 +298,7 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time) {
 	release := s.admit()
 	if release == nil {
-		s.refuse(r, enc, count, wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly"))
+		s.refuse(r, enc, count, errStopping)
 		return
 	}
 	run := func() {
@@ -310,7 +313,9 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 			// as it answers any request, revisions waited for, where a
 			// read of the node alone could refuse. Its time in the queue
 			// starts again, as after a wait for revisions.
-			ep.answerWhole(s, r, in, enc, count, time.Now(), true)
+			if werr := ep.answerWhole(s, r, in, enc, count, time.Now(), true); werr != nil {
+				s.send(r, enc, count, nil, werr)
+			}
 			return
 		}
 		if ep.unavailable != nil {
@@ -331,6 +336,10 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 		s.refuse(r, enc, count, s.overloaded())
 	}
 }
+
+// errStopping is the refusal of a request that comes, or would be answered,
+// once Stop has begun.
+var errStopping = wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly")
 
 // stillLoading is the refusal of a request the copy cannot answer yet.
 func (s *Service) stillLoading() *wire.Error {
@@ -382,12 +391,12 @@ func (s *Service) work() {
 // answerHeadroom is what an answer leaves of max_payload for its headers.
 const answerHeadroom = 1024
 
-// lookup returns the answer kept in the cache for a request that waited for
-// nothing, if what it read is unchanged: as it was last sent while the
-// revisions it names are unchanged (no encoding, no copy), or with a new
-// tail. It returns the request's cache key and the stamp it read too, for
-// a request that misses.
-func (ep endpoint[Req, Res]) lookup(s *Service, in Req, enc encoding) (data []byte, key cacheKey, st stamp, ok bool) {
+// lookup returns the answer kept in the cache for a request, if what it
+// read is unchanged: as it was last sent while the revisions it names are
+// unchanged (no encoding, no copy) and the request waited for none, or
+// with a new tail. It returns the request's cache key and the stamp it
+// read too, for a request that misses.
+func (ep endpoint[Req, Res]) lookup(s *Service, in Req, enc encoding, waited time.Duration) (data []byte, key cacheKey, st stamp, ok bool) {
 	key, st = cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}, ep.stamp(in)
 	cached, hit := s.cache.get(key, st)
 	if !hit {
@@ -396,14 +405,16 @@ func (ep endpoint[Req, Res]) lookup(s *Service, in Req, enc encoding) (data []by
 	// Read after the stamp: the answer names revisions at least as new as
 	// what it holds.
 	revs := revisionsNow(s.mirror)
-	if sent := cached.sent.Load(); sent != nil && sent.revisions.same(revs) {
+	if sent := cached.sent.Load(); sent != nil && waited == 0 && sent.revisions.same(revs) {
 		return sent.data, key, st, true
 	}
-	whole, werr := ep.withTail(s, in, enc, cached.data, timings{}, revs)
+	whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revs)
 	if werr != nil {
 		return nil, key, st, false
 	}
-	cached.sent.Store(&sentAnswer{revisions: revs, data: whole})
+	if waited == 0 {
+		cached.sent.Store(&sentAnswer{revisions: revs, data: whole})
+	}
 	return whole, key, st, true
 }
 
@@ -414,7 +425,7 @@ func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited ti
 	key := cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}
 	st := ep.stamp(in)
 	if cached, hit := s.cache.get(key, st); hit {
-		// Built meanwhile, or asked after a wait.
+		// Built while the request queued.
 		whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revisionsNow(s.mirror))
 		return whole, cached.data, werr
 	}
@@ -431,16 +442,19 @@ func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited ti
 }
 
 // afterFlight answers a request that waited for an identical one's answer
-// (flights): with its body and a tail of its own, as a reused answer is;
-// or, if none was built, as any request, without waiting again.
-func (ep endpoint[Req, Res]) afterFlight(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, body []byte) {
+// (flights), on the goroutine that landed it: with its body and a tail of
+// its own, as a reused answer is; or, if none was built, as any request,
+// without waiting again.
+func (ep endpoint[Req, Res]) afterFlight(s *Service, r micro.Request, in Req, enc encoding, count *counters, queued time.Time, waited time.Duration, body []byte) {
 	if body == nil {
-		ep.answerWhole(s, r, in, enc, count, arrived, false)
+		if werr := ep.answerWhole(s, r, in, enc, count, queued, false); werr != nil {
+			s.send(r, enc, count, nil, werr)
+		}
 		return
 	}
 	// Read after the body was built: the answer names revisions at least
 	// as new as what it holds.
-	answer, werr := ep.withTail(s, in, enc, body, timings{}, revisionsNow(s.mirror))
+	answer, werr := ep.withTail(s, in, enc, body, timings{waited: waited}, revisionsNow(s.mirror))
 	s.send(r, enc, count, answer, werr)
 }
 
@@ -508,7 +522,7 @@ func (s *Service) waitRevisions(waits []revisionWait) *wire.Error {
 	for _, w := range waits {
 		if !w.bucket.WaitFor(ctx, w.revision) {
 			if s.stopping.Err() != nil {
-				return wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly")
+				return errStopping
 			}
 			why := ""
 			if w.bucket.Behind() {

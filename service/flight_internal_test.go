@@ -4,6 +4,9 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -58,7 +61,38 @@ func TestFlightsJoin(t *testing.T) {
 func TestIdenticalRequestsShareABuild(t *testing.T) {
 	t.Parallel()
 	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 1, Modules: 200, Needs: 25}, Config{Concurrency: 1})
-	const asked = 600 // over the queue of one worker, 128
+	floodOfOne(t, s, nc, mesh.Nodes[0].Name)
+}
+
+// The same flood while the providers' buckets that the node's needs name
+// are not read yet: each request waits for them, then is answered as one
+// that came now, from one build. Each waited on a worker of its own before,
+// and all but the queue's worth were refused at once when the buckets came
+// (471 of 600; the flood of a node's first compose on a slow machine).
+func TestIdenticalRequestsThatWaitedShareABuild(t *testing.T) {
+	t.Parallel()
+	// The service may not make the providers' buckets' watchers: their
+	// reads fail after apiTimeout, long after the flood has come, and
+	// every request waits for that (its buckets then read as failing).
+	var deny []string
+	for _, provider := range []string{"pg", "redis", "s3", "kafka"} { // synth's
+		create := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(wire.BoundBucket(provider))
+		deny = append(deny, create, create+".>")
+	}
+	s, mesh, nc := startOnMeshDenying(t, deny, synth.Config{Nodes: 1, Modules: 200, Needs: 25, Bound: 50},
+		Config{Concurrency: 1, RevisionWait: time.Minute})
+	floodOfOne(t, s, nc, mesh.Nodes[0].Name)
+	if n := s.counters[wire.ComposeEndpoint].refused.Load(); n > 0 {
+		t.Errorf("%d requests were refused, want none", n)
+	}
+}
+
+// floodOfOne asks the compose of node 600 times at once, each the same small
+// page, of a service with one worker, whose queue holds 128: every request
+// must be answered, none refused for a full queue.
+func floodOfOne(t *testing.T, s *Service, nc *nats.Conn, node string) {
+	t.Helper()
+	const asked = 600
 	ask := client.New(nc)
 	var (
 		asking sync.WaitGroup
@@ -67,7 +101,7 @@ func TestIdenticalRequestsShareABuild(t *testing.T) {
 	)
 	for range asked {
 		asking.Go(func() {
-			if _, err := ask.Compose(context.Background(), &provisionerv1.ComposeRequest{Node: mesh.Nodes[0].Name, PageSize: 5}); err != nil {
+			if _, err := ask.Compose(context.Background(), &provisionerv1.ComposeRequest{Node: node, PageSize: 5}); err != nil {
 				mu.Lock()
 				errs = append(errs, err)
 				mu.Unlock()

@@ -92,9 +92,27 @@ func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 // with the registry's table, and starts a service on it, ready.
 func startOnMesh(t testing.TB, meshConfig synth.Config, cfg Config) (*Service, *synth.Mesh, *nats.Conn) {
 	t.Helper()
-	ctx := context.Background()
 	nc := natstest.Connect(t, natstest.Start(t))
-	js, err := jetstream.New(nc)
+	return startOnMeshAs(t, nc, nc, meshConfig, cfg)
+}
+
+// startOnMeshDenying is startOnMesh on a server that denies the service's
+// identity (user "svc") the subjects in deny; the connection returned is
+// the admin's, which may do anything.
+func startOnMeshDenying(t testing.TB, deny []string, meshConfig synth.Config, cfg Config) (*Service, *synth.Mesh, *nats.Conn) {
+	t.Helper()
+	s := natstest.StartDenying(t, "svc", deny...)
+	admin := natstest.Connect(t, s, nats.UserInfo("admin", "admin"))
+	svc := natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	return startOnMeshAs(t, admin, svc, meshConfig, cfg)
+}
+
+// startOnMeshAs writes the registry and the mesh through admin, and starts
+// the service on svc once its copy is whole.
+func startOnMeshAs(t testing.TB, admin, svc *nats.Conn, meshConfig synth.Config, cfg Config) (*Service, *synth.Mesh, *nats.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	js, err := jetstream.New(admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +130,7 @@ func startOnMesh(t testing.TB, meshConfig synth.Config, cfg Config) (*Service, *
 	if err := mesh.Write(ctx, js, 8, nil); err != nil {
 		t.Fatal(err)
 	}
-	cfg.Conn = nc
+	cfg.Conn = svc
 	s, err := Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -123,5 +141,5 @@ func startOnMesh(t testing.TB, meshConfig synth.Config, cfg Config) (*Service, *
 	if err := s.WaitReady(wctx); err != nil {
 		t.Fatal(err)
 	}
-	return s, mesh, nc
+	return s, mesh, admin
 }
