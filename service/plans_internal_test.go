@@ -52,6 +52,16 @@ func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
 func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 	t.Parallel()
 	s, mesh, _ := startOnMesh(t, synth.Config{Nodes: 6, Modules: 8, Needs: 12, Bound: 50}, Config{})
+	// The copy follows a provider's bucket once a composition names it,
+	// and reads it meanwhile: each is named and read first, as a compose
+	// request waits for it, or the writer and the answer after it could
+	// read it before and after it came (a CI run on a loaded machine did).
+	for _, n := range mesh.Nodes {
+		waits, _ := s.boundUnread(n.Name)
+		if werr := s.waitRevisions(waits); werr != nil {
+			t.Fatal(werr)
+		}
+	}
 	for _, order := range []string{"in order", "reversed"} {
 		for _, n := range mesh.Nodes {
 			got := s.composeForPlans(n.Name)
