@@ -82,9 +82,6 @@ func TestIdenticalRequestsThatWaitedShareABuild(t *testing.T) {
 	s, mesh, nc := startOnMeshDenying(t, deny, synth.Config{Nodes: 1, Modules: 200, Needs: 25, Bound: 50},
 		Config{Concurrency: 1, RevisionWait: time.Minute})
 	floodOfOne(t, s, nc, mesh.Nodes[0].Name)
-	if n := s.counters[wire.ComposeEndpoint].refused.Load(); n > 0 {
-		t.Errorf("%d requests were refused, want none", n)
-	}
 }
 
 // floodOfOne asks the compose of node 600 times at once, each the same small
