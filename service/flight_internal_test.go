@@ -66,14 +66,15 @@ func TestIdenticalRequestsShareABuild(t *testing.T) {
 
 // The same flood while the providers' buckets that the node's needs name
 // are not read yet: each request waits for them, then is answered as one
-// that came now, from one build. Each waited on a worker of its own before,
+// that came now, from one build. Each went to the queue on its own before,
 // and all but the queue's worth were refused at once when the buckets came
 // (471 of 600; the flood of a node's first compose on a slow machine).
 func TestIdenticalRequestsThatWaitedShareABuild(t *testing.T) {
 	t.Parallel()
 	// The service may not make the providers' buckets' watchers: their
-	// reads fail after apiTimeout, long after the flood has come, and
-	// every request waits for that (its buckets then read as failing).
+	// reads fail once nats.go stops waiting for the API's answer (some
+	// 5 s), long after the flood has come, and every request waits for
+	// that (its buckets then read as failing).
 	var deny []string
 	for _, provider := range []string{"pg", "redis", "s3", "kafka"} { // synth's
 		create := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(wire.BoundBucket(provider))
