@@ -3,7 +3,10 @@ package service
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"google.golang.org/protobuf/proto"
 
@@ -28,6 +31,47 @@ import (
 // asking in a loop while the copy loads would have the server ask
 // JetStream thousands of times a second, and slow the load.
 const earlyReadsPerSecond = 100
+
+// earlyReadsPerNode is the most reads of one node alone in a second, a tenth
+// of the bound across every node. Without it, one node asking for itself in
+// a loop while the copy loads takes that whole bound, and every other node
+// gets a 503 until the copy is whole. A node that asks for its plan and
+// its three kinds of records at start takes four.
+const earlyReadsPerNode = 10
+
+// earlyBound admits reads of a node alone: all bounds them across every
+// node, byNode counts each node's in the current second. Only the reads
+// admitted are counted, so byNode holds no more nodes than all admits in a
+// second.
+type earlyBound struct {
+	all     *rate.Limiter
+	perNode int
+	mu      sync.Mutex
+	second  time.Time
+	byNode  map[string]int
+}
+
+func newEarlyBound(perSecond, perNode int) *earlyBound {
+	return &earlyBound{all: rate.NewLimiter(rate.Limit(perSecond), perSecond), perNode: perNode, byNode: map[string]int{}}
+}
+
+// admit takes a read of node alone at now, or says which bound refuses it.
+func (b *earlyBound) admit(node string, now time.Time) (nodeBound, meshBound bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now.Sub(b.second) >= time.Second {
+		b.second = now
+		clear(b.byNode)
+	}
+	if b.byNode[node] >= b.perNode {
+		return true, false
+	}
+	if !b.all.AllowN(now, 1) {
+		return false, true
+	}
+	b.byNode[node]++
+	return false, false
+}
 
 // earlyMaxUnread is the most providers' buckets not read yet that a read of
 // a node alone waits for, on a worker.
@@ -119,13 +163,17 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 	})
 }
 
-// readAlone reads node's keys alone (mirror.ReadNode), within the bound
-// on such reads (earlyReadsPerSecond); a node it does not read gets a 503 that says
+// readAlone reads node's keys alone (mirror.ReadNode), within the bounds
+// on such reads (earlyBound); a node it does not read gets a 503 that says
 // why, logged as every 503 is (logFailure).
 func (s *Service) readAlone(ctx context.Context, node string) (*mirror.Mirror, *wire.Error) {
-	if !s.earlyReads.Allow() {
+	switch nodeBound, meshBound := s.earlyReads.admit(node, time.Now()); {
+	case nodeBound:
+		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and reads node %s alone at most %d times a second meanwhile; ask again shortly",
+			strings.Join(s.mirror.Loading(), ", "), node, s.earlyReads.perNode)
+	case meshBound:
 		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and reads at most %d nodes alone a second meanwhile; ask again shortly",
-			strings.Join(s.mirror.Loading(), ", "), s.earlyReads.Burst())
+			strings.Join(s.mirror.Loading(), ", "), s.earlyReads.all.Burst())
 	}
 	m, err := s.followers.ReadNode(ctx, node)
 	if err != nil {

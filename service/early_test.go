@@ -295,24 +295,28 @@ func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 // second, is under what any machine reads (a -race run on 2 busy cores
 // reads some 100 a second, the default bound, which it could not see), and
 // no request is shed for its wait in the queue, which is not this bound.
+// The requests name 10 nodes, whose bounds of their own (earlyReadsPerNode
+// each) add up to more than the mesh's: the mesh's is what they meet.
 func TestReadsAloneAreBounded(t *testing.T) {
 	t.Parallel()
-	const perSecond, asked = 10, 200
+	const perSecond, asked, nodes = 10, 200, 10
 	cfg := service.Config{MaxQueueWait: time.Minute}
 	cfg.SetEarlyReadsPerSecond(perSecond)
-	m := newLoadingMesh(t, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, cfg)
+	m := newLoadingMesh(t, synth.Config{Nodes: nodes, Modules: 2, Needs: 2}, nil, cfg)
 	var answered, bounded atomic.Int64
 	var asking sync.WaitGroup
 	start := time.Now()
 	for i := range asked {
 		asking.Go(func() {
-			_, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[i%2].Name})
+			_, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[i%nodes].Name})
 			var werr *wire.Error
 			switch {
 			case err == nil:
 				answered.Add(1)
 			case errors.As(err, &werr) && strings.Contains(werr.Sentence(), fmt.Sprintf("reads at most %d nodes alone a second", perSecond)):
 				bounded.Add(1)
+			case errors.As(err, &werr) && strings.Contains(werr.Sentence(), "alone at most"):
+				// The node's own bound, met before the mesh's.
 			default:
 				t.Errorf("compose while loading: %v", err)
 			}
@@ -324,6 +328,51 @@ func TestReadsAloneAreBounded(t *testing.T) {
 	if answered.Load() > most || bounded.Load() == 0 {
 		t.Errorf("%d of %d requests answered and %d refused for the bound in %s; want at most %d answered and some refused", answered.Load(), asked, bounded.Load(), took, most)
 	}
+	m.stillLoading(t)
+}
+
+// A node that asks for itself in a loop while the copy loads takes at most
+// its own bound of the reads alone (earlyReadsPerNode a second), and
+// leaves the rest to the other nodes: another node asking meanwhile is
+// answered each time. Without a bound a node, the greedy one takes every
+// read the mesh's bound lets through, and the other gets 503s.
+func TestAGreedyNodeLeavesReadsAloneToTheOthers(t *testing.T) {
+	t.Parallel()
+	const perSecond = 20 // twice a node's own bound
+	cfg := service.Config{MaxQueueWait: time.Minute}
+	cfg.SetEarlyReadsPerSecond(perSecond)
+	m := newLoadingMesh(t, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, cfg)
+	greedy, other := m.mesh.Nodes[0].Name, m.mesh.Nodes[1].Name
+	ctx, stop := context.WithCancel(t.Context())
+	var asked, refused atomic.Int64
+	var greed sync.WaitGroup
+	for range 4 {
+		greed.Go(func() {
+			for ctx.Err() == nil {
+				_, err := client.New(m.admin).Compose(ctx, &provisionerv1.ComposeRequest{Node: greedy})
+				asked.Add(1)
+				var werr *wire.Error
+				if errors.As(err, &werr) && strings.Contains(werr.Sentence(), fmt.Sprintf("reads node %s alone at most", greedy)) {
+					refused.Add(1)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+	defer greed.Wait()
+	defer stop()
+	for range 3 {
+		time.Sleep(300 * time.Millisecond)
+		if _, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: other}); err != nil {
+			t.Errorf("%s asked while %s asked in a loop: %v", other, greedy, err)
+		}
+	}
+	stop()
+	greed.Wait()
+	if refused.Load() == 0 {
+		t.Errorf("%s asked %d times in a loop, and none was refused for its own bound", greedy, asked.Load())
+	}
+	t.Logf("%s asked %d times, %d refused for its own bound", greedy, asked.Load(), refused.Load())
 	m.stillLoading(t)
 }
 

@@ -176,7 +176,7 @@ type Service struct {
 	// followers keep the copy, and read a node's keys alone while it
 	// loads (readAlone), at most as often as earlyReads allows.
 	followers  *mirror.Watchers
-	earlyReads *rate.Limiter
+	earlyReads *earlyBound
 	logger     *slog.Logger
 
 	revisionWait time.Duration
@@ -317,7 +317,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		conn:         cfg.Conn,
 		answer:       cmp.Or(cfg.AnswerConn, cfg.Conn),
 		mirror:       mirror.New(),
-		earlyReads:   rate.NewLimiter(rate.Limit(cfg.earlyReadsPerSecond), cfg.earlyReadsPerSecond),
+		earlyReads:   newEarlyBound(cfg.earlyReadsPerSecond, earlyReadsPerNode),
 		logger:       cfg.Logger,
 		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait: cfg.MaxQueueWait,
