@@ -69,6 +69,15 @@ func (ep endpoint[Req, Res]) addressed(name string, owner wire.Role, confine fun
 	return ep
 }
 
+// addresseeOf returns whom r's subject names on an addressed endpoint; on
+// an unscoped one, nobody (the zero addressee).
+func (ep endpoint[Req, Res]) addresseeOf(r micro.Request) addressee {
+	if ep.owner == "" {
+		return addressee{}
+	}
+	return addressee{role: ep.owner, name: r.Subject()[strings.LastIndexByte(r.Subject(), '.')+1:]}
+}
+
 // subjectOf returns the subject the endpoint subscribes to.
 func (ep endpoint[Req, Res]) subjectOf() string {
 	if ep.owner != "" {
@@ -150,11 +159,8 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 	arrived := time.Now()
 	// First, before anything can answer: every path below (refusals, 503s,
 	// pages, reused answers) publishes to r.Reply().
-	var name string // of an addressed endpoint: whose the request is
-	if ep.owner != "" {
-		name = r.Subject()[strings.LastIndexByte(r.Subject(), '.')+1:]
-	}
-	if !s.answersTo(r.Reply(), ep.owner, name) {
+	who := ep.addresseeOf(r)
+	if !s.answersTo(r.Reply(), who.role, who.name) {
 		s.refuseReply(r, count)
 		return
 	}
@@ -167,6 +173,11 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		s.refuse(r, enc, count, s.overloaded())
 		return
 	}
+	if s.places.full(who) {
+		count.askerFull.Add(1)
+		s.refuse(r, enc, count, s.places.askerFull(who))
+		return
+	}
 	in := ep.newRequest()
 	if werr := enc.unmarshal(r.Data(), in); werr != nil {
 		s.refuse(r, enc, count, werr)
@@ -177,7 +188,7 @@ func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request
 		return
 	}
 	if ep.owner != "" {
-		if werr := ep.confine(name, in); werr != nil {
+		if werr := ep.confine(who.name, in); werr != nil {
 			s.refuse(r, enc, count, werr)
 			return
 		}
@@ -222,9 +233,15 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 	if release == nil {
 		return errStopping
 	}
+	give, werr := s.hold(ep.addresseeOf(r), count)
+	if werr != nil {
+		release()
+		return werr
+	}
 	select {
 	case s.waiting <- struct{}{}:
 	default:
+		give()
 		release()
 		return wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))
 	}
@@ -233,6 +250,9 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 		defer release()
 		start := time.Now()
 		werr := s.waitRevisions(pending)
+		// Its place is the queue's from here (answerReached), not a
+		// second one for the same request.
+		give()
 		if werr == nil {
 			// Reached, it is a request that came now: answered from the
 			// cache or a flight, as are the many that wait for one
@@ -277,17 +297,21 @@ func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, 
 		land(nil)
 		return errStopping
 	}
+	give, werr := s.hold(ep.addresseeOf(r), count)
+	if werr != nil {
+		release()
+		land(nil)
+		return werr
+	}
 	run := func() {
 		data, body, werr := ep.respond(s, in, enc, waited)
 		s.send(r, enc, count, data, werr)
 		land(body)
 	}
 	shed := func(werr *wire.Error) { s.send(r, enc, count, nil, werr); land(nil) }
-	if !s.enqueue(job{queued: queued, count: count, run: run, shed: shed, release: release}) {
-		release()
-		count.queueFull.Add(1)
+	if werr := s.enqueue(job{queued: queued, count: count, run: run, shed: shed, release: release, give: give}); werr != nil {
 		land(nil)
-		return s.overloaded()
+		return werr
 	}
 	return nil
 }
@@ -301,6 +325,12 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 		s.refuse(r, enc, count, errStopping)
 		return
 	}
+	give, werr := s.hold(ep.addresseeOf(r), count)
+	if werr != nil {
+		release()
+		s.refuse(r, enc, count, werr)
+		return
+	}
 	run := func() {
 		ctx, cancel := context.WithTimeout(s.stopping, s.revisionWait)
 		defer cancel()
@@ -312,7 +342,9 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 			// The copy came whole while the request waited: it answers
 			// as it answers any request, revisions waited for, where a
 			// read of the node alone could refuse. Its time in the queue
-			// starts again, as after a wait for revisions.
+			// starts again, as after a wait for revisions, and so does
+			// its place (hold).
+			give()
 			if werr := ep.answerWhole(s, r, in, enc, count, time.Now(), true); werr != nil {
 				s.send(r, enc, count, nil, werr)
 			}
@@ -330,10 +362,8 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 		}
 		s.send(r, enc, count, data, werr)
 	}
-	if !s.enqueue(job{queued: arrived, count: count, run: run, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release}) {
-		release()
-		count.queueFull.Add(1)
-		s.refuse(r, enc, count, s.overloaded())
+	if werr := s.enqueue(job{queued: arrived, count: count, run: run, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release, give: give}); werr != nil {
+		s.refuse(r, enc, count, werr)
 	}
 }
 
@@ -353,17 +383,37 @@ type job struct {
 	run     func()                 // builds and sends the answer
 	shed    func(werr *wire.Error) // sends an error instead
 	release func()                 // once the answer or error is sent (admit)
+	give    func()                 // its asker's place (hold), given back with release
 }
 
-// enqueue puts a job in the queue for a worker, or reports false when the
-// queue is full.
-func (s *Service) enqueue(j job) bool {
+// enqueue puts a job in the queue for a worker, or returns the refusal of
+// a full queue, counted, with the job's place given back and the job
+// released.
+func (s *Service) enqueue(j job) *wire.Error {
 	select {
 	case s.queue <- j:
-		return true
+		return nil
 	default:
-		return false
+		j.done()
+		j.count.queueFull.Add(1)
+		return s.overloaded()
 	}
+}
+
+// done gives back the job's place and releases it.
+func (j job) done() {
+	j.give()
+	j.release()
+}
+
+// hold takes a place of who's for a request (places), or returns the
+// refusal of an asker that holds every place it may, counted.
+func (s *Service) hold(who addressee, count *counters) (give func(), werr *wire.Error) {
+	if give = s.places.take(who); give == nil {
+		count.askerFull.Add(1)
+		return nil, s.places.askerFull(who)
+	}
+	return give, nil
 }
 
 // overloaded is the refusal of a request that finds the queue full.
@@ -384,7 +434,7 @@ func (s *Service) work() {
 		} else {
 			j.run()
 		}
-		j.release()
+		j.done()
 	}
 }
 

@@ -76,6 +76,13 @@ type Config struct {
 	// MaxWaiting bounds the requests waiting for revisions at once; more
 	// are refused with a 503 rather than held. Zero means 1024.
 	MaxWaiting int
+	// MaxPerAsker bounds the requests of one node or provider (whom a
+	// node- or provider-addressed subject names) that wait for revisions,
+	// queue for a worker or are being answered at once; more are refused
+	// with a 503 until some are answered, so that one asker cannot take the
+	// places of the others. Operators' unscoped subjects are not bounded by
+	// it. Zero means DefaultMaxPerAsker; negative (NoLimit) means no limit.
+	MaxPerAsker int
 	// NodeMaxKeys and NodeMaxBytes are the most keys and value bytes the
 	// copy holds of one node in one state bucket: keys beyond them are not
 	// decoded nor held, and are reported as malformed with a reason that
@@ -130,6 +137,10 @@ const (
 	DefaultRevisionWait = 5 * time.Second
 	DefaultSlowCompose  = 100 * time.Millisecond
 	DefaultMaxWaiting   = 1024
+	// A node asks for its plan and its records, a page at a time: a few
+	// requests at once. 64 is an eighth of the queue on 2 cores (4
+	// workers, QueuePerWorker each) and a sixteenth of DefaultMaxWaiting.
+	DefaultMaxPerAsker = 64
 	// A node of a real mesh has tens of modules with tens of needs each:
 	// 10,000 keys and 4 MiB of values a bucket leave it ample room.
 	DefaultNodeMaxKeys  = 10_000
@@ -177,7 +188,10 @@ type Service struct {
 	// loads (readAlone), at most as often as earlyReads allows.
 	followers  *mirror.Watchers
 	earlyReads *earlyBound
-	logger     *slog.Logger
+	// places bounds what one asker holds of the queue and the waiting
+	// requests' places (MaxPerAsker).
+	places *places
+	logger *slog.Logger
 
 	revisionWait time.Duration
 	slowCompose  time.Duration
@@ -278,6 +292,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.MaxPerAsker == 0 {
+		cfg.MaxPerAsker = DefaultMaxPerAsker
+	}
 	if cfg.earlyReadsPerSecond == 0 {
 		cfg.earlyReadsPerSecond = earlyReadsPerSecond
 	}
@@ -322,6 +339,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait: cfg.MaxQueueWait,
 		waiting:      make(chan struct{}, cfg.MaxWaiting),
+		places:       newPlaces(max(cfg.MaxPerAsker, 0)),
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{},
@@ -562,6 +580,7 @@ type counters struct {
 	answerErrors atomic.Uint64 // errors sent by workers, and answers that could not be sent
 	shed         atomic.Uint64 // 503s for requests that waited longer than MaxQueueWait
 	queueFull    atomic.Uint64 // 503s for requests that found the queue full
+	askerFull    atomic.Uint64 // 503s for requests whose asker held every place it may (places)
 	slowConsumer atomic.Uint64 // bursts of requests dropped from the pending buffer
 	largeShed    atomic.Uint64 // 503s for large answers their queue had no room for
 	// refused are the refusals sent on AnswerConn, which micro does not
@@ -592,6 +611,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		AnswerErrors:   c.answerErrors.Load(),
 		Shed:           c.shed.Load(),
 		QueueFull:      c.queueFull.Load(),
+		AskerFull:      c.askerFull.Load(),
 		SlowConsumer:   c.slowConsumer.Load(),
 		RefusedReplies: c.refusedReplies.Load(),
 		LargeShed:      c.largeShed.Load(),

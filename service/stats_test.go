@@ -93,7 +93,7 @@ func TestStatsDataIsTheMessage(t *testing.T) {
 		if len(raw) != fields.Len() {
 			t.Errorf("%s: data has %d fields, the message %d: %s", e.Name, len(raw), fields.Len(), e.Data)
 		}
-		for _, name := range []string{"answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies"} {
+		for _, name := range []string{"answered", "answer_errors", "shed", "queue_full", "asker_full", "slow_consumer", "refused_replies"} {
 			if _, ok := raw[name].(json.Number); !ok {
 				t.Errorf("%s: %s is %T, want a JSON number", e.Name, name, raw[name])
 			}

@@ -42,6 +42,8 @@ var endpointCounters = []struct {
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetShed()) }},
 	{"queue_full_total", "Requests answered 503 because the queue for workers was full (stats data queue_full).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetQueueFull()) }},
+	{"asker_full_total", "Requests answered 503 because the node or provider that asked on its own subject already held as many requests at once as one asker may, --max-per-asker (stats data asker_full).",
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAskerFull()) }},
 	{"slow_consumer_total", "Times requests were dropped because the endpoint's pending buffer was full (stats data slow_consumer).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetSlowConsumer()) }},
 	{"refused_replies_total", "Requests whose reply subject was refused, so no answer was sent (stats data refused_replies; 0 when the service does not report it).",

@@ -176,6 +176,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 				AnswerErrors   uint64 `json:"answer_errors"`
 				Shed           uint64 `json:"shed"`
 				QueueFull      uint64 `json:"queue_full"`
+				AskerFull      uint64 `json:"asker_full"`
 				RefusedReplies uint64 `json:"refused_replies"`
 				AnswerCache    struct {
 					Hits uint64 `json:"hits"`
@@ -192,6 +193,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 			check(e.Name+" answer errors", value(families, "mesh_provisioner_answer_errors_total", ep...), float64(d.AnswerErrors))
 			check(e.Name+" shed", value(families, "mesh_provisioner_shed_total", ep...), float64(d.Shed))
 			check(e.Name+" queue full", value(families, "mesh_provisioner_queue_full_total", ep...), float64(d.QueueFull))
+			check(e.Name+" asker full", value(families, "mesh_provisioner_asker_full_total", ep...), float64(d.AskerFull))
 			check(e.Name+" refused replies", value(families, "mesh_provisioner_refused_replies_total", ep...), float64(d.RefusedReplies))
 			// Every request is answered once: the histograms count them all.
 			// An endpoint never asked has no series yet.

@@ -82,6 +82,10 @@ type EndpointStatsData struct {
 	// Answers sent while the copy was loading, from the asking node's keys
 	// read alone (an instance alone, just started); counted in answered too.
 	AnsweredEarly uint64 `protobuf:"varint,18,opt,name=answered_early,json=answeredEarly,proto3" json:"answered_early,omitempty"`
+	// Requests answered 503 because the node or provider that asked, on its
+	// own subject, already had as many requests waiting for revisions, queued
+	// or being answered as one asker may (serve --max-per-asker).
+	AskerFull     uint64 `protobuf:"varint,19,opt,name=asker_full,json=askerFull,proto3" json:"asker_full,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -238,6 +242,13 @@ func (x *EndpointStatsData) GetPlans() *PlansStats {
 func (x *EndpointStatsData) GetAnsweredEarly() uint64 {
 	if x != nil {
 		return x.AnsweredEarly
+	}
+	return 0
+}
+
+func (x *EndpointStatsData) GetAskerFull() uint64 {
+	if x != nil {
+		return x.AskerFull
 	}
 	return 0
 }
@@ -591,7 +602,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xba\x05\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xd9\x05\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -616,7 +627,9 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"large_shed\x18\x0f \x01(\x04R\tlargeShed\x12\x18\n" +
 	"\arefused\x18\x10 \x01(\x04R\arefused\x125\n" +
 	"\x05plans\x18\x11 \x01(\v2\x1f.mesh.provisioner.v1.PlansStatsR\x05plans\x12%\n" +
-	"\x0eanswered_early\x18\x12 \x01(\x04R\ransweredEarly\"\xb9\x01\n" +
+	"\x0eanswered_early\x18\x12 \x01(\x04R\ransweredEarly\x12\x1d\n" +
+	"\n" +
+	"asker_full\x18\x13 \x01(\x04R\taskerFull\"\xb9\x01\n" +
 	"\n" +
 	"PlansStats\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\x04R\awritten\x12\x1a\n" +
