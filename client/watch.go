@@ -6,21 +6,24 @@ import (
 	"fmt"
 	"time"
 
+	"sync"
+
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// ErrWatchStopped is returned by WatchPlan when the bucket's watcher ends
-// before ctx does.
-var ErrWatchStopped = errors.New("client: the plan's watcher stopped")
+// ErrWatchStopped is returned by WatchPlan when the connection closes
+// before ctx is done.
+var ErrWatchStopped = errors.New("client: the plan's watch stopped: the connection closed")
 
 // How WatchPlan asks again after a 503 (the copy still loading, or behind
-// the revisions the digest names).
+// the revisions the digest names), or reads the node's key again after an
+// error once reconnected.
 const (
 	watchRetryMin = 100 * time.Millisecond
 	watchRetryMax = 2 * time.Second
@@ -31,28 +34,25 @@ const (
 // from the last one's, the first always. The seat's holder keeps every
 // node's digest in mesh-provisioner_plans (keyed <node>, with the revisions
 // it was composed at, which the composition asks for: it is at least as
-// new); WatchPlan watches the node's key there, which is all a node's
-// permissions let it watch. Nothing changed costs no request.
+// new). Each write of the node's key is a message on the key's subject,
+// to which WatchPlan subscribes; the key's value, read first and again
+// after each reconnect (a direct get of that key alone), covers what the
+// subscription cannot have heard. Those two are all a node's permissions
+// grant of the bucket: no consumer, which a node could otherwise make
+// until the stream holds no more (docs/security.md). Nothing changed
+// costs no request.
 //
-// It returns nil when ctx is done, fn's error when fn returns one, and an
-// error when the bucket cannot be watched or a composition fails otherwise
-// than with a 503 (asked again, backing off). A connection lost and found
-// again is resumed by the KV watcher, which delivers the key's value
-// anew: a change made meanwhile is not missed.
+// It returns nil when ctx is done, fn's error when fn returns one,
+// ErrWatchStopped when the connection closes, and an error when the key
+// cannot be read at first or a composition fails otherwise than with a
+// 503 (asked again, backing off). A connection lost and found again reads
+// the key again: a change made meanwhile is not missed.
 func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisionerv1.ComposeResponse) error) error {
-	js, err := jetstream.New(c.nc)
-	if err != nil {
-		return err
-	}
-	kv, err := js.KeyValue(ctx, keys.PlansBucket)
+	w, err := c.watchPlan(ctx, node)
 	if err != nil {
 		return fmt.Errorf("client: watch %s's plan: %w", node, err)
 	}
-	watcher, err := kv.Watch(ctx, node)
-	if err != nil {
-		return fmt.Errorf("client: watch %s's plan: %w", node, err)
-	}
-	defer kvread.Stop(watcher)
+	defer w.stop()
 
 	last := ""
 	composeAt := func(least *provisionerv1.Revisions) error {
@@ -68,37 +68,147 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 			case wire.CodeOf(err) != wire.CodeUnavailable:
 				return err
 			}
-			select {
-			case <-ctx.Done():
+			if !sleepCtx(ctx, retry) {
 				return nil
-			case <-time.After(retry):
 			}
 		}
 	}
-	if err := composeAt(nil); err != nil || ctx.Err() != nil {
+	first, err := w.read(ctx)
+	if err != nil {
+		return fmt.Errorf("client: watch %s's plan: %w", node, err)
+	}
+	if err := composeAt(first.GetRevisions()); err != nil || ctx.Err() != nil {
 		return err
 	}
 	for {
+		var record *provisionerv1.PlanDigest
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-watcher.Updates():
-			if !ok {
-				if ctx.Err() != nil {
-					return nil
-				}
+		case status := <-w.status:
+			if status == nats.CLOSED {
 				return ErrWatchStopped
 			}
-			if e == nil || e.Operation() != jetstream.KeyValuePut {
-				continue // the current value is in; or the node's key removed
+			// Reconnected: what was written meanwhile was not heard.
+			for retry := watchRetryMin; ; retry = min(2*retry, watchRetryMax) {
+				if record, err = w.read(ctx); err == nil {
+					break
+				}
+				if !sleepCtx(ctx, retry) {
+					return nil
+				}
 			}
-			digest := &provisionerv1.PlanDigest{}
-			if err := proto.Unmarshal(e.Value(), digest); err != nil || digest.GetDigest() == last {
-				continue
-			}
-			if err := composeAt(digest.GetRevisions()); err != nil || ctx.Err() != nil {
-				return err
-			}
+		case <-w.heard:
+			record = w.latest()
 		}
+		if record == nil || record.GetDigest() == last {
+			continue
+		}
+		if err := composeAt(record.GetRevisions()); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// planWatch is what WatchPlan hears of a node's key of the plans bucket:
+// the writes of it, the latest kept (a burst of writes is one change to
+// compose), the connection's reconnects and close, and the key's value
+// read on demand.
+type planWatch struct {
+	node   string
+	kv     jetstream.KeyValue
+	sub    *nats.Subscription
+	nc     *nats.Conn
+	status chan nats.Status
+	heard  chan struct{}
+
+	mu   sync.Mutex
+	last *nats.Msg
+}
+
+// watchPlan subscribes to node's key, then binds the bucket: a write after
+// the first read is heard.
+func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error) {
+	w := &planWatch{node: node, nc: c.nc, heard: make(chan struct{}, 1)}
+	sub, err := c.nc.Subscribe(wire.KVSubject(keys.PlansBucket, node), func(m *nats.Msg) {
+		w.mu.Lock()
+		w.last = m
+		w.mu.Unlock()
+		select {
+		case w.heard <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.sub = sub
+	w.status = c.nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
+	if err := c.nc.FlushWithContext(ctx); err != nil {
+		w.stop()
+		return nil, err
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		w.stop()
+		return nil, err
+	}
+	if w.kv, err = js.KeyValue(ctx, keys.PlansBucket); err != nil {
+		w.stop()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *planWatch) stop() {
+	_ = w.sub.Unsubscribe()
+	w.nc.RemoveStatusListener(w.status)
+}
+
+// read returns the node's record as the bucket holds it, nil when it holds
+// none.
+func (w *planWatch) read(ctx context.Context) (*provisionerv1.PlanDigest, error) {
+	e, err := w.kv.Get(ctx, w.node)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decodePlanDigest(e.Value()), nil
+}
+
+// latest returns the record of the last write heard, nil when it removed
+// the key or holds no digest.
+func (w *planWatch) latest() *provisionerv1.PlanDigest {
+	w.mu.Lock()
+	m := w.last
+	w.mu.Unlock()
+	if m == nil {
+		return nil
+	}
+	if wire.KVRemoves(m.Header) {
+		return nil // the node's key removed: its plan is what it was
+	}
+	return decodePlanDigest(m.Data)
+}
+
+// decodePlanDigest decodes a record, or nil for one that is not a digest:
+// the next write will be.
+func decodePlanDigest(value []byte) *provisionerv1.PlanDigest {
+	digest := &provisionerv1.PlanDigest{}
+	if proto.Unmarshal(value, digest) != nil {
+		return nil
+	}
+	return digest
+}
+
+// sleepCtx waits for d, and reports false if ctx is done first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
 	}
 }

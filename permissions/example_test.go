@@ -17,6 +17,6 @@ func ExampleNode() {
 	fmt.Println(err)
 	// Output:
 	// $KV.mesh-provisioner_needs.ace.>
-	// [_INBOX_MESH.node.ace.>]
+	// [_INBOX_MESH.node.ace.> $KV.mesh-provisioner_plans.ace]
 	// permissions for node: invalid key part: node "ace.web" holds '.' at byte 3; a token holds only A-Z a-z 0-9 - _ = /
 }

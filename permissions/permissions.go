@@ -65,14 +65,16 @@ var adminDenied = []string{
 //     mesh-provisioner.compose.<node>: ask both verbs on its own subjects,
 //     where the service answers its own records and plan and the registry,
 //     nothing of any other node;
-//   - publish what watching its own key of mesh-provisioner_plans takes
-//     (watchOwnPlan): learn that its plan changed without asking;
+//   - subscribe $KV.mesh-provisioner_plans.<node>, and publish the direct
+//     get of that key alone (watchOwnPlan): learn that its plan changed
+//     without asking;
 //   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
 //     writes and the answers to its requests.
 //
 // It is denied the registry's subjects and the seat's, every other node's keys (by not being
 // allowed them), every stream administration subject, consumer deletion,
-// and consumers of the provisioning buckets.
+// and every consumer of the provisioning buckets and the plans bucket: a
+// consumer it may make is one more it may make, until the stream's limit.
 func Node(node string) (Permissions, error) {
 	return nodePermissions(node, "")
 }
@@ -106,8 +108,11 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 		p.Publish.Allow = append(p.Publish.Allow, info(wire.StreamOf(bucket)))
 	}
 	p.Publish.Allow = append(p.Publish.Allow, nodeVerbs(node)...)
+	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
 	if apiPrefix == "" {
-		p.Publish.Allow = append(p.Publish.Allow, watchOwnPlan(node)...)
+		publish, subscribe := watchOwnPlan(node)
+		p.Publish.Allow = append(p.Publish.Allow, publish...)
+		p.Subscribe.Allow = append(p.Subscribe.Allow, subscribe)
 	}
 	// Only the seat's holder writes the registry and the plan digests.
 	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), kvSubjects(keys.PlansBucket, ""), wire.SeatSubject}
@@ -115,28 +120,28 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
-	// Every consumer but the watch of its own plan: none of the buckets'
-	// (a consumer reads every node's keys), whatever is allowed later.
-	for _, bucket := range keys.Buckets() {
+	// No consumer of any bucket, whatever is allowed later: a state
+	// bucket's reads every node's keys, and a node that may make one of
+	// the plans' may make them until the stream holds no more, and every
+	// node's watch fails. Nor the direct get whose body names the key.
+	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		p.Publish.Deny = append(p.Publish.Deny, under(jsAPI("CONSUMER.CREATE", wire.StreamOf(bucket))+".>"))
 	}
-	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
+	p.Publish.Deny = append(p.Publish.Deny, jsAPI("DIRECT.GET", wire.StreamOf(keys.PlansBucket)))
 	return p, nil
 }
 
 // watchOwnPlan returns the subjects through which node watches its own key
-// of the plans bucket with a KV watcher (client.WatchPlan): the stream's
-// information, an ordered consumer filtered on $KV.mesh-provisioner_plans.
-// <node> (nats-server checks that the filter in the subject is the
-// consumer's), and its flow control. Another node's key would be another
-// filter, which the subject does not allow.
-func watchOwnPlan(node string) []string {
+// of the plans bucket (client.WatchPlan): to publish, the stream's
+// information (binding the bucket) and the direct get of the last message
+// on $KV.mesh-provisioner_plans.<node> (nats-server reads the key from the
+// subject, and refuses a body that names another); to subscribe, that
+// subject, on which every write of the key is published. No consumer: one
+// a node may make is one more it may make.
+func watchOwnPlan(node string) (publish []string, subscribe string) {
 	stream := wire.StreamOf(keys.PlansBucket)
-	return []string{
-		jsAPI("STREAM.INFO", stream),
-		jsAPI("CONSUMER.CREATE", stream) + ".*." + wire.KVSubject(keys.PlansBucket, node),
-		"$JS.FC." + stream + ".>",
-	}
+	key := wire.KVSubject(keys.PlansBucket, node)
+	return []string{jsAPI("STREAM.INFO", stream), jsAPI("DIRECT.GET", stream) + "." + key}, key
 }
 
 // Provider returns the permissions of a provider module that provisions

@@ -5,10 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -102,21 +103,64 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 		t.Error("ace's write of its plan digest was not refused by nats-server")
 	}
 
-	// ace cannot watch novox's key: the consumer's filter is not its own.
+	// ace cannot watch novox's key: neither hear its writes nor read it.
 	short, cancelShort := context.WithTimeout(ctx, time.Second)
 	defer cancelShort()
 	err = client.New(ace.nc, client.AsNode("ace")).WatchPlan(short, "novox", func(*provisionerv1.ComposeResponse) error { return errors.New("delivered") })
 	if err == nil {
 		t.Error("ace watched novox's plan")
 	}
-	ace.mu.Lock()
-	refused := slices.ContainsFunc(ace.violations, func(v string) bool {
-		return strings.Contains(v, "$JS.API.CONSUMER.CREATE."+wire.StreamOf(keys.PlansBucket)+".") && strings.HasSuffix(v, wire.KVSubject(keys.PlansBucket, "novox")+`"`)
-	})
-	ace.mu.Unlock()
-	if !refused {
-		t.Errorf("no permission violation for ace's watch of novox: %v (%v)", ace.violations, err)
+	plans := wire.StreamOf(keys.PlansBucket)
+	novox := wire.KVSubject(keys.PlansBucket, "novox")
+	if !ace.refused("Subscription", novox) {
+		t.Errorf("no permission violation for ace's subscription to novox's key: %v (%v)", ace.violations, err)
 	}
+	if direct := "$JS.API.DIRECT.GET." + plans + "." + novox; !ace.violated(direct) {
+		t.Errorf("no permission violation for ace's read of novox's key: %v (%v)", ace.violations, err)
+	}
+
+	before := consumersOf(ctx, t, writer.js, plans) // the writer's watch of every key
+	// Nor make a consumer of the plans' stream, even of its own key: one
+	// it may make is one more it may make (a durable outlives its
+	// connection), until the stream holds no more and every node's watch
+	// fails. Nor read a key named in a direct get's body.
+	for _, c := range []jetstream.ConsumerConfig{
+		{Durable: "greedy", FilterSubject: wire.KVSubject(keys.PlansBucket, "ace")},
+		{Name: "greedy", FilterSubject: wire.KVSubject(keys.PlansBucket, "ace"), InactiveThreshold: time.Hour},
+	} {
+		short, cancelShort := context.WithTimeout(ctx, time.Second)
+		_, err := ace.js.CreateConsumer(short, plans, c)
+		cancelShort()
+		if err == nil {
+			t.Errorf("ace made a consumer of %s: %+v", plans, c)
+		}
+	}
+	if !ace.violated("$JS.API.CONSUMER.CREATE." + plans + ".greedy." + wire.KVSubject(keys.PlansBucket, "ace")) {
+		t.Errorf("no permission violation for ace's consumer of its own plan: %v", ace.violations)
+	}
+	if err := ace.nc.PublishRequest("$JS.API.DIRECT.GET."+plans, ace.nc.NewRespInbox(), []byte(`{"last_by_subj":"`+novox+`"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if !ace.violated("$JS.API.DIRECT.GET." + plans) {
+		t.Errorf("no permission violation for ace's direct get naming novox's key in its body: %v", ace.violations)
+	}
+	if after := consumersOf(ctx, t, writer.js, plans); after != before {
+		t.Errorf("%s has %d consumers after ace's tries, %d before", plans, after, before)
+	}
+}
+
+// consumersOf returns how many consumers a stream has.
+func consumersOf(ctx context.Context, t *testing.T, js jetstream.JetStream, name string) int {
+	t.Helper()
+	stream, err := js.Stream(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Consumers
 }
 
 // query compose --watch prints the node's composition, then each new one.

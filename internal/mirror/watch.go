@@ -444,7 +444,7 @@ func (r *followRun) deliver(msg jetstream.Msg) error {
 	if !ok {
 		return nil
 	}
-	deleted := isDelete(msg.Headers())
+	deleted := wire.KVRemoves(msg.Headers())
 	if r.live != nil && !deleted {
 		r.live[key] = true
 	}
@@ -533,23 +533,6 @@ func (l *loader) finish() {
 	})
 }
 
-// isDelete reports whether a KV message is a delete or purge marker, written
-// by a client (KV-Operation) or by the server (a marker's reason).
-func isDelete(h nats.Header) bool {
-	if len(h) == 0 {
-		return false
-	}
-	switch h.Get("KV-Operation") {
-	case "DEL", "PURGE":
-		return true
-	}
-	switch h.Get(jetstream.MarkerReasonHeader) {
-	case "MaxAge", "Purge", "Remove":
-		return true
-	}
-	return false
-}
-
 // apply takes one change into the copy, unless the copy already holds it:
 // a resumed consumer starts after the copy's revision, but the poller may
 // have applied some of what it delivers, and a full read delivers what the
@@ -636,7 +619,7 @@ func (f *follower) pollOnce(ctx context.Context) {
 			return // nothing more for now, or no answer
 		}
 		if key, ok := strings.CutPrefix(msg.Subject, f.prefix); ok {
-			f.apply(key, msg.Data, msg.Sequence, isDelete(msg.Header), false)
+			f.apply(key, msg.Data, msg.Sequence, wire.KVRemoves(msg.Header), false)
 		}
 	}
 }
@@ -695,7 +678,7 @@ func (f *follower) readmit(ctx context.Context, node string) error {
 			}
 			last = meta.NumPending == 0
 			key, ok := strings.CutPrefix(msg.Subject(), f.prefix)
-			if ok && !isDelete(msg.Headers()) && f.readmitKey(key, msg.Data(), meta.Sequence.Stream) {
+			if ok && !wire.KVRemoves(msg.Headers()) && f.readmitKey(key, msg.Data(), meta.Sequence.Stream) {
 				admitted++
 			}
 		}

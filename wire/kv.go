@@ -1,0 +1,24 @@
+package wire
+
+import (
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// KVRemoves reports whether a KV message's headers say it removes its key:
+// a delete or purge marker, written by a client (KV-Operation) or by the
+// server (a marker's reason).
+func KVRemoves(h nats.Header) bool {
+	if len(h) == 0 {
+		return false
+	}
+	switch h.Get("KV-Operation") {
+	case "DEL", "PURGE":
+		return true
+	}
+	switch h.Get(jetstream.MarkerReasonHeader) {
+	case "MaxAge", "Purge", "Remove":
+		return true
+	}
+	return false
+}
