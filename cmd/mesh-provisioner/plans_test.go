@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -202,5 +204,94 @@ func TestQueryComposeWatch(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Errorf("query --watch ended with %v, want nil when interrupted", err)
+	}
+}
+
+// A watch whose connection was lost while the node's plan changed reads
+// the node's key once reconnected, and delivers the change it could not
+// hear: nothing was written after it came back.
+func TestWatchPlanReadsWhatChangedWhileAway(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	svc := servicetest.Start(t, nc)
+	servicetest.RunPlans(t, svc, nc, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	proxy := natstest.NewProxy(t, s)
+	away, err := nats.Connect(proxy.URL(), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(away.Close)
+	compositions := make(chan *provisionerv1.ComposeResponse, 16)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan error, 1)
+	go func() {
+		watched <- client.New(away).WatchPlan(watchCtx, "ace", func(c *provisionerv1.ComposeResponse) error {
+			compositions <- c
+			return nil
+		})
+	}()
+	defer func() {
+		stopWatch()
+		if err := <-watched; err != nil {
+			t.Errorf("the watch ended with %v, want nil on its context's end", err)
+		}
+	}()
+	select {
+	case <-compositions:
+	case <-ctx.Done():
+		t.Fatal("no first composition")
+	}
+
+	proxy.Cut()
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if away.IsConnected() {
+			return errors.New("the watch's connection is still up")
+		}
+		return nil
+	})
+	written, err := ace.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := plans.KeyValue(ctx, keys.PlansBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error { // the digest of the need, written while away
+		e, err := kv.Get(ctx, "ace")
+		if err != nil {
+			return err
+		}
+		digest := &provisionerv1.PlanDigest{}
+		if err := proto.Unmarshal(e.Value(), digest); err != nil {
+			return err
+		}
+		if digest.GetRevisions().GetNeeds() < written {
+			return fmt.Errorf("ace's digest is of needs at %d, the need is at %d", digest.GetRevisions().GetNeeds(), written)
+		}
+		return nil
+	})
+	proxy.Heal()
+	select {
+	case c := <-compositions:
+		if c.GetRevisions().GetNeeds() < written || len(c.GetPlans()) != 1 {
+			t.Errorf("the composition after the reconnect: %v, want one at needs >= %d with the need's plan", c, written)
+		}
+	case err := <-watched:
+		t.Fatalf("the watch ended: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no composition after the reconnect: the change made while away was missed")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // link is a TCP proxy on a loopback port to a target that may move (a
@@ -120,3 +122,24 @@ func (l *link) close() {
 	l.setCut(true)
 	l.wg.Wait()
 }
+
+// A Proxy is a TCP proxy to one server for a test, which it cuts (every
+// connection through it closed at once, new ones refused) and heals: a
+// client connected through it loses the server and finds it again, while
+// the test's other connections keep theirs.
+type Proxy struct{ link *link }
+
+// NewProxy starts a proxy to s, closed when the test ends.
+func NewProxy(t testing.TB, s *server.Server) *Proxy {
+	t.Helper()
+	return &Proxy{link: newLink(t, s.Addr().String())}
+}
+
+// URL is the proxy's client URL.
+func (p *Proxy) URL() string { return "nats://" + p.link.addr() }
+
+// Cut closes every connection through the proxy and refuses new ones.
+func (p *Proxy) Cut() { p.link.setCut(true) }
+
+// Heal takes connections again.
+func (p *Proxy) Heal() { p.link.setCut(false) }
