@@ -9,16 +9,19 @@ import json
 import os
 import re
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from urllib.parse import urlparse
 
 import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError
 
 from mesh_provisioner import (
     COMPOSE_SUBJECT,
+    PLANS_BUCKET,
     PROVISIONING_SUBJECT,
     SERVICE_NAME,
     WHAT_APPLIED,
@@ -30,6 +33,7 @@ from mesh_provisioner import (
     ComposeResponse,
     EndpointStatsData,
     Need,
+    PlanDigest,
     Provision,
     ProvisionerClient,
     ProvisionerError,
@@ -447,60 +451,140 @@ async def test_watch_plan_yields_a_new_composition_each_time_the_plan_changes(nc
     await quiet("debug")
 
 
-async def test_watch_plan_makes_its_consumer_as_a_nodes_permissions_grant_and_again_when_lost(
-    nc: NATS, url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Its consumer is made on $JS.API.CONSUMER.CREATE.<stream>.<name>.<its
-    key>, the only consumer subject a node may publish (docs/security.md).
-    A consumer removed (its heartbeats stop) is made again, and a change is
-    still delivered."""
-    from mesh_provisioner import client as client_module
+class Cuttable:
+    """A TCP proxy to a NATS server whose connections can be cut, and new
+    ones refused, until restored: a connection through it is lost and found
+    again, as across a network outage."""
 
-    monkeypatch.setattr(client_module._KeyWatcher, "_HEARTBEAT", 0.2)
-    monkeypatch.setattr(client_module._KeyWatcher, "_MISSED", 0.6)
+    def __init__(self, url: str) -> None:
+        target = urlparse(url)
+        assert target.hostname is not None and target.port is not None
+        self._host, self._port = target.hostname, target.port
+        self._up = True
+        self._open: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        """Listens on a free port; returns the URL to connect with."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"nats://127.0.0.1:{port}"
+
+    def cut(self) -> None:
+        """Closes every connection, and refuses new ones until restore."""
+        self._up = False
+        for writer in self._open:
+            writer.close()
+
+    def restore(self) -> None:
+        self._up = True
+
+    async def stop(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._up:
+            writer.close()
+            return
+        try:
+            server_reader, server_writer = await asyncio.open_connection(self._host, self._port)
+        except OSError:
+            writer.close()
+            return
+        pair = {writer, server_writer}
+        self._open |= pair
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                for w in pair:  # one side gone: the whole connection is
+                    w.close()
+
+        try:
+            await asyncio.gather(pipe(reader, server_writer), pipe(server_reader, writer))
+        finally:
+            self._open -= pair
+
+
+async def test_watch_plan_reads_the_key_again_after_a_reconnect(nc: NATS, url: str) -> None:
+    """A need written while the watcher's connection is down changes the
+    plan when nobody hears it; once reconnected, the watcher reads the
+    node's key again and yields the new composition. Of the JetStream API,
+    it asks only the direct get of the node's key: no consumer."""
     needs = await nc.jetstream().key_value("mesh-provisioner_needs")
-    spy = await nats.connect(url)
+    plans_bucket = await nc.jetstream().key_value(PLANS_BUCKET)
+    await needs.put("wes.web.port.http", Need(placeholder="${port:http}").SerializeToString())
+    proxy = Cuttable(url)
+    watched = await nats.connect(
+        await proxy.start(),
+        inbox_prefix=inbox_prefix("node", "wes"),
+        reconnect_time_wait=0.1,
+        max_reconnect_attempts=-1,
+        error_cb=quietly,
+    )
     asked: list[str] = []
 
     async def ask(msg: Msg) -> None:
-        asked.append(msg.subject)
+        if (msg.reply or "").startswith(inbox_prefix("node", "wes") + "."):
+            asked.append(msg.subject)
 
-    async def creates(at_least: int) -> list[str]:
-        # The spy is its own connection and runs its callback in its own
-        # task: a create the server has seen may not be in asked yet when
-        # the plan it led to arrives, so wait for it a little.
-        async def seen() -> list[str]:
-            while True:
-                made = [s for s in asked if s.startswith("$JS.API.CONSUMER.CREATE.")]
-                if len(made) >= at_least:
-                    return made
-                await asyncio.sleep(0.01)
-
-        return await asyncio.wait_for(seen(), 5)
-
-    sub = await spy.subscribe("$JS.API.>", cb=ask)
-    await spy.flush()
+    spy = await nc.subscribe("$JS.API.>", cb=ask)
+    await nc.flush()
     try:
-        async with contextlib.aclosing(ProvisionerClient(nc).watch_plan("wes")) as plans:
+        async with contextlib.aclosing(ProvisionerClient(watched).watch_plan("wes")) as plans:
             first = await asyncio.wait_for(anext(plans), 10)
-            [create] = await creates(1)
-            assert [s for s in asked if s.startswith("$JS.API.CONSUMER.")] == [create]
-            stream, name, key = "KV_mesh-provisioner_plans", create.split(".")[5], create.split(".", 6)[6]
-            assert create == f"$JS.API.CONSUMER.CREATE.{stream}.{name}.$KV.mesh-provisioner_plans.wes"
-            assert key == "$KV.mesh-provisioner_plans.wes"
+            while not first.plans:  # composed before the need reached the copy
+                first = await asyncio.wait_for(anext(plans), 10)
+            pending = asyncio.ensure_future(anext(plans))
 
-            assert await spy.jsm().delete_consumer(stream, name)
-            await needs.put("wes.api.port.grpc", Need(placeholder="${port:grpc}").SerializeToString())
-            second = await asyncio.wait_for(anext(plans), 10)
-            while not any(plan.module == "api" for plan in second.plans):
-                second = await asyncio.wait_for(anext(plans), 10)
+            proxy.cut()
+            await asyncio.wait_for(until(lambda: not watched.is_connected), 5)
+            revision = await needs.put("wes.api.port.grpc", Need(placeholder="${port:grpc}").SerializeToString())
+
+            async def digest_written() -> None:  # the plan changed while nobody heard it
+                while True:
+                    with contextlib.suppress(KeyNotFoundError):
+                        entry = await plans_bucket.get("wes")
+                        if PlanDigest.FromString(entry.value or b"").revisions.needs >= revision:
+                            return
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(digest_written(), 10)
+            done, _ = await asyncio.wait({pending}, timeout=0.5)
+            assert not done, "a composition while the connection was down"
+            reconnects = watched.stats["reconnects"]
+            proxy.restore()
+
+            second = await asyncio.wait_for(pending, 10)
+            assert watched.stats["reconnects"] > reconnects
+            assert [plan.module for plan in second.plans] == ["api", "web"]
+            assert second.revisions.needs >= revision
             assert second.plan_digest != first.plan_digest
-            made = await creates(2)
-            assert all(s.endswith(".$KV.mesh-provisioner_plans.wes") for s in made)
+            # The spy's connection runs its callback in its own task: an ask
+            # the server has seen may not be in asked yet.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(until(lambda: len(asked) >= 2), 5)
     finally:
-        await sub.unsubscribe()
-        await spy.close()
-    # The spy sees the whole account's asks, the server's too: of the plans
-    # stream's consumers, none is made but on the subject naming wes's key.
-    made = [s for s in asked if s.startswith(f"$JS.API.CONSUMER.CREATE.{stream}")]
-    assert all(s.endswith(".$KV.mesh-provisioner_plans.wes") and len(s.split(".")) == 9 for s in made), made
+        await spy.unsubscribe()
+        await watched.close()
+        await proxy.stop()
+    direct = f"$JS.API.DIRECT.GET.KV_{PLANS_BUCKET}.$KV.{PLANS_BUCKET}.wes"
+    assert set(asked) == {direct}, asked
+    assert len(asked) >= 2, f"the key read first and again once reconnected: {asked}"
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
+
+
+async def quietly(err: Exception) -> None:
+    """The errors of a connection cut on purpose."""

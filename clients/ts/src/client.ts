@@ -6,7 +6,17 @@
  */
 import { create, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Kvm } from "@nats-io/kv";
-import { Empty, errors, headers, type Msg, type NatsConnection } from "@nats-io/nats-core";
+import {
+  Empty,
+  errors,
+  headers,
+  type Msg,
+  type MsgHdrs,
+  type NatsConnection,
+  type QueuedIterator,
+  type Status,
+  type Subscription,
+} from "@nats-io/nats-core";
 
 import {
   ComposeRequestSchema,
@@ -62,7 +72,7 @@ export const PROVISIONS_SUBJECT = `${SERVICE_NAME}.${PROVISIONS_ENDPOINT}`;
 /**
  * The bucket where the seat's holder keeps each node's plan digest: key
  * `<node>`, value a {@link PlanDigest}. {@link ProvisionerClient.watchPlan}
- * watches a node's key.
+ * hears the writes of a node's key and reads it.
  */
 export const PLANS_BUCKET = `${SERVICE_NAME}_plans`;
 /** The Content-Type of a protobuf binary request and answer. */
@@ -194,26 +204,30 @@ export interface RequestOptions {
 
 /** Options of {@link ProvisionerClient.watchPlan}. */
 export interface WatchPlanOptions extends RequestOptions {
-  /** Stops the watch: the iteration ends, and the bucket's watcher is stopped. */
+  /** Stops the watch: the iteration ends, and the subscription to the node's key with it. */
   signal?: AbortSignal;
 }
 
 /**
  * WatchStoppedError ends {@link ProvisionerClient.watchPlan} when the
- * bucket's watcher stops on its own, before the watch is stopped.
+ * connection closes before the watch is stopped.
  */
 export class WatchStoppedError extends Error {
   /** The node whose plan was watched. */
   readonly node: string;
 
   constructor(node: string) {
-    super(`${SERVICE_NAME}: the watcher of ${node}'s plan (key ${node} of ${PLANS_BUCKET}) stopped`);
+    super(`${SERVICE_NAME}: the watch of ${node}'s plan (key ${node} of ${PLANS_BUCKET}) stopped: the connection closed`);
     this.name = "WatchStoppedError";
     this.node = node;
   }
 }
 
-/** How watchPlan asks again after a 503, in milliseconds: doubling from the first to the last. */
+/**
+ * How watchPlan asks again after a 503, or reads the node's key again after
+ * an error once reconnected, in milliseconds: doubling from the first to the
+ * last.
+ */
 const WATCH_RETRY_MIN = 100;
 const WATCH_RETRY_MAX = 2000;
 
@@ -264,6 +278,156 @@ function abortable<T>(promise: Promise<T>, signal: AbortSignal | undefined): Pro
       },
     );
   });
+}
+
+/** Returns the subject of a key of a KV bucket, `$KV.<bucket>.<key>`: each write of the key is a message there. */
+function kvSubject(bucket: string, key: string): string {
+  return `$KV.${bucket}.${key}`;
+}
+
+/**
+ * Reports whether a KV message's headers say it removes its key: a delete
+ * or purge marker, written by a client (KV-Operation) or by the server (a
+ * marker's reason).
+ */
+function removesKey(h: MsgHdrs | undefined): boolean {
+  const operation = h?.get("KV-Operation");
+  const reason = h?.get("Nats-Marker-Reason");
+  return operation === "DEL" || operation === "PURGE" || reason === "MaxAge" || reason === "Purge" || reason === "Remove";
+}
+
+/** Decodes a record of the plans bucket, or undefined for one that is not a digest: the next write will be. */
+function decodePlanDigest(value: Uint8Array): PlanDigest | undefined {
+  try {
+    return fromBinary(PlanDigestSchema, value);
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * PlanWatch is what {@link ProvisionerClient.watchPlan} hears of a node's
+ * key of the plans bucket, from its subscription to the key's subject and
+ * the connection's events: the writes of the key, the latest kept (a burst
+ * of writes is one change to compose), the reconnects, the close, and a
+ * refusal of the subscription.
+ */
+class PlanWatch {
+  readonly #sub: Subscription;
+  readonly #status: AsyncIterable<Status>;
+  /** The last write heard and not taken yet. */
+  #heard: Msg | undefined;
+  #reconnected = false;
+  #closed = false;
+  #stopped = false;
+  #refused: Error | undefined;
+  /** Wakes the one waiting in next(). */
+  #wake: (() => void) | undefined;
+
+  /** Subscribes to node's key; the caller flushes, so that the server has the subscription before it reads the key. */
+  constructor(nc: NatsConnection, node: string) {
+    this.#sub = nc.subscribe(kvSubject(PLANS_BUCKET, node), {
+      callback: (err, msg) => {
+        if (err !== null) {
+          this.#refused = err;
+        } else {
+          this.#heard = msg;
+        }
+        this.#wake?.();
+      },
+    });
+    // Right after the subscription, before any event: no reconnect is missed.
+    this.#status = nc.status();
+    void this.#listen();
+  }
+
+  /** The error nats-server refused the subscription with (a PermissionViolationError), if it did. */
+  get refused(): Error | undefined {
+    return this.#refused;
+  }
+
+  /** Whether the connection closed. */
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /** Follows the connection's events until it closes or the watch stops. */
+  async #listen(): Promise<void> {
+    try {
+      for await (const status of this.#status) {
+        if (this.#stopped || status.type === "close") {
+          break;
+        }
+        if (status.type === "reconnect") {
+          this.#reconnected = true;
+          this.#wake?.();
+        }
+      }
+    } catch {
+      // the events ended with the connection
+    }
+    if (!this.#stopped) {
+      this.#closed = true;
+      this.#wake?.();
+    }
+  }
+
+  /**
+   * Resolves to what was heard since the last call, waiting for it if
+   * nothing was: "closed" once the connection closed, else "reconnected"
+   * after a reconnect, else the last write heard; undefined as soon as
+   * signal aborts or the watch stops.
+   *
+   * @throws the error nats-server refused the subscription with.
+   */
+  async next(signal: AbortSignal | undefined): Promise<Msg | "reconnected" | "closed" | undefined> {
+    for (;;) {
+      if (signal?.aborted || this.#stopped) {
+        return undefined;
+      }
+      if (this.#refused !== undefined) {
+        throw this.#refused;
+      }
+      if (this.#closed) {
+        return "closed";
+      }
+      if (this.#reconnected) {
+        this.#reconnected = false;
+        return "reconnected";
+      }
+      const heard = this.#heard;
+      if (heard !== undefined) {
+        this.#heard = undefined;
+        return heard;
+      }
+      await new Promise<void>((resolve) => {
+        const woken = () => {
+          this.#wake = undefined;
+          signal?.removeEventListener("abort", woken);
+          resolve();
+        };
+        this.#wake = woken;
+        signal?.addEventListener("abort", woken, { once: true });
+      });
+    }
+  }
+
+  /** Ends the subscription and stops following the connection's events; a pending next() resolves to undefined. */
+  stop(): void {
+    if (this.#stopped) {
+      return;
+    }
+    this.#stopped = true;
+    if (!this.#sub.isClosed()) {
+      this.#sub.unsubscribe();
+    }
+    // nats.js's status iterator is a QueuedIterator: stopped, its pending
+    // next() ends at once and the connection forgets it. Otherwise #listen
+    // ends at the next event.
+    const status = this.#status as Partial<QueuedIterator<Status>>;
+    status.stop?.();
+    this.#wake?.();
+  }
 }
 
 /** Options of a discovery call. */
@@ -558,10 +722,16 @@ export class ProvisionerClient {
    * changes: each yielded composition's `planDigest` differs from the one
    * before. The seat's holder keeps every node's digest in the bucket
    * {@link PLANS_BUCKET} (key `<node>`, a {@link PlanDigest} with the
-   * revisions it was composed at); this watches the node's key there, which
-   * is all a node's permissions let it watch, and on each new digest
-   * composes with `minRevisions` set to the digest's revisions, so the
-   * composition is at least as new. Nothing changed costs no request.
+   * revisions it was composed at). Each write of the node's key is a message
+   * on the key's subject, `$KV.mesh-provisioner_plans.<node>`, to which this
+   * subscribes (the last message heard kept: a burst of writes is one
+   * change); the key's value, read first and again after each reconnect (a
+   * direct get of that key alone), covers what the subscription cannot have
+   * heard. Those two are all a node's permissions grant of the bucket: no
+   * consumer, which a node could otherwise make until the stream holds no
+   * more, and every node's watch would fail (docs/security.md). On each new
+   * digest it composes with `minRevisions` set to the digest's revisions, so
+   * the composition is at least as new. Nothing changed costs no request.
    *
    * ```ts
    * const stop = new AbortController();
@@ -571,32 +741,46 @@ export class ProvisionerClient {
    * ```
    *
    * It ends, without an error, when the signal aborts (a request in flight
-   * is abandoned) or the loop breaks; either way the bucket's watcher is
-   * stopped. A 503 (the server's copy loading, or behind the digest's
-   * revisions) is asked again, backing off from 100 ms to 2 s. A connection
-   * lost and found again is resumed by the KV watcher, which delivers the
-   * key's value anew: a change made meanwhile is not missed.
+   * is abandoned) or the loop breaks; either way the subscription ends. A
+   * 503 (the server's copy loading, or behind the digest's revisions) is
+   * asked again, backing off from 100 ms to 2 s. A connection lost and found
+   * again reads the key again (asked again alike after an error): a change
+   * made meanwhile is not missed.
    *
    * @throws {ProvisionerError} when a composition is refused otherwise than
    *   with a 503.
-   * @throws {WatchStoppedError} when the bucket's watcher ends on its own
-   *   (the connection closed, or the consumer could not be made again).
-   * @throws the nats.js error when the bucket cannot be watched, or of a
-   *   request, such as a TimeoutError.
+   * @throws {WatchStoppedError} when the connection closes.
+   * @throws the nats.js error when the key cannot be read at first or the
+   *   subscription is refused (such as a PermissionViolationError for
+   *   another node's key), or of a request, such as a TimeoutError.
    */
   async *watchPlan(node: string, opts: WatchPlanOptions = {}): AsyncGenerator<ComposeResponse, void, undefined> {
     const { signal, ...requestOpts } = opts;
     if (signal?.aborted) {
       return;
     }
-    const kv = await new Kvm(this.#nc).open(PLANS_BUCKET);
-    const watcher = await kv.watch({ key: node });
-    const stop = () => watcher.stop();
+    // Bound as is: the bucket's stream allows direct gets (a KV bucket's
+    // does), and a node may read its key no other way.
+    const kv = await new Kvm(this.#nc).open(PLANS_BUCKET, { allow_direct: true });
+    const watch = new PlanWatch(this.#nc, node);
+    const stop = () => watch.stop();
     signal?.addEventListener("abort", stop, { once: true });
     try {
+      // The subscription in place at the server before the key is read: a
+      // write after the read is heard.
+      await abortable(this.#nc.flush(), signal);
       if (signal?.aborted) {
         return;
       }
+      // The node's record as the bucket holds it, undefined when it holds
+      // none: a direct get of the last message on the key's subject.
+      const read = async (): Promise<PlanDigest | undefined> => {
+        const entry = await kv.get(node);
+        if (entry === null || entry.operation !== "PUT") {
+          return undefined; // no digest yet, or the node's key removed
+        }
+        return decodePlanDigest(entry.value);
+      };
       let last = "";
       // The composition at least as new as least, or undefined once the
       // signal aborts.
@@ -614,29 +798,54 @@ export class ProvisionerClient {
           }
         }
       };
-      const first = await composeAt(undefined);
+      const held = await abortable(read(), signal);
+      if (signal?.aborted) {
+        return;
+      }
+      if (watch.refused !== undefined) {
+        throw watch.refused; // no write of the key would be heard
+      }
+      const first = await composeAt(held?.revisions);
       if (first === undefined) {
         return;
       }
       last = first.planDigest;
       yield first;
-      for await (const entry of watcher) {
-        if (signal?.aborted) {
+      for (;;) {
+        const heard = await watch.next(signal);
+        if (heard === undefined) {
           return;
         }
-        if (entry.operation !== "PUT") {
-          continue; // the node's key removed: its plan is what it was
+        if (heard === "closed") {
+          throw new WatchStoppedError(node);
         }
-        let digest: PlanDigest;
-        try {
-          digest = fromBinary(PlanDigestSchema, entry.value);
-        } catch {
-          continue; // not a digest: the next write will be
+        let record: PlanDigest | undefined;
+        if (heard === "reconnected") {
+          // What was written while the connection was lost was not heard.
+          for (let retry = WATCH_RETRY_MIN; ; retry = Math.min(2 * retry, WATCH_RETRY_MAX)) {
+            if (watch.closed) {
+              throw new WatchStoppedError(node);
+            }
+            try {
+              record = await abortable(read(), signal);
+              break;
+            } catch {
+              // read again, backing off
+            }
+            if (!(await sleep(retry, signal))) {
+              return;
+            }
+          }
+          if (signal?.aborted) {
+            return;
+          }
+        } else if (!removesKey(heard.headers)) {
+          record = decodePlanDigest(heard.data);
         }
-        if (digest.digest === last) {
-          continue;
+        if (record === undefined || record.digest === last) {
+          continue; // the node's key removed (its plan is what it was), not a digest, or the same
         }
-        const composition = await composeAt(digest.revisions);
+        const composition = await composeAt(record.revisions);
         if (composition === undefined) {
           return;
         }
@@ -646,12 +855,9 @@ export class ProvisionerClient {
         last = composition.planDigest;
         yield composition;
       }
-      if (!signal?.aborted) {
-        throw new WatchStoppedError(node);
-      }
     } finally {
       signal?.removeEventListener("abort", stop);
-      watcher.stop();
+      watch.stop();
     }
   }
 

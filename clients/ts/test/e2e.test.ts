@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
+import { createConnection, createServer, type Socket } from "node:net";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,6 +19,7 @@ import { promisify } from "node:util";
 
 import { create, equals, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { Kvm } from "@nats-io/kv";
 import { Empty, headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 
@@ -34,7 +36,9 @@ import {
   ModulePlanSchema,
   NeedRecordSchema,
   NeedSchema,
+  PlanDigestSchema,
   PlanItemSchema,
+  PLANS_BUCKET,
   PROVISIONING_ENDPOINT,
   PROVISIONING_NODE_ENDPOINT,
   PROVISIONING_SUBJECT,
@@ -57,6 +61,7 @@ import {
   RegistryRecordSchema,
   RevisionsSchema,
   SERVICE_NAME,
+  WatchStoppedError,
   What,
   type ComposeResponse,
   type EndpointStats,
@@ -1183,34 +1188,34 @@ describe("watchPlan", () => {
     // Aborted, the pending next ends the iteration, and nothing arrives on the connection any more.
     stop.abort();
     assert.deepStrictEqual(await Promise.race([pending, sleep(2000, "late" as const, { ref: false })]), { done: true, value: undefined });
-    // A delivery the server sent before it read the watcher's unsubscribe
-    // (the watch's first value may come after the composition) arrives
-    // before the flush's answer: counted out, it is not the watcher running.
+    // A write of wes's key the server sent before it read the watch's
+    // unsubscribe arrives before the flush's answer: counted out, it is not
+    // the watch running.
     await nc!.flush();
     const before = nc!.stats().inMsgs;
     await putNeed("web.port.metrics", { placeholder: "${port:metrics}" }); // changes the plan: the seat writes wes's key
     await sleep(300);
-    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watcher still runs");
+    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watch still runs");
   });
 
-  it("breaking out of the loop stops the watcher", async () => {
+  it("breaking out of the loop stops the watch", async () => {
     let got: ComposeResponse | undefined;
     for await (const plan of client.watchPlan("wes")) {
       got = plan;
       break;
     }
     assert.ok(got?.plans.some((p) => p.items.some((i) => i.name === "admin")));
-    // A delivery the server sent before it read the watcher's unsubscribe
-    // (the watch's first value may come after the composition) arrives
-    // before the flush's answer: counted out, it is not the watcher running.
+    // A write of wes's key the server sent before it read the watch's
+    // unsubscribe arrives before the flush's answer: counted out, it is not
+    // the watch running.
     await nc!.flush();
     const before = nc!.stats().inMsgs;
     await putNeed("web.port.debug", { placeholder: "${port:debug}" });
     await sleep(300);
-    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watcher still runs");
+    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watch still runs");
   });
 
-  it("makes its consumer on the subject a node's permissions grant: the filter its own key", async () => {
+  it("makes no consumer: it asks JetStream only the direct get of its own key, by its subject", async () => {
     // The spy sees the whole account's asks, the server's too.
     const spy = await connect({ servers: natsUrl, name: "mesh-provisioner e2e spy" });
     const asked: string[] = [];
@@ -1226,9 +1231,10 @@ describe("watchPlan", () => {
       sub.unsubscribe();
       await spy.close();
     }
-    const made = asked.filter((s) => s.startsWith("$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_plans"));
-    assert.equal(made.length, 1, JSON.stringify(asked));
-    assert.match(made[0]!, /^\$JS\.API\.CONSUMER\.CREATE\.KV_mesh-provisioner_plans\.[^.]+\.\$KV\.mesh-provisioner_plans\.wes$/u);
+    const plans = asked.filter((s) => s.includes(`.KV_${PLANS_BUCKET}`));
+    assert.deepStrictEqual(plans.filter((s) => s.startsWith("$JS.API.CONSUMER.")), [], JSON.stringify(asked));
+    assert.deepStrictEqual(plans.filter((s) => s === `$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}`), [], "a direct get naming the key in its body");
+    assert.ok(plans.includes(`$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}.$KV.${PLANS_BUCKET}.wes`), JSON.stringify(asked));
   });
 
   it("an aborted signal yields nothing", async () => {
@@ -1238,7 +1244,127 @@ describe("watchPlan", () => {
     }
     assert.deepStrictEqual(plans, []);
   });
+
+  it("reads the key again once reconnected: a change written while the connection was lost is yielded", async () => {
+    const proxy = await cuttableProxy(natsUrl);
+    const conn = await connect({ servers: proxy.address, name: "mesh-provisioner e2e reconnecting", reconnectTimeWait: 50, maxReconnectAttempts: -1 });
+    const events: string[] = [];
+    void (async () => {
+      for await (const s of conn.status()) {
+        events.push(s.type);
+      }
+    })();
+    const kv = await new Kvm(nc!).open(PLANS_BUCKET);
+    const stop = new AbortController();
+    try {
+      const plans = new ProvisionerClient(conn).watchPlan("wes", { signal: stop.signal })[Symbol.asyncIterator]();
+      const first = await next(plans, "the current plan");
+      assert.equal(first.done, false);
+      const pending = plans.next();
+
+      proxy.cut();
+      for (let waited = 0; !events.includes("disconnect"); waited += 10) {
+        assert.ok(waited < 5000, `no disconnect within 5s: ${events.join(", ")}`);
+        await sleep(10);
+      }
+      const revision = await putNeed("web.port.grpc", { placeholder: "${port:grpc}" });
+      const want = (await client.composeAll({ node: "wes", minRevisions: { needs: revision } })).planDigest;
+      assert.notEqual(want, first.value!.planDigest);
+      // The seat's holder writes it to wes's key while the watch cannot hear it.
+      let written: number | undefined;
+      for (let waited = 0; written === undefined; waited += 50) {
+        assert.ok(waited < 10_000, "the seat's holder did not write wes's new digest within 10s");
+        await sleep(50);
+        const entry = await kv.get("wes");
+        if (entry !== null && fromBinary(PlanDigestSchema, entry.value).digest === want) {
+          written = entry.revision;
+        }
+      }
+      assert.equal(await Promise.race([pending, sleep(300, "nothing" as const)]), "nothing", "a composition while disconnected");
+
+      proxy.resume();
+      const changed = await next({ next: () => pending }, "after the reconnect");
+      assert.ok(events.includes("reconnect"), events.join(", "));
+      assert.equal(changed.done, false);
+      assert.equal(changed.value!.planDigest, want);
+      assert.ok(changed.value!.revisions!.needs >= revision, `composed at needs ${changed.value!.revisions!.needs}, the need written at ${revision}`);
+      assert.ok(changed.value!.plans.some((p) => p.items.some((i) => i.name === "grpc")));
+      // Not a write heard after the reconnect: the key's last is the one
+      // written while the connection was lost.
+      assert.equal((await kv.get("wes"))?.revision, written);
+    } finally {
+      stop.abort();
+      await conn.close();
+      await proxy.close();
+    }
+  });
+
+  it("throws a WatchStoppedError when the connection closes", async () => {
+    const conn = await connect({ servers: natsUrl, name: "mesh-provisioner e2e closing" });
+    const plans = new ProvisionerClient(conn).watchPlan("wes")[Symbol.asyncIterator]();
+    try {
+      assert.equal((await next(plans, "the current plan")).done, false);
+      const pending = plans.next();
+      await conn.close();
+      await assert.rejects(pending, WatchStoppedError);
+    } finally {
+      await conn.close();
+    }
+  });
 });
+
+/**
+ * A TCP proxy to a NATS server's URL, listening on a free port of its own,
+ * that the test cuts: its connections dropped and new ones closed at once,
+ * until resumed.
+ */
+async function cuttableProxy(url: string): Promise<{ address: string; cut(): void; resume(): void; close(): Promise<void> }> {
+  const target = new URL(url.includes("://") ? url : `nats://${url}`);
+  const sockets = new Set<Socket>();
+  let cut = false;
+  const track = (socket: Socket) => {
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+  };
+  const server = createServer((client) => {
+    track(client);
+    if (cut) {
+      client.destroy();
+      return;
+    }
+    const upstream = createConnection({ host: target.hostname, port: Number(target.port) });
+    track(upstream);
+    for (const [from, to] of [[client, upstream], [upstream, client]] as const) {
+      from.pipe(to);
+      from.once("error", () => to.destroy());
+      from.once("close", () => to.destroy());
+    }
+  });
+  server.listen(0, "127.0.0.1");
+  await once(server, "listening");
+  const { port } = server.address() as { port: number };
+  const dropAll = () => {
+    for (const socket of sockets) {
+      socket.destroy();
+    }
+  };
+  return {
+    address: `127.0.0.1:${port}`,
+    cut: () => {
+      cut = true;
+      dropAll();
+    },
+    resume: () => {
+      cut = false;
+    },
+    close: async () => {
+      const closed = once(server, "close");
+      server.close();
+      dropAll();
+      await closed;
+    },
+  };
+}
 
 // After every other test: it writes 5,000 needs of nodes of its own.
 describe("an answer of 5 MB", () => {

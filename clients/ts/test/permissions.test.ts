@@ -1,7 +1,8 @@
 // A node's watch of its plan on a nats-server whose authorization is what
 // `mesh-provisioner permissions` prints (the Go tool internal/e2e/authnats,
 // built by `make test`), with the service as its two identities: ace
-// watches its own plan, and nats-server refuses ace's watch of novox's.
+// watches its own plan, and nats-server refuses ace's watch of novox's and
+// any consumer of the plans' stream, even of ace's own key.
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
@@ -12,11 +13,11 @@ import { createInterface } from "node:readline";
 import { after, before, it } from "node:test";
 
 import { create, toBinary } from "@bufbuild/protobuf";
-import { PermissionViolationError, type NatsConnection } from "@nats-io/nats-core";
+import { Empty, PermissionViolationError, type NatsConnection } from "@nats-io/nats-core";
 import { Kvm } from "@nats-io/kv";
 import { connect } from "@nats-io/transport-node";
 
-import { inboxPrefix, NeedSchema, ProvisionerClient, type ComposeResponse } from "../src/index.js";
+import { inboxPrefix, NeedSchema, PLANS_BUCKET, ProvisionerClient, type ComposeResponse } from "../src/index.js";
 
 /** The programs started, each with how it is stopped: authnats when its stdin closes, serve on SIGTERM. */
 const children: { child: ChildProcess; stop: (child: ChildProcess) => void }[] = [];
@@ -110,9 +111,70 @@ it("a node watches its own plan under its own permissions, and no other node's",
   assert.notEqual(second.planDigest, first.planDigest);
   assert.equal(second.plans[0]!.items.length, 2);
 
-  // novox's key: nats-server refuses the consumer, and no plan comes.
+  // novox's key: nats-server refuses the subscription to its subject and
+  // the direct get of it, and no plan comes.
   const theirs = client.watchPlan("novox", { timeout: 1000 });
-  await assert.rejects(theirs.next());
-  assert.ok(violations.some((v) => v.operation === "publish" && v.subject.startsWith("$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_plans.")
-    && v.subject.endsWith(".$KV.mesh-provisioner_plans.novox")), violations.map((v) => v.message).join("; "));
+  await assert.rejects(theirs.next(), violation);
+  await ace!.flush(); // the violations reported before the flush's answer
+  const reported = () => violations.map((v) => v.message).join("; ");
+  assert.ok(refused("subscription", `$KV.${PLANS_BUCKET}.novox`), reported());
+  assert.ok(refused("publish", `${DIRECT_GET}.$KV.${PLANS_BUCKET}.novox`), reported());
+});
+
+/** The direct get of the plans' stream, whose subject may name the key after it. */
+const DIRECT_GET = `$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}`;
+
+/**
+ * Reports whether err is a permission violation: nats.js rejects a refused
+ * request with a RequestError caused by it.
+ */
+function violation(err: unknown): boolean {
+  return err instanceof PermissionViolationError || (err instanceof Error && err.cause instanceof PermissionViolationError);
+}
+
+/** Reports whether nats-server refused ace an operation on subject. */
+function refused(operation: "publish" | "subscription", subject: string): boolean {
+  return violations.some((v) => v.operation === operation && v.subject === subject);
+}
+
+/** Asks JetStream's API as ace, and resolves to the JSON answer. */
+async function askJS(subject: string, body: unknown): Promise<Record<string, unknown>> {
+  const reply = await ace!.request(subject, body === undefined ? Empty : JSON.stringify(body), { timeout: 2000 });
+  return reply.json<Record<string, unknown>>();
+}
+
+it("a node makes no consumer of the plans' stream, even of its own key, nor reads a key a direct get's body names", async () => {
+  const stream = `KV_${PLANS_BUCKET}`;
+  const own = `$KV.${PLANS_BUCKET}.ace`;
+  // ace may read the stream's information (binding the bucket): how many
+  // consumers it has, the writer's watch of every key.
+  const consumers = async () => ((await askJS(`$JS.API.STREAM.INFO.${stream}`, undefined))["state"] as { consumer_count: number }).consumer_count;
+  const before = await consumers();
+  assert.ok(Number.isInteger(before) && before > 0, `the plans' stream has ${before} consumers, want the writer's`);
+
+  // One consumer a node may make is one more it may make (a durable
+  // outlives its connection), until the stream holds no more and every
+  // node's watch fails: durable or named, filtered on its own key or not,
+  // by today's subject or the older durable one, each is refused.
+  const tries: [string, Record<string, unknown>][] = [
+    [`$JS.API.CONSUMER.CREATE.${stream}.greedy.${own}`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
+    [`$JS.API.CONSUMER.CREATE.${stream}.greedy.${own}`, { name: "greedy", filter_subject: own, ack_policy: "none", inactive_threshold: 3_600_000_000_000 }],
+    [`$JS.API.CONSUMER.CREATE.${stream}.greedy`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
+    [`$JS.API.CONSUMER.DURABLE.CREATE.${stream}.greedy`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
+    [`$JS.API.CONSUMER.CREATE.${stream}`, { filter_subject: own, ack_policy: "none" }],
+  ];
+  for (const [subject, config] of tries) {
+    await assert.rejects(askJS(subject, { stream_name: stream, config }), violation, `${subject} ${JSON.stringify(config)}`);
+    await ace!.flush();
+    assert.ok(refused("publish", subject), `no permission violation for ${subject}: ${violations.map((v) => v.message).join("; ")}`);
+  }
+
+  // Nor the direct get whose body names the key, novox's or its own.
+  for (const key of ["novox", "ace"]) {
+    await assert.rejects(askJS(DIRECT_GET, { last_by_subj: `$KV.${PLANS_BUCKET}.${key}` }), violation, key);
+  }
+  await ace!.flush();
+  assert.ok(refused("publish", DIRECT_GET), violations.map((v) => v.message).join("; "));
+
+  assert.equal(await consumers(), before, "the plans' stream has other consumers after ace's tries");
 });

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal, TypedDict, TypeVar
@@ -16,10 +17,9 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NATSTimeoutError
-from nats.nuid import NUID
+from nats.js.errors import APIError
 
 from mesh.provisioner.v1.compose_pb2 import (
     ComposeRequest,
@@ -101,10 +101,15 @@ _ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 # other answers within this many seconds.
 _DISCOVERY_STALL = 0.3
 
-# How watch_plan asks again after a 503, in seconds: doubling from the first
-# to the last.
+# How watch_plan asks again after a 503, or reads the node's key again after
+# an error once reconnected, in seconds: doubling from the first to the last.
 _WATCH_RETRY_MIN = 0.1
 _WATCH_RETRY_MAX = 2.0
+# How long watch_plan waits for a write of the node's key before it looks
+# whether the connection reconnected, in seconds.
+_WATCH_RECONNECT_CHECK = 0.25
+# The stream of PLANS_BUCKET.
+_PLANS_STREAM = f"KV_{PLANS_BUCKET}"
 
 _Answer = TypeVar("_Answer", ProvisioningResponse, ComposeResponse, ProvisionsResponse)
 
@@ -143,146 +148,29 @@ class WatchStoppedError(Exception):
         self.node = node
 
 
-class _KeyWatcher:
-    """Watches one key of a KV bucket: the key's last value, then each new
-    one, through an ordered push consumer (no acks, flow control and idle
-    heartbeats) filtered on the key.
+def _plan_subject(node: str) -> str:
+    """The subject of node's key of PLANS_BUCKET, on which each write of it is a message."""
+    return f"$KV.{PLANS_BUCKET}.{node}"
 
-    nats-py's KV watcher asks for its consumer on
-    $JS.API.CONSUMER.CREATE.<stream> and asks for the consumer's info, which
-    a node's permissions do not grant (docs/security.md): they grant
-    $JS.API.CONSUMER.CREATE.<stream>.<name>.<filter> with the filter its own
-    key, and $JS.FC.<stream>.> for flow control. This watcher asks there
-    only. A gap in the consumer's sequence or heartbeats missed make a new
-    consumer, from the key's last value again; a consumer left behind (a
-    node may not delete one) is removed by the server once idle."""
 
-    _HEARTBEAT = 5.0  # seconds between the server's idle heartbeats
-    _MISSED = 2.5 * _HEARTBEAT  # no message at all for this long: make the consumer again
-    _INACTIVE = 300.0  # the server removes the consumer after this long without interest
-    _RETRY_MAX = 2.0
-
-    def __init__(self, nc: NATS, bucket: str, key: str, timeout: float) -> None:
-        self._nc = nc
-        self._stream = f"KV_{bucket}"
-        self._filter = f"$KV.{bucket}.{key}"
-        self._timeout = timeout
-        self._nuid = NUID()
-        self._sub: Subscription | None = None
-        self._generation = 0
-        self._consumer_seq = 0
-        # Values put (bytes), None for a removal, False when the consumer must be made again.
-        self._queue: asyncio.Queue[bytes | None | bool] = asyncio.Queue()
-
-    async def start(self) -> None:
-        """Makes the consumer; raises when the server refuses it."""
-        await self._create()
-
-    async def stop(self) -> None:
-        """Stops delivery (the consumer itself idles out on the server)."""
-        sub, self._sub = self._sub, None
-        self._generation += 1
-        if sub is not None and not self._nc.is_closed:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
-    async def next_put(self) -> bytes | None:
-        """The next value put to the key (its current one first); None once
-        the connection is closed."""
-        retry = _WATCH_RETRY_MIN
-        loop = asyncio.get_running_loop()
-        heard = loop.time()
-        while True:
-            if self._nc.is_closed:
-                return None
-            try:  # a second at most, to notice a closed connection
-                item = await asyncio.wait_for(self._queue.get(), 1.0)
-            except TimeoutError:
-                if loop.time() - heard < self._MISSED:
-                    continue
-                item = False  # not even a heartbeat
-            heard = loop.time()
-            if isinstance(item, bytes):
-                return item
-            if item is None or item is True:
-                continue  # removed (the plan is what it was), or a heartbeat
-            # Lost track: a new consumer, from the key's current value.
-            if self._nc.is_closed:
-                return None
-            try:
-                await self._create()
-                retry = _WATCH_RETRY_MIN
-            except Exception:  # the server unreachable for now, or JetStream not ready: again
-                await asyncio.sleep(retry)
-                retry = min(2 * retry, self._RETRY_MAX)
-                self._queue.put_nowait(False)
-
-    async def _create(self) -> None:
-        old = self._sub
-        inbox = self._nc.new_inbox()
-        self._generation += 1
-        generation = self._generation
-
-        async def on_msg(msg: Msg) -> None:
-            if generation == self._generation:  # not a consumer's made before
-                await self._on_msg(msg)
-
-        self._sub = await self._nc.subscribe(inbox, cb=on_msg)
-        self._consumer_seq = 0
-        while not self._queue.empty():  # the old consumer's, if any
-            self._queue.get_nowait()
-        if old is not None:
-            with contextlib.suppress(Exception):
-                await old.unsubscribe()
-        name = self._nuid.next().decode()
-        config = {
-            "name": name,
-            "deliver_subject": inbox,
-            "deliver_policy": "last_per_subject",
-            "filter_subject": self._filter,
-            "ack_policy": "none",
-            "max_deliver": 1,
-            "flow_control": True,
-            "idle_heartbeat": int(self._HEARTBEAT * 1e9),
-            "inactive_threshold": int(self._INACTIVE * 1e9),
-            "mem_storage": True,
-            "num_replicas": 1,
-        }
-        reply = await self._nc.request(
-            f"$JS.API.CONSUMER.CREATE.{self._stream}.{name}.{self._filter}",
-            json.dumps({"stream_name": self._stream, "config": config}).encode(),
-            timeout=self._timeout,
-        )
-        answer = json.loads(reply.data or b"{}")
-        if "error" in answer:
-            error = answer["error"]
-            raise RuntimeError(f"watch {self._filter}: consumer refused: {error.get('code')} {error.get('description')}")
-
-    async def _on_msg(self, msg: Msg) -> None:
-        headers = msg.headers or {}
-        if headers.get("Status") == "100":
-            if msg.reply:  # flow control
-                await self._nc.publish(msg.reply, b"")
-            stalled = headers.get("Nats-Consumer-Stalled")
-            if stalled:
-                await self._nc.publish(stalled, b"")
-            last = headers.get("Nats-Last-Consumer")
-            if last is not None and int(last) != self._consumer_seq:
-                self._queue.put_nowait(False)  # missed some
-            else:
-                self._queue.put_nowait(True)  # alive
-            return
-        if not msg.reply:
-            return
-        consumer_seq = msg.metadata.sequence.consumer
-        if consumer_seq != self._consumer_seq + 1:
-            self._queue.put_nowait(False)
-            return
-        self._consumer_seq = consumer_seq
-        if "KV-Operation" in headers or "Nats-Marker-Reason" in headers:
-            self._queue.put_nowait(None)
-        else:
-            self._queue.put_nowait(msg.data)
+def _plan_digest_of(msg: Msg) -> PlanDigest | None:
+    """The digest a message of node's key carries (a write heard, or a
+    direct get's answer): None for a removal (a delete or purge marker, or
+    the server's marker of a key removed; the plan is what it was) and for
+    a value that is not a digest (the next write will be)."""
+    headers = msg.headers or {}
+    if headers.get("KV-Operation") in ("DEL", "PURGE") or headers.get("Nats-Marker-Reason") in (
+        "MaxAge",
+        "Purge",
+        "Remove",
+    ):
+        return None
+    digest = PlanDigest()
+    try:
+        digest.ParseFromString(msg.data)
+    except DecodeError:
+        return None
+    return digest
 
 
 def error_of(headers: dict[str, str] | None) -> ProvisionerError | None:
@@ -500,53 +388,123 @@ class ProvisionerClient:
         changes: each yielded composition's plan_digest differs from the one
         before. The seat's holder keeps every node's digest in the bucket
         PLANS_BUCKET (key <node>, a PlanDigest with the revisions it was
-        composed at); this watches the node's key there (through an ordered
-        consumer made on the subject a node's permissions grant, which
-        nats-py's own KV watcher does not use), and on each new digest composes with min_revisions set to the
-        digest's revisions, so the composition is at least as new. Nothing
-        changed costs no request::
+        composed at), and composing with min_revisions set to a digest's
+        revisions is at least as new as the digest. Nothing changed costs no
+        request::
 
             async with contextlib.aclosing(client.watch_plan("ace")) as plans:
                 async for plan in plans:
                     await apply(plan)
 
+        Each write of the node's key is a message on the key's subject,
+        $KV.<bucket>.<node>, to which this subscribes (core NATS: the latest
+        write heard is kept, a burst of writes is one change); the key's
+        value, read first and again after each reconnect with a direct get
+        of that key alone ($JS.API.DIRECT.GET.<stream>.$KV.<bucket>.<node>,
+        an empty body), covers what the subscription cannot have heard: the
+        first composition is at its revisions, and a change made while the
+        connection was down is not missed. Those two are all a node's
+        permissions grant of the bucket (docs/security.md): no consumer,
+        which nats-py's KV watcher makes and which a node could otherwise
+        make until the stream holds no more, failing every node's watch.
+
         Stop it by leaving the loop (aclosing closes the generator at once;
         without it, the event loop does when the generator is collected) or
-        by cancelling the task that iterates; either way the watcher is
-        stopped. A 503 (the server's copy loading, or behind the digest's
-        revisions) is asked again, backing off from 0.1 s to 2 s. A watcher
-        that misses a message or its heartbeats (a reconnect, the server
-        restarted) is made again, and delivers the key's value anew: no
-        change is missed.
+        by cancelling the task that iterates; either way it unsubscribes. A
+        503 (the server's copy loading, or behind the digest's revisions) is
+        asked again, backing off from 0.1 s to 2 s, and so is the read of
+        the key after a reconnect that fails.
 
-        Raises ProvisionerError when a composition is refused otherwise than
-        with a 503, WatchStoppedError when the connection closes, and
-        nats-py's errors when the bucket cannot be watched or a request
-        fails (TimeoutError)."""
-        watcher = _KeyWatcher(self._nc, PLANS_BUCKET, node, self._timeout if timeout is None else timeout)
-        await watcher.start()
+        Raises ValueError when node is not a name, ProvisionerError when a
+        composition is refused otherwise than with a 503, WatchStoppedError
+        when the connection closes, and nats-py's errors when the key cannot
+        be read at first (TimeoutError when the read is refused, as another
+        node's key is) or a request fails."""
+        _check_name("node", node)
+        wait = self._timeout if timeout is None else timeout
+        latest: list[Msg] = []  # the last write heard, if not handled yet
+        heard = asyncio.Event()
+
+        async def on_write(msg: Msg) -> None:
+            latest[:] = [msg]
+            heard.set()
+
+        # A reconnect is seen as the connection's count of them changing,
+        # looked at while waiting for a write: nats-py takes a single
+        # reconnected_cb, set at connect by whoever opened the connection
+        # (the caller, not this client), and no listener besides. Counted
+        # before the first read, so that a reconnect during it reads again.
+        # nats-py counts a reconnect before it subscribes again, but within
+        # one step: a read asked once the count changed follows the
+        # subscription at the server.
+        reconnects = self._nc.stats["reconnects"]
+        sub = await self._nc.subscribe(_plan_subject(node), cb=on_write)
         try:
-            composition = await self._compose_at(node, None, timeout)
+            # The subscription in place at the server before the key is
+            # read: a write after the read is heard.
+            await self._nc.flush(timeout=max(1, math.ceil(wait)))
+            record = await self._read_plan_digest(node, wait)
+            composition = await self._compose_at(node, record.revisions if record is not None else None, timeout)
             last = composition.plan_digest
             yield composition
             while True:
-                value = await watcher.next_put()
-                if value is None:
+                if self._nc.is_closed:
                     raise WatchStoppedError(node)
-                digest = PlanDigest()
-                try:
-                    digest.ParseFromString(value)
-                except DecodeError:
-                    continue  # not a digest: the next write will be
-                if digest.digest == last:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(heard.wait(), _WATCH_RECONNECT_CHECK)
+                record = None
+                if heard.is_set():
+                    heard.clear()
+                    record = _plan_digest_of(latest.pop()) if latest else None
+                if self._nc.stats["reconnects"] != reconnects:
+                    # Reconnected: what was written meanwhile was not heard.
+                    # The read is newer than any write heard before it.
+                    reconnects = self._nc.stats["reconnects"]
+                    record = await self._read_plan_digest_again(node, wait)
+                if record is None or record.digest == last:
                     continue
-                composition = await self._compose_at(node, digest.revisions, timeout)
+                composition = await self._compose_at(node, record.revisions, timeout)
                 if composition.plan_digest == last:
                     continue
                 last = composition.plan_digest
                 yield composition
         finally:
-            await watcher.stop()
+            if not self._nc.is_closed:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _read_plan_digest(self, node: str, timeout: float) -> PlanDigest | None:
+        """The node's record in PLANS_BUCKET, by a direct get of the last
+        message on the key's subject alone (the key in the request's subject,
+        its body empty: nats-server refuses a body naming another subject,
+        and a node may publish this subject of its own key only); None when
+        the key holds no digest (never written, removed, or not a digest)."""
+        reply = await self._nc.request(
+            f"$JS.API.DIRECT.GET.{_PLANS_STREAM}.{_plan_subject(node)}", b"", timeout=timeout
+        )
+        headers = reply.headers or {}
+        status = headers.get("Status")
+        if status == "404":
+            return None  # no digest yet
+        if status:
+            raise APIError(code=int(status) if status.isdigit() else None, description=headers.get("Description"))
+        return _plan_digest_of(reply)
+
+    async def _read_plan_digest_again(self, node: str, timeout: float) -> PlanDigest | None:
+        """_read_plan_digest, asked again on an error (the server not
+        reached yet, or JetStream not ready), backing off; raises
+        WatchStoppedError once the connection is closed."""
+        retry = _WATCH_RETRY_MIN
+        while True:
+            if self._nc.is_closed:
+                raise WatchStoppedError(node)
+            try:
+                return await self._read_plan_digest(node, timeout)
+            except Exception:
+                if self._nc.is_closed:
+                    raise WatchStoppedError(node) from None
+            await asyncio.sleep(retry)
+            retry = min(2 * retry, _WATCH_RETRY_MAX)
 
     async def _compose_at(self, node: str, least: Revisions | None, timeout: float | None) -> ComposeResponse:
         """The whole composition of node, at least as new as least; a 503 is
