@@ -27,6 +27,9 @@ var ErrWatchStopped = errors.New("client: the plan's watch stopped: the connecti
 const (
 	watchRetryMin = 100 * time.Millisecond
 	watchRetryMax = 2 * time.Second
+	// watchFlushTimeout bounds the round trip that puts the subscription
+	// in place, as long as jetstream's default for an API request.
+	watchFlushTimeout = 5 * time.Second
 )
 
 // WatchPlan composes node whole, then again each time the node's plan
@@ -144,7 +147,10 @@ func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error)
 	}
 	w.sub = sub
 	w.status = c.nc.StatusChanged(nats.CONNECTED, nats.CLOSED)
-	if err := c.nc.FlushWithContext(ctx); err != nil {
+	// FlushWithContext needs a deadline, which a watch's ctx seldom has.
+	flushCtx, cancel := context.WithTimeout(ctx, watchFlushTimeout)
+	defer cancel()
+	if err := c.nc.FlushWithContext(flushCtx); err != nil {
 		w.stop()
 		return nil, err
 	}

@@ -230,7 +230,8 @@ func TestWatchPlanReadsWhatChangedWhileAway(t *testing.T) {
 	}
 	t.Cleanup(away.Close)
 	compositions := make(chan *provisionerv1.ComposeResponse, 16)
-	watchCtx, stopWatch := context.WithCancel(ctx)
+	// No deadline, as a node's watch has none (nor query --watch's).
+	watchCtx, stopWatch := context.WithCancel(context.Background())
 	watched := make(chan error, 1)
 	go func() {
 		watched <- client.New(away).WatchPlan(watchCtx, "ace", func(c *provisionerv1.ComposeResponse) error {
