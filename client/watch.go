@@ -97,6 +97,9 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 				if record, err = w.read(ctx); err == nil {
 					break
 				}
+				if w.nc.IsClosed() {
+					return ErrWatchStopped
+				}
 				if !sleepCtx(ctx, retry) {
 					return nil
 				}
