@@ -25,9 +25,11 @@ type Config struct {
 	// grow it further is refused. Zero means DefaultMaxBytes.
 	MaxBytes int64
 	// MaxPlanWatchers is how many consumers the plans bucket's stream takes:
-	// one a node that watches its plan, and one a seat holder's tenure.
-	// Zero means DefaultMaxPlanWatchers. nats-server caps a stream that sets
-	// none at 1,000 consumers (JSDefaultMaxConsumersPerStream).
+	// the seat holder's watch of the bucket (one a tenure, each gone after
+	// its inactivity threshold) and operators' reads of it (capture).
+	// Nodes make none: a node hears its key's writes on the key's subject
+	// and reads the key with a direct get (docs/security.md). Zero means
+	// DefaultMaxPlanWatchers.
 	MaxPlanWatchers int
 }
 
@@ -37,10 +39,10 @@ type Config struct {
 const (
 	DefaultMaxValueSize = 64 << 10
 	DefaultMaxBytes     = 1 << 30
-	// DefaultMaxPlanWatchers leaves room for 100,000 nodes and the
-	// consumers a reconnect leaves for a while (each goes after its
-	// inactivity threshold).
-	DefaultMaxPlanWatchers = 131_072
+	// DefaultMaxPlanWatchers is nats-server's own cap of a stream that
+	// sets none (JSDefaultMaxConsumersPerStream, 1,000), rounded up: room
+	// for many tenures and operators at once, and no more.
+	DefaultMaxPlanWatchers = 1_024
 )
 
 // Ensure creates each provisioning bucket that is missing, makes sure
@@ -95,9 +97,9 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	return configureRegistry(ctx, js)
 }
 
-// configurePlans lets the plans bucket's stream take a consumer for every
-// node that watches its plan: without a limit of its own, nats-server caps
-// it at 1,000, and the 1,001st node's watch is refused.
+// configurePlans sets how many consumers the plans bucket's stream takes
+// (Config.MaxPlanWatchers), on a stream made before too, which an earlier
+// version let take one a node.
 func configurePlans(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	stream, err := js.Stream(ctx, wire.StreamOf(keys.PlansBucket))
 	if err != nil {

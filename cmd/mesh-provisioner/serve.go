@@ -89,7 +89,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.DurationVar(&f.revisionWait, "revision-wait", service.DefaultRevisionWait, "how long a request that asks for a revision the copy has not reached waits before a 503")
 	fs.IntVar(&f.maxValueSize, "max-value-size", buckets.DefaultMaxValueSize, "largest value a state bucket takes, in bytes; nats-server refuses a larger put from any node (a need, applied record or collection item is a few hundred bytes)")
 	fs.Int64Var(&f.bucketMaxBytes, "bucket-max-bytes", buckets.DefaultMaxBytes, "most bytes each state bucket holds; a put that would grow it further is refused")
-	fs.IntVar(&f.planWatchers, "plans-max-watchers", buckets.DefaultMaxPlanWatchers, "most consumers of mesh-provisioner_plans: one a node that watches its plan (nats-server's default would be 1,000)")
+	fs.IntVar(&f.planWatchers, "plans-max-watchers", buckets.DefaultMaxPlanWatchers, "most consumers of mesh-provisioner_plans: the seat holder's watch of it and operators' reads (nodes make none: they hear their key's writes on its subject)")
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
 	fs.IntVar(&f.providerMaxKeys, "provider-max-keys", service.DefaultProviderMaxKeys, "most keys the server holds of one provider's bucket; one holding more is not followed, its provisions pending, until it holds fewer (-1: no limit)")

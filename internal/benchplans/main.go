@@ -70,7 +70,6 @@ type config struct {
 	conns                 int
 	plansInterval         time.Duration
 	reconciles            int
-	maxConsumers          int
 	cpuProfile            string
 }
 
@@ -85,7 +84,6 @@ func main() {
 	flag.IntVar(&cfg.conns, "conns", 8, "connections the watchers share")
 	flag.DurationVar(&cfg.plansInterval, "plans-interval", service.DefaultPlansInterval, "RunPlans's interval")
 	flag.IntVar(&cfg.reconciles, "reconciles", 3600, "registry reconciles with nothing changed (3600: an hour at serve's shortest --registry-interval, 1s)")
-	flag.IntVar(&cfg.maxConsumers, "plans-max-consumers", 0, "set the plans stream's max_consumers (0: as buckets.Ensure makes it, buckets.DefaultMaxPlanWatchers; without a limit of its own nats-server 2.15 caps a stream at 1,000 consumers)")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of (b), the registry change and its restore, to this file")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
@@ -132,12 +130,6 @@ func run(cfg config) error {
 	}
 	if err := buckets.Ensure(ctx, js, buckets.Config{MaxBytes: 8 << 30}); err != nil {
 		return err
-	}
-	if cfg.maxConsumers != 0 {
-		if err := allowConsumers(ctx, js, cfg.maxConsumers); err != nil {
-			return err
-		}
-		fmt.Printf("the plans stream's max_consumers set to %d\n", cfg.maxConsumers)
 	}
 
 	// The mesh, published as the buckets' messages.
@@ -528,20 +520,6 @@ func plansStats(svc *service.Service) (*provisionerv1.PlansStats, error) {
 		return nil, err
 	}
 	return data.GetPlans(), nil
-}
-
-// allowConsumers sets the plans stream's max_consumers: one watcher per
-// node, the writer's, and room for the ordered consumers a reconnect
-// leaves behind until they expire.
-func allowConsumers(ctx context.Context, js jetstream.JetStream, n int) error {
-	stream, err := js.Stream(ctx, wire.StreamOf(keys.PlansBucket))
-	if err != nil {
-		return err
-	}
-	sc := stream.CachedInfo().Config
-	sc.MaxConsumers = n
-	_, err = js.UpdateStream(ctx, sc)
-	return err
 }
 
 // diagnose says what the plans stream and the writer are at, for an
