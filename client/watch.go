@@ -30,7 +30,20 @@ const (
 	// watchFlushTimeout bounds the round trip that puts the subscription
 	// in place, as long as jetstream's default for an API request.
 	watchFlushTimeout = 5 * time.Second
+	// watchComposeTimeout bounds one composition the watch asks, every
+	// page of it: a request lost with its connection, or with the
+	// instance that took it, is asked again, not waited for as long as
+	// the watch lasts.
+	watchComposeTimeout = 30 * time.Second
 )
+
+// unanswered reports whether a request got no answer, and may get one if
+// asked again: no instance served its subject (one starting, or the node
+// before the service), it timed out, or its connection was lost.
+func unanswered(err error) bool {
+	return errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting)
+}
 
 // WatchPlan composes node whole, then again each time the node's plan
 // digest changes, and calls fn with each composition whose digest differs
@@ -47,9 +60,11 @@ const (
 //
 // It returns nil when ctx is done, fn's error when fn returns one,
 // ErrWatchStopped when the connection closes, and an error when the key
-// cannot be read at first or a composition fails otherwise than with a
-// 503 (asked again, backing off). A connection lost and found again reads
-// the key again: a change made meanwhile is not missed.
+// cannot be read at first or a composition is refused otherwise than with
+// a 503. A 503, and a composition that got no answer (no instance serving
+// yet, a timeout, the connection lost meanwhile), is asked again, backing
+// off. A connection lost and found again reads the key again: a change
+// made meanwhile is not missed.
 func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisionerv1.ComposeResponse) error) error {
 	w, err := c.watchPlan(ctx, node)
 	if err != nil {
@@ -60,7 +75,9 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 	last := ""
 	composeAt := func(least *provisionerv1.Revisions) error {
 		for retry := watchRetryMin; ; retry = min(2*retry, watchRetryMax) {
-			composition, err := c.ComposeAll(ctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: least})
+			ask, cancel := context.WithTimeout(ctx, watchComposeTimeout)
+			composition, err := c.ComposeAll(ask, &provisionerv1.ComposeRequest{Node: node, MinRevisions: least})
+			cancel()
 			switch {
 			case err == nil:
 				if composition.GetPlanDigest() == last {
@@ -68,7 +85,11 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 				}
 				last = composition.GetPlanDigest()
 				return fn(composition)
-			case wire.CodeOf(err) != wire.CodeUnavailable:
+			case ctx.Err() != nil:
+				return nil
+			case w.nc.IsClosed():
+				return ErrWatchStopped
+			case wire.CodeOf(err) != wire.CodeUnavailable && !unanswered(err):
 				return err
 			}
 			if !sleepCtx(ctx, retry) {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
@@ -50,28 +51,8 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 	if _, err := client.New(ace.nc, client.AsNode("ace")).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: written}}); err != nil {
 		t.Fatalf("ace composes at its need's revision: %v (violations %v)", err, ace.violations)
 	}
-	compositions := make(chan *provisionerv1.ComposeResponse, 16)
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	watched := make(chan error, 1)
-	go func() {
-		watched <- client.New(ace.nc, client.AsNode("ace")).WatchPlan(watchCtx, "ace", func(c *provisionerv1.ComposeResponse) error {
-			compositions <- c
-			return nil
-		})
-	}()
-	next := func(what string) *provisionerv1.ComposeResponse {
-		t.Helper()
-		select {
-		case c := <-compositions:
-			return c
-		case err := <-watched:
-			t.Fatalf("%s: the watch ended: %v (violations %v)", what, err, ace.violations)
-		case <-ctx.Done():
-			t.Fatalf("%s: no composition (violations %v)", what, ace.violations)
-		}
-		return nil
-	}
-	first := next("the current plan")
+	watch := startWatch(t, client.New(ace.nc, client.AsNode("ace")), "ace")
+	first := watch.next(t, 10*time.Second, "the current plan")
 	if len(first.GetPlans()) != 1 || first.GetPlanDigest() == "" {
 		t.Fatalf("the first composition: %v", first)
 	}
@@ -79,7 +60,7 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	changed := next("after a need written")
+	changed := watch.next(t, 10*time.Second, "after a need written")
 	if changed.GetRevisions().GetNeeds() < rev || changed.GetPlanDigest() == first.GetPlanDigest() || len(changed.GetPlans()[0].GetItems()) != 2 {
 		t.Errorf("after the need written at revision %d: %v", rev, changed)
 	}
@@ -87,15 +68,13 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 	if _, err := aceClient.PutNeed(ctx, "web", "port", "admin", &provisionerv1.Need{Placeholder: "${port:admin}"}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case c := <-compositions:
-		t.Errorf("a composition after an unchanged write: %v", c)
-	case <-time.After(300 * time.Millisecond):
+	watch.none(t, 300*time.Millisecond, "after an unchanged write")
+	ace.mu.Lock()
+	if len(ace.violations) > 0 {
+		t.Errorf("ace's watch of its own plan: permission violations %v", ace.violations)
 	}
-	stopWatch()
-	if err := <-watched; err != nil {
-		t.Errorf("the watch ended with %v, want nil on its context's end", err)
-	}
+	ace.mu.Unlock()
+	watch.end(t)
 
 	// ace cannot write a digest, not even its own.
 	if err := ace.nc.Publish(wire.KVSubject(keys.PlansBucket, "ace"), []byte("x")); err != nil {
@@ -229,27 +208,8 @@ func TestWatchPlanReadsWhatChangedWhileAway(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(away.Close)
-	compositions := make(chan *provisionerv1.ComposeResponse, 16)
-	// No deadline, as a node's watch has none (nor query --watch's).
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	watched := make(chan error, 1)
-	go func() {
-		watched <- client.New(away).WatchPlan(watchCtx, "ace", func(c *provisionerv1.ComposeResponse) error {
-			compositions <- c
-			return nil
-		})
-	}()
-	defer func() {
-		stopWatch()
-		if err := <-watched; err != nil {
-			t.Errorf("the watch ended with %v, want nil on its context's end", err)
-		}
-	}()
-	select {
-	case <-compositions:
-	case <-ctx.Done():
-		t.Fatal("no first composition")
-	}
+	watch := startWatch(t, client.New(away), "ace")
+	watch.next(t, 10*time.Second, "the current plan")
 
 	proxy.Cut()
 	natstest.CheckFor(t, 5*time.Second, func() error {
@@ -285,14 +245,95 @@ func TestWatchPlanReadsWhatChangedWhileAway(t *testing.T) {
 		return nil
 	})
 	proxy.Heal()
+	c := watch.next(t, 10*time.Second, "after the reconnect (the change made while away, if missed)")
+	if c.GetRevisions().GetNeeds() < written || len(c.GetPlans()) != 1 {
+		t.Errorf("the composition after the reconnect: %v, want one at needs >= %d with the need's plan", c, written)
+	}
+	watch.end(t)
+}
+
+func TestWatchPlanWaitsForTheService(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	watch := startWatch(t, client.New(nc), "ace")
+	watch.none(t, 500*time.Millisecond, "with no instance serving") // its first composition asked, with no responders
+	servicetest.Start(t, nc)
+	if c := watch.next(t, 10*time.Second, "once an instance serves"); c.GetNode() != "ace" || c.GetPlanDigest() == "" {
+		t.Errorf("the first composition: %v", c)
+	}
+	watch.end(t)
+}
+
+// watching is a plan watch a test runs: what it delivers, and how it ended.
+type watching struct {
+	compositions chan *provisionerv1.ComposeResponse
+	stop         context.CancelFunc
+	done         chan struct{}
+	err          error // once done
+}
+
+// startWatch watches node's plan through c with no deadline, as a node
+// does, until the test ends or end is called.
+func startWatch(t *testing.T, c *client.Client, node string) *watching {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	w := &watching{compositions: make(chan *provisionerv1.ComposeResponse, 16), stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		w.err = c.WatchPlan(ctx, node, func(c *provisionerv1.ComposeResponse) error {
+			w.compositions <- c
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		stop()
+		<-w.done
+	})
+	return w
+}
+
+// next returns the watch's next composition, within d.
+func (w *watching) next(t *testing.T, d time.Duration, what string) *provisionerv1.ComposeResponse {
+	t.Helper()
 	select {
-	case c := <-compositions:
-		if c.GetRevisions().GetNeeds() < written || len(c.GetPlans()) != 1 {
-			t.Errorf("the composition after the reconnect: %v, want one at needs >= %d with the need's plan", c, written)
-		}
-	case err := <-watched:
-		t.Fatalf("the watch ended: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("no composition after the reconnect: the change made while away was missed")
+	case c := <-w.compositions:
+		return c
+	case <-w.done:
+		t.Fatalf("%s: the watch ended: %v", what, w.err)
+	case <-time.After(d):
+		t.Fatalf("%s: no composition within %s", what, d)
+	}
+	return nil
+}
+
+// none fails the test if the watch delivers a composition or ends within d.
+func (w *watching) none(t *testing.T, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case c := <-w.compositions:
+		t.Fatalf("%s: a composition: %v", what, c)
+	case <-w.done:
+		t.Fatalf("%s: the watch ended: %v", what, w.err)
+	case <-time.After(d):
+	}
+}
+
+// end stops the watch, which must end with no error.
+func (w *watching) end(t *testing.T) {
+	t.Helper()
+	w.stop()
+	<-w.done
+	if w.err != nil {
+		t.Errorf("the watch ended with %v, want nil on its context's end", w.err)
 	}
 }
