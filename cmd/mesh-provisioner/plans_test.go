@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
@@ -144,19 +145,27 @@ func consumersOf(ctx context.Context, t *testing.T, js jetstream.JetStream, name
 	return info.State.Consumers
 }
 
-// query compose --watch prints the node's composition, then each new one.
-func TestQueryComposeWatch(t *testing.T) {
-	t.Parallel()
+// servedWithPlans starts a nats-server, the service on it with its plans
+// writer, and node ace's client.
+func servedWithPlans(t *testing.T) (*server.Server, *nats.Conn, *nodeclient.Client) {
+	t.Helper()
 	s := natstest.Start(t)
 	nc := natstest.Connect(t, s)
 	svc := servicetest.Start(t, nc)
 	servicetest.RunPlans(t, svc, nc, 10*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	ace, err := nodeclient.New(t.Context(), nodeclient.Config{Conn: nc, Node: "ace"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, nc, ace
+}
+
+// query compose --watch prints the node's composition, then each new one.
+func TestQueryComposeWatch(t *testing.T) {
+	t.Parallel()
+	s, _, ace := servedWithPlans(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
 	out := &testlog.Buffer{}
 	watchCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -191,16 +200,9 @@ func TestQueryComposeWatch(t *testing.T) {
 // hear: nothing was written after it came back.
 func TestWatchPlanReadsWhatChangedWhileAway(t *testing.T) {
 	t.Parallel()
-	s := natstest.Start(t)
-	nc := natstest.Connect(t, s)
-	svc := servicetest.Start(t, nc)
-	servicetest.RunPlans(t, svc, nc, 10*time.Millisecond)
+	s, nc, ace := servedWithPlans(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	proxy := natstest.NewProxy(t, s)
 	away, err := nats.Connect(proxy.URL(), nats.ReconnectWait(20*time.Millisecond), nats.MaxReconnects(-1))
