@@ -76,6 +76,26 @@ async def serve(args: list[str] = SERVE_ARGS) -> AsyncIterator[str]:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+@asynccontextmanager
+async def authorized() -> AsyncIterator[dict[str, str]]:
+    """Runs the authorizing nats-server (MESH_PROVISIONER_AUTHNATS_BIN: its
+    users are the service's two identities and the nodes ace and novox,
+    each with what `mesh-provisioner permissions` grants it); yields the URL
+    of each identity."""
+    proc = await asyncio.create_subprocess_exec(
+        from_make("MESH_PROVISIONER_AUTHNATS_BIN"),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        urls: dict[str, str] = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
+        yield urls
+    finally:
+        proc.stdin.close()  # it serves until its standard input closes
+        await asyncio.wait_for(proc.wait(), 10)
+
+
 async def apply(url: str, case_file: Path) -> dict[str, int]:
     """Applies a case's writes with the shared Go tool; returns the last
     revision written to each bucket."""

@@ -47,7 +47,7 @@ from mesh_provisioner import (
     node_subject,
     provider_subject,
 )
-from server import serve
+from server import authorized, serve
 
 NEEDS = {
     "ace.web.port.http": Need(placeholder="${port:http}", required=True),
@@ -103,7 +103,11 @@ async def test_provisioning_reads_its_writes(nc: NATS) -> None:
 async def test_compose_plans_and_refuses(nc: NATS) -> None:
     client = ProvisionerClient(nc)
     revision = await write_needs(nc)
-    plan = await client.compose(ComposeRequest(node="ace", min_revisions=Revisions(needs=revision)))
+    # At the item's revision too: written after the needs, it may reach the
+    # server's copy after them.
+    item = await (await nc.jetstream().key_value("mesh-provisioner_collect")).get("ace.shell=3Azsh=3Anormal.web")
+    assert item.revision is not None
+    plan = await client.compose(ComposeRequest(node="ace", min_revisions=Revisions(needs=revision, collect=item.revision)))
     assert [(p.module, [i.placeholder for i in p.items]) for p in plan.plans] == [
         ("web", ["${port:http}", "${secret:api_token}", "${shell:zsh:normal}"]),
         ("worker", ["${dir:state}"]),
@@ -579,6 +583,37 @@ async def test_watch_plan_reads_the_key_again_after_a_reconnect(nc: NATS, url: s
     direct = f"$JS.API.DIRECT.GET.KV_{PLANS_BUCKET}.$KV.{PLANS_BUCKET}.wes"
     assert set(asked) == {direct}, asked
     assert len(asked) >= 2, f"the key read first and again once reconnected: {asked}"
+
+
+async def test_watch_plan_waits_for_the_service() -> None:
+    """A node that watches its plan before any instance serves (the
+    nats-server up, the buckets made by an instance since stopped) asks its
+    composition again while nobody answers: its watch neither yields nor
+    ends. Once an instance serves, it yields the node's composition."""
+    async with authorized() as urls:
+        args = ["--nats-url", urls["mesh-provisioner"], "--writer-nats-url", urls["mesh-provisioner-writer"],
+                "--log-format", "json", "--plans-interval", "10ms"]
+        async with serve(args):
+            pass  # it made the buckets, then stopped
+        nc = await nats.connect(urls["ace"], inbox_prefix=inbox_prefix("node", "ace"), error_cb=quietly)
+        try:
+            needs = await nc.jetstream().key_value("mesh-provisioner_needs")
+            await needs.put("ace.web.port.http", Need(placeholder="${port:http}").SerializeToString())
+            with pytest.raises(nats.errors.NoRespondersError):  # nobody serves: no answer
+                await ProvisionerClient(nc, node="ace").compose(ComposeRequest(node="ace"))
+            async with contextlib.aclosing(ProvisionerClient(nc, node="ace").watch_plan("ace")) as plans:
+                pending = asyncio.ensure_future(anext(plans))
+                done, _ = await asyncio.wait({pending}, timeout=0.5)
+                assert not done, f"the watch ended before any instance served: {pending.exception()!r}"
+                async with serve(args):
+                    first = await asyncio.wait_for(pending, 10)
+                    assert first.node == "ace"
+                    assert re.fullmatch(r"sha256:[0-9a-f]{64}", first.plan_digest)
+                    while not first.plans:  # composed before the need reached the copy
+                        first = await asyncio.wait_for(anext(plans), 10)
+                    assert [plan.module for plan in first.plans] == ["web"]
+        finally:
+            await nc.close()
 
 
 async def until(condition: Callable[[], bool]) -> None:

@@ -17,26 +17,9 @@ from nats.errors import TimeoutError as NATSTimeoutError
 from nats.js.api import ConsumerConfig
 
 from mesh_provisioner import PLANS_BUCKET, Need, ProvisionerClient, inbox_prefix
-from server import from_make, serve
+from server import authorized, serve
 
 PLANS_STREAM = f"KV_{PLANS_BUCKET}"
-
-
-@contextlib.asynccontextmanager
-async def authorized() -> AsyncIterator[dict[str, str]]:
-    """Runs the authorizing nats-server; yields the URL of each identity."""
-    proc = await asyncio.create_subprocess_exec(
-        from_make("MESH_PROVISIONER_AUTHNATS_BIN"),
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    try:
-        urls: dict[str, str] = json.loads(await asyncio.wait_for(proc.stdout.readline(), 20))
-        yield urls
-    finally:
-        proc.stdin.close()  # it serves until its standard input closes
-        await asyncio.wait_for(proc.wait(), 10)
 
 
 @pytest.fixture

@@ -224,12 +224,25 @@ export class WatchStoppedError extends Error {
 }
 
 /**
- * How watchPlan asks again after a 503, or reads the node's key again after
- * an error once reconnected, in milliseconds: doubling from the first to the
- * last.
+ * How watchPlan asks again after a 503 or a composition that got no answer,
+ * or reads the node's key again after an error once reconnected, in
+ * milliseconds: doubling from the first to the last.
  */
 const WATCH_RETRY_MIN = 100;
 const WATCH_RETRY_MAX = 2000;
+
+/**
+ * Reports whether a request got no answer, and may get one if asked again:
+ * no instance served its subject (one starting, or the node up before the
+ * service), or it timed out (lost with its connection, or with the instance
+ * that took it). nats.js rejects the first with a RequestError caused by a
+ * NoRespondersError, the second with a TimeoutError; a request made while
+ * the connection is lost is sent once reconnected, or times out.
+ */
+function unanswered(err: unknown): boolean {
+  const cause = err instanceof errors.RequestError ? err.cause : undefined;
+  return [err, cause].some((e) => e instanceof errors.NoRespondersError || e instanceof errors.TimeoutError);
+}
 
 /** Resolves to true after ms, or to false as soon as signal aborts. */
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<boolean> {
@@ -742,17 +755,21 @@ export class ProvisionerClient {
    *
    * It ends, without an error, when the signal aborts (a request in flight
    * is abandoned) or the loop breaks; either way the subscription ends. A
-   * 503 (the server's copy loading, or behind the digest's revisions) is
-   * asked again, backing off from 100 ms to 2 s. A connection lost and found
-   * again reads the key again (asked again alike after an error): a change
-   * made meanwhile is not missed.
+   * 503 (the server's copy loading, or behind the digest's revisions), and a
+   * composition that got no answer (no instance serving yet, as for a node
+   * up before the service or every instance restarting; a timeout, each
+   * request bounded by `timeout`, as one lost with its connection or with
+   * the instance that took it), is asked again, backing off from 100 ms to
+   * 2 s. A connection lost and found again reads the key again (asked again
+   * alike after an error): a change made meanwhile is not missed.
    *
    * @throws {ProvisionerError} when a composition is refused otherwise than
-   *   with a 503.
+   *   with a 503 (a 400, 403 or 500).
    * @throws {WatchStoppedError} when the connection closes.
    * @throws the nats.js error when the key cannot be read at first or the
    *   subscription is refused (such as a PermissionViolationError for
-   *   another node's key), or of a request, such as a TimeoutError.
+   *   another node's key), or of a composition's request otherwise than
+   *   unanswered, such as an answer that does not decode.
    */
   async *watchPlan(node: string, opts: WatchPlanOptions = {}): AsyncGenerator<ComposeResponse, void, undefined> {
     const { signal, ...requestOpts } = opts;
@@ -783,13 +800,19 @@ export class ProvisionerClient {
       };
       let last = "";
       // The composition at least as new as least, or undefined once the
-      // signal aborts.
+      // signal aborts; a 503 or no answer is asked again.
       const composeAt = async (least: Revisions | undefined): Promise<ComposeResponse | undefined> => {
         for (let retry = WATCH_RETRY_MIN; ; retry = Math.min(2 * retry, WATCH_RETRY_MAX)) {
           try {
             return await abortable(this.composeAll({ node, minRevisions: least }, requestOpts), signal);
           } catch (err) {
-            if (!(err instanceof ProvisionerError && err.code === 503)) {
+            if (signal?.aborted) {
+              return undefined;
+            }
+            if (this.#nc.isClosed() || watch.closed) {
+              throw new WatchStoppedError(node);
+            }
+            if (!(err instanceof ProvisionerError && err.code === 503) && !unanswered(err)) {
               throw err;
             }
           }

@@ -3,8 +3,10 @@
 // (internal/e2e/seed) writes. The expectations below are that data set, as
 // the comment at the top of internal/e2e/seed/main.go lists it.
 //
-// Run by `make test`, which builds both binaries and sets
-// MESH_PROVISIONER_BIN and MESH_PROVISIONER_SEED_BIN.
+// Run by `make test`, which builds the binaries and sets
+// MESH_PROVISIONER_BIN and MESH_PROVISIONER_SEED_BIN, and
+// MESH_PROVISIONER_AUTHNATS_BIN: a nats-server of its own on which a plan's
+// watch starts before any instance serves.
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
@@ -1311,7 +1313,87 @@ describe("watchPlan", () => {
       await conn.close();
     }
   });
+
+  it("waits for the service: a watch started before any instance serves yields the first composition once one does", async () => {
+    // A nats-server of its own (authnats, the service's and ace's grants)
+    // whose buckets a first instance creates, then stops: no instance
+    // serves mesh-provisioner.compose.ace when ace starts watching.
+    const nats = await startProgram(fromMake("MESH_PROVISIONER_AUTHNATS_BIN"), [], "stdout", () => true);
+    const urls = JSON.parse(nats.line) as Record<string, string>;
+    const dir = await mkdtemp(join(tmpdir(), "mesh-provisioner-e2e-late-"));
+    const serveArgs = [
+      "--nats-url", urls["mesh-provisioner"]!, "--writer-nats-url", urls["mesh-provisioner-writer"]!,
+      "--log-format", "json", "--state-dir", dir,
+    ];
+    const serving = (line: string) => line.includes('"msg":"serving"');
+    let instance: ChildProcess | undefined;
+    let conn: NatsConnection | undefined;
+    const stopWatch = new AbortController();
+    try {
+      instance = (await startProgram(fromMake("MESH_PROVISIONER_BIN"), serveArgs, "stderr", serving)).child;
+      assert.equal(await stop(instance), 0, "the first instance did not exit with 0 on SIGTERM");
+      instance = undefined;
+
+      // nats.js takes no credentials from a URL: they are given apart.
+      const ace = new URL(urls["ace"]!);
+      conn = await connect({ servers: ace.host, user: ace.username, pass: ace.password, inboxPrefix: inboxPrefix("node", "ace"), name: "ace" });
+      const plans = new ProvisionerClient(conn, { node: "ace" }).watchPlan("ace", { signal: stopWatch.signal })[Symbol.asyncIterator]();
+      // Its first composition asked with no responders: asked again, not thrown.
+      const pending = plans.next();
+      pending.catch(() => {}); // awaited below
+      assert.equal(await Promise.race([pending, sleep(500, "nothing" as const)]), "nothing", "with no instance serving");
+
+      instance = (await startProgram(fromMake("MESH_PROVISIONER_BIN"), serveArgs, "stderr", serving)).child;
+      const first = await next({ next: () => pending }, "once an instance serves");
+      assert.equal(first.done, false);
+      assert.equal(first.value!.node, "ace");
+      assert.match(first.value!.planDigest, /^sha256:[0-9a-f]{64}$/u);
+    } finally {
+      stopWatch.abort();
+      await conn?.close();
+      if (instance !== undefined) {
+        await stop(instance);
+      }
+      if (nats.child.exitCode === null && nats.child.signalCode === null) {
+        const exited = once(nats.child, "exit");
+        nats.child.stdin!.end(); // authnats serves until its stdin closes
+        await exited;
+      }
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
 });
+
+/**
+ * Starts a program and resolves, with it, to the first of its lines on
+ * stream that match; the stream is read until the program exits, so that
+ * it never blocks on a full pipe. Its standard input stays open.
+ */
+function startProgram(bin: string, args: string[], stream: "stdout" | "stderr", match: (line: string) => boolean): Promise<{ child: ChildProcess; line: string }> {
+  const child = spawn(bin, args, { stdio: ["pipe", stream === "stdout" ? "pipe" : "ignore", stream === "stderr" ? "pipe" : "ignore"] });
+  // Should this process end before the test stops it, the program ends with it.
+  process.once("exit", () => child.kill("SIGKILL"));
+  const seen: string[] = [];
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL");
+      reject(new Error(`${bin}: no expected line within 20s:\n${seen.join("\n")}`));
+    }, 20_000);
+    const fail = (err: Error) => {
+      clearTimeout(timer);
+      reject(err);
+    };
+    child.once("error", fail);
+    child.once("exit", (code, signal) => fail(new Error(`${bin} exited (${code ?? signal}):\n${seen.join("\n")}`)));
+    createInterface({ input: child[stream]! }).on("line", (line) => {
+      seen.push(line);
+      if (match(line)) {
+        clearTimeout(timer);
+        resolve({ child, line });
+      }
+    });
+  });
+}
 
 /**
  * A TCP proxy to a NATS server's URL, listening on a free port of its own,

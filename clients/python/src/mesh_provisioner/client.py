@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionReconnectingError, NoRespondersError, OutboundBufferLimitError
 from nats.errors import TimeoutError as NATSTimeoutError
 from nats.js.errors import APIError
 
@@ -146,6 +146,19 @@ class WatchStoppedError(Exception):
     def __init__(self, node: str) -> None:
         super().__init__(f"{SERVICE_NAME}: the watcher of {node}'s plan (key {node} of {PLANS_BUCKET}) stopped")
         self.node = node
+
+
+def _unanswered(err: Exception) -> bool:
+    """Whether a request got no answer, and may get one if asked again: no
+    instance served its subject (one starting or restarting, or the node
+    started before the service: NoRespondersError), it timed out (lost with
+    its connection, or with the instance that took it: nats-py's
+    TimeoutError, an asyncio.TimeoutError, which is the builtin
+    TimeoutError), or the connection was down when it was sent
+    (OutboundBufferLimitError: nats-py buffers nothing more while it
+    reconnects; ConnectionReconnectingError). A closed connection
+    (ConnectionClosedError) answers nothing again: it is not one."""
+    return isinstance(err, (NoRespondersError, TimeoutError, OutboundBufferLimitError, ConnectionReconnectingError))
 
 
 def _plan_subject(node: str) -> str:
@@ -412,14 +425,20 @@ class ProvisionerClient:
         without it, the event loop does when the generator is collected) or
         by cancelling the task that iterates; either way it unsubscribes. A
         503 (the server's copy loading, or behind the digest's revisions) is
-        asked again, backing off from 0.1 s to 2 s, and so is the read of
-        the key after a reconnect that fails.
+        asked again, backing off from 0.1 s to 2 s, and so is a composition
+        that got no answer: no instance serving yet (a node started before
+        the service, or every instance restarting: NoRespondersError), a
+        request that timed out (lost with its connection, or with the
+        instance that took it: each is bounded by timeout), or one the
+        connection could not send while reconnecting. So is the read of the
+        key after a reconnect that fails.
 
         Raises ValueError when node is not a name, ProvisionerError when a
-        composition is refused otherwise than with a 503, WatchStoppedError
-        when the connection closes, and nats-py's errors when the key cannot
-        be read at first (TimeoutError when the read is refused, as another
-        node's key is) or a request fails."""
+        composition is refused otherwise than with a 503 (400, 403, 500),
+        WatchStoppedError when the connection closes, and nats-py's or
+        protobuf's errors when the key cannot be read at first (TimeoutError
+        when the read is refused, as another node's key is) or a composition
+        fails otherwise than unanswered (a DecodeError of its answer)."""
         _check_name("node", node)
         wait = self._timeout if timeout is None else timeout
         latest: list[Msg] = []  # the last write heard, if not handled yet
@@ -507,17 +526,24 @@ class ProvisionerClient:
             retry = min(2 * retry, _WATCH_RETRY_MAX)
 
     async def _compose_at(self, node: str, least: Revisions | None, timeout: float | None) -> ComposeResponse:
-        """The whole composition of node, at least as new as least; a 503 is
-        asked again, backing off."""
+        """The whole composition of node, at least as new as least, for
+        watch_plan: a 503, and a request that got no answer (see
+        _unanswered), is asked again, backing off, each ask bounded by
+        timeout; raises WatchStoppedError once the connection is closed, and
+        any other error as is."""
         request = ComposeRequest(node=node)
         if least is not None:
             request.min_revisions.CopyFrom(least)
         retry = _WATCH_RETRY_MIN
         while True:
+            if self._nc.is_closed:
+                raise WatchStoppedError(node)
             try:
                 return await self.compose_all(request, timeout=timeout)
-            except ProvisionerError as err:
-                if err.code != 503:
+            except Exception as err:
+                if self._nc.is_closed:
+                    raise WatchStoppedError(node) from None
+                if not (isinstance(err, ProvisionerError) and err.code == 503) and not _unanswered(err):
                     raise
             await asyncio.sleep(retry)
             retry = min(2 * retry, _WATCH_RETRY_MAX)
