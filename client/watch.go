@@ -66,6 +66,11 @@ func unanswered(err error) bool {
 // off. A connection lost and found again reads the key again: a change
 // made meanwhile is not missed.
 func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisionerv1.ComposeResponse) error) error {
+	// A node is a token: one with a wildcard would subscribe to every
+	// node's key it may read.
+	if err := keys.CheckToken(node); err != nil {
+		return fmt.Errorf("client: watch %q's plan: the node %w", node, err)
+	}
 	w, err := c.watchPlan(ctx, node)
 	if err != nil {
 		return fmt.Errorf("client: watch %s's plan: %w", node, err)

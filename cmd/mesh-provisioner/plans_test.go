@@ -339,3 +339,16 @@ func (w *watching) end(t *testing.T) {
 		t.Errorf("the watch ended with %v, want nil on its context's end", w.err)
 	}
 }
+
+// A node to watch is a token: a wildcard would subscribe to every node's
+// key the identity may read.
+func TestWatchPlanRefusesANodeThatIsNoToken(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	for _, node := range []string{"*", ">", "ace.web", ""} {
+		err := client.New(nc).WatchPlan(t.Context(), node, func(*provisionerv1.ComposeResponse) error { return nil })
+		if err == nil || !strings.Contains(err.Error(), "the node") {
+			t.Errorf("WatchPlan(%q) = %v, want the node refused", node, err)
+		}
+	}
+}

@@ -398,6 +398,13 @@ async def test_readme_examples_run_as_written(url: str) -> None:
             assert line in out.decode().splitlines(), out.decode()
 
 
+async def test_watch_plan_refuses_a_node_that_is_no_token(nc: NATS) -> None:
+    """A wildcard would subscribe to every node's key the identity may read."""
+    for node in ("*", ">", "ace.web", ""):
+        with pytest.raises(ValueError):
+            await anext(ProvisionerClient(nc).watch_plan(node))
+
+
 async def test_watch_plan_yields_a_new_composition_each_time_the_plan_changes(nc: NATS) -> None:
     """The node's composition first; a need written: a new one, with a new
     digest, at least as new as the write; the need written again unchanged:

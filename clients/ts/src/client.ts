@@ -103,6 +103,11 @@ export const INBOX_ROOT = "_INBOX_MESH";
  */
 export type Role = "node" | "provider" | "operator";
 
+/** Whether name is one subject token: not empty, and no '.', '*', '>' or whitespace. */
+function isToken(name: string): boolean {
+  return name !== "" && !/[.*>\s]/u.test(name);
+}
+
 /**
  * Returns the inbox prefix of a mesh identity, `_INBOX_MESH.<role>.<name>`:
  * the one its permissions let it subscribe to. Give it to nats.js when you
@@ -120,7 +125,7 @@ export type Role = "node" | "provider" | "operator";
  *   token may not (`.`, `*`, `>`, whitespace).
  */
 export function inboxPrefix(role: Role, name: string): string {
-  if (name === "" || /[.*>\s]/u.test(name)) {
+  if (!isToken(name)) {
     throw new TypeError(`inboxPrefix: ${JSON.stringify(name)} is not a name: a ${role}'s name is one subject token (no '.', '*', '>' or whitespace)`);
   }
   return `${INBOX_ROOT}.${role}.${name}`;
@@ -544,7 +549,7 @@ export class ProvisionerClient {
   readonly #timeout: number;
 
   constructor(nc: NatsConnection, opts: ProvisionerClientOptions = {}) {
-    if (opts.node !== undefined && (opts.node === "" || /[.*>\s]/u.test(opts.node))) {
+    if (opts.node !== undefined && !isToken(opts.node)) {
       throw new TypeError(`ProvisionerClient: node ${JSON.stringify(opts.node)} is not a node's name: one subject token (no '.', '*', '>' or whitespace)`);
     }
     this.#nc = nc;
@@ -765,6 +770,8 @@ export class ProvisionerClient {
    *
    * @throws {ProvisionerError} when a composition is refused otherwise than
    *   with a 503 (a 400, 403 or 500).
+   * @throws {TypeError} if node is not one subject token (empty, or holding
+   *   `.`, `*`, `>` or whitespace).
    * @throws {WatchStoppedError} when the connection closes.
    * @throws the nats.js error when the key cannot be read at first or the
    *   subscription is refused (such as a PermissionViolationError for
@@ -772,6 +779,10 @@ export class ProvisionerClient {
    *   unanswered, such as an answer that does not decode.
    */
   async *watchPlan(node: string, opts: WatchPlanOptions = {}): AsyncGenerator<ComposeResponse, void, undefined> {
+    // A wildcard would subscribe to every node's key the identity may read.
+    if (!isToken(node)) {
+      throw new TypeError(`watchPlan: node ${JSON.stringify(node)} is not a node's name: one subject token (no '.', '*', '>' or whitespace)`);
+    }
     const { signal, ...requestOpts } = opts;
     if (signal?.aborted) {
       return;

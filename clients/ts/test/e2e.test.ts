@@ -1239,6 +1239,12 @@ describe("watchPlan", () => {
     assert.ok(plans.includes(`$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}.$KV.${PLANS_BUCKET}.wes`), JSON.stringify(asked));
   });
 
+  it("refuses a node that is not one token: a wildcard would subscribe to every node's key", async () => {
+    for (const node of ["*", ">", "ace.web", ""]) {
+      await assert.rejects(client.watchPlan(node).next(), TypeError, node);
+    }
+  });
+
   it("an aborted signal yields nothing", async () => {
     const plans = [];
     for await (const plan of client.watchPlan("wes", { signal: AbortSignal.abort() })) {
