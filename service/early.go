@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
-
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
