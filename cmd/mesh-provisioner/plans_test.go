@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
@@ -254,19 +253,13 @@ func TestWatchPlanReadsWhatChangedWhileAway(t *testing.T) {
 	watch.end(t)
 }
 
+// A watch that starts before any instance serves (a node up before the
+// service) asks its first composition again until one answers: no
+// responders is no reason to end it.
 func TestWatchPlanWaitsForTheService(t *testing.T) {
 	t.Parallel()
-	s := natstest.Start(t)
-	nc := natstest.Connect(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	nc := natstest.Connect(t, natstest.Start(t))
+	servicetest.Buckets(t, nc)
 	watch := startWatch(t, client.New(nc), "ace")
 	watch.none(t, 500*time.Millisecond, "with no instance serving") // its first composition asked, with no responders
 	servicetest.Start(t, nc)

@@ -11,9 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/service"
@@ -36,15 +34,7 @@ func TestFaultStartStopStats(t *testing.T) {
 	}
 	s := natstest.Start(t)
 	nc := natstest.Connect(t, s)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	servicetest.Buckets(t, nc)
 	servicetest.Start(t, natstest.Connect(t, s), func(cfg *service.Config) { cfg.Logger = slog.New(slog.DiscardHandler) })
 	// The asker publishes without waiting, so that stats are asked at
 	// every moment of a cycle from Start's return, the endpoints'

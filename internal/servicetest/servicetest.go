@@ -31,13 +31,7 @@ func StartAs(t testing.TB, nc, writer *nats.Conn, options ...func(*service.Confi
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js, err := jetstream.New(writer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	js := Buckets(t, writer)
 	kv, err := js.KeyValue(ctx, keys.RegistryBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -58,6 +52,22 @@ func StartAs(t testing.TB, nc, writer *nats.Conn, options ...func(*service.Confi
 		t.Fatal(err)
 	}
 	return svc
+}
+
+// Buckets creates the provisioning buckets on nc's server, as serve does,
+// and returns nc's JetStream.
+func Buckets(t testing.TB, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	return js
 }
 
 // Bucket returns a handle on a provisioning bucket.
