@@ -98,11 +98,13 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 			if err := needs.Delete(ctx, firstKey); err != nil {
 				return revisionWait{}, err
 			}
-			e, err := needs.Get(ctx, node.Name+".aaa.port.extra") // a revision at least the delete's
+			// Delete returns no revision; the key's history ends with the
+			// delete marker, which has it.
+			history, err := needs.History(ctx, firstKey)
 			if err != nil {
 				return revisionWait{}, err
 			}
-			return revisionWait{s.mirror.Needs, e.Revision() + 1}, nil
+			return revisionWait{s.mirror.Needs, history[len(history)-1].Revision()}, nil
 		}, 1},
 		{"a module's builds", func() (revisionWait, error) {
 			value, err := proto.Marshal(&provisionerv1.Applied{WantedBuild: "b9"})
