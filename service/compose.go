@@ -277,9 +277,10 @@ var scratches = sync.Pool{New: func() any { return new(digestScratch) }}
 
 // planDigestOf returns the plan digest of node's whole composition, the
 // one its compose answer carries, without making the composition
-// (compose.PlanDigester), nor keeping the node's decoded views. boundRead,
-// if set, hears each providers' bucket the composition reads a key of.
-func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRead func(bucket string)) string {
+// (compose.PlanDigester), nor keeping the node's decoded views, and how
+// many needs and collection items it read. boundRead, if set, hears each
+// providers' bucket the composition reads a key of.
+func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRead func(bucket string)) (digest string, read int) {
 	entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
 	items, _, _ := m.Collect.GroupInto(node, &scratch.collect)
 	builds, _ := m.BuildsOf(node)
@@ -289,10 +290,10 @@ func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRe
 	}
 	records, malformed := splitNeeds(scratch.records[:0], scratch.malformed[:0], entries)
 	in := compose.Input{Node: node, Sources: sources, Needs: records, Malformed: malformed, Items: wellFormed(scratch.items[:0], items)}
-	digest := scratch.digester.Digest(in)
+	digest = scratch.digester.Digest(in)
 	// Kept for their room, not their records.
 	scratch.records, scratch.malformed, scratch.items = emptied(in.Needs), emptied(in.Malformed), emptied(in.Items)
-	return digest
+	return digest, len(entries) + len(items)
 }
 
 // hearBound returns sources whose Bound tells heard each providers' bucket

@@ -262,7 +262,7 @@ func BenchmarkComposeMesh(b *testing.B) {
 		composing.Go(func() error {
 			scratch := scratches.Get().(*digestScratch)
 			defer scratches.Put(scratch)
-			digests[i] = planDigestOf(writer.mirror, n, scratch, nil)
+			digests[i], _ = planDigestOf(writer.mirror, n, scratch, nil)
 			return nil
 		})
 	}

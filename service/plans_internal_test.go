@@ -2,12 +2,15 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"math"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/compose"
@@ -152,4 +155,111 @@ func startOnMeshAs(t testing.TB, admin, svc *nats.Conn, meshConfig synth.Config,
 		t.Fatal(err)
 	}
 	return s, mesh, admin
+}
+
+// A node that rewrites its records without pause is composed by the plans'
+// writer at most once each planRecordPause a record: its composition is
+// put off, not lost, and another node's change is written meanwhile.
+func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 30, Needs: 40}, Config{})
+	kv := bucketsOn(t, nc)
+	plans, needs := kv(keys.PlansBucket), kv(keys.NeedsBucket)
+	churner, other := mesh.Nodes[0].Name, mesh.Nodes[1].Name
+	// What one composition of the churner costs, the least of a few, for
+	// the log; and how long it is put off after each.
+	cost := time.Duration(math.MaxInt64)
+	var records int
+	for range 5 {
+		start := time.Now()
+		records = s.composeForPlans(churner).records + 1 // and the need it writes
+		cost = min(cost, time.Since(start))
+	}
+	const interval = time.Millisecond
+	pause := time.Duration(records) * planRecordPause
+	if pause <= interval {
+		t.Fatalf("%s has %d records: too few to be put off at a %s interval", churner, records, interval)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = s.RunPlans(runCtx, PlansConfig{KV: plans, Interval: interval}) }()
+	// digestAt returns node's digest once the writer has written it at
+	// needs revision rev or later.
+	digestAt := func(node string, rev uint64) string {
+		t.Helper()
+		var digest string
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			e, err := plans.Get(ctx, node)
+			if err != nil {
+				return err
+			}
+			d := &provisionerv1.PlanDigest{}
+			if err := proto.Unmarshal(e.Value(), d); err != nil {
+				return err
+			}
+			if d.GetRevisions().GetNeeds() < rev {
+				return fmt.Errorf("%s's digest at needs revision %d, want %d", node, d.GetRevisions().GetNeeds(), rev)
+			}
+			digest = d.GetDigest()
+			return nil
+		})
+		return digest
+	}
+	put := func(node string, n int) uint64 {
+		t.Helper()
+		value, err := proto.Marshal(&provisionerv1.Need{Placeholder: fmt.Sprintf("${port:churn%d}", n)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev, err := needs.Put(ctx, node+".web.port.churn", value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	digestAt(churner, 0)
+	digestAt(other, 0)
+
+	// The churner writes a need that changes its plan, without pause, for
+	// a second; halfway, the other node writes one.
+	composed, start := s.plans.composed.Load(), time.Now()
+	var last uint64
+	otherWritten := false
+	for n := 0; time.Since(start) < time.Second; n++ {
+		last = put(churner, n)
+		if !otherWritten && time.Since(start) > time.Second/2 {
+			otherWritten = true
+			rev, asked := put(other, 0), time.Now()
+			digestAt(other, rev)
+			t.Logf("the other node's change written in %s", time.Since(asked))
+		}
+	}
+	elapsed := time.Since(start)
+	times := int(s.plans.composed.Load() - composed - 1) // the other node once
+	t.Logf("%s (%d records, %s a composition) composed %d times in %s: %.2f of a core; %d deferred now",
+		churner, records, cost, times, elapsed.Round(time.Millisecond), float64(times)*float64(cost)/float64(elapsed), s.plans.deferred.Load())
+	// One composition each pause, and one more for the first write, which
+	// may come at any time of the first pause.
+	if most := int(elapsed/pause) + 2; times > most {
+		t.Errorf("%s composed %d times in %s, want at most %d: one each %s", churner, times, elapsed, most, pause)
+	}
+	// Its last change is not lost: its digest comes to be its
+	// composition's. (A digest's revisions are read after composing, so
+	// one at revision last may be of the write before, its next put off.)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if !s.mirror.Needs.WaitFor(wctx, last) {
+		t.Fatalf("the copy did not reach revision %d", last)
+	}
+	want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: churner}, encoding{}, unpaged, reading{views: dropViews})
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if got := digestAt(churner, last); got != want.GetPlanDigest() {
+			return fmt.Errorf("%s's digest %s after its last change, its composition's %s", churner, got, want.GetPlanDigest())
+		}
+		return nil
+	})
 }

@@ -231,10 +231,11 @@ type Service struct {
 	failures rate.Sometimes
 	// slow logs the bursts of requests dropped by a full pending buffer.
 	slow *burstLog
-	// plans counts what RunPlans did; planFailures rate-limits its
-	// warnings.
-	plans        plansStats
-	planFailures rate.Sometimes
+	// plans counts what RunPlans did; planFailures and planDeferrals
+	// rate-limit its warnings.
+	plans         plansStats
+	planFailures  rate.Sometimes
+	planDeferrals rate.Sometimes
 	// boundNamed holds, by node, the providers' buckets its needs name
 	// and the stamps they were last named at (boundUnread).
 	boundNamed sync.Map
@@ -351,6 +352,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		replyPrefixes:  slices.Clone(cfg.ReplyPrefixes),
 		refusedReplies: rate.Sometimes{Interval: time.Second},
 		planFailures:   rate.Sometimes{Interval: time.Second},
+		planDeferrals:  rate.Sometimes{Interval: 10 * time.Second},
 	}
 	if !cfg.NoAnswerCache {
 		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)

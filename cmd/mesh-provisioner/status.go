@@ -218,8 +218,8 @@ func printPlans(t statusTable, r *statusReport) error {
 		if in.Seat != "held" || p == nil {
 			continue
 		}
-		t.line("\nPlan digests (mesh-provisioner_plans), kept by %s: %d written, last %s; %d compositions; %d pending; last pass %dms; %d failed",
-			in.ID, p.GetWritten(), dash(p.GetLastWritten()), p.GetComposed(), p.GetPending(), p.GetLastPassMs(), p.GetFailed())
+		t.line("\nPlan digests (mesh-provisioner_plans), kept by %s: %d written, last %s; %d compositions; %d pending, %d deferred; last pass %dms; %d failed",
+			in.ID, p.GetWritten(), dash(p.GetLastWritten()), p.GetComposed(), p.GetPending(), p.GetDeferred(), p.GetLastPassMs(), p.GetFailed())
 	}
 	return nil
 }

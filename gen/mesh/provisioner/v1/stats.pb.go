@@ -270,7 +270,13 @@ type PlansStats struct {
 	LastPassMs uint64 `protobuf:"varint,5,opt,name=last_pass_ms,json=lastPassMs,proto3" json:"last_pass_ms,omitempty"`
 	// Writes that failed (the bucket unreachable, or another writer's
 	// revision): retried on the next pass.
-	Failed        uint64 `protobuf:"varint,6,opt,name=failed,proto3" json:"failed,omitempty"`
+	Failed uint64 `protobuf:"varint,6,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Nodes with a change whose composition is put off, at the last look:
+	// a node of n records (needs and collection items) is composed again no
+	// sooner than n x 10 us after its last composition, so that one node
+	// rewriting its records without pause costs the seat's holder about a
+	// tenth of a core.
+	Deferred      uint64 `protobuf:"varint,7,opt,name=deferred,proto3" json:"deferred,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -343,6 +349,13 @@ func (x *PlansStats) GetLastPassMs() uint64 {
 func (x *PlansStats) GetFailed() uint64 {
 	if x != nil {
 		return x.Failed
+	}
+	return 0
+}
+
+func (x *PlansStats) GetDeferred() uint64 {
+	if x != nil {
+		return x.Deferred
 	}
 	return 0
 }
@@ -629,7 +642,7 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\x05plans\x18\x11 \x01(\v2\x1f.mesh.provisioner.v1.PlansStatsR\x05plans\x12%\n" +
 	"\x0eanswered_early\x18\x12 \x01(\x04R\ransweredEarly\x12\x1d\n" +
 	"\n" +
-	"asker_full\x18\x13 \x01(\x04R\taskerFull\"\xb9\x01\n" +
+	"asker_full\x18\x13 \x01(\x04R\taskerFull\"\xd5\x01\n" +
 	"\n" +
 	"PlansStats\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\x04R\awritten\x12\x1a\n" +
@@ -638,7 +651,8 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\apending\x18\x04 \x01(\x04R\apending\x12 \n" +
 	"\flast_pass_ms\x18\x05 \x01(\x04R\n" +
 	"lastPassMs\x12\x16\n" +
-	"\x06failed\x18\x06 \x01(\x04R\x06failed\"|\n" +
+	"\x06failed\x18\x06 \x01(\x04R\x06failed\x12\x1a\n" +
+	"\bdeferred\x18\a \x01(\x04R\bdeferred\"|\n" +
 	"\n" +
 	"OverBudget\x12\x16\n" +
 	"\x06bucket\x18\x01 \x01(\tR\x06bucket\x12\x12\n" +

@@ -49,20 +49,22 @@ class EndpointStatsData(_message.Message):
     def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ..., plans: _Optional[_Union[PlansStats, _Mapping]] = ..., answered_early: _Optional[int] = ..., asker_full: _Optional[int] = ...) -> None: ...
 
 class PlansStats(_message.Message):
-    __slots__ = ("written", "composed", "last_written", "pending", "last_pass_ms", "failed")
+    __slots__ = ("written", "composed", "last_written", "pending", "last_pass_ms", "failed", "deferred")
     WRITTEN_FIELD_NUMBER: _ClassVar[int]
     COMPOSED_FIELD_NUMBER: _ClassVar[int]
     LAST_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     LAST_PASS_MS_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    DEFERRED_FIELD_NUMBER: _ClassVar[int]
     written: int
     composed: int
     last_written: str
     pending: int
     last_pass_ms: int
     failed: int
-    def __init__(self, written: _Optional[int] = ..., composed: _Optional[int] = ..., last_written: _Optional[str] = ..., pending: _Optional[int] = ..., last_pass_ms: _Optional[int] = ..., failed: _Optional[int] = ...) -> None: ...
+    deferred: int
+    def __init__(self, written: _Optional[int] = ..., composed: _Optional[int] = ..., last_written: _Optional[str] = ..., pending: _Optional[int] = ..., last_pass_ms: _Optional[int] = ..., failed: _Optional[int] = ..., deferred: _Optional[int] = ...) -> None: ...
 
 class OverBudget(_message.Message):
     __slots__ = ("bucket", "node", "keys", "bytes", "refused")
