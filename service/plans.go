@@ -265,9 +265,13 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	addAll(set, firsts)
 	firsts, next.collect = m.Collect.Changed(since.collect)
 	addAll(set, firsts)
-	firsts, next.bound = m.Bound.Changed(since.bound)
+	firsts, buckets, bound := m.Bound.Changed(since.bound)
+	next.bound = bound
 	for _, first := range firsts {
-		if w.known(first) { // a provider's key of a node the mesh has
+		// A provider's key of a node the mesh has, in a bucket its last
+		// composition read: a provider writing keys of every node costs
+		// compositions of its own consumers only.
+		if w.known(first) && w.reads(first, buckets) {
 			set[first] = true
 		}
 	}
@@ -313,6 +317,20 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	w.s.plans.deferred.Store(uint64(deferred))
 	w.mu.Unlock()
 	return slices.Sorted(maps.Keys(set)), next
+}
+
+// reads reports whether node's last composition read keys of any of
+// buckets. A composition reads keys only of the buckets its needs name,
+// and a node whose needs changed is composed for that change.
+func (w *plansWriter) reads(node string, buckets []string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, b := range w.buckets[node] {
+		if slices.Contains(buckets, b) {
+			return true
+		}
+	}
+	return false
 }
 
 // known reports whether the copy holds any record of node.

@@ -263,3 +263,80 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 		return nil
 	})
 }
+
+// A provider's key of a node, in a bucket the node's composition does not
+// read, composes nothing: a provider writing keys of every node costs the
+// plans' writer compositions of its own consumers only.
+func TestAProvidersKeyComposesOnlyItsConsumers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 8, Modules: 4, Needs: 6, Bound: 50}, Config{})
+	kv := bucketsOn(t, nc)
+	// Every bucket the nodes name is read first, as in
+	// TestComposeForPlansDigestsAsTheAnswer: one read later changes every
+	// node with a key in it.
+	for _, n := range mesh.Nodes {
+		waits, _ := s.boundUnread(n.Name)
+		if werr := s.waitRevisions(waits); werr != nil {
+			t.Fatal(werr)
+		}
+	}
+	// A node, a bucket its composition reads, and one another node's
+	// reads and it does not (the copy follows only buckets named).
+	var node, reads, other string
+	read := map[string][]string{}
+	for _, n := range mesh.Nodes {
+		read[n.Name] = s.composeForPlans(n.Name).buckets
+	}
+	for _, n := range mesh.Nodes {
+		for _, m := range mesh.Nodes {
+			for _, b := range read[m.Name] {
+				if len(read[n.Name]) > 0 && !slices.Contains(read[n.Name], b) {
+					node, reads, other = n.Name, read[n.Name][0], b
+				}
+			}
+		}
+	}
+	if node == "" {
+		t.Fatalf("no node of the mesh reads fewer buckets than another: %v", read)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = s.RunPlans(runCtx, PlansConfig{KV: kv(keys.PlansBucket), Interval: time.Millisecond}) }()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if s.plans.written.Load() < uint64(len(mesh.Nodes)) {
+			return fmt.Errorf("the first pass wrote %d digests of %d", s.plans.written.Load(), len(mesh.Nodes))
+		}
+		return nil
+	})
+	// write puts a key of node in bucket and waits for the copy to hold it.
+	write := func(bucket, key string) {
+		t.Helper()
+		rev, err := kv(bucket).Put(ctx, key, []byte("bound"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if !s.mirror.Bound.Bucket(bucket).WaitFor(wctx, rev) {
+			t.Fatalf("the copy of %s did not reach revision %d", bucket, rev)
+		}
+	}
+
+	composed := s.plans.composed.Load()
+	for i := range 20 {
+		write(other, fmt.Sprintf("%s.m.p%d", node, i))
+	}
+	time.Sleep(100 * time.Millisecond) // a hundred intervals
+	if n := s.plans.composed.Load() - composed; n != 0 {
+		t.Errorf("20 keys of %s in %s, a bucket it does not read: %d compositions, want none", node, other, n)
+	}
+	composed = s.plans.composed.Load()
+	write(reads, node+".m.p")
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if s.plans.composed.Load() == composed {
+			return fmt.Errorf("a key of %s in %s, a bucket it reads: not composed", node, reads)
+		}
+		return nil
+	})
+}

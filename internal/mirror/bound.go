@@ -136,6 +136,9 @@ type BoundBucket struct {
 	// keys, looked for again less often. Only the looking goroutine, one
 	// at a time, reads and writes them (and Run once it ended).
 	warned, tooMany bool
+	// changedAt is Bound.gen at the bucket's last change (Changed);
+	// guarded by Bound.changedMu.
+	changedAt uint64
 }
 
 // SetTimings replaces, before Run, how often a bucket found missing is
@@ -165,7 +168,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held}
 		bb.named()
 		b.buckets[bucket] = bb
-		b.mark(true)
+		b.mark(bb, true)
 		select {
 		case b.wants <- bb:
 		default:
@@ -372,16 +375,16 @@ func (bb *BoundBucket) apply(key string, revision uint64, deleted bool) bool {
 		bb.keys[key] = revision
 	}
 	bb.revision = max(bb.revision, revision)
-	bb.bound.mark(false, key)
+	bb.bound.mark(bb, false, key)
 	bb.advance()
 	bb.mu.Unlock()
 	return true
 }
 
-// mark stamps a change once it is in the copy, and before its waiters
-// wake (a waiter then reads the change's stamp): of keys, by their first
-// tokens, and, if shared, of a bucket as a whole.
-func (b *Bound) mark(shared bool, keys ...string) {
+// mark stamps a change of bb once it is in the copy, and before its
+// waiters wake (a waiter then reads the change's stamp): of keys, by their
+// first tokens, and, if shared, of the bucket as a whole.
+func (b *Bound) mark(bb *BoundBucket, shared bool, keys ...string) {
 	firsts := make([]string, 0, len(keys))
 	for _, key := range keys {
 		if first, _, _ := strings.Cut(key, "."); b.isNode == nil || b.isNode(first) {
@@ -393,6 +396,7 @@ func (b *Bound) mark(shared bool, keys ...string) {
 	// Counted under the lock with the marks: Changed and StampOf see every
 	// mark up to the generation they read.
 	gen := b.gen.Add(1)
+	bb.changedAt = gen
 	if shared {
 		b.shared = gen
 	}
@@ -403,8 +407,12 @@ func (b *Bound) mark(shared bool, keys ...string) {
 
 // Changed returns the first tokens (nodes with needs, by the bound entry's
 // key shape) of the keys that changed in any bucket after the copy's stamp
-// gen, and its stamp now.
-func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
+// gen, the buckets that changed after it, and its stamp now. A first token
+// is in firsts for a change of one of buckets: a reader of other buckets
+// only has nothing new to read.
+func (b *Bound) Changed(gen uint64) (firsts, buckets []string, now uint64) {
+	b.mu.RLock() // before changedMu, as Bucket takes them
+	defer b.mu.RUnlock()
 	b.changedMu.RLock()
 	defer b.changedMu.RUnlock()
 	now = b.gen.Load()
@@ -413,7 +421,12 @@ func (b *Bound) Changed(gen uint64) (firsts []string, now uint64) {
 			firsts = append(firsts, first)
 		}
 	}
-	return firsts, now
+	for name, bb := range b.buckets {
+		if bb.changedAt > gen {
+			buckets = append(buckets, name)
+		}
+	}
+	return firsts, buckets, now
 }
 
 // markMissing says the bucket does not exist, or no longer does: it
@@ -428,7 +441,7 @@ func (bb *BoundBucket) markMissing() {
 	old := bb.keys
 	bb.keys, bb.revision = map[string]uint64{}, 0
 	bb.loaded, bb.failing = true, false
-	bb.bound.mark(true, slices.Collect(maps.Keys(old))...)
+	bb.bound.mark(bb, true, slices.Collect(maps.Keys(old))...)
 	bb.advance()
 }
 
@@ -446,7 +459,7 @@ func (bb *BoundBucket) markFailing(drop bool) {
 		bb.keys = map[string]uint64{}
 	}
 	bb.loaded, bb.failing = true, true
-	bb.bound.mark(true, dropped...)
+	bb.bound.mark(bb, true, dropped...)
 	bb.advance()
 }
 
@@ -707,7 +720,7 @@ func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	}
 	// Each key, for the plans writer (Changed), and the bucket as a whole:
 	// it is loaded, or no longer failing.
-	bb.bound.mark(true, changed...)
+	bb.bound.mark(bb, true, changed...)
 	bb.advance()
 	bb.mu.Unlock()
 }

@@ -24,7 +24,7 @@ func TestBoundFollowsAProvidersBucket(t *testing.T) {
 	if !pg.WaitLoaded(ctx) || pg.Behind() || b.Key("pg_bound", "ace.web.db") != 0 {
 		t.Fatalf("a bucket not made yet: loaded %v, behind %v", pg.Loaded(), pg.Behind())
 	}
-	_, mark := b.Changed(0)
+	_, _, mark := b.Changed(0)
 
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
 	if err != nil {
@@ -43,8 +43,8 @@ func TestBoundFollowsAProvidersBucket(t *testing.T) {
 	if got := b.Key("pg_bound", "ace.web.db"); got != rev {
 		t.Errorf("ace.web.db at revision %d, want %d", got, rev)
 	}
-	if firsts, _ := b.Changed(mark); !slices.Contains(firsts, "ace") {
-		t.Errorf("changed since the mark: %v, want ace", firsts)
+	if firsts, buckets, _ := b.Changed(mark); !slices.Contains(firsts, "ace") || !slices.Contains(buckets, "pg_bound") {
+		t.Errorf("changed since the mark: %v in %v, want ace in pg_bound", firsts, buckets)
 	}
 	if err := kv.Delete(ctx, "ace.web.db"); err != nil {
 		t.Fatal(err)
