@@ -7,6 +7,7 @@ import (
 	"iter"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -22,6 +23,9 @@ type Client struct {
 	// node, if set, is the node the client asks as: its requests go to the
 	// node-addressed subjects, which a node's permissions grant.
 	node string
+	// apiPrefix is where the provisioner's JetStream is reached; empty:
+	// the connection's own account (WithAPIPrefix).
+	apiPrefix string
 }
 
 // Inbox returns the connection option that gives an identity of the mesh its
@@ -52,6 +56,23 @@ type Option func(*Client)
 // mapping or an account import.
 func WithSubjects(provisioning, compose string) Option {
 	return func(c *Client) { c.subject, c.composeSubject = provisioning, compose }
+}
+
+// WithAPIPrefix sets where the provisioner's JetStream is reached, for
+// WatchPlan: wire.RunsAsAPIPrefix when the server runs in an account of its
+// own (permissions.RunsAs), which the mesh account imports the plan's key
+// subjects and direct get under. Empty, the default: in the client's own
+// account.
+func WithAPIPrefix(prefix string) Option {
+	return func(c *Client) { c.apiPrefix = prefix }
+}
+
+// jetStream returns the JetStream of the provisioner's buckets.
+func (c *Client) jetStream() (jetstream.JetStream, error) {
+	if c.apiPrefix == "" {
+		return jetstream.New(c.nc)
+	}
+	return jetstream.NewWithAPIPrefix(c.nc, c.apiPrefix)
 }
 
 // New returns a client on nc.

@@ -162,7 +162,11 @@ type planWatch struct {
 // the first read is heard.
 func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error) {
 	w := &planWatch{node: node, nc: c.nc, heard: make(chan struct{}, 1)}
-	sub, err := c.nc.Subscribe(wire.KVSubject(keys.PlansBucket, node), func(m *nats.Msg) {
+	subject := wire.KVSubject(keys.PlansBucket, node)
+	if c.apiPrefix != "" {
+		subject = c.apiPrefix + "." + subject
+	}
+	sub, err := c.nc.Subscribe(subject, func(m *nats.Msg) {
 		w.mu.Lock()
 		w.last = m
 		w.mu.Unlock()
@@ -183,7 +187,7 @@ func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error)
 		w.stop()
 		return nil, err
 	}
-	js, err := jetstream.New(c.nc)
+	js, err := c.jetStream()
 	if err != nil {
 		w.stop()
 		return nil, err

@@ -81,9 +81,11 @@ func Node(node string) (Permissions, error) {
 
 // NodeRunsAs returns the permissions of node's provisioner client in the mesh
 // account when the server runs in an account of its own (RunsAs): those of
-// Node, with the state buckets' key and stream information subjects under
-// wire.RunsAsAPIPrefix, where the mesh account imports the provisioner
-// account's. Its client binds the buckets with nodeclient.Config.APIPrefix.
+// Node, with the state buckets' key and stream information subjects, and
+// the subjects of its plan's watch, under wire.RunsAsAPIPrefix, where the
+// mesh account imports the provisioner account's. Its client binds the
+// buckets with nodeclient.Config.APIPrefix, and watches its plan with
+// client.WithAPIPrefix.
 func NodeRunsAs(node string) (Permissions, error) {
 	return nodePermissions(node, wire.RunsAsAPIPrefix)
 }
@@ -94,30 +96,25 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 	if _, err := keys.NodeFilter(node); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for node: %w", err)
 	}
-	under := func(subject string) string { return subject }
-	info := func(stream string) string { return jsAPI("STREAM.INFO", stream) }
-	if apiPrefix != "" {
-		under = func(subject string) string { return apiPrefix + "." + subject }
-		info = func(stream string) string { return apiPrefix + ".STREAM.INFO." + stream }
-	}
+	under, api := underPrefix(apiPrefix)
 	var p Permissions
 	for _, bucket := range keys.StateBuckets() {
 		p.Publish.Allow = append(p.Publish.Allow, under(kvSubjects(bucket, node)))
 	}
 	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Allow = append(p.Publish.Allow, info(wire.StreamOf(bucket)))
+		p.Publish.Allow = append(p.Publish.Allow, api("STREAM.INFO", wire.StreamOf(bucket)))
 	}
 	p.Publish.Allow = append(p.Publish.Allow, nodeVerbs(node)...)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
-	if apiPrefix == "" {
-		publish, subscribe := watchOwnPlan(node)
-		p.Publish.Allow = append(p.Publish.Allow, publish...)
-		p.Subscribe.Allow = append(p.Subscribe.Allow, subscribe)
-	}
+	publish, subscribe := watchOwnPlan(node, apiPrefix)
+	p.Publish.Allow = append(p.Publish.Allow, publish...)
+	p.Subscribe.Allow = append(p.Subscribe.Allow, subscribe)
 	// Only the seat's holder writes the registry and the plan digests.
 	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), kvSubjects(keys.PlansBucket, ""), wire.SeatSubject}
 	if apiPrefix != "" {
-		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")))
+		// Under the prefix too: a write there would reach no stream, but a
+		// message on another node's plan key would reach its watch.
+		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")), under(kvSubjects(keys.PlansBucket, "")))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
 	// No consumer of any bucket, whatever is allowed later: a state
@@ -125,23 +122,36 @@ func nodePermissions(node, apiPrefix string) (Permissions, error) {
 	// the plans' may make them until the stream holds no more, and every
 	// node's watch fails. Nor the direct get whose body names the key.
 	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
-		p.Publish.Deny = append(p.Publish.Deny, under(jsAPI("CONSUMER.CREATE", wire.StreamOf(bucket))+".>"))
+		p.Publish.Deny = append(p.Publish.Deny, api("CONSUMER.CREATE", wire.StreamOf(bucket))+".>")
 	}
-	p.Publish.Deny = append(p.Publish.Deny, jsAPI("DIRECT.GET", wire.StreamOf(keys.PlansBucket)))
+	p.Publish.Deny = append(p.Publish.Deny, api("DIRECT.GET", wire.StreamOf(keys.PlansBucket)))
 	return p, nil
 }
 
+// underPrefix returns how a node reaches the provisioner's JetStream: a
+// bucket's key subjects (under) and its API subjects (api), in its own
+// account when apiPrefix is empty, else under apiPrefix, where the mesh
+// account imports them (RunsAs).
+func underPrefix(apiPrefix string) (under func(subject string) string, api func(op, stream string) string) {
+	if apiPrefix == "" {
+		return func(subject string) string { return subject }, jsAPI
+	}
+	return func(subject string) string { return apiPrefix + "." + subject },
+		func(op, stream string) string { return apiPrefix + "." + op + "." + stream }
+}
+
 // watchOwnPlan returns the subjects through which node watches its own key
-// of the plans bucket (client.WatchPlan): to publish, the stream's
-// information (binding the bucket) and the direct get of the last message
-// on $KV.mesh-provisioner_plans.<node> (nats-server reads the key from the
-// subject, and refuses a body that names another); to subscribe, that
-// subject, on which every write of the key is published. No consumer: one
-// a node may make is one more it may make.
-func watchOwnPlan(node string) (publish []string, subscribe string) {
+// of the plans bucket (client.WatchPlan), under apiPrefix if set: to
+// publish, the stream's information (binding the bucket) and the direct
+// get of the last message on $KV.mesh-provisioner_plans.<node> (nats-server
+// reads the key from the subject, and refuses a body that names another);
+// to subscribe, that subject, on which every write of the key is
+// published. No consumer: one a node may make is one more it may make.
+func watchOwnPlan(node, apiPrefix string) (publish []string, subscribe string) {
+	under, api := underPrefix(apiPrefix)
 	stream := wire.StreamOf(keys.PlansBucket)
 	key := wire.KVSubject(keys.PlansBucket, node)
-	return []string{jsAPI("STREAM.INFO", stream), jsAPI("DIRECT.GET", stream) + "." + key}, key
+	return []string{api("STREAM.INFO", stream), api("DIRECT.GET", stream) + "." + key}, under(key)
 }
 
 // Provider returns the permissions of a provider module that provisions

@@ -27,7 +27,12 @@ const (
 //     stream in the server's account stores it and its acknowledgement is
 //     the response. Each node's own user permissions (NodeRunsAs) narrow the
 //     import to its keys <node>.>;
-//   - each state bucket's $JS.API.STREAM.INFO, likewise, to bind the bucket.
+//   - each state bucket's $JS.API.STREAM.INFO, likewise, to bind the bucket;
+//   - what a node's plan watch needs of the plans bucket (watchOwnPlan),
+//     under the same prefix: its stream information and the direct get of
+//     the last message on one key's subject, as services, and the keys'
+//     subjects $KV.mesh-provisioner_plans.*, as a stream, which each node's
+//     permissions narrow to its own key.
 //
 // Everything else of the server's account, its JetStream API above all,
 // cannot be reached from the mesh account.
@@ -92,6 +97,7 @@ func (r RunsAs) Config() (string, error) {
 	for _, subject := range runsAsServices() {
 		fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(subject), q(mesh))
 	}
+	fmt.Fprintf(&b, "      { stream: %s, accounts: [%s] }\n", q(runsAsStream()), q(mesh))
 	b.WriteString("    ]\n  }\n")
 
 	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(mesh))
@@ -110,6 +116,7 @@ func (r RunsAs) Config() (string, error) {
 		}
 		b.WriteString(" }\n")
 	}
+	fmt.Fprintf(&b, "      { stream: { account: %s, subject: %s }, to: %s }\n", q(server), q(runsAsStream()), q(runsAsLocal(runsAsStream())))
 	b.WriteString("    ]\n  }\n}")
 	return b.String(), nil
 }
@@ -126,8 +133,14 @@ func runsAsServices() []string {
 	for _, bucket := range keys.StateBuckets() {
 		out = append(out, kvSubjects(bucket, ""), jsAPI("STREAM.INFO", wire.StreamOf(bucket)))
 	}
-	return out
+	plans := wire.StreamOf(keys.PlansBucket)
+	return append(out, jsAPI("STREAM.INFO", plans), jsAPI("DIRECT.GET", plans)+"."+runsAsStream())
 }
+
+// runsAsStream is the subject the server's account exports to the mesh
+// account as a stream: every write of a plan digest, heard by the node
+// whose key it is.
+func runsAsStream() string { return wire.KVSubject(keys.PlansBucket, "*") }
 
 // runsAsLocal is the subject under which the mesh account imports subject:
 // the verbs as they are, the JetStream subjects under wire.RunsAsAPIPrefix,

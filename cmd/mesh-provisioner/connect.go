@@ -22,6 +22,9 @@ type connectFlags struct {
 	url   string
 	creds string
 	inbox string
+	// apiPrefix is where a node reaches the provisioner's JetStream
+	// (wire.RunsAsAPIPrefix in a runs-as mesh); empty: its own account.
+	apiPrefix string
 }
 
 // defaultClientURL is where the commands that are clients of a mesh look for
@@ -39,15 +42,20 @@ func (c *connectFlags) register(fs *flag.FlagSet, defaultURL, urlUsage string) {
 func (c *connectFlags) registerClient(fs *flag.FlagSet) {
 	c.register(fs, defaultClientURL, "URL of the mesh's NATS (a comma-separated list tries each)")
 	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty uses nats.go's _INBOX")
+	fs.StringVar(&c.apiPrefix, "api-prefix", "", "where a node reaches the provisioner's buckets, for put and query compose --watch: "+wire.RunsAsAPIPrefix+" in a mesh whose server runs in an account of its own (permissions --runs-as); empty: the node's own account")
 }
 
 // clientOptions are the client's options for the identity connecting: a
 // node's inbox prefix makes it ask as that node, on its own subjects.
 func (c *connectFlags) clientOptions() []client.Option {
+	var opts []client.Option
 	if node := c.node(); node != "" {
-		return []client.Option{client.AsNode(node)}
+		opts = append(opts, client.AsNode(node))
 	}
-	return nil
+	if c.apiPrefix != "" {
+		opts = append(opts, client.WithAPIPrefix(c.apiPrefix))
+	}
+	return opts
 }
 
 // node returns the node whose inbox prefix the identity connects with, or "".

@@ -158,7 +158,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		return err
 	}
 	defer done()
-	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc.Conn, Node: f.node})
+	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc.Conn, Node: f.node, APIPrefix: f.conn.apiPrefix})
 	if err != nil {
 		return f.explain(nc, err)
 	}

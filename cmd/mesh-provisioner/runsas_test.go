@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/internal/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
@@ -179,5 +182,105 @@ func TestRunsAsOnARealServer(t *testing.T) {
 				t.Errorf("the streams changed (-before +after):\n%s", diff)
 			}
 		})
+	}
+}
+
+// In the runs-as set-up, node ace in MESH watches its own plan through the
+// imports, as in one account (TestANodeWatchesItsPlanOnARealServer), and
+// cannot hear, read or forge novox's.
+func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
+	t.Parallel()
+	s := runsAsServer(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	srv, _, _, _ := startProvisioner(ctx, t, s)
+	svc := servicetest.StartAs(t, connectAs(t, s, wire.RoleServer, wire.ServerIdentity).nc, srv.nc)
+	servicetest.RunPlans(t, svc, srv.nc, 10*time.Millisecond)
+
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	aceNode, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace", APIPrefix: wire.RunsAsAPIPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	written, err := aceNode.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	aceClient := client.New(ace.nc, client.AsNode("ace"), client.WithAPIPrefix(wire.RunsAsAPIPrefix))
+	if _, err := aceClient.Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Needs: written}}); err != nil {
+		t.Fatalf("ace composes at its need's revision: %v (violations %v)", err, ace.violations)
+	}
+	watch := startWatch(t, aceClient, "ace")
+	first := watch.next(t, 10*time.Second, "the current plan")
+	if len(first.GetPlans()) != 1 || first.GetPlanDigest() == "" {
+		t.Fatalf("the first composition: %v", first)
+	}
+	rev, err := aceNode.PutNeed(ctx, "web", "port", "admin", &provisionerv1.Need{Placeholder: "${port:admin}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := watch.next(t, 10*time.Second, "after a need written")
+	if changed.GetRevisions().GetNeeds() < rev || changed.GetPlanDigest() == first.GetPlanDigest() {
+		t.Errorf("after the need written at revision %d: %v", rev, changed)
+	}
+	ace.mu.Lock()
+	if len(ace.violations) > 0 {
+		t.Errorf("ace's watch of its own plan: permission violations %v", ace.violations)
+	}
+	ace.mu.Unlock()
+	watch.end(t)
+
+	// The command line alike: query compose --watch and put, as ace, with
+	// --api-prefix.
+	aceArgs := []string{
+		"--nats-url", "nats://ace:ace-secret@" + strings.TrimPrefix(s.ClientURL(), "nats://"),
+		"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "ace"), "--api-prefix", wire.RunsAsAPIPrefix,
+	}
+	out := &testlog.Buffer{}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(watchCtx, append([]string{"query", "compose", "--node", "ace", "--watch"}, aceArgs...), out, &bytes.Buffer{})
+	}()
+	printed := func(n int) {
+		t.Helper()
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			if got := strings.Count(out.String(), "plan digest sha256:"); got < n {
+				return fmt.Errorf("%d compositions printed, want %d:\n%s", got, n, out.String())
+			}
+			return nil
+		})
+	}
+	printed(1)
+	if err := run(ctx, append([]string{"put", "need", "--node", "ace", "--module", "web", "--placeholder", "${port:metrics}"}, aceArgs...), &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
+		t.Fatalf("put need with --api-prefix: %v", err)
+	}
+	printed(2)
+	stopWatch()
+	if err := <-done; err != nil {
+		t.Errorf("query --watch ended with %v, want nil when interrupted", err)
+	}
+
+	// Nor novox's key: neither hear its writes nor read it; nor publish on
+	// it, where novox's watch would hear it.
+	short, cancelShort := context.WithTimeout(ctx, time.Second)
+	defer cancelShort()
+	err = aceClient.WatchPlan(short, "novox", func(*provisionerv1.ComposeResponse) error { return errors.New("delivered") })
+	if err == nil {
+		t.Error("ace watched novox's plan")
+	}
+	novox := wire.RunsAsAPIPrefix + "." + wire.KVSubject(keys.PlansBucket, "novox")
+	if !ace.refused("Subscription", novox) {
+		t.Errorf("no permission violation for ace's subscription to novox's key: %v (%v)", ace.violations, err)
+	}
+	direct := wire.RunsAsAPIPrefix + ".DIRECT.GET." + wire.StreamOf(keys.PlansBucket) + "." + wire.KVSubject(keys.PlansBucket, "novox")
+	if !ace.violated(direct) {
+		t.Errorf("no permission violation for ace's read of novox's key: %v (%v)", ace.violations, err)
+	}
+	if err := ace.nc.Publish(novox, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if !ace.violated(novox) {
+		t.Errorf("no permission violation for ace's message on novox's key: %v", ace.violations)
 	}
 }

@@ -250,9 +250,14 @@ func TestOneSeatManyInstances(t *testing.T) {
 	if next.count(`"msg":"handed the provisioner seat back"`) != 1 {
 		t.Error("the stopped holder did not log handing the seat back")
 	}
-	if last.count(`"msg":"took the provisioner seat"`) != 1 {
-		t.Error("the last holder did not log taking the seat once")
-	}
+	// Its log may come a moment after its stats say it holds the seat (a
+	// loaded run's did).
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if n := last.count(`"msg":"took the provisioner seat"`); n != 1 {
+			return fmt.Errorf("the last holder logged taking the seat %d times, want once", n)
+		}
+		return nil
+	})
 
 	// The last holder answers too: ten more requests before the count.
 	n := asked.Load()

@@ -7,8 +7,11 @@
 //	mesh-provisioner-writer  permissions --server-writer
 //	ace, novox               permissions --node ace, --node novox
 //
-// each with the password "<user>-secret". It prints one JSON object, the
-// URL each user connects with, such as
+// each with the password "<user>-secret". With -runs-as, its accounts are
+// what `mesh-provisioner permissions --runs-as ace,novox` prints instead:
+// the service's two identities in PROVISIONER, ace and novox in MESH (they
+// reach the buckets under wire.RunsAsAPIPrefix). It prints one JSON object,
+// the URL each user connects with, such as
 //
 //	{"ace":"nats://ace:ace-secret@127.0.0.1:41234", ...}
 //
@@ -19,10 +22,12 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -39,33 +44,25 @@ func main() {
 }
 
 func run() error {
-	writer, err := permissions.ServerWriter()
-	if err != nil {
-		return err
-	}
-	grants := map[string]permissions.Permissions{
-		wire.ServerIdentity: permissions.Server(),
-		wire.WriterIdentity: writer,
-	}
-	for _, node := range []string{"ace", "novox"} {
-		if grants[node], err = permissions.Node(node); err != nil {
-			return err
-		}
-	}
-	var users []*server.User
-	for name, p := range grants {
-		users = append(users, &server.User{Username: name, Password: name + "-secret", Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
-			Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
-		}})
-	}
+	runsAs := flag.Bool("runs-as", false, "the accounts of permissions --runs-as ace,novox, not one account")
+	flag.Parse()
 	dir, err := os.MkdirTemp("", "authnats-")
 	if err != nil {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir,
-		Users: users, NoLog: true, NoSigs: true})
+	names := []string{wire.ServerIdentity, wire.WriterIdentity, "ace", "novox"}
+	var opts *server.Options
+	if *runsAs {
+		opts, err = runsAsOptions(dir, names)
+	} else {
+		opts, err = oneAccountOptions(dir)
+	}
+	if err != nil {
+		return err
+	}
+	opts.Host, opts.Port, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, true
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return err
 	}
@@ -75,7 +72,7 @@ func run() error {
 		return errors.New("nats-server did not start")
 	}
 	urls := map[string]string{}
-	for name := range grants {
+	for _, name := range names {
 		u, err := url.Parse(ns.ClientURL())
 		if err != nil {
 			return err
@@ -88,4 +85,51 @@ func run() error {
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
+}
+
+// oneAccountOptions are a server's whose users are the four identities,
+// each with its generated permissions, in one account.
+func oneAccountOptions(dir string) (*server.Options, error) {
+	writer, err := permissions.ServerWriter()
+	if err != nil {
+		return nil, err
+	}
+	grants := map[string]permissions.Permissions{
+		wire.ServerIdentity: permissions.Server(),
+		wire.WriterIdentity: writer,
+	}
+	for _, node := range []string{"ace", "novox"} {
+		if grants[node], err = permissions.Node(node); err != nil {
+			return nil, err
+		}
+	}
+	var users []*server.User
+	for name, p := range grants {
+		users = append(users, &server.User{Username: name, Password: name + "-secret", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
+			Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
+		}})
+	}
+	return &server.Options{JetStream: true, StoreDir: dir, Users: users}, nil
+}
+
+// runsAsOptions are a server's whose accounts are what permissions
+// --runs-as prints, read as nats-server reads its configuration file: the
+// passwords from the environment, as an operator's would be.
+func runsAsOptions(dir string, users []string) (*server.Options, error) {
+	accounts, err := permissions.RunsAs{Nodes: []string{"ace", "novox"}}.Config()
+	if err != nil {
+		return nil, err
+	}
+	for _, user := range users {
+		if err := os.Setenv(permissions.PasswordVariable(user), user+"-secret"); err != nil {
+			return nil, err
+		}
+	}
+	file := filepath.Join(dir, "nats-server.conf")
+	config := fmt.Sprintf("jetstream { store_dir: %q }\n%s\n", filepath.Join(dir, "jetstream"), accounts)
+	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
+		return nil, err
+	}
+	return server.ProcessConfigFile(file)
 }
