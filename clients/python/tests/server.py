@@ -77,13 +77,17 @@ async def serve(args: list[str] = SERVE_ARGS) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def authorized() -> AsyncIterator[dict[str, str]]:
+async def authorized(*, runs_as: bool = False) -> AsyncIterator[dict[str, str]]:
     """Runs the authorizing nats-server (MESH_PROVISIONER_AUTHNATS_BIN: its
     users are the service's two identities and the nodes ace and novox,
     each with what `mesh-provisioner permissions` grants it); yields the URL
-    of each identity."""
+    of each identity. With runs_as, its accounts are what `mesh-provisioner
+    permissions --runs-as ace,novox` prints: the service's identities in
+    PROVISIONER, ace and novox in MESH, which reaches the buckets under
+    RUNS_AS_API_PREFIX."""
     proc = await asyncio.create_subprocess_exec(
         from_make("MESH_PROVISIONER_AUTHNATS_BIN"),
+        *(["-runs-as"] if runs_as else []),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
     )

@@ -1,7 +1,10 @@
 """A node's watch of its plan on a nats-server whose authorization is what
 `mesh-provisioner permissions` prints (the Go tool internal/e2e/authnats,
 built by `make test-python`), with the service as its two identities: ace
-watches its own plan, and nats-server refuses ace's watch of novox's."""
+watches its own plan, and nats-server refuses ace's watch of novox's. Twice:
+in one account, and in the runs-as set-up (authnats -runs-as: the service in
+its account PROVISIONER, the nodes in MESH, which imports the buckets'
+subjects under RUNS_AS_API_PREFIX)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import nats
 import pytest
@@ -16,41 +20,69 @@ from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NATSTimeoutError
 from nats.js.api import ConsumerConfig
 
-from mesh_provisioner import PLANS_BUCKET, Need, ProvisionerClient, inbox_prefix
+from mesh_provisioner import PLANS_BUCKET, RUNS_AS_API_PREFIX, Need, ProvisionerClient, inbox_prefix
 from server import authorized, serve
 
 PLANS_STREAM = f"KV_{PLANS_BUCKET}"
 
 
-@pytest.fixture
-async def ace() -> AsyncIterator[tuple[NATS, list[str]]]:
-    """ace's connection, with the permission violations nats-server reported to it."""
-    async with authorized() as urls:
+@dataclass
+class Ace:
+    """ace's connection, where it reaches the provisioner's JetStream
+    (api_prefix: None in one account), and the permission violations
+    nats-server reported to it."""
+
+    nc: NATS
+    api_prefix: str | None
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def api(self) -> str:
+        """The provisioner's JetStream API as ace reaches it."""
+        return self.api_prefix or "$JS.API"
+
+    def key(self, subject: str) -> str:
+        """A key's subject of the provisioner's buckets as ace reaches it."""
+        return f"{self.api_prefix}.{subject}" if self.api_prefix else subject
+
+    async def put_need(self, key: str, need: Need) -> int:
+        """Puts ace's need: a request to the key's subject, answered by
+        JetStream's acknowledgement (nats-py's KV publishes its puts on
+        $KV.<bucket>.<key> whatever its context's prefix); returns the
+        revision written."""
+        reply = await self.nc.request(self.key(f"$KV.mesh-provisioner_needs.{key}"), need.SerializeToString(), timeout=5)
+        ack = json.loads(reply.data)
+        assert "error" not in ack, ack
+        return int(ack["seq"])
+
+
+@pytest.fixture(params=[False, True], ids=["one-account", "runs-as"])
+async def ace(request: pytest.FixtureRequest) -> AsyncIterator[Ace]:
+    """ace's connection, in one account or in the runs-as set-up."""
+    runs_as: bool = request.param
+    async with authorized(runs_as=runs_as) as urls:
         args = ["--nats-url", urls["mesh-provisioner"], "--writer-nats-url", urls["mesh-provisioner-writer"],
                 "--log-format", "json", "--plans-interval", "10ms"]
         async with serve(args):
             violations: list[str] = []
 
-            async def refused(err: Exception) -> None:
+            async def on_error(err: Exception) -> None:
                 violations.append(str(err))
 
-            nc = await nats.connect(urls["ace"], inbox_prefix=inbox_prefix("node", "ace"), error_cb=refused)
-            yield nc, violations
+            nc = await nats.connect(urls["ace"], inbox_prefix=inbox_prefix("node", "ace"), error_cb=on_error)
+            yield Ace(nc, RUNS_AS_API_PREFIX if runs_as else None, violations)
             await nc.close()
 
 
-async def test_a_node_watches_its_own_plan_under_its_own_permissions_and_no_other(
-    ace: tuple[NATS, list[str]],
-) -> None:
-    nc, violations = ace
-    needs = await nc.jetstream().key_value("mesh-provisioner_needs")
-    await needs.put("ace.web.port.http", Need(placeholder="${port:http}").SerializeToString())
-    client = ProvisionerClient(nc, node="ace")
+async def test_a_node_watches_its_own_plan_under_its_own_permissions_and_no_other(ace: Ace) -> None:
+    violations = ace.violations
+    await ace.put_need("ace.web.port.http", Need(placeholder="${port:http}"))
+    client = ProvisionerClient(ace.nc, node="ace", api_prefix=ace.api_prefix)
     async with contextlib.aclosing(client.watch_plan("ace")) as plans:
         first = await asyncio.wait_for(anext(plans), 10)
         while not first.plans:  # asked before the need reached the service's copy
             first = await asyncio.wait_for(anext(plans), 10)
-        rev = await needs.put("ace.web.port.admin", Need(placeholder="${port:admin}").SerializeToString())
+        rev = await ace.put_need("ace.web.port.admin", Need(placeholder="${port:admin}"))
         second = await asyncio.wait_for(anext(plans), 10)
         assert second.revisions.needs >= rev
         assert second.plan_digest != first.plan_digest
@@ -64,15 +96,15 @@ async def test_a_node_watches_its_own_plan_under_its_own_permissions_and_no_othe
         async with contextlib.aclosing(client.watch_plan("novox", timeout=1)) as theirs:
             await asyncio.wait_for(anext(theirs), 10)
     novox = f"$KV.{PLANS_BUCKET}.novox"
-    assert refused(violations, "subscription", novox), violations
-    assert refused(violations, "publish", f"$JS.API.DIRECT.GET.{PLANS_STREAM}.{novox}"), violations
+    assert refused(violations, "subscription", ace.key(novox)), violations
+    assert refused(violations, "publish", f"{ace.api}.DIRECT.GET.{PLANS_STREAM}.{novox}"), violations
 
     # Nor make a consumer of the plans' stream, even of its own key: one it
     # may make is one more it may make (a durable outlives its connection),
     # until the stream holds no more and every node's watch fails. Nor read
     # a key named in a direct get's body.
     ace_key = f"$KV.{PLANS_BUCKET}.ace"
-    jsm = nc.jsm(timeout=1)
+    jsm = ace.nc.jsm(prefix=ace.api, timeout=1)
     for config in (
         ConsumerConfig(name="greedy", durable_name="greedy", filter_subject=ace_key),  # CONSUMER.CREATE.<stream>.<name>.<filter>
         ConsumerConfig(name="greedy", filter_subject=ace_key, inactive_threshold=3600.0),
@@ -80,11 +112,11 @@ async def test_a_node_watches_its_own_plan_under_its_own_permissions_and_no_othe
     ):
         with pytest.raises(NATSTimeoutError):  # refused: no answer comes
             await jsm.add_consumer(PLANS_STREAM, config)
-    assert refused(violations, "publish", f"$JS.API.CONSUMER.CREATE.{PLANS_STREAM}.greedy.{ace_key}"), violations
-    assert refused(violations, "publish", f"$JS.API.CONSUMER.DURABLE.CREATE.{PLANS_STREAM}.greedy"), violations
+    assert refused(violations, "publish", f"{ace.api}.CONSUMER.CREATE.{PLANS_STREAM}.greedy.{ace_key}"), violations
+    assert refused(violations, "publish", f"{ace.api}.CONSUMER.DURABLE.CREATE.{PLANS_STREAM}.greedy"), violations
     with pytest.raises(NATSTimeoutError):
-        await nc.request(f"$JS.API.DIRECT.GET.{PLANS_STREAM}", json.dumps({"last_by_subj": novox}).encode(), timeout=1)
-    assert refused(violations, "publish", f"$JS.API.DIRECT.GET.{PLANS_STREAM}"), violations
+        await ace.nc.request(f"{ace.api}.DIRECT.GET.{PLANS_STREAM}", json.dumps({"last_by_subj": novox}).encode(), timeout=1)
+    assert refused(violations, "publish", f"{ace.api}.DIRECT.GET.{PLANS_STREAM}"), violations
 
 
 def refused(violations: list[str], what: str, subject: str) -> bool:

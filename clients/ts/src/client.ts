@@ -5,6 +5,7 @@
  * @module
  */
 import { create, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { jetstream } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import {
   Empty,
@@ -199,6 +200,16 @@ export interface ProvisionerClientOptions {
    * gives up.
    */
   timeout?: number;
+  /**
+   * Where the provisioner's JetStream is reached: `RUNS_AS_API_PREFIX`
+   * (`"$PROVISIONER.API"`) when the server runs in an account of its own
+   * and the mesh's account imports its API under that prefix.
+   * {@link ProvisionerClient.watchPlan} then subscribes to
+   * `<apiPrefix>.$KV.mesh-provisioner_plans.<node>` and reads the key
+   * through a JetStream client with that API prefix. Empty or unset, the
+   * connection's own account (`$JS.API`).
+   */
+  apiPrefix?: string;
 }
 
 /** Options of one call of a verb. */
@@ -342,9 +353,14 @@ class PlanWatch {
   /** Wakes the one waiting in next(). */
   #wake: (() => void) | undefined;
 
-  /** Subscribes to node's key; the caller flushes, so that the server has the subscription before it reads the key. */
-  constructor(nc: NatsConnection, node: string) {
-    this.#sub = nc.subscribe(kvSubject(PLANS_BUCKET, node), {
+  /**
+   * Subscribes to node's key, under apiPrefix when the bucket is another
+   * account's (its writes imported there); the caller flushes, so that the
+   * server has the subscription before it reads the key.
+   */
+  constructor(nc: NatsConnection, node: string, apiPrefix: string) {
+    const subject = kvSubject(PLANS_BUCKET, node);
+    this.#sub = nc.subscribe(apiPrefix === "" ? subject : `${apiPrefix}.${subject}`, {
       callback: (err, msg) => {
         if (err !== null) {
           this.#refused = err;
@@ -547,6 +563,7 @@ export class ProvisionerClient {
   readonly #provisionsSubject: string;
   readonly #node: string | undefined;
   readonly #timeout: number;
+  readonly #apiPrefix: string;
 
   constructor(nc: NatsConnection, opts: ProvisionerClientOptions = {}) {
     if (opts.node !== undefined && !isToken(opts.node)) {
@@ -558,6 +575,7 @@ export class ProvisionerClient {
     this.#composeSubject = this.#addressed(opts.composeSubject ?? COMPOSE_SUBJECT);
     this.#provisionsSubject = opts.provisionsSubject ?? PROVISIONS_SUBJECT;
     this.#timeout = opts.timeout ?? 10_000;
+    this.#apiPrefix = opts.apiPrefix ?? "";
   }
 
   /** The node the client asks as (the {@link ProvisionerClientOptions.node} option), or undefined. */
@@ -741,7 +759,8 @@ export class ProvisionerClient {
    * before. The seat's holder keeps every node's digest in the bucket
    * {@link PLANS_BUCKET} (key `<node>`, a {@link PlanDigest} with the
    * revisions it was composed at). Each write of the node's key is a message
-   * on the key's subject, `$KV.mesh-provisioner_plans.<node>`, to which this
+   * on the key's subject, `$KV.mesh-provisioner_plans.<node>` (under the
+   * {@link ProvisionerClientOptions.apiPrefix} when set), to which this
    * subscribes (the last message heard kept: a burst of writes is one
    * change); the key's value, read first and again after each reconnect (a
    * direct get of that key alone), covers what the subscription cannot have
@@ -788,9 +807,11 @@ export class ProvisionerClient {
       return;
     }
     // Bound as is: the bucket's stream allows direct gets (a KV bucket's
-    // does), and a node may read its key no other way.
-    const kv = await new Kvm(this.#nc).open(PLANS_BUCKET, { allow_direct: true });
-    const watch = new PlanWatch(this.#nc, node);
+    // does), and a node may read its key no other way. Under an API prefix
+    // the direct get goes where the provisioner's account is imported.
+    const js = this.#apiPrefix === "" ? this.#nc : jetstream(this.#nc, { apiPrefix: this.#apiPrefix });
+    const kv = await new Kvm(js).open(PLANS_BUCKET, { allow_direct: true });
+    const watch = new PlanWatch(this.#nc, node, this.#apiPrefix);
     const stop = () => watch.stop();
     signal?.addEventListener("abort", stop, { once: true });
     try {

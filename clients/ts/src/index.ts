@@ -12,3 +12,12 @@ export * from "./gen/mesh/provisioner/v1/provisions_pb.js";
 export * from "./gen/mesh/provisioner/v1/registry_pb.js";
 export * from "./gen/mesh/provisioner/v1/state_pb.js";
 export * from "./gen/mesh/provisioner/v1/stats_pb.js";
+
+/**
+ * The prefix under which a mesh's account imports the provisioner's
+ * JetStream API and its key writes when the server runs as an account of
+ * its own (`mesh-provisioner permissions --runs-as`): the `apiPrefix`
+ * option of a node's {@link ProvisionerClient} there. The Go
+ * wire.RunsAsAPIPrefix.
+ */
+export const RUNS_AS_API_PREFIX = "$PROVISIONER.API";

@@ -2,7 +2,10 @@
 // `mesh-provisioner permissions` prints (the Go tool internal/e2e/authnats,
 // built by `make test`), with the service as its two identities: ace
 // watches its own plan, and nats-server refuses ace's watch of novox's and
-// any consumer of the plans' stream, even of ace's own key.
+// any consumer of the plans' stream, even of ace's own key. Twice: in one
+// account, and in the runs-as set-up (authnats -runs-as: the service in its
+// account PROVISIONER, the nodes in MESH, which imports the provisioner's
+// JetStream API and key writes under RUNS_AS_API_PREFIX).
 import assert from "node:assert/strict";
 import { spawn, type ChildProcess } from "node:child_process";
 import { once } from "node:events";
@@ -10,21 +13,15 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
-import { after, before, it } from "node:test";
+import { after, before, describe, it } from "node:test";
 
 import { create, toBinary } from "@bufbuild/protobuf";
-import { Empty, PermissionViolationError, type NatsConnection } from "@nats-io/nats-core";
+import { jetstream } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
+import { Empty, PermissionViolationError, type NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 
-import { inboxPrefix, NeedSchema, PLANS_BUCKET, ProvisionerClient, type ComposeResponse } from "../src/index.js";
-
-/** The programs started, each with how it is stopped: authnats when its stdin closes, serve on SIGTERM. */
-const children: { child: ChildProcess; stop: (child: ChildProcess) => void }[] = [];
-let stateDir: string | undefined;
-let ace: NatsConnection | undefined;
-/** The permission violations nats-server reported to ace's connection. */
-const violations: PermissionViolationError[] = [];
+import { inboxPrefix, NeedSchema, PLANS_BUCKET, ProvisionerClient, RUNS_AS_API_PREFIX, type ComposeResponse } from "../src/index.js";
 
 /** Returns an environment variable that `make test` sets, or throws saying so. */
 function fromMake(name: string): string {
@@ -35,8 +32,11 @@ function fromMake(name: string): string {
   return value;
 }
 
-/** Starts a program and resolves to the first of its lines (on stdout or stderr) that match. */
-function start(bin: string, args: string[], stream: "stdout" | "stderr", match: (line: string) => boolean): Promise<string> {
+/** A program started, with how it is stopped: authnats when its stdin closes, serve on SIGTERM. */
+type Program = { child: ChildProcess; stop: (child: ChildProcess) => void };
+
+/** Starts a program into children and resolves to the first of its lines (on stdout or stderr) that match. */
+function start(children: Program[], bin: string, args: string[], stream: "stdout" | "stderr", match: (line: string) => boolean): Promise<string> {
   const child = spawn(bin, args, { stdio: ["pipe", stream === "stdout" ? "pipe" : "ignore", stream === "stderr" ? "pipe" : "ignore"] });
   children.push({ child, stop: stream === "stdout" ? (c) => c.stdin!.end() : (c) => c.kill("SIGTERM") });
   process.once("exit", () => child.kill("SIGKILL"));
@@ -54,76 +54,6 @@ function start(bin: string, args: string[], stream: "stdout" | "stderr", match: 
   });
 }
 
-before(async () => {
-  // authnats prints each identity's URL, and serves until its stdin closes.
-  const urls = JSON.parse(await start(fromMake("MESH_PROVISIONER_AUTHNATS_BIN"), [], "stdout", () => true)) as Record<string, string>;
-  stateDir = await mkdtemp(join(tmpdir(), "mesh-provisioner-permissions-"));
-  await start(fromMake("MESH_PROVISIONER_BIN"), [
-    "--nats-url", urls["mesh-provisioner"]!, "--writer-nats-url", urls["mesh-provisioner-writer"]!,
-    "--log-format", "json", "--plans-interval", "10ms", "--state-dir", stateDir,
-  ], "stderr", (line) => line.includes('"msg":"serving"'));
-  // nats.js takes no credentials from a URL: they are given apart.
-  const aceURL = new URL(urls["ace"]!);
-  ace = await connect({ servers: aceURL.host, user: aceURL.username, pass: aceURL.password, inboxPrefix: inboxPrefix("node", "ace"), name: "ace" });
-  void (async () => {
-    for await (const s of ace!.status()) {
-      if (s.type === "error" && s.error instanceof PermissionViolationError) {
-        violations.push(s.error);
-      }
-    }
-  })();
-});
-
-after(async () => {
-  await ace?.close();
-  for (const { child, stop } of children.reverse()) {
-    child.removeAllListeners("exit");
-    if (child.exitCode === null && child.signalCode === null) {
-      const exited = once(child, "exit");
-      stop(child);
-      await exited;
-    }
-  }
-  if (stateDir) {
-    await rm(stateDir, { recursive: true, force: true });
-  }
-});
-
-it("a node watches its own plan under its own permissions, and no other node's", async () => {
-  const needs = await new Kvm(ace!).open("mesh-provisioner_needs");
-  await needs.put("ace.web.port.http", toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:http}" })));
-  const client = new ProvisionerClient(ace!, { node: "ace" });
-  const plans = client.watchPlan("ace");
-  const next = async (): Promise<ComposeResponse> => {
-    const { value, done } = await plans.next();
-    assert.ok(!done && value, "the watch ended");
-    return value;
-  };
-  let first = await next();
-  while (first.plans.length === 0) { // asked before the need reached the service's copy
-    first = await next();
-  }
-  const rev = await needs.put("ace.web.port.admin", toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:admin}" })));
-  const second = await next();
-  assert.equal(violations.length, 0, violations.map((v) => v.message).join("; "));
-  await plans.return(undefined);
-  assert.ok(second.revisions!.needs >= BigInt(rev));
-  assert.notEqual(second.planDigest, first.planDigest);
-  assert.equal(second.plans[0]!.items.length, 2);
-
-  // novox's key: nats-server refuses the subscription to its subject and
-  // the direct get of it, and no plan comes.
-  const theirs = client.watchPlan("novox", { timeout: 1000 });
-  await assert.rejects(theirs.next(), violation);
-  await ace!.flush(); // the violations reported before the flush's answer
-  const reported = () => violations.map((v) => v.message).join("; ");
-  assert.ok(refused("subscription", `$KV.${PLANS_BUCKET}.novox`), reported());
-  assert.ok(refused("publish", `${DIRECT_GET}.$KV.${PLANS_BUCKET}.novox`), reported());
-});
-
-/** The direct get of the plans' stream, whose subject may name the key after it. */
-const DIRECT_GET = `$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}`;
-
 /**
  * Reports whether err is a permission violation: nats.js rejects a refused
  * request with a RequestError caused by it.
@@ -132,49 +62,135 @@ function violation(err: unknown): boolean {
   return err instanceof PermissionViolationError || (err instanceof Error && err.cause instanceof PermissionViolationError);
 }
 
-/** Reports whether nats-server refused ace an operation on subject. */
-function refused(operation: "publish" | "subscription", subject: string): boolean {
-  return violations.some((v) => v.operation === operation && v.subject === subject);
+for (const { name, authnatsArgs, apiPrefix } of [
+  { name: "in one account", authnatsArgs: [], apiPrefix: "" },
+  { name: "runs-as: the nodes in an account of their own", authnatsArgs: ["-runs-as"], apiPrefix: RUNS_AS_API_PREFIX },
+]) {
+  describe(name, () => {
+    const children: Program[] = [];
+    let stateDir: string | undefined;
+    let ace: NatsConnection | undefined;
+    /** The permission violations nats-server reported to ace's connection. */
+    const violations: PermissionViolationError[] = [];
+    /** The provisioner's JetStream API as ace reaches it. */
+    const api = apiPrefix === "" ? "$JS.API" : apiPrefix;
+    /** A key's subject of the provisioner's buckets as ace reaches it. */
+    const key = (subject: string) => (apiPrefix === "" ? subject : `${apiPrefix}.${subject}`);
+    /** The direct get of the plans' stream, whose subject may name the key after it. */
+    const directGet = `${api}.DIRECT.GET.KV_${PLANS_BUCKET}`;
+
+    before(async () => {
+      // authnats prints each identity's URL, and serves until its stdin closes.
+      const urls = JSON.parse(await start(children, fromMake("MESH_PROVISIONER_AUTHNATS_BIN"), authnatsArgs, "stdout", () => true)) as Record<string, string>;
+      stateDir = await mkdtemp(join(tmpdir(), "mesh-provisioner-permissions-"));
+      await start(children, fromMake("MESH_PROVISIONER_BIN"), [
+        "--nats-url", urls["mesh-provisioner"]!, "--writer-nats-url", urls["mesh-provisioner-writer"]!,
+        "--log-format", "json", "--plans-interval", "10ms", "--state-dir", stateDir,
+      ], "stderr", (line) => line.includes('"msg":"serving"'));
+      // nats.js takes no credentials from a URL: they are given apart.
+      const aceURL = new URL(urls["ace"]!);
+      ace = await connect({ servers: aceURL.host, user: aceURL.username, pass: aceURL.password, inboxPrefix: inboxPrefix("node", "ace"), name: "ace" });
+      void (async () => {
+        for await (const s of ace!.status()) {
+          if (s.type === "error" && s.error instanceof PermissionViolationError) {
+            violations.push(s.error);
+          }
+        }
+      })();
+    });
+
+    after(async () => {
+      await ace?.close();
+      for (const { child, stop } of children.reverse()) {
+        child.removeAllListeners("exit");
+        if (child.exitCode === null && child.signalCode === null) {
+          const exited = once(child, "exit");
+          stop(child);
+          await exited;
+        }
+      }
+      if (stateDir) {
+        await rm(stateDir, { recursive: true, force: true });
+      }
+    });
+
+    /** Reports whether nats-server refused ace an operation on subject. */
+    const refused = (operation: "publish" | "subscription", subject: string) =>
+      violations.some((v) => v.operation === operation && v.subject === subject);
+    const reported = () => violations.map((v) => v.message).join("; ");
+
+    /** Asks JetStream's API as ace, and resolves to the JSON answer. */
+    const askJS = async (subject: string, body: unknown): Promise<Record<string, unknown>> => {
+      const reply = await ace!.request(subject, body === undefined ? Empty : JSON.stringify(body), { timeout: 2000 });
+      return reply.json<Record<string, unknown>>();
+    };
+
+    it("a node watches its own plan under its own permissions, and no other node's", async () => {
+      // Under a JetStream client's prefix, nats.js's KV puts go there too.
+      const needs = await new Kvm(apiPrefix === "" ? ace! : jetstream(ace!, { apiPrefix })).open("mesh-provisioner_needs");
+      await needs.put("ace.web.port.http", toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:http}" })));
+      const client = new ProvisionerClient(ace!, { node: "ace", apiPrefix });
+      const plans = client.watchPlan("ace");
+      const next = async (): Promise<ComposeResponse> => {
+        const { value, done } = await plans.next();
+        assert.ok(!done && value, "the watch ended");
+        return value;
+      };
+      let first = await next();
+      while (first.plans.length === 0) { // asked before the need reached the service's copy
+        first = await next();
+      }
+      const rev = await needs.put("ace.web.port.admin", toBinary(NeedSchema, create(NeedSchema, { placeholder: "${port:admin}" })));
+      const second = await next();
+      assert.equal(violations.length, 0, reported());
+      await plans.return(undefined);
+      assert.ok(second.revisions!.needs >= BigInt(rev));
+      assert.notEqual(second.planDigest, first.planDigest);
+      assert.equal(second.plans[0]!.items.length, 2);
+
+      // novox's key: nats-server refuses the subscription to its subject and
+      // the direct get of it, and no plan comes.
+      const theirs = client.watchPlan("novox", { timeout: 1000 });
+      await assert.rejects(theirs.next(), violation);
+      await ace!.flush(); // the violations reported before the flush's answer
+      assert.ok(refused("subscription", key(`$KV.${PLANS_BUCKET}.novox`)), reported());
+      assert.ok(refused("publish", `${directGet}.$KV.${PLANS_BUCKET}.novox`), reported());
+    });
+
+    it("a node makes no consumer of the plans' stream, even of its own key, nor reads a key a direct get's body names", async () => {
+      const stream = `KV_${PLANS_BUCKET}`;
+      const own = `$KV.${PLANS_BUCKET}.ace`;
+      // ace may read the stream's information (binding the bucket): how many
+      // consumers it has, the writer's watch of every key.
+      const consumers = async () => ((await askJS(`${api}.STREAM.INFO.${stream}`, undefined))["state"] as { consumer_count: number }).consumer_count;
+      const before = await consumers();
+      assert.ok(Number.isInteger(before) && before > 0, `the plans' stream has ${before} consumers, want the writer's`);
+
+      // One consumer a node may make is one more it may make (a durable
+      // outlives its connection), until the stream holds no more and every
+      // node's watch fails: durable or named, filtered on its own key or not,
+      // by today's subject or the older durable one, each is refused.
+      const tries: [string, Record<string, unknown>][] = [
+        [`${api}.CONSUMER.CREATE.${stream}.greedy.${own}`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
+        [`${api}.CONSUMER.CREATE.${stream}.greedy.${own}`, { name: "greedy", filter_subject: own, ack_policy: "none", inactive_threshold: 3_600_000_000_000 }],
+        [`${api}.CONSUMER.CREATE.${stream}.greedy`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
+        [`${api}.CONSUMER.DURABLE.CREATE.${stream}.greedy`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
+        [`${api}.CONSUMER.CREATE.${stream}`, { filter_subject: own, ack_policy: "none" }],
+      ];
+      for (const [subject, config] of tries) {
+        await assert.rejects(askJS(subject, { stream_name: stream, config }), violation, `${subject} ${JSON.stringify(config)}`);
+        await ace!.flush();
+        assert.ok(refused("publish", subject), `no permission violation for ${subject}: ${reported()}`);
+      }
+
+      // Nor the direct get whose body names the key, novox's or its own.
+      for (const node of ["novox", "ace"]) {
+        await assert.rejects(askJS(directGet, { last_by_subj: `$KV.${PLANS_BUCKET}.${node}` }), violation, node);
+      }
+      await ace!.flush();
+      assert.ok(refused("publish", directGet), reported());
+
+      assert.equal(await consumers(), before, "the plans' stream has other consumers after ace's tries");
+    });
+  });
 }
-
-/** Asks JetStream's API as ace, and resolves to the JSON answer. */
-async function askJS(subject: string, body: unknown): Promise<Record<string, unknown>> {
-  const reply = await ace!.request(subject, body === undefined ? Empty : JSON.stringify(body), { timeout: 2000 });
-  return reply.json<Record<string, unknown>>();
-}
-
-it("a node makes no consumer of the plans' stream, even of its own key, nor reads a key a direct get's body names", async () => {
-  const stream = `KV_${PLANS_BUCKET}`;
-  const own = `$KV.${PLANS_BUCKET}.ace`;
-  // ace may read the stream's information (binding the bucket): how many
-  // consumers it has, the writer's watch of every key.
-  const consumers = async () => ((await askJS(`$JS.API.STREAM.INFO.${stream}`, undefined))["state"] as { consumer_count: number }).consumer_count;
-  const before = await consumers();
-  assert.ok(Number.isInteger(before) && before > 0, `the plans' stream has ${before} consumers, want the writer's`);
-
-  // One consumer a node may make is one more it may make (a durable
-  // outlives its connection), until the stream holds no more and every
-  // node's watch fails: durable or named, filtered on its own key or not,
-  // by today's subject or the older durable one, each is refused.
-  const tries: [string, Record<string, unknown>][] = [
-    [`$JS.API.CONSUMER.CREATE.${stream}.greedy.${own}`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
-    [`$JS.API.CONSUMER.CREATE.${stream}.greedy.${own}`, { name: "greedy", filter_subject: own, ack_policy: "none", inactive_threshold: 3_600_000_000_000 }],
-    [`$JS.API.CONSUMER.CREATE.${stream}.greedy`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
-    [`$JS.API.CONSUMER.DURABLE.CREATE.${stream}.greedy`, { durable_name: "greedy", filter_subject: own, ack_policy: "none" }],
-    [`$JS.API.CONSUMER.CREATE.${stream}`, { filter_subject: own, ack_policy: "none" }],
-  ];
-  for (const [subject, config] of tries) {
-    await assert.rejects(askJS(subject, { stream_name: stream, config }), violation, `${subject} ${JSON.stringify(config)}`);
-    await ace!.flush();
-    assert.ok(refused("publish", subject), `no permission violation for ${subject}: ${violations.map((v) => v.message).join("; ")}`);
-  }
-
-  // Nor the direct get whose body names the key, novox's or its own.
-  for (const key of ["novox", "ace"]) {
-    await assert.rejects(askJS(DIRECT_GET, { last_by_subj: `$KV.${PLANS_BUCKET}.${key}` }), violation, key);
-  }
-  await ace!.flush();
-  assert.ok(refused("publish", DIRECT_GET), violations.map((v) => v.message).join("; "));
-
-  assert.equal(await consumers(), before, "the plans' stream has other consumers after ace's tries");
-});

@@ -6,9 +6,10 @@ nats-py connection; inbox_prefix is a mesh identity's inbox prefix, to
 connect with; ProvisionerError is a refusal, with its code and sentence;
 plan_at is a module's plan at one of its builds, and is_bound whether a
 provider has bound a provision; ProvisionerClient.watch_plan yields a node's
-composition each time its plan changes. The contract's messages (package
-mesh.provisioner.v1) are generated from proto/ into the package
-mesh.provisioner.v1 and re-exported here.
+composition each time its plan changes (with api_prefix=RUNS_AS_API_PREFIX,
+the Go wire.RunsAsAPIPrefix, when the server runs in an account of its
+own). The contract's messages (package mesh.provisioner.v1) are generated
+from proto/ into the package mesh.provisioner.v1 and re-exported here.
 """
 
 from mesh.provisioner.v1.compose_pb2 import (
@@ -54,6 +55,7 @@ from .client import (
     PLANS_BUCKET,
     PROVISIONING_SUBJECT,
     PROVISIONS_SUBJECT,
+    RUNS_AS_API_PREFIX,
     SERVICE_NAME,
     EndpointInfo,
     EndpointStats,
@@ -82,6 +84,7 @@ __all__ = [
     "PLANS_BUCKET",
     "PROVISIONING_SUBJECT",
     "PROVISIONS_SUBJECT",
+    "RUNS_AS_API_PREFIX",
     "SERVICE_NAME",
     "WHAT_APPLIED",
     "WHAT_COLLECT",

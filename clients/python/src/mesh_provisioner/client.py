@@ -46,6 +46,11 @@ provider_subject(provider), mesh-provisioner.provisions.<provider>."""
 PLANS_BUCKET = f"{SERVICE_NAME}_plans"
 """The bucket where the seat's holder keeps each node's plan digest: key
 <node>, value a PlanDigest. watch_plan watches a node's key."""
+RUNS_AS_API_PREFIX = "$PROVISIONER.API"
+"""Where a node reaches the provisioner's JetStream when the server runs in an
+account of its own (runs-as: mesh-provisioner permissions --runs-as), which
+the mesh's account imports under this prefix: the Go wire.RunsAsAPIPrefix.
+Give it to ProvisionerClient(api_prefix=...) for watch_plan."""
 CONTENT_TYPE_PROTOBUF = "application/protobuf"
 INBOX_ROOT = "_INBOX_MESH"
 """Starts every inbox prefix of the mesh's identities; not nats-py's default
@@ -110,6 +115,8 @@ _WATCH_RETRY_MAX = 2.0
 _WATCH_RECONNECT_CHECK = 0.25
 # The stream of PLANS_BUCKET.
 _PLANS_STREAM = f"KV_{PLANS_BUCKET}"
+# The JetStream API's prefix in the connection's own account.
+_JS_API_PREFIX = "$JS.API"
 
 _Answer = TypeVar("_Answer", ProvisioningResponse, ComposeResponse, ProvisionsResponse)
 
@@ -258,6 +265,13 @@ class ProvisionerClient:
     (before the node's or provider's token), for a service behind a subject
     mapping or an account import.
 
+    api_prefix is where the provisioner's JetStream is reached, for
+    watch_plan: RUNS_AS_API_PREFIX when the server runs in an account of its
+    own (runs-as), which the mesh's account imports the plan's key subjects
+    and direct get under ($PROVISIONER.API.$KV.<bucket>.<node>,
+    $PROVISIONER.API.DIRECT.GET.<stream>.<subject>). None, the default: in
+    the connection's own account ($KV.<bucket>.<node>, $JS.API).
+
     timeout, in seconds, bounds each request: 10 by default, more than the
     5 s a server waits for the revisions a request asks for, so that its 503
     arrives before the client gives up.
@@ -271,6 +285,7 @@ class ProvisionerClient:
         subject: str = PROVISIONING_SUBJECT,
         compose_subject: str = COMPOSE_SUBJECT,
         provisions_subject: str = PROVISIONS_SUBJECT,
+        api_prefix: str | None = None,
         timeout: float = 10.0,
     ) -> None:
         if node is not None:
@@ -281,6 +296,7 @@ class ProvisionerClient:
         self._subject = subject
         self._compose_subject = compose_subject
         self._provisions_subject = provisions_subject
+        self._api_prefix = api_prefix or None
         self._timeout = timeout
 
     @property
@@ -420,6 +436,9 @@ class ProvisionerClient:
         permissions grant of the bucket (docs/security.md): no consumer,
         which nats-py's KV watcher makes and which a node could otherwise
         make until the stream holds no more, failing every node's watch.
+        With api_prefix (a runs-as mesh), both are under it:
+        <api_prefix>.$KV.<bucket>.<node> and
+        <api_prefix>.DIRECT.GET.<stream>.$KV.<bucket>.<node>.
 
         Stop it by leaving the loop (aclosing closes the generator at once;
         without it, the event loop does when the generator is collected) or
@@ -457,7 +476,7 @@ class ProvisionerClient:
         # one step: a read asked once the count changed follows the
         # subscription at the server.
         reconnects = self._nc.stats["reconnects"]
-        sub = await self._nc.subscribe(_plan_subject(node), cb=on_write)
+        sub = await self._nc.subscribe(self._plan_key_subject(node), cb=on_write)
         try:
             # The subscription in place at the server before the key is
             # read: a write after the read is heard.
@@ -492,14 +511,23 @@ class ProvisionerClient:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
 
+    def _plan_key_subject(self, node: str) -> str:
+        """The subject on which the client hears the writes of node's key of
+        PLANS_BUCKET: the key's own, under api_prefix if set."""
+        if self._api_prefix is None:
+            return _plan_subject(node)
+        return f"{self._api_prefix}.{_plan_subject(node)}"
+
     async def _read_plan_digest(self, node: str, timeout: float) -> PlanDigest | None:
         """The node's record in PLANS_BUCKET, by a direct get of the last
         message on the key's subject alone (the key in the request's subject,
         its body empty: nats-server refuses a body naming another subject,
-        and a node may publish this subject of its own key only); None when
-        the key holds no digest (never written, removed, or not a digest)."""
+        and a node may publish this subject of its own key only), under
+        api_prefix if set; None when the key holds no digest (never written,
+        removed, or not a digest)."""
+        api = self._api_prefix or _JS_API_PREFIX
         reply = await self._nc.request(
-            f"$JS.API.DIRECT.GET.{_PLANS_STREAM}.{_plan_subject(node)}", b"", timeout=timeout
+            f"{api}.DIRECT.GET.{_PLANS_STREAM}.{_plan_subject(node)}", b"", timeout=timeout
         )
         headers = reply.headers or {}
         status = headers.get("Status")
