@@ -162,6 +162,10 @@ func serve(t *testing.T) string {
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
+		<-done // the log whole
+		if t.Failed() {
+			t.Logf("the server's log:\n%s", strings.Join(log, "\n"))
+		}
 	})
 	select {
 	case url := <-urls:
