@@ -267,53 +267,78 @@ func Apply(ctx context.Context, nc *nats.Conn, c Case) (map[string]uint64, error
 		last[w.Bucket] = rev
 	}
 	if !c.NoWait {
-		if err := WaitForCopy(ctx, nc, last); err != nil {
+		if err := WaitForCopy(ctx, nc, last, c.nodes()); err != nil {
 			return nil, err
 		}
 	}
 	return last, nil
 }
 
+// nodes returns the nodes the case writes needs of, sorted.
+func (c Case) nodes() []string {
+	var nodes []string
+	for _, w := range c.Writes {
+		if node, _, _ := strings.Cut(w.Key, "."); w.Bucket == keys.NeedsBucket && !slices.Contains(nodes, node) {
+			nodes = append(nodes, node)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
+}
+
 // WaitForCopy asks the provisioning verb, bucket by bucket, to answer at the
 // last revision written to it, until it does: a 503 (still loading, or the
-// revision not reached within the server's wait) is asked again.
-func WaitForCopy(ctx context.Context, nc *nats.Conn, last map[string]uint64) error {
+// revision not reached within the server's wait) is asked again. A
+// provider's bucket is asked through the compose verb, of each of nodes:
+// the server waits for a provider's bucket only in the compositions of the
+// nodes whose needs name it (docs/protocol.md), and follows it from then.
+func WaitForCopy(ctx context.Context, nc *nats.Conn, last map[string]uint64, nodes []string) error {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	for bucket, rev := range last {
-		subject := wire.ProvisioningSubject
-		var req proto.Message = &provisionerv1.ProvisioningRequest{What: whatOf[bucket], MinRevision: rev}
-		if isProviderBucket(bucket) {
-			// A provider's bucket is followed once a composition names it.
-			subject = wire.ComposeSubject
-			req = &provisionerv1.ComposeRequest{Node: "conformance", MinRevisions: &provisionerv1.Revisions{Bound: map[string]uint64{bucket: rev}}}
+		if !isProviderBucket(bucket) {
+			if err := waitFor(ctx, nc, wire.ProvisioningSubject, &provisionerv1.ProvisioningRequest{What: whatOf[bucket], MinRevision: rev}, bucket, rev); err != nil {
+				return err
+			}
+			continue
 		}
-		body, err := proto.Marshal(req)
-		if err != nil {
-			return err
-		}
-		for {
-			msg := nats.NewMsg(subject)
-			msg.Data = body
-			msg.Header.Set("Content-Type", "application/protobuf")
-			reply, err := nc.RequestMsgWithContext(ctx, msg)
-			if err == nil && reply.Header.Get(micro.ErrorCodeHeader) == "" {
-				break
+		for _, node := range nodes {
+			req := &provisionerv1.ComposeRequest{Node: node, MinRevisions: &provisionerv1.Revisions{Bound: map[string]uint64{bucket: rev}}}
+			if err := waitFor(ctx, nc, wire.ComposeSubject, req, bucket, rev); err != nil {
+				return err
 			}
-			if err == nil {
-				code, _ := strconv.Atoi(reply.Header.Get(micro.ErrorCodeHeader))
-				err = fmt.Errorf("%d: %s", code, reply.Header.Get(micro.ErrorHeader))
-				if code != 503 {
-					return fmt.Errorf("ask for %s at revision %d: %w", bucket, rev, err)
-				}
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("the server's copy of %s did not reach revision %d: %w", bucket, rev, errors.Join(err, ctx.Err()))
-			}
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	return nil
+}
+
+// waitFor asks req on subject until it is answered, not refused: a 503 is
+// asked again.
+func waitFor(ctx context.Context, nc *nats.Conn, subject string, req proto.Message, bucket string, rev uint64) error {
+	body, err := proto.Marshal(req)
+	if err != nil {
+		return err
+	}
+	for {
+		msg := nats.NewMsg(subject)
+		msg.Data = body
+		msg.Header.Set("Content-Type", "application/protobuf")
+		reply, err := nc.RequestMsgWithContext(ctx, msg)
+		if err == nil && reply.Header.Get(micro.ErrorCodeHeader) == "" {
+			return nil
+		}
+		if err == nil {
+			code, _ := strconv.Atoi(reply.Header.Get(micro.ErrorCodeHeader))
+			err = fmt.Errorf("%d: %s", code, reply.Header.Get(micro.ErrorHeader))
+			if code != 503 {
+				return fmt.Errorf("ask for %s at revision %d: %w", bucket, rev, err)
+			}
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("the server's copy of %s did not reach revision %d: %w", bucket, rev, errors.Join(err, ctx.Err()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Subject returns the subject a case's request is sent to.
