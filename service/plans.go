@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,19 +26,30 @@ import (
 // in the copy: changes within one interval are composed once.
 const DefaultPlansInterval = 20 * time.Millisecond
 
-// planRecordPause bounds what one node's compositions cost the seat's
-// holder: after composing a node of n records, the writer composes it
-// again no sooner than n·planRecordPause later. A record costs about
-// 0.8 µs to compose here (a 10,000-need node, 7.7 ms), so a node that
-// rewrites its records without pause has about a tenth of a core spent on
-// its digest, however fast it writes. A change meanwhile is put off, not
-// lost: the node is composed once its time comes. Nodes whose pause is
-// within the interval (2,000 records at the default) are never put off.
-// The pause counts records rather than timing the composition: a
-// composition's time on a loaded instance (a pass beside a thousand
-// requests, a collection) is many times its cost, and would put off
-// nodes that only changed twice.
-const planRecordPause = 10 * time.Microsecond
+// planShare bounds what one node's compositions cost the seat's holder:
+// after composing a node of n records, the writer composes it again no
+// sooner than (planShare-1)·n times the cost of a record, so that a node
+// rewriting its records without pause has about 1/planShare of a core
+// spent on its digest, however fast it writes. A change meanwhile is put
+// off, not lost: the node is composed once its time comes. Nodes whose
+// pause is within the interval (thousands of records at the default) are
+// never put off.
+//
+// A record's cost is the least a record has taken to compose in the
+// tenure (planCostSample), not each node's own time: a composition's time
+// on a loaded instance (a pass beside a thousand requests, a collection)
+// is many times its cost, and would put off nodes that only changed twice;
+// and the least time follows the machine, where a constant would not (a
+// build with the race detector composes ten times slower).
+const planShare = 10
+
+// planCostSample is the fewest records a composition is timed for a
+// record's cost: fewer take too little time to time.
+const planCostSample = 64
+
+// planRecordCost is a record's cost until a composition is timed for it:
+// about this machine's (a 10,304-record node digested in 3.2 ms).
+const planRecordCost = 300 * time.Nanosecond
 
 // PlansConfig is what RunPlans needs.
 type PlansConfig struct {
@@ -90,9 +102,11 @@ type plansWriter struct {
 	// while no request composes the node (mirror.Bound's forgetting).
 	buckets map[string][]string
 	// notBefore holds, for each node of many records composed lately,
-	// when it may be composed again (planRecordPause); entries go once
-	// past.
+	// when it may be composed again (planShare); entries go once past.
 	notBefore map[string]time.Time
+	// recordCost is the least a record has taken to compose in the
+	// tenure; zero: none timed yet (planRecordCost).
+	recordCost time.Duration
 }
 
 // plansSweep is how often the writer looks for the keys of nodes with no
@@ -109,7 +123,7 @@ const plansSweep = time.Second
 // whose composition may have changed: those whose needs, applied records,
 // collection items or providers' keys changed, and every node when the
 // registry or the manifests did; a node of many records no more often
-// than planRecordPause says. The seat's holder runs it in its tenure;
+// than planShare says. The seat's holder runs it in its tenure;
 // a write that meets another writer's (a revision it did not expect) is
 // read again and retried, so two writers for a moment leave the bucket
 // right.
@@ -435,10 +449,16 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	}
 	start := time.Now()
 	plan := w.s.composeForPlans(node)
+	took := time.Since(start)
 	w.s.plans.composed.Add(1)
 	w.mu.Lock()
-	if pause := time.Duration(plan.records) * planRecordPause; pause > w.interval {
-		w.notBefore[node] = start.Add(pause)
+	if plan.records >= planCostSample {
+		if cost := took / time.Duration(plan.records); w.recordCost == 0 || cost < w.recordCost {
+			w.recordCost = cost
+		}
+	}
+	if pause := (planShare - 1) * time.Duration(plan.records) * cmp.Or(w.recordCost, planRecordCost); pause > w.interval {
+		w.notBefore[node] = start.Add(took + pause)
 	}
 	if len(plan.buckets) > 0 {
 		w.buckets[node] = plan.buckets

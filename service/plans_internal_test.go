@@ -157,9 +157,10 @@ func startOnMeshAs(t testing.TB, admin, svc *nats.Conn, meshConfig synth.Config,
 	return s, mesh, admin
 }
 
-// A node that rewrites its records without pause is composed by the plans'
-// writer at most once each planRecordPause a record: its composition is
-// put off, not lost, and another node's change is written meanwhile.
+// A node that rewrites its records without pause has about a share of a
+// core spent on its compositions by the plans' writer (planShare), not a
+// core: its composition is put off, not lost, and another node's change is
+// written meanwhile.
 func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -167,19 +168,22 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	kv := bucketsOn(t, nc)
 	plans, needs := kv(keys.PlansBucket), kv(keys.NeedsBucket)
 	churner, other := mesh.Nodes[0].Name, mesh.Nodes[1].Name
-	// What one composition of the churner costs, the least of a few, for
-	// the log; and how long it is put off after each.
+	// What one composition of the churner costs: the least of a few, as
+	// the writer counts it, here and again after the churn (a loaded
+	// machine's times vary).
 	cost := time.Duration(math.MaxInt64)
 	var records int
-	for range 5 {
-		start := time.Now()
-		records = s.composeForPlans(churner).records + 1 // and the need it writes
-		cost = min(cost, time.Since(start))
+	measure := func() {
+		for range 10 {
+			start := time.Now()
+			records = s.composeForPlans(churner).records
+			cost = min(cost, time.Since(start))
+		}
 	}
+	measure()
 	const interval = time.Millisecond
-	pause := time.Duration(records) * planRecordPause
-	if pause <= interval {
-		t.Fatalf("%s has %d records: too few to be put off at a %s interval", churner, records, interval)
+	if (planShare-1)*cost <= interval {
+		t.Fatalf("%s (%d records) composes in %s: too little to be put off at a %s interval", churner, records, cost, interval)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -237,13 +241,6 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	times := int(s.plans.composed.Load() - composed - 1) // the other node once
-	t.Logf("%s (%d records, %s a composition) composed %d times in %s: %.2f of a core; %d deferred now",
-		churner, records, cost, times, elapsed.Round(time.Millisecond), float64(times)*float64(cost)/float64(elapsed), s.plans.deferred.Load())
-	// One composition each pause, and one more for the first write, which
-	// may come at any time of the first pause.
-	if most := int(elapsed/pause) + 2; times > most {
-		t.Errorf("%s composed %d times in %s, want at most %d: one each %s", churner, times, elapsed, most, pause)
-	}
 	// Its last change is not lost: its digest comes to be its
 	// composition's. (A digest's revisions are read after composing, so
 	// one at revision last may be of the write before, its next put off.)
@@ -262,6 +259,14 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 		}
 		return nil
 	})
+
+	measure() // the writer idle: its last change written
+	share := float64(times) * float64(cost) / float64(elapsed)
+	t.Logf("%s (%d records, %s a composition) composed %d times in %s: %.2f of a core",
+		churner, records, cost, times, elapsed.Round(time.Millisecond), share)
+	if most := 1.5 / planShare; share > most {
+		t.Errorf("%s's compositions took %.2f of a core, want at most %.2f", churner, share, most)
+	}
 }
 
 // A provider's key of a node, in a bucket the node's composition does not

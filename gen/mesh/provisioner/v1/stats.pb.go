@@ -272,10 +272,10 @@ type PlansStats struct {
 	// revision): retried on the next pass.
 	Failed uint64 `protobuf:"varint,6,opt,name=failed,proto3" json:"failed,omitempty"`
 	// Nodes with a change whose composition is put off, at the last look:
-	// a node of n records (needs and collection items) is composed again no
-	// sooner than n x 10 us after its last composition, so that one node
-	// rewriting its records without pause costs the seat's holder about a
-	// tenth of a core.
+	// a node of thousands of records (needs and collection items) is
+	// composed again no sooner than nine times its composition's cost after
+	// its last composition, so that one node rewriting its records without
+	// pause costs the seat's holder about a tenth of a core.
 	Deferred      uint64 `protobuf:"varint,7,opt,name=deferred,proto3" json:"deferred,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -236,10 +236,10 @@ export type PlansStats = Message<"mesh.provisioner.v1.PlansStats"> & {
 
   /**
    * Nodes with a change whose composition is put off, at the last look:
-   * a node of n records (needs and collection items) is composed again no
-   * sooner than n x 10 us after its last composition, so that one node
-   * rewriting its records without pause costs the seat's holder about a
-   * tenth of a core.
+   * a node of thousands of records (needs and collection items) is
+   * composed again no sooner than nine times its composition's cost after
+   * its last composition, so that one node rewriting its records without
+   * pause costs the seat's holder about a tenth of a core.
    *
    * @generated from field: uint64 deferred = 7;
    */
