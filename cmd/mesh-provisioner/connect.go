@@ -42,7 +42,12 @@ func (c *connectFlags) register(fs *flag.FlagSet, defaultURL, urlUsage string) {
 func (c *connectFlags) registerClient(fs *flag.FlagSet) {
 	c.register(fs, defaultClientURL, "URL of the mesh's NATS (a comma-separated list tries each)")
 	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty uses nats.go's _INBOX")
-	fs.StringVar(&c.apiPrefix, "api-prefix", "", "where a node reaches the provisioner's buckets, for put and query compose --watch: "+wire.RunsAsAPIPrefix+" in a mesh whose server runs in an account of its own (permissions --runs-as); empty: the node's own account")
+}
+
+// registerAPIPrefix registers the flag of a command that reaches the
+// provisioner's buckets as a node: put, and query compose --watch.
+func (c *connectFlags) registerAPIPrefix(fs *flag.FlagSet, usage string) {
+	fs.StringVar(&c.apiPrefix, "api-prefix", "", usage+": "+wire.RunsAsAPIPrefix+" in a mesh whose server runs in an account of its own (permissions --runs-as); empty: the node's own account")
 }
 
 // clientOptions are the client's options for the identity connecting: a

@@ -67,6 +67,7 @@ type nodeWriteFlags struct {
 
 func (f *nodeWriteFlags) register(fs *flag.FlagSet, put bool) {
 	f.conn.registerClient(fs)
+	f.conn.registerAPIPrefix(fs, "where the node's buckets are reached")
 	f.logs.register(fs, slog.LevelWarn)
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long the write may take")
 	fs.StringVar(&f.node, "node", "", "the node whose state is written (required); its credentials' node")

@@ -49,6 +49,7 @@ var whats = map[string]provisionerv1.What{
 func defineQuery(fs *flag.FlagSet) action {
 	var conn connectFlags
 	conn.registerClient(fs)
+	conn.registerAPIPrefix(fs, "where the node's plan is watched, with compose --watch")
 	var logs logFlags
 	logs.register(fs, slog.LevelWarn)
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the whole answer, every page")
