@@ -165,31 +165,54 @@ func TestQueryComposeWatch(t *testing.T) {
 	s, _, ace := servedWithPlans(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out := &testlog.Buffer{}
-	watchCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(watchCtx, []string{"query", "compose", "--node", "ace", "--watch", "--nats-url", s.ClientURL()}, out, &bytes.Buffer{})
-	}()
-	printed := func(n int) {
-		t.Helper()
-		natstest.CheckFor(t, 10*time.Second, func() error {
-			if got := strings.Count(out.String(), "plan digest sha256:"); got < n {
-				return fmt.Errorf("%d compositions printed, want %d:\n%s", got, n, out.String())
-			}
-			return nil
-		})
-	}
-	printed(1)
+	watch := startWatchCommand(ctx, t, "ace", "--nats-url", s.ClientURL())
+	watch.printed(t, 1)
 	if _, err := ace.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
 		t.Fatal(err)
 	}
-	printed(2)
-	if !strings.Contains(out.String(), "mesh-controller_assignments ace.web") {
-		t.Errorf("the second composition lacks the need written:\n%s", out.String())
+	watch.printed(t, 2)
+	if !strings.Contains(watch.out.String(), "mesh-controller_assignments ace.web") {
+		t.Errorf("the second composition lacks the need written:\n%s", watch.out.String())
 	}
-	stop()
-	if err := <-done; err != nil {
+	watch.end(t)
+}
+
+// watchCommand is a run of query compose --watch.
+type watchCommand struct {
+	out  *testlog.Buffer
+	stop context.CancelFunc
+	done chan error
+}
+
+// startWatchCommand runs query compose --node node --watch with args until
+// its end.
+func startWatchCommand(ctx context.Context, t *testing.T, node string, args ...string) *watchCommand {
+	t.Helper()
+	watchCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	w := &watchCommand{out: &testlog.Buffer{}, stop: stop, done: make(chan error, 1)}
+	go func() {
+		w.done <- run(watchCtx, append([]string{"query", "compose", "--node", node, "--watch"}, args...), w.out, &bytes.Buffer{})
+	}()
+	return w
+}
+
+// printed waits until the command has printed n compositions.
+func (w *watchCommand) printed(t *testing.T, n int) {
+	t.Helper()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if got := strings.Count(w.out.String(), "plan digest sha256:"); got < n {
+			return fmt.Errorf("%d compositions printed, want %d:\n%s", got, n, w.out.String())
+		}
+		return nil
+	})
+}
+
+// end interrupts the command, which ends without an error.
+func (w *watchCommand) end(t *testing.T) {
+	t.Helper()
+	w.stop()
+	if err := <-w.done; err != nil {
 		t.Errorf("query --watch ended with %v, want nil when interrupted", err)
 	}
 }

@@ -17,7 +17,6 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/servicetest"
-	"github.com/novox/mesh-provisioner/internal/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
@@ -236,30 +235,13 @@ func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
 		"--nats-url", "nats://ace:ace-secret@" + strings.TrimPrefix(s.ClientURL(), "nats://"),
 		"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "ace"), "--api-prefix", wire.RunsAsAPIPrefix,
 	}
-	out := &testlog.Buffer{}
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() {
-		done <- run(watchCtx, append([]string{"query", "compose", "--node", "ace", "--watch"}, aceArgs...), out, &bytes.Buffer{})
-	}()
-	printed := func(n int) {
-		t.Helper()
-		natstest.CheckFor(t, 10*time.Second, func() error {
-			if got := strings.Count(out.String(), "plan digest sha256:"); got < n {
-				return fmt.Errorf("%d compositions printed, want %d:\n%s", got, n, out.String())
-			}
-			return nil
-		})
-	}
-	printed(1)
+	watchCmd := startWatchCommand(ctx, t, "ace", aceArgs...)
+	watchCmd.printed(t, 1)
 	if err := run(ctx, append([]string{"put", "need", "--node", "ace", "--module", "web", "--placeholder", "${port:metrics}"}, aceArgs...), &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
 		t.Fatalf("put need with --api-prefix: %v", err)
 	}
-	printed(2)
-	stopWatch()
-	if err := <-done; err != nil {
-		t.Errorf("query --watch ended with %v, want nil when interrupted", err)
-	}
+	watchCmd.printed(t, 2)
+	watchCmd.end(t)
 
 	// Nor novox's key: neither hear its writes nor read it; nor publish on
 	// it, where novox's watch would hear it.
