@@ -7,7 +7,6 @@ import (
 	"iter"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -23,7 +22,7 @@ type Client struct {
 	// node, if set, is the node the client asks as: its requests go to the
 	// node-addressed subjects, which a node's permissions grant.
 	node string
-	// apiPrefix is where the provisioner's JetStream is reached; empty:
+	// apiPrefix is where the plans' key subjects are heard; empty:
 	// the connection's own account (WithAPIPrefix).
 	apiPrefix string
 }
@@ -58,21 +57,12 @@ func WithSubjects(provisioning, compose string) Option {
 	return func(c *Client) { c.subject, c.composeSubject = provisioning, compose }
 }
 
-// WithAPIPrefix sets where the provisioner's JetStream is reached, for
-// WatchPlan: wire.RunsAsAPIPrefix when the server runs in an account of its
-// own (permissions.RunsAs), which the mesh account imports the plan's key
-// subjects and direct get under. Empty, the default: in the client's own
-// account.
+// WithAPIPrefix sets where WatchPlan hears the plan's key:
+// wire.RunsAsAPIPrefix when the server runs in an account of its own
+// (permissions.RunsAs), under which the mesh account imports the plans' key
+// subjects. Empty, the default: in the client's own account.
 func WithAPIPrefix(prefix string) Option {
 	return func(c *Client) { c.apiPrefix = prefix }
-}
-
-// jetStream returns the JetStream of the provisioner's buckets.
-func (c *Client) jetStream() (jetstream.JetStream, error) {
-	if c.apiPrefix == "" {
-		return jetstream.New(c.nc)
-	}
-	return jetstream.NewWithAPIPrefix(c.nc, c.apiPrefix)
 }
 
 // New returns a client on nc.
@@ -221,4 +211,27 @@ func (c *Client) call(ctx context.Context, subject string, req, answer proto.Mes
 		return fmt.Errorf("decode answer: %w", err)
 	}
 	return nil
+}
+
+// Bind writes key of provider's bucket <provider>_bound through the
+// service (mesh-provisioner.bind.<provider>, which a provider's permissions
+// grant for its own name only), and returns the revision it was written
+// at: compose with it in min_revisions.bound to see it bound. The service
+// stores the value as given and keeps none.
+func (c *Client) Bind(ctx context.Context, provider, key string, value []byte) (uint64, error) {
+	return c.bind(ctx, provider, &provisionerv1.BindRequest{Key: key, Value: value})
+}
+
+// Unbind removes key of provider's bucket, and returns the revision of its
+// delete marker.
+func (c *Client) Unbind(ctx context.Context, provider, key string) (uint64, error) {
+	return c.bind(ctx, provider, &provisionerv1.BindRequest{Key: key, Unbind: true})
+}
+
+func (c *Client) bind(ctx context.Context, provider string, req *provisionerv1.BindRequest) (uint64, error) {
+	out := &provisionerv1.WriteResponse{}
+	if err := c.call(ctx, wire.BindSubject+"."+provider, req, out); err != nil {
+		return 0, fmt.Errorf("bind %s of %s: %w", req.GetKey(), wire.BoundBucket(provider), err)
+	}
+	return out.GetRevision(), nil
 }

@@ -50,21 +50,23 @@ func unanswered(err error) bool {
 // from the last one's, the first always. The seat's holder keeps every
 // node's digest in mesh-provisioner_plans (keyed <node>, with the revisions
 // it was composed at, which the composition asks for: it is at least as
-// new). Each write of the node's key is a message on the key's subject,
-// to which WatchPlan subscribes; the key's value, read first and again
-// after each reconnect (a direct get of that key alone), covers what the
-// subscription cannot have heard. Those two are all a node's permissions
-// grant of the bucket: no consumer, which a node could otherwise make
-// until the stream holds no more (docs/security.md). Nothing changed
-// costs no request.
+// new). Each write of the node's key is a message on the key's subject, to
+// which WatchPlan subscribes; the composition asked first, and again after
+// each reconnect, covers what the subscription cannot have heard. A
+// subscription is all a node's permissions grant of the bucket: no
+// consumer, no direct get, nothing published into JetStream
+// (docs/security.md). Only a message that is a write of the node's own key
+// is heard: one that JetStream answered on that subject for someone else
+// (it carries Nats-Stream or another key's Nats-Subject) is not. Nothing
+// changed costs no request.
 //
 // It returns nil when ctx is done, fn's error when fn returns one,
-// ErrWatchStopped when the connection closes, and an error when the key
-// cannot be read at first or a composition is refused otherwise than with
-// a 503. A 503, and a composition that got no answer (no instance serving
-// yet, a timeout, the connection lost meanwhile), is asked again, backing
-// off. A connection lost and found again reads the key again: a change
-// made meanwhile is not missed.
+// ErrWatchStopped when the connection closes, and an error when a
+// composition is refused otherwise than with a 503. A 503, and a
+// composition that got no answer (no instance serving yet, a timeout, the
+// connection lost meanwhile), is asked again, backing off. A connection
+// lost and found again composes again: a change made meanwhile is not
+// missed.
 func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisionerv1.ComposeResponse) error) error {
 	// A node is a token: one with a wildcard would subscribe to every
 	// node's key it may read.
@@ -102,15 +104,10 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 			}
 		}
 	}
-	first, err := w.read(ctx)
-	if err != nil {
-		return fmt.Errorf("client: watch %s's plan: %w", node, err)
-	}
-	if err := composeAt(first.GetRevisions()); err != nil || ctx.Err() != nil {
+	if err := composeAt(nil); err != nil || ctx.Err() != nil {
 		return err
 	}
 	for {
-		var record *provisionerv1.PlanDigest
 		select {
 		case <-ctx.Done():
 			return nil
@@ -119,36 +116,26 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 				return ErrWatchStopped
 			}
 			// Reconnected: what was written meanwhile was not heard.
-			for retry := watchRetryMin; ; retry = min(2*retry, watchRetryMax) {
-				if record, err = w.read(ctx); err == nil {
-					break
-				}
-				if w.nc.IsClosed() {
-					return ErrWatchStopped
-				}
-				if !sleepCtx(ctx, retry) {
-					return nil
-				}
+			if err := composeAt(nil); err != nil || ctx.Err() != nil {
+				return err
 			}
 		case <-w.heard:
-			record = w.latest()
-		}
-		if record == nil || record.GetDigest() == last {
-			continue
-		}
-		if err := composeAt(record.GetRevisions()); err != nil || ctx.Err() != nil {
-			return err
+			record := w.latest()
+			if record == nil || record.GetDigest() == last {
+				continue
+			}
+			if err := composeAt(record.GetRevisions()); err != nil || ctx.Err() != nil {
+				return err
+			}
 		}
 	}
 }
 
 // planWatch is what WatchPlan hears of a node's key of the plans bucket:
 // the writes of it, the latest kept (a burst of writes is one change to
-// compose), the connection's reconnects and close, and the key's value
-// read on demand.
+// compose), and the connection's reconnects and close.
 type planWatch struct {
 	node   string
-	kv     jetstream.KeyValue
 	sub    *nats.Subscription
 	nc     *nats.Conn
 	status chan nats.Status
@@ -158,8 +145,8 @@ type planWatch struct {
 	last *nats.Msg
 }
 
-// watchPlan subscribes to node's key, then binds the bucket: a write after
-// the first read is heard.
+// watchPlan subscribes to node's key: a write after the first composition
+// is heard.
 func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error) {
 	w := &planWatch{node: node, nc: c.nc, heard: make(chan struct{}, 1)}
 	subject := wire.KVSubject(keys.PlansBucket, node)
@@ -167,6 +154,9 @@ func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error)
 		subject = c.apiPrefix + "." + subject
 	}
 	sub, err := c.nc.Subscribe(subject, func(m *nats.Msg) {
+		if !ownWrite(m, subject) {
+			return
+		}
 		w.mu.Lock()
 		w.last = m
 		w.mu.Unlock()
@@ -187,34 +177,32 @@ func (c *Client) watchPlan(ctx context.Context, node string) (*planWatch, error)
 		w.stop()
 		return nil, err
 	}
-	js, err := c.jetStream()
-	if err != nil {
-		w.stop()
-		return nil, err
-	}
-	if w.kv, err = js.KeyValue(ctx, keys.PlansBucket); err != nil {
-		w.stop()
-		return nil, err
-	}
 	return w, nil
+}
+
+// ownWrite reports whether m is a write of the key whose subject is
+// subject, as the stream publishes it: not an answer of JetStream's aimed
+// there (a direct get's carries Nats-Stream, a publish acknowledgement is
+// JSON that decodes as no digest), nor a message of another key's.
+func ownWrite(m *nats.Msg, subject string) bool {
+	if m.Subject != subject {
+		return false
+	}
+	if m.Header == nil {
+		return true
+	}
+	if m.Header.Get(jetstream.StreamHeader) != "" {
+		return false
+	}
+	if s := m.Header.Get(jetstream.SubjectHeader); s != "" && s != subject {
+		return false
+	}
+	return true
 }
 
 func (w *planWatch) stop() {
 	_ = w.sub.Unsubscribe()
 	w.nc.RemoveStatusListener(w.status)
-}
-
-// read returns the node's record as the bucket holds it, nil when it holds
-// none.
-func (w *planWatch) read(ctx context.Context) (*provisionerv1.PlanDigest, error) {
-	e, err := w.kv.Get(ctx, w.node)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return decodePlanDigest(e.Value()), nil
 }
 
 // latest returns the record of the last write heard, nil when it removed
@@ -236,7 +224,7 @@ func (w *planWatch) latest() *provisionerv1.PlanDigest {
 // the next write will be.
 func decodePlanDigest(value []byte) *provisionerv1.PlanDigest {
 	digest := &provisionerv1.PlanDigest{}
-	if proto.Unmarshal(value, digest) != nil {
+	if proto.Unmarshal(value, digest) != nil || digest.GetDigest() == "" {
 		return nil
 	}
 	return digest

@@ -173,3 +173,18 @@ func NodeFilter(node string) (string, error) {
 	}
 	return node + ".>", nil
 }
+
+// CheckBoundKey checks a key of a provider's bucket <provider>_bound:
+// <node>.<module>.<provision>[.<local>], each part a token.
+func CheckBoundKey(key string) error {
+	parts := strings.Split(key, ".")
+	if len(parts) < 3 || len(parts) > 4 {
+		return fmt.Errorf("%w: %q has %d tokens; a provider's key is <node>.<module>.<provision>[.<local>]", ErrMalformedKey, key, len(parts))
+	}
+	for i, p := range parts {
+		if err := CheckToken(p); err != nil {
+			return fmt.Errorf("%w: %s %q %w", ErrMalformedKey, [...]string{"node", "module", "provision", "local"}[i], p, err)
+		}
+	}
+	return nil
+}

@@ -1,14 +1,16 @@
 // Package nodeclient is what a node's provisioner client imports to write its
 // own node's provisioning state: the needs of its modules, what is applied,
-// and its collection items.
+// its collection items, and the manifests of the providers it runs.
 //
-// A Client takes a connection the caller opened with the node's credentials,
-// binds the four state buckets (it never creates or reconfigures them), and
-// builds every key with package keys, so parts that no key can hold are
-// refused with an error wrapping keys.ErrInvalidPart before anything is sent.
-// The node's permissions (mesh-provisioner permissions --node) let it write
-// only keys of its own node; connect with InboxPrefix so that replies reach it
-// on the inbox its permissions grant:
+// A Client writes through the service's write verbs (mesh-provisioner.put.N,
+// .delete.N, .apply.N and .declare.N.P), never into JetStream: the service
+// checks that each write is the node's, its key's shape, its value and the
+// node's budget, and stores it with its own identity (docs/security.md, "The
+// service is the only writer"). It builds every key with package keys, so
+// parts that no key can hold are refused with an error wrapping
+// keys.ErrInvalidPart before anything is sent; a refusal of the service's is
+// a *wire.Error with its code (400, 403, 413, or 503 to write again). Connect
+// with InboxPrefix: the service answers a node's write only there.
 //
 //	nc, err := nats.Connect(url, nats.UserCredentials(creds),
 //		nats.CustomInboxPrefix(nodeclient.InboxPrefix("ace")))

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -16,59 +16,38 @@ import (
 
 // InboxPrefix is the inbox prefix of a node's connection: replies to it
 // arrive on "<prefix>.>", which its permissions alone may subscribe to, so
-// that no other identity reads its replies.
+// that no other identity reads its replies. The service answers a node's
+// write only into this prefix.
 func InboxPrefix(node string) string { return wire.InboxPrefix(wire.RoleNode, node) }
+
+// DefaultTimeout bounds a write whose context has no deadline.
+const DefaultTimeout = 5 * time.Second
 
 // Config holds what New needs.
 type Config struct {
-	// Conn is a connection opened with the node's credentials. Required;
-	// the caller owns it.
+	// Conn is a connection opened with the node's credentials and
+	// InboxPrefix. Required; the caller owns it.
 	Conn *nats.Conn
 	// Node is the node this client writes for. Required.
 	Node string
-	// APIPrefix is where the provisioner's JetStream is reached when the
-	// server runs in an account of its own (runs-as): wire.RunsAsAPIPrefix,
-	// under which the mesh account imports the provisioner's (see
-	// permissions.RunsAs). Empty means the node's own account holds the
-	// buckets.
-	APIPrefix string
 }
 
-// Client writes one node's keys of the state buckets.
+// Client writes one node's records through the service's write verbs.
 type Client struct {
-	node                             string
-	needs, applied, items, manifests jetstream.KeyValue
+	nc   *nats.Conn
+	node string
 }
 
-// New binds the four state buckets. It fails if a bucket does not exist:
-// the mesh-provisioner server creates them.
-func New(ctx context.Context, cfg Config) (*Client, error) {
+// New returns a client of cfg.Node. It sends nothing: the service checks
+// each write when it comes.
+func New(_ context.Context, cfg Config) (*Client, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("nodeclient: Config.Conn is required")
 	}
 	if _, err := keys.NodeFilter(cfg.Node); err != nil {
 		return nil, fmt.Errorf("nodeclient: %w", err)
 	}
-	var js jetstream.JetStream
-	var err error
-	if cfg.APIPrefix == "" {
-		js, err = jetstream.New(cfg.Conn)
-	} else {
-		js, err = jetstream.NewWithAPIPrefix(cfg.Conn, cfg.APIPrefix)
-	}
-	if err != nil {
-		return nil, err
-	}
-	c := &Client{node: cfg.Node}
-	for _, b := range []struct {
-		name string
-		kv   *jetstream.KeyValue
-	}{{keys.NeedsBucket, &c.needs}, {keys.AppliedBucket, &c.applied}, {keys.CollectBucket, &c.items}, {keys.ManifestsBucket, &c.manifests}} {
-		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
-			return nil, fmt.Errorf("nodeclient: bind bucket %s: %w", b.name, err)
-		}
-	}
-	return c, nil
+	return &Client{nc: cfg.Conn, node: cfg.Node}, nil
 }
 
 // Node returns the node the client writes for.
@@ -81,16 +60,47 @@ func (c *Client) PutNeed(ctx context.Context, module, kind, name string, need *p
 	if err != nil {
 		return 0, err
 	}
-	return put(ctx, c.needs, key, need)
+	return c.put(ctx, provisionerv1.What_WHAT_NEEDS, key, need)
 }
 
-// DeleteNeed deletes a need.
-func (c *Client) DeleteNeed(ctx context.Context, module, kind, name string) error {
+// DeleteNeed deletes a need and returns the revision of its delete marker.
+func (c *Client) DeleteNeed(ctx context.Context, module, kind, name string) (uint64, error) {
 	key, err := keys.NeedKey{Node: c.node, Module: module, Kind: kind, Name: name}.Key()
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return del(ctx, c.needs, key)
+	return c.delete(ctx, provisionerv1.What_WHAT_NEEDS, key)
+}
+
+// ModuleNeed is one need of a module's set (ApplyNeeds): the placeholder
+// ${Kind:Name} and what the module needs for it.
+type ModuleNeed struct {
+	Kind, Name string
+	Need       *provisionerv1.Need
+}
+
+// ApplyNeeds makes needs the whole set of module's needs: the service
+// writes each that differs from the one stored, deletes each of the
+// module's that the set does not hold, and says what it changed and at
+// which revision. An empty set deletes every need of the module.
+func (c *Client) ApplyNeeds(ctx context.Context, module string, needs []ModuleNeed) (*provisionerv1.ApplyResponse, error) {
+	req := &provisionerv1.ApplyRequest{Module: module, Needs: make([]*provisionerv1.Record, 0, len(needs))}
+	for _, n := range needs {
+		key, err := keys.NeedKey{Node: c.node, Module: module, Kind: n.Kind, Name: n.Name}.Key()
+		if err != nil {
+			return nil, err
+		}
+		value, err := encode(key, n.Need)
+		if err != nil {
+			return nil, err
+		}
+		req.Needs = append(req.Needs, &provisionerv1.Record{What: provisionerv1.What_WHAT_NEEDS, Key: key, Value: value})
+	}
+	out := &provisionerv1.ApplyResponse{}
+	if err := c.call(ctx, wire.NodeSubject(wire.ApplySubject, c.node), req, out); err != nil {
+		return nil, fmt.Errorf("apply module %s's needs: %w", module, err)
+	}
+	return out, nil
 }
 
 // PutApplied writes what is applied of module and returns the revision it
@@ -100,16 +110,17 @@ func (c *Client) PutApplied(ctx context.Context, module string, applied *provisi
 	if err != nil {
 		return 0, err
 	}
-	return put(ctx, c.applied, key, applied)
+	return c.put(ctx, provisionerv1.What_WHAT_APPLIED, key, applied)
 }
 
-// DeleteApplied deletes what is applied of module.
-func (c *Client) DeleteApplied(ctx context.Context, module string) error {
+// DeleteApplied deletes what is applied of module and returns the revision
+// of its delete marker.
+func (c *Client) DeleteApplied(ctx context.Context, module string) (uint64, error) {
 	key, err := keys.AppliedKey{Node: c.node, Module: module}.Key()
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return del(ctx, c.applied, key)
+	return c.delete(ctx, provisionerv1.What_WHAT_APPLIED, key)
 }
 
 // PutCollectItem writes contributor's item of a collection, by its readable
@@ -119,62 +130,109 @@ func (c *Client) PutCollectItem(ctx context.Context, collection, contributor str
 	if err != nil {
 		return 0, err
 	}
-	return put(ctx, c.items, key, item)
+	return c.put(ctx, provisionerv1.What_WHAT_COLLECT, key, item)
 }
 
-// DeleteCollectItem deletes contributor's item of a collection.
-func (c *Client) DeleteCollectItem(ctx context.Context, collection, contributor string) error {
+// DeleteCollectItem deletes contributor's item of a collection and returns
+// the revision of its delete marker.
+func (c *Client) DeleteCollectItem(ctx context.Context, collection, contributor string) (uint64, error) {
 	key, err := keys.CollectKey{Node: c.node, Collection: collection, Contributor: contributor}.Key()
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return del(ctx, c.items, key)
+	return c.delete(ctx, provisionerv1.What_WHAT_COLLECT, key)
 }
 
-// PutManifest writes the manifest of provider, a module this node runs, and
-// returns its digest (wire.ManifestDigest of the bytes written: what
+// PutManifest declares the manifest of provider, a module this node runs,
+// and returns its digest (wire.ManifestDigest of the bytes stored: what
 // compositions name in Provision.manifest_digest) and the revision it was
-// written at.
+// written at. The node's permissions must name the provider
+// (permissions --node N --hosts P).
 func (c *Client) PutManifest(ctx context.Context, provider string, manifest *provisionerv1.Manifest) (digest string, revision uint64, err error) {
 	key, err := keys.ManifestKey{Node: c.node, Provider: provider}.Key()
 	if err != nil {
 		return "", 0, err
 	}
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(manifest)
+	data, err := encode(key, manifest)
 	if err != nil {
-		return "", 0, fmt.Errorf("encode %s: %w", key, err)
+		return "", 0, err
 	}
-	revision, err = c.manifests.Put(ctx, key, data)
-	if err != nil {
-		return "", 0, fmt.Errorf("put %s: %w", key, err)
+	out := &provisionerv1.WriteResponse{}
+	if err := c.call(ctx, wire.DeclareSubjectOf(c.node, provider), &provisionerv1.DeclareRequest{Manifest: data}, out); err != nil {
+		return "", 0, fmt.Errorf("declare %s: %w", key, err)
 	}
-	return wire.ManifestDigest(data), revision, nil
+	return out.GetDigest(), out.GetRevision(), nil
 }
 
-// DeleteManifest deletes the manifest of provider.
-func (c *Client) DeleteManifest(ctx context.Context, provider string) error {
+// DeleteManifest withdraws the node's manifest of provider and returns the
+// revision of its delete marker.
+func (c *Client) DeleteManifest(ctx context.Context, provider string) (uint64, error) {
 	key, err := keys.ManifestKey{Node: c.node, Provider: provider}.Key()
+	if err != nil {
+		return 0, err
+	}
+	out := &provisionerv1.WriteResponse{}
+	if err := c.call(ctx, wire.DeclareSubjectOf(c.node, provider), &provisionerv1.DeclareRequest{Withdraw: true}, out); err != nil {
+		return 0, fmt.Errorf("withdraw %s: %w", key, err)
+	}
+	return out.GetRevision(), nil
+}
+
+func (c *Client) put(ctx context.Context, what provisionerv1.What, key string, value proto.Message) (uint64, error) {
+	data, err := encode(key, value)
+	if err != nil {
+		return 0, err
+	}
+	out := &provisionerv1.WriteResponse{}
+	req := &provisionerv1.PutRequest{Record: &provisionerv1.Record{What: what, Key: key, Value: data}}
+	if err := c.call(ctx, wire.NodeSubject(wire.PutSubject, c.node), req, out); err != nil {
+		return 0, fmt.Errorf("put %s: %w", key, err)
+	}
+	return out.GetRevision(), nil
+}
+
+func (c *Client) delete(ctx context.Context, what provisionerv1.What, key string) (uint64, error) {
+	out := &provisionerv1.WriteResponse{}
+	if err := c.call(ctx, wire.NodeSubject(wire.DeleteSubject, c.node), &provisionerv1.DeleteRequest{What: what, Key: key}, out); err != nil {
+		return 0, fmt.Errorf("delete %s: %w", key, err)
+	}
+	return out.GetRevision(), nil
+}
+
+// encode writes a record's value deterministically, so that the same record
+// is the same bytes, which an apply finds unchanged.
+func encode(key string, value proto.Message) ([]byte, error) {
+	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(value)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s: %w", key, err)
+	}
+	return data, nil
+}
+
+// call sends req in protobuf binary to subject and decodes the answer into
+// answer; a refusal is a *wire.Error.
+func (c *Client) call(ctx context.Context, subject string, req, answer proto.Message) error {
+	data, err := proto.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encode request: %w", err)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	msg.Header.Set("Content-Type", wire.ContentTypeProtobuf)
+	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		return err
 	}
-	return del(ctx, c.manifests, key)
-}
-
-func put(ctx context.Context, kv jetstream.KeyValue, key string, value proto.Message) (uint64, error) {
-	data, err := proto.MarshalOptions{Deterministic: true}.Marshal(value)
-	if err != nil {
-		return 0, fmt.Errorf("encode %s: %w", key, err)
+	if err := wire.ErrorOf(reply); err != nil {
+		return err
 	}
-	rev, err := kv.Put(ctx, key, data)
-	if err != nil {
-		return 0, fmt.Errorf("put %s in %s: %w", key, kv.Bucket(), err)
-	}
-	return rev, nil
-}
-
-func del(ctx context.Context, kv jetstream.KeyValue, key string) error {
-	if err := kv.Delete(ctx, key); err != nil {
-		return fmt.Errorf("delete %s in %s: %w", key, kv.Bucket(), err)
+	if err := proto.Unmarshal(reply.Data, answer); err != nil {
+		return fmt.Errorf("decode answer: %w", err)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package nodeclient_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/internal/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/wire"
@@ -23,13 +25,7 @@ func TestClientWritesItsNodesKeys(t *testing.T) {
 	ctx := t.Context()
 	nc := natstest.Connect(t, natstest.Start(t))
 	js, _ := jetstream.New(nc)
-
-	if _, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"}); err == nil || !strings.Contains(err.Error(), "bind bucket mesh-provisioner_needs") {
-		t.Fatalf("New before the buckets exist = %v, want a bind error", err)
-	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	servicetest.Start(t, nc)
 	if _, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "a.b"}); !errors.Is(err, keys.ErrInvalidPart) {
 		t.Fatalf("New with node a.b = %v, want ErrInvalidPart", err)
 	}
@@ -65,17 +61,75 @@ func TestClientWritesItsNodesKeys(t *testing.T) {
 		t.Errorf("collection item under its escaped key: %v", err)
 	}
 
-	for _, del := range []func() error{
-		func() error { return c.DeleteNeed(ctx, "web", "port", "http") },
-		func() error { return c.DeleteApplied(ctx, "web") },
-		func() error { return c.DeleteCollectItem(ctx, "shell:zsh:normal", "web") },
+	for _, del := range []func() (uint64, error){
+		func() (uint64, error) { return c.DeleteNeed(ctx, "web", "port", "http") },
+		func() (uint64, error) { return c.DeleteApplied(ctx, "web") },
+		func() (uint64, error) { return c.DeleteCollectItem(ctx, "shell:zsh:normal", "web") },
 	} {
-		if err := del(); err != nil {
-			t.Fatal(err)
+		if revision, err := del(); err != nil || revision == 0 {
+			t.Fatalf("delete: revision %d, %v", revision, err)
 		}
 	}
 	if _, err := needs.Get(ctx, "ace.web.port.http"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("after DeleteNeed, Get = %v", err)
+	}
+
+	manifest := &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}}
+	digest, revision, err := c.PutManifest(ctx, "pg", manifest)
+	data, _ := proto.MarshalOptions{Deterministic: true}.Marshal(manifest)
+	if err != nil || revision == 0 || digest != wire.ManifestDigest(data) {
+		t.Errorf("PutManifest = %q, %d, %v; want %q at a revision", digest, revision, err, wire.ManifestDigest(data))
+	}
+}
+
+func TestApplyNeedsWritesWhatDiffersAndDeletesWhatIsGone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	servicetest.Start(t, nc)
+	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := func(name string) nodeclient.ModuleNeed {
+		return nodeclient.ModuleNeed{Kind: "port", Name: name, Need: &provisionerv1.Need{Placeholder: "${port:" + name + "}"}}
+	}
+	first, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), need("admin"), need("debug")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.GetWritten() != 3 || first.GetDeleted() != 0 || first.GetUnchanged() != 0 {
+		t.Errorf("first apply = %v, want 3 written", first)
+	}
+	// Another module's need is not the set's to delete.
+	if _, err := c.PutNeed(ctx, "api", "port", "http", need("http").Need); err != nil {
+		t.Fatal(err)
+	}
+	changed := need("admin")
+	changed.Need.Required = true
+	second, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), changed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.GetWritten() != 1 || second.GetDeleted() != 1 || second.GetUnchanged() != 1 || second.GetRevision() <= first.GetRevision() {
+		t.Errorf("second apply = %v, want 1 written, 1 deleted, 1 unchanged after revision %d", second, first.GetRevision())
+	}
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	var held []string
+	lister, err := needs.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range lister.Keys() {
+		held = append(held, key)
+	}
+	slices.Sort(held)
+	if want := []string{"ace.api.port.http", "ace.web.port.admin", "ace.web.port.http"}; !slices.Equal(held, want) {
+		t.Errorf("keys after the applies = %v, want %v", held, want)
+	}
+	again, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), changed})
+	if err != nil || again.GetWritten() != 0 || again.GetDeleted() != 0 || again.GetUnchanged() != 2 || again.GetRevision() < second.GetRevision() {
+		t.Errorf("the same set again = %v, %v; want nothing written at revision %d or later", again, err, second.GetRevision())
 	}
 }
 
@@ -99,11 +153,11 @@ func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 	}{
 		{"module with a dot", func() error { _, err := c.PutNeed(ctx, "w.b", "port", "http", nil); return err }, `module "w.b" holds '.'`},
 		{"empty kind", func() error { _, err := c.PutNeed(ctx, "web", "", "http", nil); return err }, `kind "" is empty`},
-		{"empty name", func() error { return c.DeleteNeed(ctx, "web", "port", "") }, "name is empty"},
-		{"wildcard kind", func() error { return c.DeleteNeed(ctx, "web", ">", "x") }, `kind ">" holds '>'`},
+		{"empty name", func() error { _, err := c.DeleteNeed(ctx, "web", "port", ""); return err }, "name is empty"},
+		{"wildcard kind", func() error { _, err := c.DeleteNeed(ctx, "web", ">", "x"); return err }, `kind ">" holds '>'`},
 		{"module with a space", func() error { _, err := c.PutApplied(ctx, "my web", nil); return err }, `module "my web" holds ' '`},
 		{"empty collection", func() error { _, err := c.PutCollectItem(ctx, "", "web", nil); return err }, "collection is empty"},
-		{"contributor with a colon", func() error { return c.DeleteCollectItem(ctx, "env", "a:b") }, `contributor "a:b" holds ':'`},
+		{"contributor with a colon", func() error { _, err := c.DeleteCollectItem(ctx, "env", "a:b"); return err }, `contributor "a:b" holds ':'`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

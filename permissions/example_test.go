@@ -7,16 +7,25 @@ import (
 )
 
 func ExampleNode() {
-	p, err := permissions.Node("ace")
+	p, err := permissions.Node("ace", "pg")
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(p.Publish.Allow[0])
+	for _, subject := range p.Publish.Allow {
+		fmt.Println(subject)
+	}
+	fmt.Println(p.Publish.Deny)
 	fmt.Println(p.Subscribe.Allow)
 	_, err = permissions.Node("ace.web")
 	fmt.Println(err)
 	// Output:
-	// $KV.mesh-provisioner_needs.ace.>
+	// mesh-provisioner.provisioning.ace
+	// mesh-provisioner.compose.ace
+	// mesh-provisioner.put.ace
+	// mesh-provisioner.delete.ace
+	// mesh-provisioner.apply.ace
+	// mesh-provisioner.declare.ace.pg
+	// [$JS.> $KV.> $SEAT.mesh-provisioner]
 	// [_INBOX_MESH.node.ace.> $KV.mesh-provisioner_plans.ace]
 	// permissions for node: invalid key part: node "ace.web" holds '.' at byte 3; a token holds only A-Z a-z 0-9 - _ = /
 }

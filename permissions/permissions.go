@@ -9,10 +9,33 @@ import (
 )
 
 // nodeVerbs are a node's own subjects of the service's verbs: all it may
-// ask, so that nats-server confines it to its own records and plan.
-func nodeVerbs(node string) []string {
-	return []string{wire.NodeSubject(wire.ProvisioningSubject, node), wire.NodeSubject(wire.ComposeSubject, node)}
+// ask, so that nats-server confines it to its own records and plan. It
+// writes through the write verbs alone, and declares the manifests of the
+// providers it runs.
+func nodeVerbs(node string, providers []string) []string {
+	out := []string{
+		wire.NodeSubject(wire.ProvisioningSubject, node), wire.NodeSubject(wire.ComposeSubject, node),
+		wire.NodeSubject(wire.PutSubject, node), wire.NodeSubject(wire.DeleteSubject, node), wire.NodeSubject(wire.ApplySubject, node),
+	}
+	for _, provider := range providers {
+		out = append(out, wire.DeclareSubjectOf(node, provider))
+	}
+	return out
 }
+
+// writeVerbs are the subjects of every write verb, of every node and
+// provider: an operator, who writes nothing, is denied them.
+func writeVerbs() []string {
+	return []string{wire.PutSubject + ".>", wire.DeleteSubject + ".>", wire.ApplySubject + ".>", wire.DeclareSubject + ".>", wire.BindSubject + ".>"}
+}
+
+// intoStreams are the subjects through which an identity could publish
+// into JetStream, or have its answers aimed: denied outright to nodes and
+// providers, so that no later allow can grant them. JetStream answers a
+// publish or an API request on whatever reply subject its publisher chose,
+// and a stream that captures that subject stores the answer: only the
+// service's writer publishes there (docs/security.md).
+var intoStreams = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject}
 
 // Permissions are the publish and subscribe rules of one identity, in the
 // shape of a nats-server permissions block.
@@ -55,136 +78,84 @@ var adminDenied = []string{
 	"$JS.API.CONSUMER.DURABLE.CREATE.>",
 }
 
-// Node returns the permissions of node's provisioner client:
+// Node returns the permissions of node's provisioner client, which runs
+// the providers given:
 //
-//   - publish $KV.<state bucket>.<node>.> on each of the four state buckets:
-//     put and delete its own keys;
-//   - publish $JS.API.STREAM.INFO.KV_<state bucket>: binding a bucket (the KV
-//     client reads its stream's configuration);
 //   - publish mesh-provisioner.provisioning.<node> and
-//     mesh-provisioner.compose.<node>: ask both verbs on its own subjects,
-//     where the service answers its own records and plan and the registry,
-//     nothing of any other node;
-//   - subscribe $KV.mesh-provisioner_plans.<node>, and publish the direct
-//     get of that key alone (watchOwnPlan): learn that its plan changed
-//     without asking;
-//   - subscribe _INBOX_MESH.node.<node>.>: the acknowledgements of its
-//     writes and the answers to its requests.
+//     mesh-provisioner.compose.<node>: ask both read verbs on its own
+//     subjects, where the service answers its own records and plan and the
+//     registry, nothing of any other node;
+//   - publish mesh-provisioner.put.<node>, .delete.<node> and
+//     .apply.<node>: write its own records through the service, which
+//     checks that each key is the node's;
+//   - publish mesh-provisioner.declare.<node>.<provider> for each provider
+//     it runs: declare that provider's manifest, which no other node may;
+//   - subscribe $KV.mesh-provisioner_plans.<node>: hear its plan change
+//     (client.WatchPlan), which it then composes;
+//   - subscribe _INBOX_MESH.node.<node>.>: the answers to its requests.
 //
-// It is denied the registry's subjects and the seat's, every other node's keys (by not being
-// allowed them), every stream administration subject, consumer deletion,
-// and every consumer of the provisioning buckets and the plans bucket: a
-// consumer it may make is one more it may make, until the stream's limit.
-func Node(node string) (Permissions, error) {
-	return nodePermissions(node, "")
+// It publishes nothing into JetStream ($JS.>, $KV.> and the seat are
+// denied): JetStream answers on the reply subject its publisher chooses,
+// so a grant to publish there would let a node aim a stored answer at any
+// other node's key.
+func Node(node string, providers ...string) (Permissions, error) {
+	return nodePermissions(node, "", providers)
 }
 
 // NodeRunsAs returns the permissions of node's provisioner client in the mesh
 // account when the server runs in an account of its own (RunsAs): those of
-// Node, with the state buckets' key and stream information subjects, and
-// the subjects of its plan's watch, under wire.RunsAsAPIPrefix, where the
-// mesh account imports the provisioner account's. Its client binds the
-// buckets with nodeclient.Config.APIPrefix, and watches its plan with
-// client.WithAPIPrefix.
-func NodeRunsAs(node string) (Permissions, error) {
-	return nodePermissions(node, wire.RunsAsAPIPrefix)
+// Node, its plan's key subscribed under wire.RunsAsAPIPrefix, where the mesh
+// account imports the plans' writes.
+func NodeRunsAs(node string, providers ...string) (Permissions, error) {
+	return nodePermissions(node, wire.RunsAsAPIPrefix, providers)
 }
 
-// nodePermissions are Node's, the state buckets reached under apiPrefix
-// (empty: in the node's own account).
-func nodePermissions(node, apiPrefix string) (Permissions, error) {
+// nodePermissions are Node's, the plan's key heard under apiPrefix (empty:
+// in the node's own account).
+func nodePermissions(node, apiPrefix string, providers []string) (Permissions, error) {
 	if _, err := keys.NodeFilter(node); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for node: %w", err)
 	}
-	under, api := underPrefix(apiPrefix)
+	for _, provider := range providers {
+		if err := keys.CheckToken(provider); err != nil {
+			return Permissions{}, fmt.Errorf("permissions for node %s: provider %q %w", node, provider, err)
+		}
+	}
 	var p Permissions
-	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Allow = append(p.Publish.Allow, under(kvSubjects(bucket, node)))
-	}
-	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Allow = append(p.Publish.Allow, api("STREAM.INFO", wire.StreamOf(bucket)))
-	}
-	p.Publish.Allow = append(p.Publish.Allow, nodeVerbs(node)...)
-	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>"}
-	publish, subscribe := watchOwnPlan(node, apiPrefix)
-	p.Publish.Allow = append(p.Publish.Allow, publish...)
-	p.Subscribe.Allow = append(p.Subscribe.Allow, subscribe)
-	// Only the seat's holder writes the registry and the plan digests.
-	p.Publish.Deny = []string{kvSubjects(keys.RegistryBucket, ""), kvSubjects(keys.PlansBucket, ""), wire.SeatSubject}
+	p.Publish.Allow = nodeVerbs(node, providers)
+	p.Publish.Deny = slices.Clone(intoStreams)
 	if apiPrefix != "" {
-		// Under the prefix too: a write there would reach no stream, but a
-		// message on another node's plan key would reach its watch.
-		p.Publish.Deny = append(p.Publish.Deny, under(kvSubjects(keys.RegistryBucket, "")), under(kvSubjects(keys.PlansBucket, "")))
+		p.Publish.Deny = append(p.Publish.Deny, apiPrefix+".>")
 	}
-	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
-	// No consumer of any bucket, whatever is allowed later: a state
-	// bucket's reads every node's keys, and a node that may make one of
-	// the plans' may make them until the stream holds no more, and every
-	// node's watch fails. Nor the direct get whose body names the key.
-	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
-		p.Publish.Deny = append(p.Publish.Deny, api("CONSUMER.CREATE", wire.StreamOf(bucket))+".>")
+	plan := wire.KVSubject(keys.PlansBucket, node)
+	if apiPrefix != "" {
+		plan = apiPrefix + "." + plan
 	}
-	p.Publish.Deny = append(p.Publish.Deny, api("DIRECT.GET", wire.StreamOf(keys.PlansBucket)))
+	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleNode, node) + ".>", plan}
 	return p, nil
 }
 
-// underPrefix returns how a node reaches the provisioner's JetStream: a
-// bucket's key subjects (under) and its API subjects (api), in its own
-// account when apiPrefix is empty, else under apiPrefix, where the mesh
-// account imports them (RunsAs).
-func underPrefix(apiPrefix string) (under func(subject string) string, api func(op, stream string) string) {
-	if apiPrefix == "" {
-		return func(subject string) string { return subject }, jsAPI
-	}
-	return func(subject string) string { return apiPrefix + "." + subject },
-		func(op, stream string) string { return apiPrefix + "." + op + "." + stream }
-}
-
-// watchOwnPlan returns the subjects through which node watches its own key
-// of the plans bucket (client.WatchPlan), under apiPrefix if set: to
-// publish, the stream's information (binding the bucket) and the direct
-// get of the last message on $KV.mesh-provisioner_plans.<node> (nats-server
-// reads the key from the subject, and refuses a body that names another);
-// to subscribe, that subject, on which every write of the key is
-// published. No consumer: one a node may make is one more it may make.
-func watchOwnPlan(node, apiPrefix string) (publish []string, subscribe string) {
-	under, api := underPrefix(apiPrefix)
-	stream := wire.StreamOf(keys.PlansBucket)
-	key := wire.KVSubject(keys.PlansBucket, node)
-	return []string{api("STREAM.INFO", stream), api("DIRECT.GET", stream) + "." + key}, under(key)
-}
-
 // Provider returns the permissions of a provider module that provisions
-// what nodes' bound needs ask of it and keeps its own bucket
-// <module>_bound:
+// what nodes' bound needs ask of it, in its bucket <module>_bound:
 //
 //   - publish mesh-provisioner.provisions.<module>: ask what it must
 //     provision across the mesh, which is all it needs of the nodes' needs;
-//   - publish $KV.<module>_bound.> and $JS.API.STREAM.INFO.KV_<module>_bound:
-//     write its own bucket;
+//   - publish mesh-provisioner.bind.<module>: write or remove a key of its
+//     bucket through the service, which follows the keys' revisions and
+//     keeps no value;
 //   - subscribe _INBOX_MESH.provider.<module>.>: its replies.
 //
 // It reads no provisioning bucket and asks no other verb: a node's needs,
 // plan and records are not a provider's to read beyond what is asked of it.
-// It is denied every provisioning bucket's keys and every stream and
-// consumer administration subject.
+// It publishes nothing into JetStream ($JS.>, $KV.> and the seat are
+// denied), where its answers could be aimed at any key.
 func Provider(module string) (Permissions, error) {
 	if err := keys.CheckToken(module); err != nil {
 		return Permissions{}, fmt.Errorf("permissions for provider: module %q %w", module, err)
 	}
-	bound := wire.BoundBucket(module)
 	var p Permissions
-	p.Publish.Allow = []string{
-		wire.ProviderSubject(module),
-		kvSubjects(bound, ""),
-		jsAPI("STREAM.INFO", wire.StreamOf(bound)),
-	}
-	for _, bucket := range keys.Buckets() {
-		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
-	}
-	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
-	p.Publish.Deny = append(p.Publish.Deny, adminDenied...)
-	p.Publish.Deny = append(p.Publish.Deny, "$JS.API.CONSUMER.CREATE.>")
+	p.Publish.Allow = []string{wire.ProviderSubject(module), wire.BindSubject + "." + module}
+	p.Publish.Deny = slices.Clone(intoStreams)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleProvider, module) + ".>"}
 	return p, nil
 }
@@ -205,8 +176,9 @@ func Provider(module string) (Permissions, error) {
 //     keys the provider has bound (headers only);
 //   - subscribe _INBOX_MESH.operator.<name>.>: its replies.
 //
-// It is denied every bucket's keys, the seat and every other
-// administration subject. Deleting consumers writes no data; it could
+// It is denied every bucket's keys, the write verbs (it writes nothing,
+// of any node or provider), the seat and every other administration
+// subject. Deleting consumers writes no data; it could
 // delete a server's watcher, which the server notices within a second and
 // makes again (docs/security.md).
 func Operator(name string, providers ...string) (Permissions, error) {
@@ -236,6 +208,7 @@ func Operator(name string, providers ...string) (Permissions, error) {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
+	p.Publish.Deny = append(p.Publish.Deny, writeVerbs()...)
 	p.Publish.Deny = append(p.Publish.Deny, slices.DeleteFunc(slices.Clone(adminDenied), func(s string) bool { return s == "$JS.API.CONSUMER.DELETE.>" })...)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleOperator, name) + ".>"}
 	return p, nil
@@ -298,6 +271,9 @@ func followBound(who string, providers []string) ([]string, error) {
 // whose providers are those given:
 //
 //   - publish $KV.mesh-provisioner_registry.>: write the registry;
+//   - publish $KV.<state bucket>.> of the four state buckets: store the
+//     nodes' writes that the write verbs checked (put, delete, apply,
+//     declare), the only way they reach a bucket;
 //   - publish $KV.mesh-provisioner_plans.>, and the direct and message gets
 //     of its stream: keep each node's plan digest (service.RunPlans);
 //   - publish $SEAT.mesh-provisioner and
@@ -319,12 +295,15 @@ func followBound(who string, providers []string) ([]string, error) {
 //     .>), $JS.API.CONSUMER.DELETE.<stream>.> and $JS.FC.<stream>.>: follow
 //     the keys it has bound (the server asks for headers only, never a
 //     provider's values), which compositions report as bound or pending;
+//     and publish $KV.<provider>_bound.> and $JS.API.STREAM.CREATE of its
+//     stream: store what the provider binds (the bind verb), making the
+//     bucket on its first bind;
 //   - subscribe _INBOX_MESH.server.mesh-provisioner-writer.>: its replies.
 //
 // It subscribes to nothing a node can publish to (the verbs and discovery
-// are denied outright), answers no request (no allow_responses), and is
-// denied the state buckets' keys, which it reads and never writes, and
-// stream deletion and purge. A provider not given has its provisions read as
+// are denied outright), answers no request (no allow_responses), publishes
+// with its own inbox as every reply subject, and is denied stream deletion
+// and purge. A provider not given has its provisions read as
 // pending, and compositions say its bucket is behind.
 func ServerWriter(providers ...string) (Permissions, error) {
 	var p Permissions
@@ -352,7 +331,11 @@ func ServerWriter(providers ...string) (Permissions, error) {
 	}
 	p.Publish.Allow = append(p.Publish.Allow, bound...)
 	for _, bucket := range keys.StateBuckets() {
-		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
+		p.Publish.Allow = append(p.Publish.Allow, kvSubjects(bucket, ""))
+	}
+	for _, provider := range providers {
+		bucket := wire.BoundBucket(provider)
+		p.Publish.Allow = append(p.Publish.Allow, kvSubjects(bucket, ""), jsAPI("STREAM.CREATE", wire.StreamOf(bucket)))
 	}
 	p.Publish.Deny = append(p.Publish.Deny, jsAPI("STREAM.DELETE", ">"), jsAPI("STREAM.PURGE", ">"))
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}

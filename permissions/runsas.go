@@ -16,26 +16,20 @@ const (
 )
 
 // RunsAs is a mesh whose server runs in an account of its own: the server's
-// account owns the five buckets (so it alone can write the registry and the
-// seat: nothing of them is exported), and the mesh account, where the nodes
-// are, imports from it exactly what a node's client needs:
+// account owns every bucket, the providers' too, and alone publishes into
+// them; the mesh account, where the nodes and providers are, imports from
+// it exactly what their clients need:
 //
-//   - both verbs' node-addressed subjects (mesh-provisioner.compose.*, ...),
-//     as services;
-//   - each state bucket's key subjects $KV.<bucket>.>, as a service imported
-//     under wire.RunsAsAPIPrefix: a node's put is a request, the bucket's
-//     stream in the server's account stores it and its acknowledgement is
-//     the response. Each node's own user permissions (NodeRunsAs) narrow the
-//     import to its keys <node>.>;
-//   - each state bucket's $JS.API.STREAM.INFO, likewise, to bind the bucket;
-//   - what a node's plan watch needs of the plans bucket (watchOwnPlan),
-//     under the same prefix: its stream information and the direct get of
-//     the last message on one key's subject, as services, and the keys'
-//     subjects $KV.mesh-provisioner_plans.*, as a stream, which each node's
-//     permissions narrow to its own key.
+//   - the verbs' addressed subjects (mesh-provisioner.compose.*,
+//     mesh-provisioner.put.*, mesh-provisioner.declare.*.*,
+//     mesh-provisioner.bind.*, ...), as services, which each user's
+//     permissions narrow to its own name;
+//   - the plans' key subjects $KV.mesh-provisioner_plans.*, as a stream
+//     imported under wire.RunsAsAPIPrefix, which each node's permissions
+//     narrow to its own key: a node hears its plan change there.
 //
-// Everything else of the server's account, its JetStream API above all,
-// cannot be reached from the mesh account.
+// Nothing of the server's account's JetStream can be reached from the mesh
+// account: no request of a mesh user is answered by JetStream.
 type RunsAs struct {
 	// ServerAccount is the server's account; empty means "PROVISIONER".
 	ServerAccount string
@@ -43,6 +37,11 @@ type RunsAs struct {
 	MeshAccount string
 	// Nodes are the nodes whose users the mesh account holds.
 	Nodes []string
+	// Providers are the providers whose users the mesh account holds; the
+	// server's writer follows and writes their buckets.
+	Providers []string
+	// Hosts names, by node, the providers whose manifests it declares.
+	Hosts map[string][]string
 }
 
 // PasswordVariable is the variable that stands for a user's password in
@@ -86,9 +85,7 @@ func (r RunsAs) Config() (string, error) {
 
 	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(server))
 	writeUser(&b, wire.ServerIdentity, Server())
-	// The providers' buckets are in the mesh account, which exports none:
-	// their provisions read as pending (docs/security.md).
-	writer, err := ServerWriter()
+	writer, err := ServerWriter(r.Providers...)
 	if err != nil {
 		return "", err
 	}
@@ -102,11 +99,18 @@ func (r RunsAs) Config() (string, error) {
 
 	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(mesh))
 	for _, node := range r.Nodes {
-		p, err := NodeRunsAs(node)
+		p, err := NodeRunsAs(node, r.Hosts[node]...)
 		if err != nil {
 			return "", err
 		}
 		writeUser(&b, node, p)
+	}
+	for _, provider := range r.Providers {
+		p, err := Provider(provider)
+		if err != nil {
+			return "", err
+		}
+		writeUser(&b, provider, p)
 	}
 	b.WriteString("    ]\n    imports = [\n")
 	for _, subject := range runsAsServices() {
@@ -127,14 +131,15 @@ func writeUser(b *strings.Builder, user string, p Permissions) {
 }
 
 // runsAsServices are the subjects the server's account exports to the mesh
-// account, each a service.
+// account, each a service: the verbs, read and write, addressed to a node
+// or a provider. Nothing of JetStream: a request into it would be answered
+// on a reply subject of the asker's choosing.
 func runsAsServices() []string {
-	out := []string{wire.NodeSubject(wire.ProvisioningSubject, "*"), wire.NodeSubject(wire.ComposeSubject, "*")}
-	for _, bucket := range keys.StateBuckets() {
-		out = append(out, kvSubjects(bucket, ""), jsAPI("STREAM.INFO", wire.StreamOf(bucket)))
+	return []string{
+		wire.NodeSubject(wire.ProvisioningSubject, "*"), wire.NodeSubject(wire.ComposeSubject, "*"),
+		wire.NodeSubject(wire.PutSubject, "*"), wire.NodeSubject(wire.DeleteSubject, "*"), wire.NodeSubject(wire.ApplySubject, "*"),
+		wire.DeclareSubjectOf("*", "*"), wire.ProviderSubject("*"), wire.NodeSubject(wire.BindSubject, "*"),
 	}
-	plans := wire.StreamOf(keys.PlansBucket)
-	return append(out, jsAPI("STREAM.INFO", plans), jsAPI("DIRECT.GET", plans)+"."+runsAsStream())
 }
 
 // runsAsStream is the subject the server's account exports to the mesh

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -20,10 +21,14 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // A node far over its budget holds no more than its budget in the copy,
-// its excess is reported, and another node's answers do not change.
+// its excess is reported, and another node's answers do not change. The
+// keys over it are written into the bucket directly, as keys written
+// before the budget was lowered are: through the put verb, a write past
+// the budget is refused before it is stored.
 func TestNodeBudget(t *testing.T) {
 	t.Parallel()
 	const budget, written = 20, 400
@@ -54,8 +59,21 @@ func TestNodeBudget(t *testing.T) {
 	}
 
 	var last uint64
-	for i := range written {
+	for i := range budget {
 		if last, err = ace.PutNeed(ctx, "web", "port", fmt.Sprintf("p%03d", i), &provisionerv1.Need{Placeholder: "${port:x}"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !waitForCopy(ctx, c, "ace", last) {
+		t.Fatal("the copy did not reach ace's last need")
+	}
+	if _, err := ace.PutNeed(ctx, "web", "port", "one-more", &provisionerv1.Need{Placeholder: "${port:x}"}); wire.CodeOf(err) != wire.CodeTooLarge || !strings.Contains(err.Error(), "--node-max-keys") {
+		t.Fatalf("a put past the budget = %v, want a 413 naming --node-max-keys", err)
+	}
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	value, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:x}"})
+	for i := budget; i < written; i++ {
+		if last, err = needs.Put(ctx, fmt.Sprintf("ace.web.port.p%03d", i), value); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -86,7 +104,7 @@ func TestNodeBudget(t *testing.T) {
 
 	// ace deletes all but its budget: back under, said once.
 	for i := budget; i < written; i++ {
-		if err := ace.DeleteNeed(ctx, "web", "port", fmt.Sprintf("p%03d", i)); err != nil {
+		if _, err := ace.DeleteNeed(ctx, "web", "port", fmt.Sprintf("p%03d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -105,6 +123,13 @@ func TestNodeBudget(t *testing.T) {
 	if n := len(logs.lines(t, "node back within its budget")); n != 1 {
 		t.Errorf("%d lines of ace back within its budget, want 1", n)
 	}
+}
+
+// waitForCopy reports whether the copy reaches revision of the needs
+// within ctx: node's needs are answered at it.
+func waitForCopy(ctx context.Context, c *client.Client, node string, revision uint64) bool {
+	_, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: node, MinRevision: revision})
+	return err == nil
 }
 
 func askNeeds(ctx context.Context, t *testing.T, c *client.Client, node string, minRevision uint64) *provisionerv1.ProvisioningResponse {

@@ -103,15 +103,15 @@ type registrar interface {
 
 func (ep endpoint[Req, Res]) names() (name, subject string) { return ep.name, ep.subjectOf() }
 
-// endpoints lists the verbs the service answers.
+// endpoints lists the verbs the service answers, the write verbs last.
 func (s *Service) endpoints() []registrar {
 	provisioning, compose := s.provisioningEndpoint(), s.composeEndpoint()
-	return []registrar{
+	return append([]registrar{
 		provisioning, compose,
 		provisioning.addressed(wire.ProvisioningNodeEndpoint, wire.RoleNode, confineProvisioning),
 		compose.addressed(wire.ComposeNodeEndpoint, wire.RoleNode, confineCompose),
 		s.provisionsEndpoint(),
-	}
+	}, s.writeVerbs()...)
 }
 
 func (ep endpoint[Req, Res]) register(s *Service) error {

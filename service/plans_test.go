@@ -85,7 +85,7 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 		}
 	})
 	t.Run("a node with no record left loses its key", func(t *testing.T) {
-		if err := novox.DeleteNeed(ctx, "web", "port", "http"); err != nil {
+		if _, err := novox.DeleteNeed(ctx, "web", "port", "http"); err != nil {
 			t.Fatal(err)
 		}
 		natstest.CheckFor(t, 5*time.Second, func() error {
@@ -153,7 +153,7 @@ func TestRunPlansRemovesTheKeyOfANodeGoneAsAnotherCame(t *testing.T) {
 		}
 		return nil
 	})
-	if err := ace.DeleteNeed(ctx, "web", "port", "http"); err != nil {
+	if _, err := ace.DeleteNeed(ctx, "web", "port", "http"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := bob.PutNeed(ctx, "web", "port", "http", need); err != nil {

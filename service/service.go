@@ -38,8 +38,10 @@ type Config struct {
 	Conn *nats.Conn
 	// WatchConn, if set, is the connection the bucket watchers read on: one
 	// of their own keeps a flood of requests on Conn from delaying their
-	// heartbeats, which would make them take their consumers for lost. The
-	// caller owns it.
+	// heartbeats, which would make them take their consumers for lost. It
+	// is also the one the write verbs store through: the writing
+	// identity's (permissions.ServerWriter), never the answering one's.
+	// The caller owns it.
 	WatchConn *nats.Conn
 	// AnswerConn, if set, is the connection answers and refusals are sent
 	// on, so that Conn only reads requests: nats.go writes a connection's
@@ -188,6 +190,10 @@ type Service struct {
 	// loads (readAlone), at most as often as earlyReads allows.
 	followers  *mirror.Watchers
 	earlyReads *earlyBound
+	// store is what the write verbs store through; writing holds a
+	// token for each write being stored (MaxConcurrentWrites).
+	store   *writeStore
+	writing chan struct{}
 	// places bounds what one asker holds of the queue and the waiting
 	// requests' places (MaxPerAsker).
 	places *places
@@ -341,6 +347,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		maxQueueWait: cfg.MaxQueueWait,
 		waiting:      make(chan struct{}, cfg.MaxWaiting),
 		places:       newPlaces(max(cfg.MaxPerAsker, 0)),
+		writing:      make(chan struct{}, MaxConcurrentWrites),
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{},
@@ -364,6 +371,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.mirror.Bound.SetTimings(cfg.boundRetry, cfg.boundForget)
 	}
 	if s.followers, err = s.mirror.Open(ctx, js, s.logger); err != nil {
+		return nil, err
+	}
+	if s.store, err = openWriteStore(ctx, js, s.mirror); err != nil {
 		return nil, err
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())

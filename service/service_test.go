@@ -503,8 +503,9 @@ func TestDiscovery(t *testing.T) {
 	if info.Name != wire.ServiceName || info.Version != "1.2.3" || info.ID != before.ID {
 		t.Errorf("INFO names %s %s %s", info.Name, info.Version, info.ID)
 	}
-	if len(info.Endpoints) != 5 || info.Endpoints[1].Name != wire.ComposeEndpoint || info.Endpoints[1].Subject != wire.ComposeSubject ||
-		info.Endpoints[3].Subject != wire.NodeSubject(wire.ComposeSubject, "*") || info.Endpoints[4].Subject != wire.ProviderSubject("*") {
+	if len(info.Endpoints) != 10 || info.Endpoints[1].Name != wire.ComposeEndpoint || info.Endpoints[1].Subject != wire.ComposeSubject ||
+		info.Endpoints[3].Subject != wire.NodeSubject(wire.ComposeSubject, "*") || info.Endpoints[4].Subject != wire.ProviderSubject("*") ||
+		info.Endpoints[8].Subject != wire.DeclareSubjectOf("*", "*") || info.Endpoints[9].Subject != wire.BindSubject+".*" {
 		t.Fatalf("INFO endpoints: %+v", info.Endpoints)
 	}
 	if got := info.Endpoints[1].Metadata["request"]; got != "mesh.provisioner.v1.ComposeRequest" {

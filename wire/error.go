@@ -24,6 +24,10 @@ const (
 	// subject's: another node's records or plan, another provider's
 	// provisions. Ask on the subject of whose it is, as that identity.
 	CodeForbidden Code = 403
+	// CodeTooLarge: a write is over a limit: its value is larger than the
+	// bucket's largest value, or it would take its node over the budget
+	// the server keeps of it. The sentence names the limit.
+	CodeTooLarge Code = 413
 	// CodeInternal: the server failed to answer a valid request.
 	CodeInternal Code = 500
 	// CodeUnavailable: the server cannot answer now (its copy is loading or

@@ -34,6 +34,35 @@ const (
 	ProvisionsSubject = ServiceName + "." + ProvisionsEndpoint
 )
 
+// The write verbs: a node's records, a provider's bucket and the manifests
+// are written only through them, the asker named by the subject's tokens
+// after the verb (docs/protocol.md, "Writing").
+const (
+	// PutEndpoint writes one record: mesh-provisioner.put.<node>.
+	PutEndpoint = "put"
+	PutSubject  = ServiceName + "." + PutEndpoint
+	// DeleteEndpoint deletes one record: mesh-provisioner.delete.<node>.
+	DeleteEndpoint = "delete"
+	DeleteSubject  = ServiceName + "." + DeleteEndpoint
+	// ApplyEndpoint replaces a module's needs: mesh-provisioner.apply.<node>.
+	ApplyEndpoint = "apply"
+	ApplySubject  = ServiceName + "." + ApplyEndpoint
+	// DeclareEndpoint declares a provider's manifest from a node that runs
+	// it: mesh-provisioner.declare.<node>.<provider> (DeclareSubjectOf).
+	DeclareEndpoint = "declare"
+	DeclareSubject  = ServiceName + "." + DeclareEndpoint
+	// BindEndpoint writes a provider's bucket: mesh-provisioner.bind.<provider>.
+	BindEndpoint = "bind"
+	BindSubject  = ServiceName + "." + BindEndpoint
+)
+
+// DeclareSubjectOf returns the subject on which node declares provider's
+// manifest: "mesh-provisioner.declare.<node>.<provider>". Only a node whose
+// permissions name the provider may publish there.
+func DeclareSubjectOf(node, provider string) string {
+	return DeclareSubject + "." + node + "." + provider
+}
+
 // NodeSubject returns a verb's node-addressed subject: NodeSubject(ComposeSubject,
 // "ace") is "mesh-provisioner.compose.ace". A node's permissions grant its own.
 func NodeSubject(verbSubject, node string) string { return verbSubject + "." + node }

@@ -108,11 +108,11 @@ func readsItsOwn(ctx context.Context, t *testing.T, ace *identity, lastNeed uint
 // writeRecordsOf writes, as each node, a need asking provider pg and one
 // that does not, an applied record and a collection item, and returns the
 // last need's revision.
-func writeRecordsOf(ctx context.Context, t *testing.T, apiPrefix string, ids ...*identity) uint64 {
+func writeRecordsOf(ctx context.Context, t *testing.T, ids ...*identity) uint64 {
 	t.Helper()
 	var last uint64
 	for _, id := range ids {
-		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name, APIPrefix: apiPrefix})
+		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name})
 		if err != nil {
 			t.Fatalf("%s binds the state buckets: %v", id.name, err)
 		}
@@ -145,7 +145,7 @@ func TestEachNodeReadsOnlyItsOwn(t *testing.T) {
 	t.Cleanup(cancel)
 	serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	last := writeRecordsOf(ctx, t, "", ace, novox)
+	last := writeRecordsOf(ctx, t, ace, novox)
 
 	t.Run("ace reads its own", func(t *testing.T) { t.Parallel(); readsItsOwn(ctx, t, ace, last) })
 	t.Run("ace reads nothing of novox's", func(t *testing.T) { t.Parallel(); tryToRead(t, ace) })
@@ -213,7 +213,7 @@ func TestEachNodeReadsOnlyItsOwnAcrossAccounts(t *testing.T) {
 	t.Cleanup(cancel)
 	serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	last := writeRecordsOf(ctx, t, wire.RunsAsAPIPrefix, ace, novox)
+	last := writeRecordsOf(ctx, t, ace, novox)
 	t.Run("ace reads its own", func(t *testing.T) { t.Parallel(); readsItsOwn(ctx, t, ace, last) })
 	t.Run("ace reads nothing of novox's", func(t *testing.T) { t.Parallel(); tryToRead(t, ace) })
 }

@@ -224,7 +224,7 @@ func TestNoNodeCanMakeTheServiceWrite(t *testing.T) {
 	t.Cleanup(cancel)
 	answering, stopSeat := serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	writeRecordsOf(ctx, t, "", ace, novox)
+	writeRecordsOf(ctx, t, ace, novox)
 	stopSeat()
 	admin := connectAs(t, s, "", "admin")
 	m := deputyMesh{attacker: ace, answering: answering, admins: []*identity{admin}}
@@ -320,7 +320,7 @@ func TestNoNodeCanMakeTheServiceWriteAcrossAccounts(t *testing.T) {
 	t.Cleanup(cancel)
 	answering, stopSeat := serveAs(ctx, t, s)
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	writeRecordsOf(ctx, t, wire.RunsAsAPIPrefix, ace, novox)
+	writeRecordsOf(ctx, t, ace, novox)
 	stopSeat()
 	admin, meshadmin := connectAs(t, s, "", "admin"), connectAs(t, s, "", "meshadmin")
 	// MESH keeps a stream of its own, which ace's permissions cannot touch.

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
@@ -33,7 +33,7 @@ func TestTheWriterReadsANodeAloneWithItsGrants(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
-	writeRecordsOf(ctx, t, "", ace, novox)
+	writeRecordsOf(ctx, t, ace, novox)
 	admin := connectAs(t, s, "", "admin")
 	needs, err := admin.js.KeyValue(ctx, keys.NeedsBucket)
 	if err != nil {
@@ -46,16 +46,12 @@ func TestTheWriterReadsANodeAloneWithItsGrants(t *testing.T) {
 	if _, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")}); err != nil {
 		t.Fatal(err)
 	}
-	pg := connectAs(t, s, wire.RoleProvider, "pg")
-	pgBound, err := pg.js.KeyValue(ctx, wire.BoundBucket("pg"))
+	pg := client.New(connectAs(t, s, wire.RoleProvider, "pg").nc)
+	bound, err := pg.Bind(ctx, "pg", "ace.web.database.ace", []byte("postgres://ace"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	bound, err := pgBound.Put(ctx, "ace.web.database.ace", []byte("postgres://ace"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pgBound.Put(ctx, "novox.web.database.novox", []byte("postgres://novox")); err != nil {
+	if _, err := pg.Bind(ctx, "pg", "novox.web.database.novox", []byte("postgres://novox")); err != nil {
 		t.Fatal(err)
 	}
 

@@ -17,8 +17,10 @@ Prints the NATS permissions of one identity of the mesh, granting the least
 that works, as a block to stand as a user's "permissions" in a nats-server
 configuration (or as JSON with --json, which nats-server reads too):
 
-  --node NAME        a node's provisioner client: writes only keys NAME.> of
-                     the four state buckets, asks the service
+  --node NAME        a node's provisioner client: asks the service's verbs
+                     of NAME alone, and writes only its own records through
+                     them; with --providers, declares the manifests of the
+                     providers it runs
   --server           the mesh-provisioner server's answering identity: serve
                      --nats-url/--creds; subscribes to its verbs and
                      discovery, publishes only to inboxes, writes nothing
@@ -30,17 +32,24 @@ configuration (or as JSON with --json, which nats-server reads too):
                      MODULE_bound, so that compositions say what is bound
   --provider MODULE  a provider module: asks what it must provision
                      (mesh-provisioner.provisions.MODULE), writes its own
-                     bucket MODULE_bound, reads no provisioning bucket
+                     bucket MODULE_bound through mesh-provisioner.bind.MODULE,
+                     reads no provisioning bucket
   --operator NAME    an operator: reads the whole mesh (status, query of any
                      node, capture), writes nothing; with --providers, also
                      the keys of each provider's bucket (capture)
 
   --runs-as NODES    the nats-server "accounts" block of a mesh whose server
                      runs in an account of its own (PROVISIONER), the nodes
-                     (comma-separated) in the mesh account (MESH), which
-                     imports both verbs and the state buckets' subjects under
-                     $PROVISIONER.API; passwords are read from the
-                     environment ($ACE_PASSWORD for node ace)
+                     (comma-separated) and --providers in the mesh account
+                     (MESH), which imports the verbs and, under
+                     $PROVISIONER.API, the plans' key subjects; --hosts
+                     NODE:PROVIDER,... names the providers each node runs;
+                     passwords are read from the environment
+                     ($ACE_PASSWORD for node ace)
+
+Nodes and providers publish nothing into JetStream: they write through the
+service's verbs, which check each write and store it with the writer's
+identity.
 
 Each identity connects with the inbox prefix _INBOX_MESH.<role>.<name>
 (_INBOX_MESH.node.NAME, _INBOX_MESH.server.mesh-provisioner-writer,
@@ -52,7 +61,8 @@ func definePermissions(fs *flag.FlagSet) action {
 	node := fs.String("node", "", "the node whose client the permissions are for")
 	server := fs.Bool("server", false, "the permissions of the mesh-provisioner server's answering identity")
 	writer := fs.Bool("server-writer", false, "the permissions of the mesh-provisioner server's writing identity")
-	providers := fs.String("providers", "", "with --server-writer or --operator: the provider modules whose buckets it reads the keys of (comma-separated)")
+	providers := fs.String("providers", "", "with --server-writer or --operator: the provider modules whose buckets it reads the keys of; with --node: those the node runs, whose manifests it declares; with --runs-as: the providers' users (comma-separated)")
+	hosts := fs.String("hosts", "", "with --runs-as: NODE:PROVIDER pairs, comma-separated, each a provider the node runs")
 	provider := fs.String("provider", "", "the provider module the permissions are for")
 	operator := fs.String("operator", "", "the operator whose identity the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
@@ -68,8 +78,11 @@ func definePermissions(fs *flag.FlagSet) action {
 		if chosen != 1 {
 			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE, --operator NAME or --runs-as NODES")
 		}
-		if *providers != "" && !*writer && *operator == "" {
-			return errors.New("permissions: --providers goes with --server-writer or --operator")
+		if *providers != "" && !*writer && *operator == "" && *node == "" && *runsAs == "" {
+			return errors.New("permissions: --providers goes with --server-writer, --operator, --node or --runs-as")
+		}
+		if *hosts != "" && *runsAs == "" {
+			return errors.New("permissions: --hosts goes with --runs-as; give a node's providers with --node NAME --providers MODULES")
 		}
 		var modules []string
 		if *providers != "" {
@@ -79,7 +92,15 @@ func definePermissions(fs *flag.FlagSet) action {
 			if *asJSON {
 				return errors.New("permissions: --runs-as prints configuration text only")
 			}
-			text, err := permissions.RunsAs{Nodes: strings.Split(*runsAs, ",")}.Config()
+			byNode := map[string][]string{}
+			for _, pair := range splitList(*hosts) {
+				n, p, ok := strings.Cut(pair, ":")
+				if !ok {
+					return fmt.Errorf("permissions: --hosts %q: write NODE:PROVIDER pairs, comma-separated", *hosts)
+				}
+				byNode[n] = append(byNode[n], p)
+			}
+			text, err := permissions.RunsAs{Nodes: strings.Split(*runsAs, ","), Providers: modules, Hosts: byNode}.Config()
 			if err != nil {
 				return err
 			}
@@ -94,7 +115,7 @@ func definePermissions(fs *flag.FlagSet) action {
 		case *writer:
 			p, err = permissions.ServerWriter(modules...)
 		case *node != "":
-			p, err = permissions.Node(*node)
+			p, err = permissions.Node(*node, modules...)
 		case *operator != "":
 			p, err = permissions.Operator(*operator, modules...)
 		default:

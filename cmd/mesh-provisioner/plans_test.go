@@ -96,8 +96,22 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 	if !ace.refused("Subscription", novox) {
 		t.Errorf("no permission violation for ace's subscription to novox's key: %v (%v)", ace.violations, err)
 	}
-	if direct := "$JS.API.DIRECT.GET." + plans + "." + novox; !ace.violated(direct) {
-		t.Errorf("no permission violation for ace's read of novox's key: %v (%v)", ace.violations, err)
+	if wire.CodeOf(err) != wire.CodeForbidden {
+		t.Errorf("ace's composition of novox's plan: %v, want a 403", err)
+	}
+	// Nor a direct get of any key, its own either: a node publishes
+	// nothing into JetStream.
+	for _, key := range []string{"novox", "ace"} {
+		direct := "$JS.API.DIRECT.GET." + plans + "." + wire.KVSubject(keys.PlansBucket, key)
+		if err := ace.nc.Publish(direct, nil); err != nil {
+			t.Fatal(err)
+		}
+		natstest.CheckFor(t, 2*time.Second, func() error {
+			if !ace.violated(direct) {
+				return fmt.Errorf("no permission violation for ace's direct get of %s's key: %v", key, ace.violations)
+			}
+			return nil
+		})
 	}
 
 	before := consumersOf(ctx, t, writer.js, plans) // the writer's watch of every key

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/nodeclient"
@@ -25,20 +23,26 @@ func TestAProvisionIsBoundOnARealServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
+	// ace runs pg: its grant names it (permissions --node ace --providers
+	// pg). novox's does not: its declaration is refused.
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	aceClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	digest, manifestRev, err := aceClient.PutManifest(ctx, "pg", &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}})
+	if err != nil {
+		t.Fatalf("ace declares pg's manifest: %v (violations %v)", err, ace.violations)
+	}
 	novox := connectAs(t, s, wire.RoleNode, "novox")
 	novoxClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: novox.nc, Node: "novox"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	digest, manifestRev, err := novoxClient.PutManifest(ctx, "pg", &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}})
-	if err != nil {
-		t.Fatalf("novox declares pg's manifest: %v (violations %v)", err, novox.violations)
-	}
-
-	ace := connectAs(t, s, wire.RoleNode, "ace")
-	aceClient, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
-	if err != nil {
-		t.Fatal(err)
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelShort()
+	if _, _, err := novoxClient.PutManifest(short, "pg", &provisionerv1.Manifest{}); err == nil || !novox.violated(wire.DeclareSubjectOf("novox", "pg")) {
+		t.Errorf("novox declared pg's manifest: %v (violations %v)", err, novox.violations)
 	}
 	needRev, err := aceClient.PutNeed(ctx, "web", "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "pg"})
 	if err != nil {
@@ -69,19 +73,11 @@ func TestAProvisionIsBoundOnARealServer(t *testing.T) {
 		t.Errorf("before pg binds: %v, want pending, offered by manifest %s", p, digest)
 	}
 
-	// The operator makes pg's bucket; pg writes its entry.
-	admin := connectAs(t, s, "", "admin")
-	if _, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")}); err != nil {
-		t.Fatal(err)
-	}
+	// pg binds its entry through the service, which makes its bucket.
 	pg := connectAs(t, s, wire.RoleProvider, "pg")
-	pgBound, err := pg.js.KeyValue(ctx, wire.BoundBucket("pg"))
+	boundRev, err := client.New(pg.nc).Bind(ctx, "pg", "ace.web.db", []byte("postgres://ace-web@db/ace"))
 	if err != nil {
-		t.Fatalf("pg binds its bucket: %v (violations %v)", err, pg.violations)
-	}
-	boundRev, err := pgBound.Put(ctx, "ace.web.db", []byte("postgres://ace-web@db/ace"))
-	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("pg binds: %v (violations %v)", err, pg.violations)
 	}
 	p := compose(&provisionerv1.Revisions{Bound: map[string]uint64{wire.BoundBucket("pg"): boundRev}})
 	if p.GetBoundRevision() != boundRev {
@@ -90,7 +86,7 @@ func TestAProvisionIsBoundOnARealServer(t *testing.T) {
 
 	// A node reads no provider's bucket.
 	// nats-server drops the denied request: it goes unanswered.
-	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	short, cancelShort = context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancelShort()
 	if _, err := ace.js.KeyValue(short, wire.BoundBucket("pg")); err == nil {
 		t.Error("ace binds pg's bucket")

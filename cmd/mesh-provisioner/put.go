@@ -18,8 +18,9 @@ import (
 
 const putSynopsis = `Usage: mesh-provisioner put need|applied|collect|manifest --node NODE [flags]
 
-Writes one record of a node's provisioning state, as the node's provisioner
-client does (package nodeclient), without encoding protobuf by hand:
+Writes one record of a node's provisioning state through the service's write
+verbs, as the node's provisioner client does (package nodeclient), without
+encoding protobuf by hand:
 
   put need --node ace --module web --placeholder '${port:http}' --required --builds b2
   put applied --node ace --module web --plan-digest sha256:... --placeholders '${port:http}' --wanted-build b1 --newest-build b2
@@ -28,9 +29,10 @@ client does (package nodeclient), without encoding protobuf by hand:
 
 It runs under the node's own permissions (mesh-provisioner permissions
 --node NODE): connect with the node's --creds; the inbox prefix defaults to
-the node's own, _INBOX_MESH.node.NODE. It prints the key and the revision
-written (and a manifest's digest): ask with min_revision that revision to see
-the write.`
+the node's own, _INBOX_MESH.node.NODE. A manifest is declared only by a node
+whose permissions name the provider (permissions --node NODE --hosts P). It
+prints the key and the revision written (and a manifest's digest): ask with
+min_revision that revision to see the write.`
 
 const deleteSynopsis = `Usage: mesh-provisioner delete need|applied|collect|manifest --node NODE [flags]
 
@@ -67,7 +69,6 @@ type nodeWriteFlags struct {
 
 func (f *nodeWriteFlags) register(fs *flag.FlagSet, put bool) {
 	f.conn.registerClient(fs)
-	f.conn.registerAPIPrefix(fs, "where the node's buckets are reached")
 	f.logs.register(fs, slog.LevelWarn)
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long the write may take")
 	fs.StringVar(&f.node, "node", "", "the node whose state is written (required); its credentials' node")
@@ -159,7 +160,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 		return err
 	}
 	defer done()
-	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc.Conn, Node: f.node, APIPrefix: f.conn.apiPrefix})
+	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc.Conn, Node: f.node})
 	if err != nil {
 		return f.explain(nc, err)
 	}
@@ -173,7 +174,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 			f.need.Placeholder, f.need.Builds = f.placeholder, splitList(f.builds)
 			revision, err = c.PutNeed(ctx, f.module, kind, name, &f.need)
 		} else if err == nil {
-			err = c.DeleteNeed(ctx, f.module, kind, name)
+			revision, err = c.DeleteNeed(ctx, f.module, kind, name)
 		}
 	case "applied":
 		bucket = keys.AppliedBucket
@@ -183,7 +184,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 				WantedBuild: f.wanted, NewestBuild: f.newest}
 			revision, err = c.PutApplied(ctx, f.module, applied)
 		} else if err == nil {
-			err = c.DeleteApplied(ctx, f.module)
+			revision, err = c.DeleteApplied(ctx, f.module)
 		}
 	case "collect":
 		bucket = keys.CollectBucket
@@ -192,7 +193,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 			item := &provisionerv1.CollectItem{Value: f.value, Order: int32(f.order), Attributes: attributes} //nolint:gosec // an order is small
 			revision, err = c.PutCollectItem(ctx, f.collection, f.contributor, item)
 		} else if err == nil {
-			err = c.DeleteCollectItem(ctx, f.collection, f.contributor)
+			revision, err = c.DeleteCollectItem(ctx, f.collection, f.contributor)
 		}
 	case "manifest":
 		bucket = keys.ManifestsBucket
@@ -206,7 +207,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 			digest, revision, err = c.PutManifest(ctx, f.need.GetProvider(), manifest)
 			key += " (" + digest + ")"
 		} else if err == nil {
-			err = c.DeleteManifest(ctx, f.need.GetProvider())
+			revision, err = c.DeleteManifest(ctx, f.need.GetProvider())
 		}
 	}
 	if err != nil {
@@ -215,7 +216,7 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 	if verb == "put" {
 		_, err = fmt.Fprintf(inv.stdout, "put %s %s at revision %d\n", bucket, key, revision)
 	} else {
-		_, err = fmt.Fprintf(inv.stdout, "deleted %s %s\n", bucket, key)
+		_, err = fmt.Fprintf(inv.stdout, "deleted %s %s at revision %d\n", bucket, key, revision)
 	}
 	return err
 }

@@ -52,7 +52,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
 	var needsRevision uint64 // of the last need written
 	for _, id := range []*identity{ace, novox} {
-		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name, APIPrefix: wire.RunsAsAPIPrefix})
+		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name})
 		if err != nil {
 			t.Fatalf("%s binds the state buckets across accounts: %v (violations %v)", id.name, err, id.violations)
 		}
@@ -67,7 +67,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 		if _, err := nc.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export A=1"}); err != nil {
 			t.Fatalf("%s puts its collection item: %v", id.name, err)
 		}
-		if err := nc.DeleteCollectItem(ctx, "shell:zsh:normal", "web"); err != nil {
+		if _, err := nc.DeleteCollectItem(ctx, "shell:zsh:normal", "web"); err != nil {
 			t.Fatalf("%s deletes its collection item: %v", id.name, err)
 		}
 	}
@@ -132,6 +132,9 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	novoxNeed := wire.RunsAsAPIPrefix + ".$KV.mesh-provisioner_needs.novox.web.port.http"
 	registryEntry := wire.RunsAsAPIPrefix + ".$KV.mesh-provisioner_registry.port"
 	purgeNeeds := wire.RunsAsAPIPrefix + ".STREAM.PURGE.KV_mesh-provisioner_needs"
+	aceNeed := wire.RunsAsAPIPrefix + ".$KV.mesh-provisioner_needs.ace.web.port.http"
+	needsInfo := wire.RunsAsAPIPrefix + ".STREAM.INFO.KV_mesh-provisioner_needs"
+	acePlanGet := wire.RunsAsAPIPrefix + ".DIRECT.GET.KV_mesh-provisioner_plans." + wire.KVSubject(keys.PlansBucket, "ace")
 	tests := []struct {
 		who     *identity
 		action  string
@@ -143,7 +146,13 @@ func TestRunsAsOnARealServer(t *testing.T) {
 		{ace, "put a registry entry", publish(ace, registryEntry, nil), permissionViolation, registryEntry},
 		{ace, "take the seat", publish(ace, wire.SeatSubject, nil), permissionViolation, wire.SeatSubject},
 		{ace, "purge the needs through the provisioner's API", publish(ace, purgeNeeds, nil), permissionViolation, purgeNeeds},
-		{ace, "roll up the needs on its own key", publish(ace, wire.RunsAsAPIPrefix+".$KV.mesh-provisioner_needs.ace.web.port.http", rollup), refusedByJetStream, ""},
+		{ace, "roll up the needs on its own key", publish(ace, aceNeed, rollup), permissionViolation, aceNeed},
+		{ace, "list the needs' keys through STREAM.INFO", publish(ace, needsInfo, nil), permissionViolation, needsInfo},
+		{ace, "get its own plan, the answer aimed anywhere", publish(ace, acePlanGet, nil), permissionViolation, acePlanGet},
+		{ace, "declare the manifest of a provider its grant does not name", publish(ace, wire.DeclareSubjectOf("ace", "postgres"), nil), permissionViolation, wire.DeclareSubjectOf("ace", "postgres")},
+		{meshadmin, "put its own need under the prefix", publish(meshadmin, aceNeed, nil), noResponders, ""},
+		{meshadmin, "list the needs' keys through STREAM.INFO", publish(meshadmin, needsInfo, nil), noResponders, ""},
+		{meshadmin, "get a plan under the prefix", publish(meshadmin, acePlanGet, nil), noResponders, ""},
 		{meshadmin, "put a registry entry", publish(meshadmin, wire.KVSubject(keys.RegistryBucket, "port"), nil), noResponders, ""},
 		{meshadmin, "put a registry entry under the prefix", publish(meshadmin, registryEntry, nil), noResponders, ""},
 		{meshadmin, "take the seat", publish(meshadmin, wire.SeatSubject, nil), noResponders, ""},
@@ -197,7 +206,7 @@ func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
 	servicetest.RunPlans(t, svc, srv.nc, 10*time.Millisecond)
 
 	ace := connectAs(t, s, wire.RoleNode, "ace")
-	aceNode, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace", APIPrefix: wire.RunsAsAPIPrefix})
+	aceNode, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,16 +238,16 @@ func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
 	ace.mu.Unlock()
 	watch.end(t)
 
-	// The command line alike: query compose --watch and put, as ace, with
-	// --api-prefix.
+	// The command line alike: query compose --watch with --api-prefix,
+	// and put, as ace.
 	aceArgs := []string{
 		"--nats-url", "nats://ace:ace-secret@" + strings.TrimPrefix(s.ClientURL(), "nats://"),
-		"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "ace"), "--api-prefix", wire.RunsAsAPIPrefix,
+		"--inbox-prefix", wire.InboxPrefix(wire.RoleNode, "ace"),
 	}
-	watchCmd := startWatchCommand(ctx, t, "ace", aceArgs...)
+	watchCmd := startWatchCommand(ctx, t, "ace", append(aceArgs, "--api-prefix", wire.RunsAsAPIPrefix)...)
 	watchCmd.printed(t, 1)
 	if err := run(ctx, append([]string{"put", "need", "--node", "ace", "--module", "web", "--placeholder", "${port:metrics}"}, aceArgs...), &bytes.Buffer{}, &bytes.Buffer{}); err != nil {
-		t.Fatalf("put need with --api-prefix: %v", err)
+		t.Fatalf("put need: %v", err)
 	}
 	watchCmd.printed(t, 2)
 	watchCmd.end(t)
@@ -255,9 +264,8 @@ func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
 	if !ace.refused("Subscription", novox) {
 		t.Errorf("no permission violation for ace's subscription to novox's key: %v (%v)", ace.violations, err)
 	}
-	direct := wire.RunsAsAPIPrefix + ".DIRECT.GET." + wire.StreamOf(keys.PlansBucket) + "." + wire.KVSubject(keys.PlansBucket, "novox")
-	if !ace.violated(direct) {
-		t.Errorf("no permission violation for ace's read of novox's key: %v (%v)", ace.violations, err)
+	if wire.CodeOf(err) != wire.CodeForbidden {
+		t.Errorf("ace's composition of novox's plan: %v, want a 403", err)
 	}
 	if err := ace.nc.Publish(novox, []byte("x")); err != nil {
 		t.Fatal(err)

@@ -149,7 +149,7 @@ authorization {
     { user: "ops", password: "ops-secret", permissions: %s }
     { user: "admin", password: "admin-secret" }
   ]
-}`, printed(t, "--server"), printed(t, "--server-writer", "--providers", "pg"), printed(t, "--node", "ace"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json"), printed(t, "--operator", "ops", "--providers", "pg")))
+}`, printed(t, "--server"), printed(t, "--server-writer", "--providers", "pg"), printed(t, "--node", "ace", "--providers", "pg"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json"), printed(t, "--operator", "ops", "--providers", "pg")))
 }
 
 // serveAuthorized starts the service on s as the server's two identities,
@@ -292,23 +292,15 @@ func TestPermissionsOnARealServer(t *testing.T) {
 	if diff := cmp.Diff([]string{"ace ace.web.database.web", "novox novox.web.database.web"}, provisioned); diff != "" {
 		t.Errorf("pg's provisions (-want +got):\n%s", diff)
 	}
-	bound, err := pg.js.KeyValue(ctx, "pg_bound")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bound.Put(ctx, "ace.web.db", []byte("bound")); err != nil {
-		t.Errorf("pg writes its own bucket: %v", err)
+	bind, _ := proto.Marshal(&provisionerv1.BindRequest{Key: "ace.web.db", Value: []byte("bound")})
+	if _, err := pg.nc.RequestWithContext(ctx, wire.BindSubject+".pg", bind); err != nil {
+		t.Errorf("pg binds a key of its own bucket through the service: %v (violations %v)", err, pg.violations)
 	}
 
 	baseline := snapshot(t, admin.js)
 	registryEntry, _ := proto.Marshal(&provisionerv1.RegistryEntry{Kind: "port", Owner: "ace"})
-	aceNeeds, err := ace.js.KeyValue(ctx, keys.NeedsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	aceApplied, _ := ace.js.KeyValue(ctx, keys.AppliedBucket)
-	aceCollect, _ := ace.js.KeyValue(ctx, keys.CollectBucket)
-	srvNeeds, _ := srv.js.KeyValue(ctx, keys.NeedsBucket)
+	needValue, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	answering := connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
 	novoxItem, _ := keys.CollectKey{Node: "novox", Collection: "shell:zsh:normal", Contributor: "web"}.Key()
 	request := func(id *identity, subject, body string) func(context.Context) error {
 		return func(ctx context.Context) error {
@@ -316,12 +308,55 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			return err
 		}
 	}
+	// publish publishes into a stream's subject as JetStream's clients do,
+	// with reply (an inbox of id's when empty): the answer JetStream would
+	// send there is what an attacker aims elsewhere.
+	publish := func(id *identity, subject, reply string, data []byte, header ...string) func(context.Context) error {
+		return func(ctx context.Context) error {
+			msg := nats.NewMsg(subject)
+			msg.Data = data
+			for i := 0; i+1 < len(header); i += 2 {
+				msg.Header.Set(header[i], header[i+1])
+			}
+			if reply == "" {
+				_, err := id.nc.RequestMsgWithContext(ctx, msg)
+				return err
+			}
+			msg.Reply = reply
+			if err := id.nc.PublishMsg(msg); err != nil {
+				return err
+			}
+			_ = id.nc.FlushWithContext(ctx)
+			<-ctx.Done()
+			return ctx.Err()
+		}
+	}
+	// write asks a write verb as id with a PutRequest of key and value,
+	// its reply on id's own inbox unless reply is given.
+	write := func(id *identity, key string, value []byte, reply string) func(context.Context) error {
+		body, _ := proto.Marshal(&provisionerv1.PutRequest{Record: &provisionerv1.Record{What: provisionerv1.What_WHAT_NEEDS, Key: key, Value: value}})
+		if reply != "" {
+			return publish(id, wire.NodeSubject(wire.PutSubject, id.name), reply, body)
+		}
+		return func(ctx context.Context) error {
+			msg, err := id.nc.RequestWithContext(ctx, wire.NodeSubject(wire.PutSubject, id.name), body)
+			if err != nil {
+				return err
+			}
+			return wire.ErrorOf(msg)
+		}
+	}
 	stream := func(bucket string) string { return wire.StreamOf(bucket) }
+	plan := func(node string) string { return wire.KVSubject(keys.PlansBucket, node) }
+	directPlan := "$JS.API.DIRECT.GET." + stream(keys.PlansBucket) + "." + plan("ace")
 
 	type outcome int
 	const (
 		permissionViolation outcome = iota // the server refuses the publish
-		refusedByJetStream                 // allowed to publish, refused by the stream
+		notAnswered                        // the service neither stores nor answers it
+		badRequest                         // the service refuses it: 400
+		forbidden                          // 403
+		tooLarge                           // 413
 	)
 	type attempt struct {
 		who     *identity
@@ -331,34 +366,44 @@ func TestPermissionsOnARealServer(t *testing.T) {
 		subject string // of the violation
 	}
 	tests := []attempt{
-		{ace, "put novox's need", func(ctx context.Context) error { _, err := aceNeeds.Put(ctx, "novox.web.port.http", nil); return err },
+		// Into JetStream directly: every node's and provider's publish there
+		// is refused, whatever its reply subject would have made of the
+		// answer (issue 36's attacks, one by one).
+		{ace, "put its own need with the PubAck aimed at novox's need", publish(ace, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), wire.KVSubject(keys.NeedsBucket, "novox.web.port.evil"), needValue),
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
+		{ace, "put its own need with the PubAck aimed at a registry key", publish(ace, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), wire.KVSubject(keys.RegistryBucket, "port"), needValue),
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
+		{ace, "put its own manifest with the PubAck aimed at novox's manifests", publish(ace, wire.KVSubject(keys.ManifestsBucket, "ace.pg"), wire.KVSubject(keys.ManifestsBucket, "novox.pg"), nil),
+			permissionViolation, wire.KVSubject(keys.ManifestsBucket, "ace.pg")},
+		{ace, "get its own plan with the answer aimed at novox's plan", publish(ace, directPlan, plan("novox"), nil),
+			permissionViolation, directPlan},
+		{ace, "list the needs' keys through STREAM.INFO's subjects_filter", request(ace, "$JS.API.STREAM.INFO."+stream(keys.NeedsBucket), `{"subjects_filter":">"}`),
+			permissionViolation, "$JS.API.STREAM.INFO." + stream(keys.NeedsBucket)},
+		{ace, "probe novox's key with Nats-Expected-Last-Subject-Sequence-Subject", publish(ace, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), "", needValue,
+			"Nats-Expected-Last-Subject-Sequence", "0", "Nats-Expected-Last-Subject-Sequence-Subject", wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")),
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
+		{ace, "declare the manifest of a provider its grant does not name", request(ace, wire.DeclareSubjectOf("ace", "postgres"), ""),
+			permissionViolation, wire.DeclareSubjectOf("ace", "postgres")},
+		{ace, "declare pg's manifest as novox", request(ace, wire.DeclareSubjectOf("novox", "pg"), ""),
+			permissionViolation, wire.DeclareSubjectOf("novox", "pg")},
+		{pg, "bind with the PubAck aimed at novox's need", publish(pg, wire.KVSubject("pg_bound", "x"), wire.KVSubject(keys.NeedsBucket, "novox.web.port.http"), nil),
+			permissionViolation, wire.KVSubject("pg_bound", "x")},
+		{pg, "bind with the PubAck aimed at the seat", publish(pg, wire.KVSubject("pg_bound", "x"), wire.SeatSubject, nil),
+			permissionViolation, wire.KVSubject("pg_bound", "x")},
+		{pg, "bind as another provider", request(pg, wire.BindSubject+".redis", ""),
+			permissionViolation, wire.BindSubject + ".redis"},
+		{ace, "put novox's need", publish(ace, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http"), "", nil),
 			permissionViolation, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")},
-		{ace, "put novox's applied record", func(ctx context.Context) error { _, err := aceApplied.Put(ctx, "novox.web", nil); return err },
-			permissionViolation, wire.KVSubject(keys.AppliedBucket, "novox.web")},
-		{ace, "put novox's collection item", func(ctx context.Context) error { _, err := aceCollect.Put(ctx, novoxItem, nil); return err },
+		{ace, "put novox's collection item", publish(ace, wire.KVSubject(keys.CollectBucket, novoxItem), "", nil),
 			permissionViolation, wire.KVSubject(keys.CollectBucket, novoxItem)},
-		{ace, "put a registry entry", func(ctx context.Context) error {
-			_, err := ace.js.Publish(ctx, wire.KVSubject(keys.RegistryBucket, "port"), registryEntry)
-			return err
-		}, permissionViolation, wire.KVSubject(keys.RegistryBucket, "port")},
-		{ace, "take the provisioner seat", func(ctx context.Context) error {
-			_, err := ace.js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"ace"}`))
-			return err
-		}, permissionViolation, wire.SeatSubject},
-		{pg, "take the provisioner seat", func(ctx context.Context) error {
-			_, err := pg.js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"pg"}`))
-			return err
-		}, permissionViolation, wire.SeatSubject},
-		{ace, "delete novox's need", func(ctx context.Context) error { return aceNeeds.Delete(ctx, "novox.web.port.http") },
-			permissionViolation, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")},
-		{ace, "purge novox's need", func(ctx context.Context) error { return aceNeeds.Purge(ctx, "novox.web.port.http") },
-			permissionViolation, wire.KVSubject(keys.NeedsBucket, "novox.web.port.http")},
-		{ace, "purge the whole needs bucket with a rollup on its own key", func(ctx context.Context) error {
-			msg := nats.NewMsg(wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"))
-			msg.Header.Set("Nats-Rollup", "all")
-			_, err := ace.js.PublishMsg(ctx, msg)
-			return err
-		}, refusedByJetStream, ""},
+		{ace, "put a registry entry", publish(ace, wire.KVSubject(keys.RegistryBucket, "port"), "", registryEntry),
+			permissionViolation, wire.KVSubject(keys.RegistryBucket, "port")},
+		{ace, "take the provisioner seat", publish(ace, wire.SeatSubject, "", []byte(`{"holder":"ace"}`)),
+			permissionViolation, wire.SeatSubject},
+		{pg, "take the provisioner seat", publish(pg, wire.SeatSubject, "", []byte(`{"holder":"pg"}`)),
+			permissionViolation, wire.SeatSubject},
+		{ace, "roll up the needs on its own key", publish(ace, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), "", nil, "Nats-Rollup", "all"),
+			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
 		{ace, "create a new bucket", func(ctx context.Context) error {
 			_, err := ace.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ace_own"})
 			return err
@@ -367,14 +412,6 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			_, err := ace.js.CreateStream(ctx, jetstream.StreamConfig{Name: "KV_ace_own", Subjects: []string{wire.KVSubject("ace_own", ">")}})
 			return err
 		}, permissionViolation, "$JS.API.STREAM.CREATE.KV_ace_own"},
-		{novox, "delete ace's applied record", func(ctx context.Context) error {
-			_, err := novox.js.Publish(ctx, wire.KVSubject(keys.AppliedBucket, "ace.web"), nil)
-			return err
-		}, permissionViolation, wire.KVSubject(keys.AppliedBucket, "ace.web")},
-		{pg, "put or delete a need", func(ctx context.Context) error {
-			_, err := pg.js.Publish(ctx, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), nil)
-			return err
-		}, permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
 		{pg, "bind the needs", func(ctx context.Context) error { _, err := pg.js.KeyValue(ctx, keys.NeedsBucket); return err },
 			permissionViolation, "$JS.API.STREAM.INFO.KV_mesh-provisioner_needs"},
 		{pg, "get a need by key", request(pg, "$JS.API.DIRECT.GET.KV_mesh-provisioner_needs.$KV.mesh-provisioner_needs.ace.web.port.http", ""),
@@ -385,8 +422,17 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			permissionViolation, wire.ProviderSubject("redis")},
 		{pg, "ask a node's plan", request(pg, wire.ComposeSubject, `{"node":"ace"}`),
 			permissionViolation, wire.ComposeSubject},
-		{srv, "put a need", func(ctx context.Context) error { _, err := srvNeeds.Put(ctx, "ace.web.port.http", nil); return err },
+		{answering, "put a need", publish(answering, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), "", needValue),
 			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
+
+		// Through the write verbs: the service checks each write before it
+		// stores anything.
+		{ace, "put novox's need through its own verb", write(ace, "novox.web.port.http", needValue, ""), forbidden, ""},
+		{ace, "have its write answered into novox's inbox", write(ace, "ace.web.port.evil", needValue, wire.InboxPrefix(wire.RoleNode, "novox")+".x"), notAnswered, ""},
+		{ace, "have its write answered on novox's need", write(ace, "ace.web.port.evil", needValue, wire.KVSubject(keys.NeedsBucket, "novox.web.port.evil")), notAnswered, ""},
+		{ace, "put a value over the bucket's largest", write(ace, "ace.web.port.big", make([]byte, 70_000), ""), tooLarge, ""},
+		{ace, "put a value that does not decode", write(ace, "ace.web.port.bad", []byte{0xff, 0xff}, ""), badRequest, ""},
+		{ace, "put a malformed key", write(ace, "ace.web.port", needValue, ""), badRequest, ""},
 	}
 	for _, bucket := range keys.Buckets() {
 		tests = append(tests,
@@ -415,9 +461,13 @@ func TestPermissionsOnARealServer(t *testing.T) {
 				if !tt.who.violated(tt.subject) {
 					t.Errorf("no permission violation for %s (the attempt failed with %v)", tt.subject, err)
 				}
-			case refusedByJetStream:
-				if !strings.Contains(err.Error(), "rollup not permitted") {
-					t.Errorf("error %v, want the stream to refuse the rollup", err)
+			case notAnswered:
+				if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+					t.Errorf("error %v, want no answer", err)
+				}
+			case badRequest, forbidden, tooLarge:
+				if code := wire.CodeOf(err); code != map[outcome]wire.Code{badRequest: wire.CodeBadRequest, forbidden: wire.CodeForbidden, tooLarge: wire.CodeTooLarge}[tt.want] {
+					t.Errorf("error %v (code %d), want the service's refusal", err, code)
 				}
 			}
 			if diff := cmp.Diff(baseline, snapshot(t, admin.js)); diff != "" {
@@ -434,7 +484,7 @@ func TestSecurityDocMatchesTheCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	squeeze := func(s string) string { return strings.Join(strings.Fields(s), "") }
-	for _, args := range [][]string{{"--server"}, {"--server-writer", "--providers", "pg"}, {"--node", "ace"}, {"--node", "novox"}, {"--provider", "pg"}, {"--operator", "alice", "--providers", "pg"}} {
+	for _, args := range [][]string{{"--server"}, {"--server-writer", "--providers", "pg"}, {"--node", "ace", "--providers", "pg"}, {"--node", "novox"}, {"--provider", "pg"}, {"--operator", "alice", "--providers", "pg"}} {
 		if !strings.Contains(squeeze(string(doc)), squeeze(printed(t, args...))) {
 			t.Errorf("docs/security.md does not hold what `permissions %s` prints; regenerate its example", strings.Join(args, " "))
 		}

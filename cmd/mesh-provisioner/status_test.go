@@ -51,8 +51,8 @@ func TestStatus(t *testing.T) {
 				t.Fatalf("%d instances, want the one serving", len(report.Instances))
 			}
 			in := &report.Instances[0]
-			if len(in.ID) == 0 || in.Version != "1.2.3" || time.Since(in.Started) > time.Minute || len(in.Endpoints) != 5 {
-				t.Errorf("instance %+v, want an id, version 1.2.3, started just now and five endpoints", in)
+			if len(in.ID) == 0 || in.Version != "1.2.3" || time.Since(in.Started) > time.Minute || len(in.Endpoints) != 10 {
+				t.Errorf("instance %+v, want an id, version 1.2.3, started just now and ten endpoints", in)
 			}
 			// What changes from run to run is set aside; the rest is golden.
 			in.ID, in.Started = "<id>", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)

@@ -55,7 +55,8 @@ type Case struct {
 	// NoWait leaves the server's copy to catch up on its own: the request's
 	// min_revision makes the server wait for the writes (read your writes).
 	NoWait bool `json:"no_wait"`
-	// Verb is "provisioning", "compose" or "provisions".
+	// Verb is "provisioning", "compose" or "provisions", or a write verb:
+	// "put", "delete", "apply", "declare" or "bind".
 	Verb string `json:"verb"`
 	// Address, when set, sends the request to the verb's addressed subject
 	// "mesh-provisioner.<verb>.<address>": a node's (provisioning,

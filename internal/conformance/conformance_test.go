@@ -188,8 +188,18 @@ func messages(t *testing.T, verb string) (request, answer proto.Message) {
 		return &provisionerv1.ComposeRequest{}, &provisionerv1.ComposeResponse{}
 	case "provisions":
 		return &provisionerv1.ProvisionsRequest{}, &provisionerv1.ProvisionsResponse{}
+	case "put":
+		return &provisionerv1.PutRequest{}, &provisionerv1.WriteResponse{}
+	case "delete":
+		return &provisionerv1.DeleteRequest{}, &provisionerv1.WriteResponse{}
+	case "apply":
+		return &provisionerv1.ApplyRequest{}, &provisionerv1.ApplyResponse{}
+	case "declare":
+		return &provisionerv1.DeclareRequest{}, &provisionerv1.WriteResponse{}
+	case "bind":
+		return &provisionerv1.BindRequest{}, &provisionerv1.WriteResponse{}
 	}
-	t.Fatalf("verb %q is none of provisioning, compose, provisions", verb)
+	t.Fatalf("verb %q is none of provisioning, compose, provisions, put, delete, apply, declare, bind", verb)
 	return nil, nil
 }
 

@@ -47,9 +47,11 @@ func (c *Copy[R]) SetBudget(b Budget, onChange func(Excess)) {
 	c.budget, c.onBudget = b, onChange
 }
 
-// fits reports whether a put of size bytes to key may be held: its node
+// Fits reports whether a put of size bytes to key may be held: its node
 // stays within its budget once the key's old value, if held, is replaced.
-func (c *Copy[R]) fits(first, key string, size int) bool {
+// The write verbs ask it before they store a put, so that no write is
+// acknowledged that the copy would not hold.
+func (c *Copy[R]) Fits(first, key string, size int) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	if c.budget == (Budget{}) {
@@ -62,6 +64,31 @@ func (c *Copy[R]) fits(first, key string, size int) bool {
 			keys, bytes = keys-1, bytes-len(g.slots[i].value())
 		} else if old := g.odd[key]; old != nil && !old.overBudget {
 			keys, bytes = keys-1, bytes-int(old.size)
+		}
+	}
+	return (c.budget.Keys <= 0 || keys <= c.budget.Keys) && (c.budget.Bytes <= 0 || bytes <= c.budget.Bytes)
+}
+
+// FitsReplacing reports whether node first stays within its budget once
+// every key it holds that starts with prefix is replaced by keys keys of
+// bytes value bytes in all: an apply replaces a module's needs so.
+func (c *Copy[R]) FitsReplacing(first, prefix string, keys, bytes int) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.budget == (Budget{}) {
+		return true
+	}
+	if g := c.groups[first]; g != nil {
+		keys, bytes = g.kept+keys, g.bytes+bytes
+		for _, s := range g.slots {
+			if strings.HasPrefix(s.key(), prefix) {
+				keys, bytes = keys-1, bytes-len(s.value())
+			}
+		}
+		for key, old := range g.odd {
+			if !old.overBudget && strings.HasPrefix(key, prefix) {
+				keys, bytes = keys-1, bytes-int(old.size)
+			}
 		}
 	}
 	return (c.budget.Keys <= 0 || keys <= c.budget.Keys) && (c.budget.Bytes <= 0 || bytes <= c.budget.Bytes)

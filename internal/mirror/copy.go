@@ -335,7 +335,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 		// The key given is often a window on a longer string (a message's
 		// subject): the copy holds a string of its own, the key then the
 		// value, and what it reads of either is a window on it.
-		if c.fits(first, key, len(value)) {
+		if c.Fits(first, key, len(value)) {
 			kv := key + string(value)
 			key = kv[:len(key)]
 			if err := c.check(key, kv[len(key):]); err != nil {

@@ -22,7 +22,6 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -326,9 +325,8 @@ func (m *Mesh) each(fn func(node *Node, bucket, key string, value proto.Message,
 	return nil
 }
 
-// Write writes the mesh into live buckets as its nodes' clients would: one
-// node client per node, `parallel` nodes at a time, the malformed keys with
-// raw puts. The buckets must exist. progress, if set, is called after each
+// Write writes the mesh into live buckets directly (writeNode), `parallel`
+// nodes at a time, the keys and values as its nodes' clients make them. The buckets must exist. progress, if set, is called after each
 // node.
 func (m *Mesh) Write(ctx context.Context, js jetstream.JetStream, parallel int, progress func(node string)) error {
 	raw := map[string]jetstream.KeyValue{}
@@ -356,7 +354,7 @@ func (m *Mesh) Write(ctx context.Context, js jetstream.JetStream, parallel int, 
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			if err := m.writeNode(ctx, js, raw, node); err != nil {
+			if err := m.writeNode(ctx, raw, node); err != nil {
 				cancel(fmt.Errorf("node %s: %w", node.Name, err))
 				return
 			}
@@ -397,29 +395,45 @@ func (m *Mesh) writeBound(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
-// writeNode writes one node's keys through a node client of its own.
-func (m *Mesh) writeNode(ctx context.Context, js jetstream.JetStream, raw map[string]jetstream.KeyValue, node *Node) error {
-	c, err := nodeclient.New(ctx, nodeclient.Config{Conn: js.Conn(), Node: node.Name})
-	if err != nil {
-		return err
+// writeNode writes one node's keys into the buckets directly, each key as
+// the node's client builds it and the value as it encodes it: a fixture
+// of the mesh, written with the grant of whoever writes it (the tests',
+// simulate's), not through the service's write verbs.
+func (m *Mesh) writeNode(ctx context.Context, raw map[string]jetstream.KeyValue, node *Node) error {
+	put := func(bucket string, key string, err error, value proto.Message) error {
+		if err != nil {
+			return err
+		}
+		data, err := proto.MarshalOptions{Deterministic: true}.Marshal(value)
+		if err != nil {
+			return fmt.Errorf("encode %s: %w", key, err)
+		}
+		if _, err := raw[bucket].Put(ctx, key, data); err != nil {
+			return fmt.Errorf("put %s in %s: %w", key, bucket, err)
+		}
+		return nil
 	}
 	for _, n := range node.Needs {
-		if _, err := c.PutNeed(ctx, n.Module, n.Kind, n.Name, n.Need); err != nil {
+		key, err := keys.NeedKey{Node: node.Name, Module: n.Module, Kind: n.Kind, Name: n.Name}.Key()
+		if err := put(keys.NeedsBucket, key, err, n.Need); err != nil {
 			return err
 		}
 	}
 	for _, a := range node.Applied {
-		if _, err := c.PutApplied(ctx, a.Module, a.Applied); err != nil {
+		key, err := keys.AppliedKey{Node: node.Name, Module: a.Module}.Key()
+		if err := put(keys.AppliedBucket, key, err, a.Applied); err != nil {
 			return err
 		}
 	}
 	for _, it := range node.Items {
-		if _, err := c.PutCollectItem(ctx, it.Collection, it.Contributor, it.Item); err != nil {
+		key, err := keys.CollectKey{Node: node.Name, Collection: it.Collection, Contributor: it.Contributor}.Key()
+		if err := put(keys.CollectBucket, key, err, it.Item); err != nil {
 			return err
 		}
 	}
 	for _, mf := range node.Manifests {
-		if _, _, err := c.PutManifest(ctx, mf.Provider, mf.Manifest); err != nil {
+		key, err := keys.ManifestKey{Node: node.Name, Provider: mf.Provider}.Key()
+		if err := put(keys.ManifestsBucket, key, err, mf.Manifest); err != nil {
 			return err
 		}
 	}

@@ -5,12 +5,14 @@
 //
 //	mesh-provisioner         permissions --server
 //	mesh-provisioner-writer  permissions --server-writer
-//	ace, novox               permissions --node ace, --node novox
+//	ace, novox               permissions --node ace --providers pg, --node novox
+//	pg                       permissions --provider pg
 //
 // each with the password "<user>-secret". With -runs-as, its accounts are
-// what `mesh-provisioner permissions --runs-as ace,novox` prints instead:
-// the service's two identities in PROVISIONER, ace and novox in MESH (they
-// reach the buckets under wire.RunsAsAPIPrefix). It prints one JSON object,
+// what `mesh-provisioner permissions --runs-as ace,novox --providers pg
+// --hosts ace:pg` prints instead: the service's two identities in
+// PROVISIONER, ace, novox and pg in MESH (they reach the verbs as they are,
+// and hear plans under wire.RunsAsAPIPrefix). It prints one JSON object,
 // the URL each user connects with, such as
 //
 //	{"ace":"nats://ace:ace-secret@127.0.0.1:41234", ...}
@@ -51,7 +53,7 @@ func run() error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	names := []string{wire.ServerIdentity, wire.WriterIdentity, "ace", "novox"}
+	names := []string{wire.ServerIdentity, wire.WriterIdentity, "ace", "novox", "pg"}
 	var opts *server.Options
 	if *runsAs {
 		opts, err = runsAsOptions(dir, names)
@@ -90,7 +92,7 @@ func run() error {
 // oneAccountOptions are a server's whose users are the four identities,
 // each with its generated permissions, in one account.
 func oneAccountOptions(dir string) (*server.Options, error) {
-	writer, err := permissions.ServerWriter()
+	writer, err := permissions.ServerWriter("pg")
 	if err != nil {
 		return nil, err
 	}
@@ -98,10 +100,14 @@ func oneAccountOptions(dir string) (*server.Options, error) {
 		wire.ServerIdentity: permissions.Server(),
 		wire.WriterIdentity: writer,
 	}
-	for _, node := range []string{"ace", "novox"} {
-		if grants[node], err = permissions.Node(node); err != nil {
-			return nil, err
-		}
+	if grants["ace"], err = permissions.Node("ace", "pg"); err != nil {
+		return nil, err
+	}
+	if grants["novox"], err = permissions.Node("novox"); err != nil {
+		return nil, err
+	}
+	if grants["pg"], err = permissions.Provider("pg"); err != nil {
+		return nil, err
 	}
 	var users []*server.User
 	for name, p := range grants {
@@ -117,7 +123,7 @@ func oneAccountOptions(dir string) (*server.Options, error) {
 // --runs-as prints, read as nats-server reads its configuration file: the
 // passwords from the environment, as an operator's would be.
 func runsAsOptions(dir string, users []string) (*server.Options, error) {
-	accounts, err := permissions.RunsAs{Nodes: []string{"ace", "novox"}}.Config()
+	accounts, err := permissions.RunsAs{Nodes: []string{"ace", "novox"}, Providers: []string{"pg"}, Hosts: map[string][]string{"ace": {"pg"}}}.Config()
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,525 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// The service is the only writer of the mesh's streams: nodes and providers
+// ask it to write (put, delete, apply, declare, bind), and it checks that
+// the write is the asker's, whose name the subject carries, before it
+// stores it with the writing identity's connection and inbox. No asker's
+// reply subject or header ever reaches JetStream (docs/security.md).
+
+// MaxConcurrentWrites bounds the writes being stored at once, over every
+// write verb: each holds a goroutine until JetStream acknowledges it. A
+// write that finds them all taken is refused with a 503.
+const MaxConcurrentWrites = 1024
+
+// writeTimeout bounds one write verb's work: JetStream's acknowledgements
+// of its puts and deletes.
+const writeTimeout = 5 * time.Second
+
+// writeVerb is one write verb: the asker's names on its subject, its
+// request, and how it is stored.
+type writeVerb[Req proto.Message] struct {
+	name, subject string
+	// owner is the role of the subject's first name token; a verb with
+	// tokens 2 names a node, then a provider (declare).
+	owner  wire.Role
+	tokens int
+	// newRequest returns an empty request to decode into.
+	newRequest func() Req
+	// write checks and stores a decoded request for names (the subject's
+	// tokens after the verb), and returns the answer or the refusal.
+	write func(s *Service, ctx context.Context, names []string, in Req) (proto.Message, *wire.Error)
+	// response is the answer's type, for the endpoint's metadata.
+	response proto.Message
+}
+
+func (v writeVerb[Req]) subjectOf() string { return v.subject + strings.Repeat(".*", v.tokens) }
+
+func (v writeVerb[Req]) names() (name, subject string) { return v.name, v.subjectOf() }
+
+func (v writeVerb[Req]) register(s *Service) error {
+	count := s.counters[v.name]
+	err := s.micro.AddEndpoint(v.name, micro.HandlerFunc(func(r micro.Request) { v.handle(s, count, r) }),
+		micro.WithEndpointSubject(v.subjectOf()),
+		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
+		micro.WithEndpointMetadata(map[string]string{
+			"request":       string(v.newRequest().ProtoReflect().Descriptor().FullName()),
+			"response":      string(v.response.ProtoReflect().Descriptor().FullName()),
+			"content_types": wire.ContentTypeProtobuf + ", " + wire.ContentTypeJSON,
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("add endpoint %s: %w", v.name, err)
+	}
+	return nil
+}
+
+// writeVerbs lists the write verbs.
+func (s *Service) writeVerbs() []registrar {
+	return []registrar{
+		writeVerb[*provisionerv1.PutRequest]{name: wire.PutEndpoint, subject: wire.PutSubject, owner: wire.RoleNode, tokens: 1,
+			newRequest: func() *provisionerv1.PutRequest { return &provisionerv1.PutRequest{} },
+			write:      (*Service).putRecord, response: (*provisionerv1.WriteResponse)(nil)},
+		writeVerb[*provisionerv1.DeleteRequest]{name: wire.DeleteEndpoint, subject: wire.DeleteSubject, owner: wire.RoleNode, tokens: 1,
+			newRequest: func() *provisionerv1.DeleteRequest { return &provisionerv1.DeleteRequest{} },
+			write:      (*Service).deleteRecord, response: (*provisionerv1.WriteResponse)(nil)},
+		writeVerb[*provisionerv1.ApplyRequest]{name: wire.ApplyEndpoint, subject: wire.ApplySubject, owner: wire.RoleNode, tokens: 1,
+			newRequest: func() *provisionerv1.ApplyRequest { return &provisionerv1.ApplyRequest{} },
+			write:      (*Service).applyNeeds, response: (*provisionerv1.ApplyResponse)(nil)},
+		writeVerb[*provisionerv1.DeclareRequest]{name: wire.DeclareEndpoint, subject: wire.DeclareSubject, owner: wire.RoleNode, tokens: 2,
+			newRequest: func() *provisionerv1.DeclareRequest { return &provisionerv1.DeclareRequest{} },
+			write:      (*Service).declareManifest, response: (*provisionerv1.WriteResponse)(nil)},
+		writeVerb[*provisionerv1.BindRequest]{name: wire.BindEndpoint, subject: wire.BindSubject, owner: wire.RoleProvider, tokens: 1,
+			newRequest: func() *provisionerv1.BindRequest { return &provisionerv1.BindRequest{} },
+			write:      (*Service).bindKey, response: (*provisionerv1.WriteResponse)(nil)},
+	}
+}
+
+// handle reads and checks a write on the micro callback, so that micro
+// counts every refusal, then stores it on a goroutine of its own (at most
+// MaxConcurrentWrites at once), which answers once JetStream has
+// acknowledged it. A write whose reply subject is not the asker's own inbox
+// (or a cross-account reply, _R_.) is neither stored nor answered: a
+// JetStream acknowledgement aimed at a verb has no reply subject, and a
+// node may not have its write answered into another's inbox.
+func (v writeVerb[Req]) handle(s *Service, count *counters, r micro.Request) {
+	arrived := time.Now()
+	names := strings.Split(strings.TrimPrefix(r.Subject(), v.subject+"."), ".")
+	who := addressee{role: v.owner, name: names[0]}
+	if !s.writeAnswersTo(r.Reply(), who) {
+		s.refuseReply(r, count)
+		return
+	}
+	r = s.observed(r, v.name, arrived)
+	enc := encodingOf(r)
+	for i, name := range names {
+		role := v.owner
+		if i > 0 {
+			role = wire.RoleProvider
+		}
+		if werr := checkAddress(role, name); werr != nil {
+			s.refuse(r, enc, count, werr)
+			return
+		}
+	}
+	if !s.mirror.Ready() {
+		// The budgets and an apply's comparison read the copy.
+		s.refuse(r, enc, count, s.stillLoading())
+		return
+	}
+	in := v.newRequest()
+	if werr := enc.unmarshal(r.Data(), in); werr != nil {
+		s.refuse(r, enc, count, werr)
+		return
+	}
+	release := s.admit()
+	if release == nil {
+		s.refuse(r, enc, count, errStopping)
+		return
+	}
+	give, werr := s.hold(who, count)
+	if werr != nil {
+		release()
+		s.refuse(r, enc, count, werr)
+		return
+	}
+	select {
+	case s.writing <- struct{}{}:
+	default:
+		give()
+		release()
+		count.queueFull.Add(1)
+		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server is storing as many writes as it may at once (%d); write again shortly", MaxConcurrentWrites))
+		return
+	}
+	go func() {
+		defer func() { <-s.writing; give(); release() }()
+		ctx, cancel := context.WithTimeout(s.stopping, writeTimeout)
+		defer cancel()
+		out, werr := v.write(s, ctx, names, in)
+		var data []byte
+		if werr == nil {
+			var err error
+			if data, err = enc.marshal(out); err != nil {
+				werr = wire.Errorf(wire.CodeInternal, "encoding the answer: %v", err)
+			}
+		}
+		s.send(r, enc, count, data, werr)
+	}()
+}
+
+// writeAnswersTo reports whether a write of who's may be answered on reply:
+// an inbox the service answers to (answersTo) that is who's own, or a
+// reply nats-server made for a request from another account (_R_.), whose
+// asker the importing account's permissions confined.
+func (s *Service) writeAnswersTo(reply string, who addressee) bool {
+	if !s.answersTo(reply, who.role, who.name) {
+		return false
+	}
+	return strings.HasPrefix(reply, wire.InboxPrefix(who.role, who.name)+".") || strings.HasPrefix(reply, "_R_.") ||
+		// nats.go's and the nats CLI's default inbox, where the
+		// configured prefixes allow it: no node's or provider's grant
+		// may subscribe there.
+		(strings.HasPrefix(reply, "_INBOX.") && !strings.HasPrefix(reply, wire.InboxRoot+"."))
+}
+
+// stateBucket is one bucket of nodes' records as the write verbs store it.
+type stateBucket struct {
+	bucket string
+	kv     jetstream.KeyValue
+	// maxValue is the bucket's largest value, as its stream's
+	// max_msg_size says (0: none but the server's max_payload).
+	maxValue int
+	// held is the bucket's copy, whose budget a put must fit.
+	held heldCopy
+}
+
+// heldCopy is what the write verbs read of a state bucket's copy: its
+// budget, a node's values and how far it is.
+type heldCopy interface {
+	Fits(first, key string, size int) bool
+	FitsReplacing(first, prefix string, keys, bytes int) bool
+	Values(first string, each func(key, value string)) uint64
+	Revision() uint64
+	WaitFor(ctx context.Context, revision uint64) bool
+}
+
+// writeStore is what the write verbs store through: the writing identity's
+// JetStream and the state buckets bound with it.
+type writeStore struct {
+	js      jetstream.JetStream
+	buckets map[string]*stateBucket
+
+	// bound are the providers' buckets bound so far, made on a provider's
+	// first bind.
+	boundMu sync.Mutex
+	bound   map[string]jetstream.KeyValue
+}
+
+// openWriteStore binds the state buckets through js, which is the writing
+// identity's.
+func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
+	w := &writeStore{js: js, buckets: map[string]*stateBucket{}, bound: map[string]jetstream.KeyValue{}}
+	for _, b := range []struct {
+		bucket string
+		held   heldCopy
+	}{{keys.NeedsBucket, m.Needs}, {keys.AppliedBucket, m.Applied}, {keys.CollectBucket, m.Collect}, {keys.ManifestsBucket, m.Manifests}} {
+		kv, err := js.KeyValue(ctx, b.bucket)
+		if err != nil {
+			return nil, fmt.Errorf("bind bucket %s for writes: %w", b.bucket, err)
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read bucket %s's limits: %w", b.bucket, err)
+		}
+		maxValue := 0
+		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			maxValue = int(max(bs.StreamInfo().Config.MaxMsgSize, 0))
+		}
+		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held}
+	}
+	return w, nil
+}
+
+// bucketOf returns the bucket a node's record names, refusing the registry
+// and manifests, which nodes do not put.
+func (w *writeStore) bucketOf(what provisionerv1.What) (*stateBucket, *wire.Error) {
+	switch what {
+	case provisionerv1.What_WHAT_NEEDS:
+		return w.buckets[keys.NeedsBucket], nil
+	case provisionerv1.What_WHAT_APPLIED:
+		return w.buckets[keys.AppliedBucket], nil
+	case provisionerv1.What_WHAT_COLLECT:
+		return w.buckets[keys.CollectBucket], nil
+	case provisionerv1.What_WHAT_MANIFESTS:
+		return nil, wire.NewError(wire.CodeBadRequest, "a manifest is declared on mesh-provisioner.declare.<node>.<provider>, not put: send a DeclareRequest there")
+	}
+	return nil, wire.Errorf(wire.CodeBadRequest, "what is %s: a node writes WHAT_NEEDS, WHAT_APPLIED or WHAT_COLLECT; the registry is the service's own", what)
+}
+
+// ownKey checks a key's shape in its bucket and that node owns it.
+func ownKey(b *stateBucket, node, key string) *wire.Error {
+	if werr := checkName("key", key, false); werr != nil {
+		return werr
+	}
+	owner, err := mirror.CheckKey(b.bucket, key)
+	if err != nil {
+		return wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", key, b.bucket, err)
+	}
+	if owner != node {
+		return wire.Errorf(wire.CodeForbidden, "key %q is node %s's: on mesh-provisioner.*.%s, node %s writes only keys that start with %q", key, owner, node, node, node+".")
+	}
+	return nil
+}
+
+// checkValue refuses a value over the bucket's largest, one that does not
+// decode as the copy would, and one its node's budget has no room for.
+func checkValue(b *stateBucket, node, key string, value []byte) *wire.Error {
+	if b.maxValue > 0 && len(value) > b.maxValue {
+		return wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, over %s's largest value of %d bytes (max_value_size): write a smaller one", key, len(value), b.bucket, b.maxValue)
+	}
+	if _, err := mirror.CheckRecord(b.bucket, key, value); err != nil {
+		return wire.Errorf(wire.CodeBadRequest, "the value of %s: %v", key, err)
+	}
+	if !b.held.Fits(node, key, len(value)) {
+		return wire.Errorf(wire.CodeTooLarge, "node %s has no room for %s in %s: it holds as many keys or value bytes as the server keeps of one node (--node-max-keys, --node-max-bytes); delete some of its keys first", node, key, b.bucket)
+	}
+	return nil
+}
+
+// stored returns the refusal of a write JetStream did not acknowledge.
+func stored(what string, err error) *wire.Error {
+	if errors.Is(err, context.Canceled) {
+		return errStopping
+	}
+	return wire.Errorf(wire.CodeUnavailable, "storing %s failed (%v): nothing is lost that was acknowledged; write again shortly", what, err)
+}
+
+func (s *Service) putRecord(ctx context.Context, names []string, in *provisionerv1.PutRequest) (proto.Message, *wire.Error) {
+	node, rec := names[0], in.GetRecord()
+	b, werr := s.store.bucketOf(rec.GetWhat())
+	if werr != nil {
+		return nil, werr
+	}
+	if werr := ownKey(b, node, rec.GetKey()); werr != nil {
+		return nil, werr
+	}
+	if werr := checkValue(b, node, rec.GetKey(), rec.GetValue()); werr != nil {
+		return nil, werr
+	}
+	revision, err := b.kv.Put(ctx, rec.GetKey(), rec.GetValue())
+	if err != nil {
+		return nil, stored(rec.GetKey(), err)
+	}
+	return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: rec.GetKey(), Revision: revision}, nil
+}
+
+func (s *Service) deleteRecord(ctx context.Context, names []string, in *provisionerv1.DeleteRequest) (proto.Message, *wire.Error) {
+	node := names[0]
+	b, werr := s.store.bucketOf(in.GetWhat())
+	if werr != nil {
+		return nil, werr
+	}
+	if werr := ownKey(b, node, in.GetKey()); werr != nil {
+		return nil, werr
+	}
+	revision, err := deleteKey(ctx, s.store.js, b.bucket, in.GetKey())
+	if err != nil {
+		return nil, stored("the delete of "+in.GetKey(), err)
+	}
+	return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: in.GetKey(), Revision: revision}, nil
+}
+
+// wireDelete returns the message that deletes key of bucket: a KV delete
+// marker, as jetstream's Delete publishes it.
+func wireDelete(bucket, key string) *nats.Msg {
+	msg := nats.NewMsg(wire.KVSubject(bucket, key))
+	msg.Header.Set(wire.KVOperationHeader, wire.KVOperationDelete)
+	return msg
+}
+
+// deleteKey writes a KV delete marker of key, as jetstream's Delete does,
+// and returns its revision, which Delete does not.
+func deleteKey(ctx context.Context, js jetstream.JetStream, bucket, key string) (uint64, error) {
+	msg := wireDelete(bucket, key)
+	ack, err := js.PublishMsg(ctx, msg)
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisionerv1.ApplyRequest) (proto.Message, *wire.Error) {
+	node, module := names[0], in.GetModule()
+	if werr := checkName("module", module, true); werr != nil {
+		return nil, werr
+	}
+	b := s.store.buckets[keys.NeedsBucket]
+	prefix := node + "." + module + "."
+	want := make(map[string][]byte, len(in.GetNeeds()))
+	size := 0
+	for _, rec := range in.GetNeeds() {
+		if what := rec.GetWhat(); what != provisionerv1.What_WHAT_UNSPECIFIED && what != provisionerv1.What_WHAT_NEEDS {
+			return nil, wire.Errorf(wire.CodeBadRequest, "an apply holds needs only; record %q is of %s", rec.GetKey(), what)
+		}
+		if werr := ownKey(b, node, rec.GetKey()); werr != nil {
+			return nil, werr
+		}
+		if !strings.HasPrefix(rec.GetKey(), prefix) {
+			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is not of module %s: an apply of module %s holds keys that start with %q", rec.GetKey(), module, module, prefix)
+		}
+		if _, dup := want[rec.GetKey()]; dup {
+			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is twice in the set: each key once", rec.GetKey())
+		}
+		if werr := checkValue(b, node, rec.GetKey(), rec.GetValue()); werr != nil {
+			return nil, werr
+		}
+		want[rec.GetKey()] = rec.GetValue()
+		size += len(rec.GetValue())
+	}
+	// Compared with the bucket as it is now: the copy is first brought to
+	// the stream's last revision, so that no write made meanwhile is
+	// taken for unchanged, nor a key written meanwhile left undeleted.
+	last, err := lastRevision(ctx, b.kv)
+	if err != nil {
+		return nil, stored("the apply of "+module, err)
+	}
+	if !b.held.WaitFor(ctx, last) {
+		return nil, wire.Errorf(wire.CodeUnavailable, "the server's copy of %s has not reached revision %d yet; apply again shortly", b.bucket, last)
+	}
+	var held []string
+	unchanged := map[string]bool{}
+	b.held.Values(node, func(key, value string) {
+		if !strings.HasPrefix(key, prefix) {
+			return
+		}
+		held = append(held, key)
+		if v, ok := want[key]; ok && string(v) == value {
+			unchanged[key] = true
+		}
+	})
+	if !b.held.FitsReplacing(node, prefix, len(want), size) {
+		return nil, wire.Errorf(wire.CodeTooLarge, "node %s has no room for module %s's %d needs in %s: it would hold more keys or value bytes than the server keeps of one node (--node-max-keys, --node-max-bytes); delete some of its keys first", node, module, len(want), b.bucket)
+	}
+	out := &provisionerv1.ApplyResponse{Revision: max(last, b.held.Revision()), Unchanged: uint32(len(unchanged))}
+	var acks []jetstream.PubAckFuture
+	for key, value := range want {
+		if unchanged[key] {
+			continue
+		}
+		ack, err := s.store.js.PublishAsync(wire.KVSubject(b.bucket, key), value)
+		if err != nil {
+			return nil, stored(key, err)
+		}
+		acks = append(acks, ack)
+		out.Written++
+	}
+	for _, key := range held {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		ack, err := s.store.js.PublishMsgAsync(wireDelete(b.bucket, key))
+		if err != nil {
+			return nil, stored("the delete of "+key, err)
+		}
+		acks = append(acks, ack)
+		out.Deleted++
+	}
+	for _, ack := range acks {
+		select {
+		case pa := <-ack.Ok():
+			out.Revision = max(out.GetRevision(), pa.Sequence)
+		case err := <-ack.Err():
+			return nil, stored("the apply of "+module, err)
+		case <-ctx.Done():
+			return nil, stored("the apply of "+module, ctx.Err())
+		}
+	}
+	return out, nil
+}
+
+// lastRevision returns the last revision of a bucket's stream.
+func lastRevision(ctx context.Context, kv jetstream.KeyValue) (uint64, error) {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return bs.StreamInfo().State.LastSeq, nil
+	}
+	return 0, nil
+}
+
+func (s *Service) declareManifest(ctx context.Context, names []string, in *provisionerv1.DeclareRequest) (proto.Message, *wire.Error) {
+	node, provider := names[0], names[1]
+	b := s.store.buckets[keys.ManifestsBucket]
+	key, err := keys.ManifestKey{Node: node, Provider: provider}.Key()
+	if err != nil {
+		return nil, wire.Errorf(wire.CodeBadRequest, "%v", err)
+	}
+	if in.GetWithdraw() {
+		revision, err := deleteKey(ctx, s.store.js, b.bucket, key)
+		if err != nil {
+			return nil, stored("the withdrawal of "+key, err)
+		}
+		return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: key, Revision: revision}, nil
+	}
+	if werr := checkValue(b, node, key, in.GetManifest()); werr != nil {
+		return nil, werr
+	}
+	revision, err := b.kv.Put(ctx, key, in.GetManifest())
+	if err != nil {
+		return nil, stored(key, err)
+	}
+	return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: key, Revision: revision, Digest: wire.ManifestDigest(in.GetManifest())}, nil
+}
+
+// MaxBoundValue is the largest value a provider binds: what
+// buckets.DefaultMaxValueSize allows a node's record.
+const MaxBoundValue = 64 << 10
+
+func (s *Service) bindKey(ctx context.Context, names []string, in *provisionerv1.BindRequest) (proto.Message, *wire.Error) {
+	provider, key := names[0], in.GetKey()
+	if werr := checkName("key", key, false); werr != nil {
+		return nil, werr
+	}
+	if err := keys.CheckBoundKey(key); err != nil {
+		return nil, wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", key, wire.BoundBucket(provider), err)
+	}
+	if len(in.GetValue()) > MaxBoundValue {
+		return nil, wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, over the largest a provider binds, %d bytes: bind a smaller one", key, len(in.GetValue()), MaxBoundValue)
+	}
+	kv, err := s.store.boundOf(ctx, provider)
+	if err != nil {
+		return nil, stored(wire.BoundBucket(provider), err)
+	}
+	var revision uint64
+	if in.GetUnbind() {
+		revision, err = deleteKey(ctx, s.store.js, kv.Bucket(), key)
+	} else {
+		revision, err = kv.Put(ctx, key, in.GetValue())
+	}
+	if err != nil {
+		return nil, stored(key, err)
+	}
+	return &provisionerv1.WriteResponse{Bucket: kv.Bucket(), Key: key, Revision: revision}, nil
+}
+
+// boundOf returns provider's bucket, made if missing: one value a key, as
+// the server follows it.
+func (w *writeStore) boundOf(ctx context.Context, provider string) (jetstream.KeyValue, error) {
+	w.boundMu.Lock()
+	defer w.boundMu.Unlock()
+	if kv := w.bound[provider]; kv != nil {
+		return kv, nil
+	}
+	bucket := wire.BoundBucket(provider)
+	kv, err := w.js.KeyValue(ctx, bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = w.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, MaxValueSize: MaxBoundValue,
+			Description: "what provider " + provider + " has provisioned, written through mesh-provisioner.bind." + provider})
+	}
+	if err != nil {
+		return nil, err
+	}
+	w.bound[provider] = kv
+	return kv, nil
+}
