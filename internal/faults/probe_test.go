@@ -19,6 +19,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // probe writes needs and asks the service about them side by side, and
@@ -26,9 +27,9 @@ import (
 // revision each answer reflected and when.
 type probe struct {
 	t      *testing.T
-	needs  jetstream.KeyValue // the writer's handle
-	ask    *client.Client     // the reader's
-	writer string             // the node written, so that keys are unique
+	writes *nats.Conn     // the writer's: it asks the put verb as node writer
+	ask    *client.Client // the reader's
+	writer string         // the node written, so that keys are unique
 
 	mu      sync.Mutex
 	acked   []write
@@ -55,15 +56,7 @@ type answer struct {
 
 func newProbe(t *testing.T, writer, reader *nats.Conn, node string) *probe {
 	t.Helper()
-	js, err := jetstream.New(writer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(context.Background(), keys.NeedsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &probe{t: t, needs: kv, ask: client.New(reader), writer: node, answered: make(chan struct{}, 1)}
+	return &probe{t: t, writes: writer, ask: client.New(reader), writer: node, answered: make(chan struct{}, 1)}
 }
 
 // run writes every writeEvery and asks every askEvery until stop is
@@ -122,10 +115,33 @@ func sleep(ctx context.Context, d time.Duration) {
 
 var needValue, _ = proto.Marshal(&provisionerv1.Need{Placeholder: "${port:probe}", Required: true})
 
+// putNeed asks the put verb as node to write key with needValue, and
+// returns the revision it was stored at.
+func putNeed(ctx context.Context, nc *nats.Conn, node, key string) (uint64, error) {
+	body, err := proto.Marshal(&provisionerv1.PutRequest{Record: &provisionerv1.Record{What: provisionerv1.What_WHAT_NEEDS, Key: key, Value: needValue}})
+	if err != nil {
+		return 0, err
+	}
+	reply, err := nc.RequestWithContext(ctx, wire.NodeSubject(wire.PutSubject, node), body)
+	if err != nil {
+		return 0, err
+	}
+	if err := wire.ErrorOf(reply); err != nil {
+		return 0, err
+	}
+	var out provisionerv1.WriteResponse
+	if err := proto.Unmarshal(reply.Data, &out); err != nil {
+		return 0, err
+	}
+	return out.GetRevision(), nil
+}
+
 func (p *probe) put(ctx context.Context, key string) {
 	putCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	rev, err := p.needs.Put(putCtx, key, needValue)
+	// Through the service's put verb, as a node writes: acked means the
+	// service's answer, sent once JetStream acknowledged the write.
+	rev, err := putNeed(putCtx, p.writes, p.writer, key)
 	if ctx.Err() != nil {
 		return // the test ended: neither acked nor failed
 	}
@@ -214,16 +230,24 @@ func (p *probe) checkCopy(ctx context.Context, reader *nats.Conn) {
 	// A read through a consumer on a replica that is still catching up (a
 	// server just restarted) may miss the last writes: read until it holds
 	// the stream's last revision, as its leader says.
+	js, err := jetstream.New(p.writes)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	needs, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		p.t.Fatal(err)
+	}
 	var live []jetstream.KeyValueEntry
 	var last uint64
 	deadline, _ := ctx.Deadline()
 	natstest.CheckFor(p.t, time.Until(deadline), func() error {
-		status, err := p.needs.Status(ctx)
+		status, err := needs.Status(ctx)
 		if err != nil {
 			p.t.Fatal(err)
 		}
 		last = status.(interface{ StreamInfo() *jetstream.StreamInfo }).StreamInfo().State.LastSeq
-		live, err = kvread.Live(ctx, p.needs)
+		live, err = kvread.Live(ctx, needs)
 		if err != nil {
 			p.t.Fatalf("read the needs bucket: %v", err)
 		}

@@ -26,12 +26,26 @@ from mesh_provisioner import (
     ProvisionsResponse,
     error_of,
 )
+from mesh.provisioner.v1.write_pb2 import (
+    ApplyRequest,
+    ApplyResponse,
+    BindRequest,
+    DeclareRequest,
+    DeleteRequest,
+    PutRequest,
+    WriteResponse,
+)
 from server import CASES, apply, serve
 
 MESSAGES: dict[str, tuple[type[Message], type[Message]]] = {
     "provisioning": (ProvisioningRequest, ProvisioningResponse),
     "compose": (ComposeRequest, ComposeResponse),
     "provisions": (ProvisionsRequest, ProvisionsResponse),
+    "put": (PutRequest, WriteResponse),
+    "delete": (DeleteRequest, WriteResponse),
+    "apply": (ApplyRequest, ApplyResponse),
+    "declare": (DeclareRequest, WriteResponse),
+    "bind": (BindRequest, WriteResponse),
 }
 CONTENT_TYPES = {"binary": "application/protobuf", "json": "application/json"}
 CASE_FILES = sorted(CASES.glob("*.json"))

@@ -20,7 +20,17 @@ from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NATSTimeoutError
 from nats.js.api import ConsumerConfig
 
-from mesh_provisioner import PLANS_BUCKET, RUNS_AS_API_PREFIX, Need, ProvisionerClient, inbox_prefix
+from mesh.provisioner.v1.write_pb2 import PutRequest, Record, WriteResponse
+from mesh_provisioner import (
+    PLANS_BUCKET,
+    RUNS_AS_API_PREFIX,
+    Need,
+    ProvisionerClient,
+    ProvisionerError,
+    What,
+    error_of,
+    inbox_prefix,
+)
 from server import authorized, serve
 
 PLANS_STREAM = f"KV_{PLANS_BUCKET}"
@@ -46,14 +56,15 @@ class Ace:
         return f"{self.api_prefix}.{subject}" if self.api_prefix else subject
 
     async def put_need(self, key: str, need: Need) -> int:
-        """Puts ace's need: a request to the key's subject, answered by
-        JetStream's acknowledgement (nats-py's KV publishes its puts on
-        $KV.<bucket>.<key> whatever its context's prefix); returns the
+        """Puts ace's need through the service's put verb, the only way a
+        node writes (it publishes nothing into JetStream); returns the
         revision written."""
-        reply = await self.nc.request(self.key(f"$KV.mesh-provisioner_needs.{key}"), need.SerializeToString(), timeout=5)
-        ack = json.loads(reply.data)
-        assert "error" not in ack, ack
-        return int(ack["seq"])
+        request = PutRequest(record=Record(what=What.WHAT_NEEDS, key=key, value=need.SerializeToString()))
+        reply = await self.nc.request("mesh-provisioner.put.ace", request.SerializeToString(), timeout=5)
+        assert error_of(reply.headers) is None, reply.headers
+        answer = WriteResponse()
+        answer.ParseFromString(reply.data)
+        return answer.revision
 
 
 @pytest.fixture(params=[False, True], ids=["one-account", "runs-as"])
@@ -89,15 +100,27 @@ async def test_a_node_watches_its_own_plan_under_its_own_permissions_and_no_othe
         assert len(second.plans[0].items) == 2
         assert violations == []
 
-    # ace cannot watch novox's key: neither hear its writes nor read it. The
-    # subscription's refusal is only reported; the read's is a request
-    # answered by nobody.
-    with pytest.raises(NATSTimeoutError):
+    # ace cannot watch novox's key: neither hear its writes nor compose
+    # novox's plan. The subscription's refusal is only reported; the
+    # composition is refused by the service.
+    with pytest.raises(ProvisionerError) as refusal:
         async with contextlib.aclosing(client.watch_plan("novox", timeout=1)) as theirs:
             await asyncio.wait_for(anext(theirs), 10)
+    assert refusal.value.code == 403
     novox = f"$KV.{PLANS_BUCKET}.novox"
     assert refused(violations, "subscription", ace.key(novox)), violations
-    assert refused(violations, "publish", f"{ace.api}.DIRECT.GET.{PLANS_STREAM}.{novox}"), violations
+
+    # A node publishes nothing into JetStream: not a put of its own need,
+    # whose acknowledgement it could aim at any key, nor a direct get of its
+    # own plan.
+    own_need = ace.key("$KV.mesh-provisioner_needs.ace.web.port.http")
+    with pytest.raises(NATSTimeoutError):
+        await ace.nc.request(own_need, Need(placeholder="${port:http}").SerializeToString(), timeout=1)
+    assert refused(violations, "publish", own_need), violations
+    own_plan = f"{ace.api}.DIRECT.GET.{PLANS_STREAM}.$KV.{PLANS_BUCKET}.ace"
+    with pytest.raises(NATSTimeoutError):
+        await ace.nc.request(own_plan, b"", timeout=1)
+    assert refused(violations, "publish", own_plan), violations
 
     # Nor make a consumer of the plans' stream, even of its own key: one it
     # may make is one more it may make (a durable outlives its connection),

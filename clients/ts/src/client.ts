@@ -5,8 +5,6 @@
  * @module
  */
 import { create, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
-import { jetstream } from "@nats-io/jetstream";
-import { Kvm } from "@nats-io/kv";
 import {
   Empty,
   errors,
@@ -328,10 +326,31 @@ function removesKey(h: MsgHdrs | undefined): boolean {
 /** Decodes a record of the plans bucket, or undefined for one that is not a digest: the next write will be. */
 function decodePlanDigest(value: Uint8Array): PlanDigest | undefined {
   try {
-    return fromBinary(PlanDigestSchema, value);
+    const digest = fromBinary(PlanDigestSchema, value);
+    return digest.digest === "" ? undefined : digest;
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Reports whether msg is a write of the key whose subject is subject, as the
+ * stream publishes it: not an answer of JetStream's aimed there (a direct
+ * get's carries Nats-Stream), nor a message of another key's.
+ */
+function ownWrite(msg: Msg, subject: string): boolean {
+  if (msg.subject !== subject) {
+    return false;
+  }
+  const h = msg.headers;
+  if (h === undefined) {
+    return true;
+  }
+  if (h.get("Nats-Stream") !== "") {
+    return false;
+  }
+  const other = h.get("Nats-Subject");
+  return other === "" || other === subject;
 }
 
 /**
@@ -359,13 +378,16 @@ class PlanWatch {
    * server has the subscription before it reads the key.
    */
   constructor(nc: NatsConnection, node: string, apiPrefix: string) {
-    const subject = kvSubject(PLANS_BUCKET, node);
-    this.#sub = nc.subscribe(apiPrefix === "" ? subject : `${apiPrefix}.${subject}`, {
+    const key = kvSubject(PLANS_BUCKET, node);
+    const subject = apiPrefix === "" ? key : `${apiPrefix}.${key}`;
+    this.#sub = nc.subscribe(subject, {
       callback: (err, msg) => {
         if (err !== null) {
           this.#refused = err;
-        } else {
+        } else if (ownWrite(msg, subject)) {
           this.#heard = msg;
+        } else {
+          return;
         }
         this.#wake?.();
       },
@@ -762,11 +784,13 @@ export class ProvisionerClient {
    * on the key's subject, `$KV.mesh-provisioner_plans.<node>` (under the
    * {@link ProvisionerClientOptions.apiPrefix} when set), to which this
    * subscribes (the last message heard kept: a burst of writes is one
-   * change); the key's value, read first and again after each reconnect (a
-   * direct get of that key alone), covers what the subscription cannot have
-   * heard. Those two are all a node's permissions grant of the bucket: no
-   * consumer, which a node could otherwise make until the stream holds no
-   * more, and every node's watch would fail (docs/security.md). On each new
+   * change); the composition asked first, and again after each reconnect,
+   * covers what the subscription cannot have heard. A subscription is all a
+   * node's permissions grant of the bucket: no consumer, no direct get,
+   * nothing published into JetStream (docs/security.md). Only a write of the
+   * node's own key is heard: a message JetStream answered on that subject
+   * for someone else (with Nats-Stream, or another key's Nats-Subject) is
+   * not. On each new
    * digest it composes with `minRevisions` set to the digest's revisions, so
    * the composition is at least as new. Nothing changed costs no request.
    *
@@ -784,16 +808,15 @@ export class ProvisionerClient {
    * up before the service or every instance restarting; a timeout, each
    * request bounded by `timeout`, as one lost with its connection or with
    * the instance that took it), is asked again, backing off from 100 ms to
-   * 2 s. A connection lost and found again reads the key again (asked again
-   * alike after an error): a change made meanwhile is not missed.
+   * 2 s. A connection lost and found again composes again: a change made
+   * meanwhile is not missed.
    *
    * @throws {ProvisionerError} when a composition is refused otherwise than
    *   with a 503 (a 400, 403 or 500).
    * @throws {TypeError} if node is not one subject token (empty, or holding
    *   `.`, `*`, `>` or whitespace).
    * @throws {WatchStoppedError} when the connection closes.
-   * @throws the nats.js error when the key cannot be read at first or the
-   *   subscription is refused (such as a PermissionViolationError for
+   * @throws the nats.js error when the subscription is refused (such as a PermissionViolationError for
    *   another node's key), or of a composition's request otherwise than
    *   unanswered, such as an answer that does not decode.
    */
@@ -806,30 +829,16 @@ export class ProvisionerClient {
     if (signal?.aborted) {
       return;
     }
-    // Bound as is: the bucket's stream allows direct gets (a KV bucket's
-    // does), and a node may read its key no other way. Under an API prefix
-    // the direct get goes where the provisioner's account is imported.
-    const js = this.#apiPrefix === "" ? this.#nc : jetstream(this.#nc, { apiPrefix: this.#apiPrefix });
-    const kv = await new Kvm(js).open(PLANS_BUCKET, { allow_direct: true });
     const watch = new PlanWatch(this.#nc, node, this.#apiPrefix);
     const stop = () => watch.stop();
     signal?.addEventListener("abort", stop, { once: true });
     try {
-      // The subscription in place at the server before the key is read: a
-      // write after the read is heard.
+      // The subscription in place at the server before the first
+      // composition: a write after it is heard.
       await abortable(this.#nc.flush(), signal);
       if (signal?.aborted) {
         return;
       }
-      // The node's record as the bucket holds it, undefined when it holds
-      // none: a direct get of the last message on the key's subject.
-      const read = async (): Promise<PlanDigest | undefined> => {
-        const entry = await kv.get(node);
-        if (entry === null || entry.operation !== "PUT") {
-          return undefined; // no digest yet, or the node's key removed
-        }
-        return decodePlanDigest(entry.value);
-      };
       let last = "";
       // The composition at least as new as least, or undefined once the
       // signal aborts; a 503 or no answer is asked again.
@@ -853,14 +862,10 @@ export class ProvisionerClient {
           }
         }
       };
-      const held = await abortable(read(), signal);
-      if (signal?.aborted) {
-        return;
-      }
       if (watch.refused !== undefined) {
         throw watch.refused; // no write of the key would be heard
       }
-      const first = await composeAt(held?.revisions);
+      const first = await composeAt(undefined);
       if (first === undefined) {
         return;
       }
@@ -874,33 +879,17 @@ export class ProvisionerClient {
         if (heard === "closed") {
           throw new WatchStoppedError(node);
         }
-        let record: PlanDigest | undefined;
-        if (heard === "reconnected") {
-          // What was written while the connection was lost was not heard.
-          for (let retry = WATCH_RETRY_MIN; ; retry = Math.min(2 * retry, WATCH_RETRY_MAX)) {
-            if (watch.closed) {
-              throw new WatchStoppedError(node);
-            }
-            try {
-              record = await abortable(read(), signal);
-              break;
-            } catch {
-              // read again, backing off
-            }
-            if (!(await sleep(retry, signal))) {
-              return;
-            }
+        let least: Revisions | undefined;
+        if (heard !== "reconnected") {
+          // A reconnect composes at once: what was written while the
+          // connection was lost was not heard.
+          const record = removesKey(heard.headers) ? undefined : decodePlanDigest(heard.data);
+          if (record === undefined || record.digest === last) {
+            continue; // the node's key removed (its plan is what it was), not a digest, or the same
           }
-          if (signal?.aborted) {
-            return;
-          }
-        } else if (!removesKey(heard.headers)) {
-          record = decodePlanDigest(heard.data);
+          least = record.revisions;
         }
-        if (record === undefined || record.digest === last) {
-          continue; // the node's key removed (its plan is what it was), not a digest, or the same
-        }
-        const composition = await composeAt(record.revisions);
+        const composition = await composeAt(least);
         if (composition === undefined) {
           return;
         }

@@ -12,6 +12,7 @@ export * from "./gen/mesh/provisioner/v1/provisions_pb.js";
 export * from "./gen/mesh/provisioner/v1/registry_pb.js";
 export * from "./gen/mesh/provisioner/v1/state_pb.js";
 export * from "./gen/mesh/provisioner/v1/stats_pb.js";
+export * from "./gen/mesh/provisioner/v1/write_pb.js";
 
 /**
  * The prefix under which a mesh's account imports the provisioner's

@@ -31,6 +31,13 @@ import {
   ProvisioningResponseSchema,
   ProvisionsRequestSchema,
   ProvisionsResponseSchema,
+  PutRequestSchema,
+  DeleteRequestSchema,
+  ApplyRequestSchema,
+  ApplyResponseSchema,
+  DeclareRequestSchema,
+  BindRequestSchema,
+  WriteResponseSchema,
 } from "../src/index.js";
 
 // build-test/test/ -> the repository's root.
@@ -55,7 +62,7 @@ interface Expect {
 interface Case {
   about: string;
   pending?: string;
-  verb: "provisioning" | "compose" | "provisions";
+  verb: "provisioning" | "compose" | "provisions" | "put" | "delete" | "apply" | "declare" | "bind";
   /** The request goes to mesh-provisioner.<verb>.<address>: a node's or a provider's own subject. */
   address?: string;
   request?: JsonValue;
@@ -68,12 +75,24 @@ const schemas = {
   provisioning: { request: ProvisioningRequestSchema, answer: ProvisioningResponseSchema },
   compose: { request: ComposeRequestSchema, answer: ComposeResponseSchema },
   provisions: { request: ProvisionsRequestSchema, answer: ProvisionsResponseSchema },
+  put: { request: PutRequestSchema, answer: WriteResponseSchema },
+  delete: { request: DeleteRequestSchema, answer: WriteResponseSchema },
+  apply: { request: ApplyRequestSchema, answer: ApplyResponseSchema },
+  declare: { request: DeclareRequestSchema, answer: WriteResponseSchema },
+  bind: { request: BindRequestSchema, answer: WriteResponseSchema },
 } as const;
-type AnswerSchema = typeof ProvisioningResponseSchema | typeof ComposeResponseSchema | typeof ProvisionsResponseSchema;
+type AnswerSchema =
+  | typeof ProvisioningResponseSchema
+  | typeof ComposeResponseSchema
+  | typeof ProvisionsResponseSchema
+  | typeof WriteResponseSchema
+  | typeof ApplyResponseSchema;
 type Answer =
   | MessageShape<typeof ProvisioningResponseSchema>
   | MessageShape<typeof ComposeResponseSchema>
-  | MessageShape<typeof ProvisionsResponseSchema>;
+  | MessageShape<typeof ProvisionsResponseSchema>
+  | MessageShape<typeof WriteResponseSchema>
+  | MessageShape<typeof ApplyResponseSchema>;
 
 /** What a request got: an answer, or a refusal's code and sentence. */
 interface Reply {

@@ -173,6 +173,19 @@ def _plan_subject(node: str) -> str:
     return f"$KV.{PLANS_BUCKET}.{node}"
 
 
+def _own_write(msg: Msg, subject: str) -> bool:
+    """Whether msg is a write of the key whose subject is subject, as the
+    stream publishes it: not an answer of JetStream's aimed there (a direct
+    get's carries Nats-Stream), nor a message of another key's."""
+    if msg.subject != subject:
+        return False
+    headers = msg.headers or {}
+    if headers.get("Nats-Stream"):
+        return False
+    other = headers.get("Nats-Subject")
+    return not other or other == subject
+
+
 def _plan_digest_of(msg: Msg) -> PlanDigest | None:
     """The digest a message of node's key carries (a write heard, or a
     direct get's answer): None for a removal (a delete or purge marker, or
@@ -190,7 +203,7 @@ def _plan_digest_of(msg: Msg) -> PlanDigest | None:
         digest.ParseFromString(msg.data)
     except DecodeError:
         return None
-    return digest
+    return digest if digest.digest else None
 
 
 def error_of(headers: dict[str, str] | None) -> ProvisionerError | None:
@@ -427,18 +440,15 @@ class ProvisionerClient:
 
         Each write of the node's key is a message on the key's subject,
         $KV.<bucket>.<node>, to which this subscribes (core NATS: the latest
-        write heard is kept, a burst of writes is one change); the key's
-        value, read first and again after each reconnect with a direct get
-        of that key alone ($JS.API.DIRECT.GET.<stream>.$KV.<bucket>.<node>,
-        an empty body), covers what the subscription cannot have heard: the
-        first composition is at its revisions, and a change made while the
-        connection was down is not missed. Those two are all a node's
-        permissions grant of the bucket (docs/security.md): no consumer,
-        which nats-py's KV watcher makes and which a node could otherwise
-        make until the stream holds no more, failing every node's watch.
-        With api_prefix (a runs-as mesh), both are under it:
-        <api_prefix>.$KV.<bucket>.<node> and
-        <api_prefix>.DIRECT.GET.<stream>.$KV.<bucket>.<node>.
+        write heard is kept, a burst of writes is one change); the
+        composition asked first, and again after each reconnect, covers what
+        the subscription cannot have heard. A subscription is all a node's
+        permissions grant of the bucket (docs/security.md): no consumer, no
+        direct get, nothing published into JetStream. Only a write of the
+        node's own key is heard: a message that JetStream answered on that
+        subject for someone else (it carries Nats-Stream, or another key's
+        Nats-Subject) is not. With api_prefix (a runs-as mesh), the subject
+        is <api_prefix>.$KV.<bucket>.<node>.
 
         Stop it by leaving the loop (aclosing closes the generator at once;
         without it, the event loop does when the generator is collected) or
@@ -449,21 +459,23 @@ class ProvisionerClient:
         the service, or every instance restarting: NoRespondersError), a
         request that timed out (lost with its connection, or with the
         instance that took it: each is bounded by timeout), or one the
-        connection could not send while reconnecting. So is the read of the
-        key after a reconnect that fails.
+        connection could not send while reconnecting.
 
         Raises ValueError when node is not a name, ProvisionerError when a
         composition is refused otherwise than with a 503 (400, 403, 500),
-        WatchStoppedError when the connection closes, and nats-py's or
-        protobuf's errors when the key cannot be read at first (TimeoutError
-        when the read is refused, as another node's key is) or a composition
-        fails otherwise than unanswered (a DecodeError of its answer)."""
+        WatchStoppedError when the connection closes, and protobuf's errors
+        when a composition fails otherwise than unanswered (a DecodeError of
+        its answer)."""
         _check_name("node", node)
         wait = self._timeout if timeout is None else timeout
         latest: list[Msg] = []  # the last write heard, if not handled yet
         heard = asyncio.Event()
 
+        subject = self._plan_key_subject(node)
+
         async def on_write(msg: Msg) -> None:
+            if not _own_write(msg, subject):
+                return
             latest[:] = [msg]
             heard.set()
 
@@ -476,13 +488,12 @@ class ProvisionerClient:
         # one step: a read asked once the count changed follows the
         # subscription at the server.
         reconnects = self._nc.stats["reconnects"]
-        sub = await self._nc.subscribe(self._plan_key_subject(node), cb=on_write)
+        sub = await self._nc.subscribe(subject, cb=on_write)
         try:
             # The subscription in place at the server before the key is
             # read: a write after the read is heard.
             await self._nc.flush(timeout=max(1, math.ceil(wait)))
-            record = await self._read_plan_digest(node, wait)
-            composition = await self._compose_at(node, record.revisions if record is not None else None, timeout)
+            composition = await self._compose_at(node, None, timeout)
             last = composition.plan_digest
             yield composition
             while True:
@@ -495,13 +506,14 @@ class ProvisionerClient:
                     heard.clear()
                     record = _plan_digest_of(latest.pop()) if latest else None
                 if self._nc.stats["reconnects"] != reconnects:
-                    # Reconnected: what was written meanwhile was not heard.
-                    # The read is newer than any write heard before it.
+                    # Reconnected: what was written meanwhile was not heard;
+                    # a composition now is newer than any write heard before.
                     reconnects = self._nc.stats["reconnects"]
-                    record = await self._read_plan_digest_again(node, wait)
-                if record is None or record.digest == last:
+                    composition = await self._compose_at(node, None, timeout)
+                elif record is None or record.digest == last:
                     continue
-                composition = await self._compose_at(node, record.revisions, timeout)
+                else:
+                    composition = await self._compose_at(node, record.revisions, timeout)
                 if composition.plan_digest == last:
                     continue
                 last = composition.plan_digest
@@ -517,41 +529,6 @@ class ProvisionerClient:
         if self._api_prefix is None:
             return _plan_subject(node)
         return f"{self._api_prefix}.{_plan_subject(node)}"
-
-    async def _read_plan_digest(self, node: str, timeout: float) -> PlanDigest | None:
-        """The node's record in PLANS_BUCKET, by a direct get of the last
-        message on the key's subject alone (the key in the request's subject,
-        its body empty: nats-server refuses a body naming another subject,
-        and a node may publish this subject of its own key only), under
-        api_prefix if set; None when the key holds no digest (never written,
-        removed, or not a digest)."""
-        api = self._api_prefix or _JS_API_PREFIX
-        reply = await self._nc.request(
-            f"{api}.DIRECT.GET.{_PLANS_STREAM}.{_plan_subject(node)}", b"", timeout=timeout
-        )
-        headers = reply.headers or {}
-        status = headers.get("Status")
-        if status == "404":
-            return None  # no digest yet
-        if status:
-            raise APIError(code=int(status) if status.isdigit() else None, description=headers.get("Description"))
-        return _plan_digest_of(reply)
-
-    async def _read_plan_digest_again(self, node: str, timeout: float) -> PlanDigest | None:
-        """_read_plan_digest, asked again on an error (the server not
-        reached yet, or JetStream not ready), backing off; raises
-        WatchStoppedError once the connection is closed."""
-        retry = _WATCH_RETRY_MIN
-        while True:
-            if self._nc.is_closed:
-                raise WatchStoppedError(node)
-            try:
-                return await self._read_plan_digest(node, timeout)
-            except Exception:
-                if self._nc.is_closed:
-                    raise WatchStoppedError(node) from None
-            await asyncio.sleep(retry)
-            retry = min(2 * retry, _WATCH_RETRY_MAX)
 
     async def _compose_at(self, node: str, least: Revisions | None, timeout: float | None) -> ComposeResponse:
         """The whole composition of node, at least as new as least, for
