@@ -4,7 +4,7 @@
  *
  * @module
  */
-import { create, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
+import { clone, create, fromBinary, fromJson, ScalarType, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import {
   Empty,
   errors,
@@ -39,7 +39,19 @@ import {
   ProvisionsResponseSchema,
   type ProvisionsResponse,
 } from "./gen/mesh/provisioner/v1/provisions_pb.js";
+import { What } from "./gen/mesh/provisioner/v1/provisioning_pb.js";
+import { AppliedSchema, CollectItemSchema, ManifestSchema, NeedSchema } from "./gen/mesh/provisioner/v1/state_pb.js";
 import { EndpointStatsDataSchema, type EndpointStatsData } from "./gen/mesh/provisioner/v1/stats_pb.js";
+import {
+  ApplyRequestSchema,
+  ApplyResponseSchema,
+  BindRequestSchema,
+  DeclareRequestSchema,
+  DeleteRequestSchema,
+  PutRequestSchema,
+  WriteResponseSchema,
+  type ApplyResponse,
+} from "./gen/mesh/provisioner/v1/write_pb.js";
 
 /** The micro service's name, as discovery shows it. */
 export const SERVICE_NAME = "mesh-provisioner";
@@ -68,10 +80,34 @@ export const PROVISIONS_ENDPOINT = "provisions";
  * {@link providerSubject}(provider), `mesh-provisioner.provisions.<provider>`.
  */
 export const PROVISIONS_SUBJECT = `${SERVICE_NAME}.${PROVISIONS_ENDPOINT}`;
+/** The name of the endpoint that writes one record of a node. */
+export const PUT_ENDPOINT = "put";
+/** The put verb's subject before the node's token: a node writes on `mesh-provisioner.put.<node>`. */
+export const PUT_SUBJECT = `${SERVICE_NAME}.${PUT_ENDPOINT}`;
+/** The name of the endpoint that deletes one record of a node. */
+export const DELETE_ENDPOINT = "delete";
+/** The delete verb's subject before the node's token: `mesh-provisioner.delete.<node>`. */
+export const DELETE_SUBJECT = `${SERVICE_NAME}.${DELETE_ENDPOINT}`;
+/** The name of the endpoint that replaces the whole set of a module's needs. */
+export const APPLY_ENDPOINT = "apply";
+/** The apply verb's subject before the node's token: `mesh-provisioner.apply.<node>`. */
+export const APPLY_SUBJECT = `${SERVICE_NAME}.${APPLY_ENDPOINT}`;
+/** The name of the endpoint that declares the manifest of a provider a node runs. */
+export const DECLARE_ENDPOINT = "declare";
+/**
+ * The declare verb's subject before the node's and the provider's tokens:
+ * `mesh-provisioner.declare.<node>.<provider>`.
+ */
+export const DECLARE_SUBJECT = `${SERVICE_NAME}.${DECLARE_ENDPOINT}`;
+/** The name of the endpoint that writes a provider's bucket `<provider>_bound`. */
+export const BIND_ENDPOINT = "bind";
+/** The bind verb's subject before the provider's token: `mesh-provisioner.bind.<provider>`. */
+export const BIND_SUBJECT = `${SERVICE_NAME}.${BIND_ENDPOINT}`;
+
 /**
  * The bucket where the seat's holder keeps each node's plan digest: key
  * `<node>`, value a {@link PlanDigest}. {@link ProvisionerClient.watchPlan}
- * hears the writes of a node's key and reads it.
+ * hears the writes of a node's key (it reads nothing of the bucket).
  */
 export const PLANS_BUCKET = `${SERVICE_NAME}_plans`;
 /** The Content-Type of a protobuf binary request and answer. */
@@ -90,6 +126,184 @@ export function nodeSubject(verbSubject: string, node: string): string {
 /** Returns the provisions verb's subject of a provider: `mesh-provisioner.provisions.<provider>`. */
 export function providerSubject(provider: string): string {
   return `${PROVISIONS_SUBJECT}.${provider}`;
+}
+
+/**
+ * Whether byte b may stand in a key's token as itself (A-Z a-z 0-9 - _ /,
+ * and `=` unless escaped: in an escaped token `=` starts an escape), as the
+ * Go keys package says.
+ */
+function tokenByte(b: number, escaped: boolean): boolean {
+  return (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || (b >= 0x30 && b <= 0x39) ||
+    b === 0x2d || b === 0x5f || b === 0x2f || (b === 0x3d && !escaped);
+}
+
+/**
+ * Returns the token that stands for a need's or a collection's readable
+ * name in a key, as the Go keys.Escape writes it: every byte of the name's
+ * UTF-8 outside A-Z a-z 0-9 - _ / (so also `.`, `:` and `=`) is written `=`
+ * and two upper-case hex digits. `escapeName("zsh:normal")` is
+ * `"zsh=3Anormal"`.
+ */
+export function escapeName(name: string): string {
+  let token = "";
+  for (const b of new TextEncoder().encode(name)) {
+    token += tokenByte(b, true) ? String.fromCharCode(b) : `=${b.toString(16).toUpperCase().padStart(2, "0")}`;
+  }
+  return token;
+}
+
+/**
+ * Joins the parts of a key, each checked as the Go keys.CheckToken does: not
+ * empty, and only A-Z a-z 0-9 - _ = /.
+ *
+ * @throws {TypeError} naming the first part that is not a token.
+ */
+function keyOf(parts: [name: string, value: string][]): string {
+  for (const [name, value] of parts) {
+    const bad = [...new TextEncoder().encode(value)].findIndex((b) => !tokenByte(b, false));
+    if (value === "" || bad >= 0) {
+      throw new TypeError(`invalid key part: ${name} ${JSON.stringify(value)} ${value === "" ? "is empty" : `holds a byte it may not at byte ${bad}`}; a token holds only A-Z a-z 0-9 - _ = /`);
+    }
+  }
+  return parts.map(([, value]) => value).join(".");
+}
+
+/**
+ * Returns the key of a need in the needs bucket, as the Go keys.NeedKey
+ * builds it: `<node>.<module>.<kind>.<name>`, the name (the placeholder's
+ * readable name, `"zsh:normal"` of `${shell:zsh:normal}`) escaped by
+ * {@link escapeName}.
+ *
+ * @throws {TypeError} when the name is empty or another part is not a token
+ *   (empty, or holding a byte other than A-Z a-z 0-9 - _ = /).
+ */
+export function needKey(node: string, module: string, kind: string, name: string): string {
+  if (name === "") {
+    throw new TypeError("invalid key part: name is empty");
+  }
+  return keyOf([["node", node], ["module", module], ["kind", kind], ["name", escapeName(name)]]);
+}
+
+/**
+ * Returns the key of a module's applied record: `<node>.<module>`.
+ *
+ * @throws {TypeError} when a part is not a token.
+ */
+export function appliedKey(node: string, module: string): string {
+  return keyOf([["node", node], ["module", module]]);
+}
+
+/**
+ * Returns the key of a contributor's item of a collection:
+ * `<node>.<collection>.<contributor>`, the collection's readable name
+ * escaped by {@link escapeName}.
+ *
+ * @throws {TypeError} when the collection is empty or another part is not a
+ *   token.
+ */
+export function collectKey(node: string, collection: string, contributor: string): string {
+  if (collection === "") {
+    throw new TypeError("invalid key part: collection is empty");
+  }
+  return keyOf([["node", node], ["collection", escapeName(collection)], ["contributor", contributor]]);
+}
+
+/**
+ * Returns the key of a node's manifest of a provider it runs:
+ * `<node>.<provider>`.
+ *
+ * @throws {TypeError} when a part is not a token.
+ */
+export function manifestKey(node: string, provider: string): string {
+  return keyOf([["node", node], ["provider", provider]]);
+}
+
+/**
+ * Orders a map's keys (an object's keys, so strings) as Go's deterministic
+ * encoding does: by their bytes when the map's keys are strings, by value
+ * when they are numbers, false before true.
+ */
+function compareMapKeys(keyType: ScalarType): (a: string, b: string) => number {
+  if (keyType === ScalarType.STRING) {
+    return (a, b) => Buffer.compare(Buffer.from(a, "utf8"), Buffer.from(b, "utf8"));
+  }
+  if (keyType === ScalarType.BOOL) {
+    return (a, b) => Number(a === "true") - Number(b === "true");
+  }
+  return (a, b) => {
+    const [x, y] = [BigInt(a), BigInt(b)];
+    return x < y ? -1 : x > y ? 1 : 0;
+  };
+}
+
+/**
+ * Makes message's maps, and those of the messages it holds, list their keys
+ * in order: a view whose own keys come sorted (a plain object lists
+ * integer-like keys first, whatever the order they were set in).
+ */
+function sortMaps(schema: DescMessage, message: Record<string, unknown>): void {
+  for (const field of schema.fields) {
+    let value: unknown;
+    if (field.oneof !== undefined) {
+      const oneof = message[field.oneof.localName] as { case?: string; value?: unknown };
+      value = oneof.case === field.localName ? oneof.value : undefined;
+    } else {
+      value = message[field.localName];
+    }
+    if (value === undefined || value === null) {
+      continue;
+    }
+    switch (field.fieldKind) {
+      case "message":
+        sortMaps(field.message, value as Record<string, unknown>);
+        break;
+      case "list":
+        if (field.listKind === "message") {
+          for (const m of value as Record<string, unknown>[]) {
+            sortMaps(field.message, m);
+          }
+        }
+        break;
+      case "map": {
+        const record = value as Record<string, unknown>;
+        if (field.mapKind === "message") {
+          for (const m of Object.values(record)) {
+            sortMaps(field.message, m as Record<string, unknown>);
+          }
+        }
+        const keys = Object.keys(record).sort(compareMapKeys(field.mapKey));
+        message[field.localName] = new Proxy(record, { ownKeys: () => keys });
+        break;
+      }
+    }
+  }
+}
+
+/**
+ * Encodes a record's value in protobuf binary, deterministically as Go's
+ * `proto.MarshalOptions{Deterministic: true}` does (fields by number, map
+ * entries by key): the same record is the same bytes, which an apply finds
+ * unchanged and a manifest's digest names. The message given is left as it
+ * is.
+ */
+export function encodeDeterministic<Desc extends DescMessage>(schema: Desc, value: MessageInitShape<Desc>): Uint8Array {
+  const message = clone(schema, create(schema, value));
+  sortMaps(schema, message as unknown as Record<string, unknown>);
+  return toBinary(schema, message);
+}
+
+/**
+ * Returns the declare verb's subject of a node's manifest of a provider it
+ * runs: `mesh-provisioner.declare.<node>.<provider>`.
+ */
+export function declareSubject(node: string, provider: string): string {
+  return `${DECLARE_SUBJECT}.${node}.${provider}`;
+}
+
+/** Returns the bind verb's subject of a provider: `mesh-provisioner.bind.<provider>`. */
+export function bindSubject(provider: string): string {
+  return `${BIND_SUBJECT}.${provider}`;
 }
 
 /** Starts every inbox prefix of the mesh's identities; not nats.js's default `_INBOX`, which no generated permission set grants. */
@@ -136,14 +350,17 @@ const ERROR_CODE_HEADER = "Nats-Service-Error-Code";
 
 /**
  * ProvisionerError is a request the service refused: its numeric code (400
- * bad request, 403 forbidden, 503 not ready, 500 internal) and its sentence,
- * from the Nats-Service-Error-Code and Nats-Service-Error headers.
+ * bad request, 403 forbidden, 413 too large, 503 not ready, 500 internal)
+ * and its sentence, from the Nats-Service-Error-Code and Nats-Service-Error
+ * headers.
  */
 export class ProvisionerError extends Error {
   /**
    * The code: 400 bad request (do not retry as is); 403 forbidden: a request
    * on a node's (or provider's) own subject asked for what is not that
-   * node's (another node's records or plan, or every node's); 503 not ready: the
+   * node's (another node's records or plan, or every node's, or a write of
+   * another node's key); 413 too large: a write's value over the bucket's
+   * largest, or over the node's budget of keys or bytes; 503 not ready: the
    * server's copy is loading, did not reach the revisions asked for in time,
    * or the server is stopping (ask again shortly); 500 internal, such as an
    * answer too large for NATS (narrow the request); 0 if the reply's code is
@@ -192,6 +409,13 @@ export interface ProvisionerClientOptions {
    */
   node?: string;
   /**
+   * Write as this provider: {@link ProvisionerClient.bind} and
+   * {@link ProvisionerClient.unbind} go to `mesh-provisioner.bind.<provider>`,
+   * which is all of the write verbs a provider's permissions grant. Connect
+   * with the provider's {@link inboxPrefix}.
+   */
+  provider?: string;
+  /**
    * Milliseconds to wait for an answer of a verb. Default 10000: more than
    * the time a server waits for the revisions a request asks for (5 s by
    * default, its --revision-wait), so that its 503 arrives before the client
@@ -203,9 +427,10 @@ export interface ProvisionerClientOptions {
    * (`"$PROVISIONER.API"`) when the server runs in an account of its own
    * and the mesh's account imports its API under that prefix.
    * {@link ProvisionerClient.watchPlan} then subscribes to
-   * `<apiPrefix>.$KV.mesh-provisioner_plans.<node>` and reads the key
-   * through a JetStream client with that API prefix. Empty or unset, the
-   * connection's own account (`$JS.API`).
+   * `<apiPrefix>.$KV.mesh-provisioner_plans.<node>`, where the provisioner's
+   * account exports the key's writes; the verbs, writes included, are
+   * imported at their own subjects. Empty or unset, the connection's own
+   * account.
    */
   apiPrefix?: string;
 }
@@ -214,6 +439,30 @@ export interface ProvisionerClientOptions {
 export interface RequestOptions {
   /** Milliseconds to wait for the answer; the client's timeout by default. */
   timeout?: number;
+}
+
+/**
+ * One need of a module's whole set ({@link ProvisionerClient.applyNeeds}):
+ * the placeholder `${kind:name}` and what the module needs for it.
+ */
+export interface ModuleNeed {
+  /** The placeholder's kind: `port` of `${port:http}`. */
+  kind: string;
+  /** The placeholder's readable name, escaped in the key: `zsh:normal` of `${shell:zsh:normal}`. */
+  name: string;
+  /** What the module needs. */
+  need: MessageInitShape<typeof NeedSchema>;
+}
+
+/** Where {@link ProvisionerClient.putManifest} stored a manifest. */
+export interface DeclaredManifest {
+  /**
+   * `"sha256:<hex>"` of the manifest's bytes as stored: what compositions
+   * name in `Provision.manifestDigest`.
+   */
+  digest: string;
+  /** The revision of the manifests bucket it was written at. */
+  revision: bigint;
 }
 
 /** Options of {@link ProvisionerClient.watchPlan}. */
@@ -239,8 +488,7 @@ export class WatchStoppedError extends Error {
 
 /**
  * How watchPlan asks again after a 503 or a composition that got no answer,
- * or reads the node's key again after an error once reconnected, in
- * milliseconds: doubling from the first to the last.
+ * in milliseconds: doubling from the first to the last.
  */
 const WATCH_RETRY_MIN = 100;
 const WATCH_RETRY_MAX = 2000;
@@ -336,7 +584,10 @@ function decodePlanDigest(value: Uint8Array): PlanDigest | undefined {
 /**
  * Reports whether msg is a write of the key whose subject is subject, as the
  * stream publishes it: not an answer of JetStream's aimed there (a direct
- * get's carries Nats-Stream), nor a message of another key's.
+ * get's carries Nats-Stream; a publish's acknowledgement is JSON that
+ * decodes as no digest), nor a message of another key's (another
+ * Nats-Subject). A reply subject does not tell: the writer's own write
+ * carries one, where JetStream acknowledges it.
  */
 function ownWrite(msg: Msg, subject: string): boolean {
   if (msg.subject !== subject) {
@@ -375,7 +626,7 @@ class PlanWatch {
   /**
    * Subscribes to node's key, under apiPrefix when the bucket is another
    * account's (its writes imported there); the caller flushes, so that the
-   * server has the subscription before it reads the key.
+   * server has the subscription before the first composition.
    */
   constructor(nc: NatsConnection, node: string, apiPrefix: string) {
     const key = kvSubject(PLANS_BUCKET, node);
@@ -584,6 +835,7 @@ export class ProvisionerClient {
   readonly #composeSubject: string;
   readonly #provisionsSubject: string;
   readonly #node: string | undefined;
+  readonly #provider: string | undefined;
   readonly #timeout: number;
   readonly #apiPrefix: string;
 
@@ -591,8 +843,12 @@ export class ProvisionerClient {
     if (opts.node !== undefined && !isToken(opts.node)) {
       throw new TypeError(`ProvisionerClient: node ${JSON.stringify(opts.node)} is not a node's name: one subject token (no '.', '*', '>' or whitespace)`);
     }
+    if (opts.provider !== undefined && !isToken(opts.provider)) {
+      throw new TypeError(`ProvisionerClient: provider ${JSON.stringify(opts.provider)} is not a provider's name: one subject token (no '.', '*', '>' or whitespace)`);
+    }
     this.#nc = nc;
     this.#node = opts.node;
+    this.#provider = opts.provider;
     this.#subject = this.#addressed(opts.subject ?? PROVISIONING_SUBJECT);
     this.#composeSubject = this.#addressed(opts.composeSubject ?? COMPOSE_SUBJECT);
     this.#provisionsSubject = opts.provisionsSubject ?? PROVISIONS_SUBJECT;
@@ -603,6 +859,11 @@ export class ProvisionerClient {
   /** The node the client asks as (the {@link ProvisionerClientOptions.node} option), or undefined. */
   get node(): string | undefined {
     return this.#node;
+  }
+
+  /** The provider the client binds as (the {@link ProvisionerClientOptions.provider} option), or undefined. */
+  get provider(): string | undefined {
+    return this.#provider;
   }
 
   /** The subject the client asks the provisioning verb on: the node's own with the `node` option. */
@@ -903,6 +1164,199 @@ export class ProvisionerClient {
       signal?.removeEventListener("abort", stop);
       watch.stop();
     }
+  }
+
+  /**
+   * Writes what module needs for the placeholder `${kind:name}`, through
+   * the put verb on `mesh-provisioner.put.<node>` (the client's
+   * {@link ProvisionerClientOptions.node}, required), and resolves to the
+   * revision it was written at: ask a verb with it in `minRevisions.needs`
+   * to read your write. The service is the only writer of the buckets: a
+   * node's permissions grant it no JetStream publish.
+   *
+   * @throws {TypeError} when the client has no node, or a part of the key
+   *   is not a token ({@link needKey}).
+   * @throws {ProvisionerError} when the service refuses the write: 400 (a
+   *   malformed key, a value that does not decode), 403 (a key of another
+   *   node), 413 (a value larger than the bucket's largest, or over the
+   *   node's budget of keys or bytes), 503 (ask again).
+   * @throws the nats.js error of the request otherwise, such as a
+   *   TimeoutError.
+   */
+  async putNeed(module: string, kind: string, name: string, need: MessageInitShape<typeof NeedSchema>, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("putNeed");
+    return this.#put(What.NEEDS, needKey(node, module, kind, name), encodeDeterministic(NeedSchema, need), opts);
+  }
+
+  /**
+   * Deletes a need through the delete verb, `mesh-provisioner.delete.<node>`,
+   * and resolves to the revision of its delete marker.
+   *
+   * @throws as {@link putNeed} does.
+   */
+  async deleteNeed(module: string, kind: string, name: string, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("deleteNeed");
+    return this.#delete(What.NEEDS, needKey(node, module, kind, name), opts);
+  }
+
+  /**
+   * Makes needs the whole set of module's needs, through the apply verb,
+   * `mesh-provisioner.apply.<node>`: the service writes each need that
+   * differs from the one stored, deletes each of the module's that the set
+   * does not hold, and leaves the others. An empty set deletes every need of
+   * the module. The answer says what it changed and at which revision of
+   * the needs bucket (`revision`: ask with it to read the set back).
+   *
+   * @throws as {@link putNeed} does.
+   */
+  async applyNeeds(module: string, needs: ModuleNeed[], opts: RequestOptions = {}): Promise<ApplyResponse> {
+    const node = this.#writer("applyNeeds");
+    const records: MessageInitShape<typeof ApplyRequestSchema>["needs"] = needs.map(({ kind, name, need }) => ({
+      what: What.NEEDS,
+      key: needKey(node, module, kind, name),
+      value: encodeDeterministic(NeedSchema, need),
+    }));
+    return this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records }, opts);
+  }
+
+  /**
+   * Writes what is applied of module, through the put verb, and resolves to
+   * the revision it was written at.
+   *
+   * @throws as {@link putNeed} does.
+   */
+  async putApplied(module: string, applied: MessageInitShape<typeof AppliedSchema>, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("putApplied");
+    return this.#put(What.APPLIED, appliedKey(node, module), encodeDeterministic(AppliedSchema, applied), opts);
+  }
+
+  /**
+   * Deletes what is applied of module, through the delete verb, and
+   * resolves to the revision of its delete marker.
+   *
+   * @throws as {@link putNeed} does.
+   */
+  async deleteApplied(module: string, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("deleteApplied");
+    return this.#delete(What.APPLIED, appliedKey(node, module), opts);
+  }
+
+  /**
+   * Writes contributor's item of a collection, by its readable name such as
+   * `"shell:zsh:normal"` (escaped in the key), through the put verb, and
+   * resolves to the revision it was written at.
+   *
+   * @throws as {@link putNeed} does.
+   */
+  async putCollectItem(collection: string, contributor: string, item: MessageInitShape<typeof CollectItemSchema>, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("putCollectItem");
+    return this.#put(What.COLLECT, collectKey(node, collection, contributor), encodeDeterministic(CollectItemSchema, item), opts);
+  }
+
+  /**
+   * Deletes contributor's item of a collection, through the delete verb, and
+   * resolves to the revision of its delete marker.
+   *
+   * @throws as {@link putNeed} does.
+   */
+  async deleteCollectItem(collection: string, contributor: string, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("deleteCollectItem");
+    return this.#delete(What.COLLECT, collectKey(node, collection, contributor), opts);
+  }
+
+  /**
+   * Declares the manifest of provider, a module this node runs, through the
+   * declare verb, `mesh-provisioner.declare.<node>.<provider>`, which only a
+   * node whose permissions name the provider may publish to (`permissions
+   * --node <node> --providers <provider>`; nats-server refuses the others).
+   * It is stored at `<node>.<provider>` of the manifests bucket, encoded
+   * deterministically; resolves to its digest and revision.
+   *
+   * @throws as {@link putNeed} does; a publish the node's permissions do not
+   *   grant gets no answer (a nats.js timeout) and a permission violation
+   *   on the connection.
+   */
+  async putManifest(provider: string, manifest: MessageInitShape<typeof ManifestSchema>, opts: RequestOptions = {}): Promise<DeclaredManifest> {
+    const node = this.#writer("putManifest");
+    manifestKey(node, provider); // a TypeError for a provider that no key may name
+    const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema,
+      { manifest: encodeDeterministic(ManifestSchema, manifest) }, opts);
+    return { digest: answer.digest, revision: answer.revision };
+  }
+
+  /**
+   * Withdraws the node's manifest of provider, through the declare verb,
+   * and resolves to the revision of its delete marker.
+   *
+   * @throws as {@link putManifest} does.
+   */
+  async deleteManifest(provider: string, opts: RequestOptions = {}): Promise<bigint> {
+    const node = this.#writer("deleteManifest");
+    manifestKey(node, provider); // a TypeError for a provider that no key may name
+    const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema, { withdraw: true }, opts);
+    return answer.revision;
+  }
+
+  /**
+   * Writes key of the provider's bucket `<provider>_bound` through the bind
+   * verb, `mesh-provisioner.bind.<provider>` (the client's
+   * {@link ProvisionerClientOptions.provider}, required), and resolves to
+   * the revision it was written at: compose with it in
+   * `minRevisions.bound` (`{ bound: { "<provider>_bound": revision } }`)
+   * to see the provision bound. The key is
+   * `<node>.<module>.<provision>[.<local>]`, as a `Provision` names it; the
+   * value is opaque to the service, which stores it as given and keeps no
+   * copy.
+   *
+   * @throws {TypeError} when the client has no provider.
+   * @throws {ProvisionerError} when the service refuses the write: 400 (a
+   *   malformed key), 413 (a value larger than the bucket's largest), 503.
+   * @throws the nats.js error of the request otherwise.
+   */
+  async bind(key: string, value: Uint8Array, opts: RequestOptions = {}): Promise<bigint> {
+    const provider = this.#binder("bind");
+    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, value }, opts);
+    return answer.revision;
+  }
+
+  /**
+   * Removes key of the provider's bucket through the bind verb (kept as a
+   * delete marker), and resolves to the revision of the marker.
+   *
+   * @throws as {@link bind} does.
+   */
+  async unbind(key: string, opts: RequestOptions = {}): Promise<bigint> {
+    const provider = this.#binder("unbind");
+    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, unbind: true }, opts);
+    return answer.revision;
+  }
+
+  /** The node a write is for, or a TypeError naming the method when the client has none. */
+  #writer(method: string): string {
+    if (this.#node === undefined) {
+      throw new TypeError(`${method}: the client has no node: a node writes its own records (new ProvisionerClient(nc, { node }))`);
+    }
+    return this.#node;
+  }
+
+  /** The provider a bind is for, or a TypeError naming the method when the client has none. */
+  #binder(method: string): string {
+    if (this.#provider === undefined) {
+      throw new TypeError(`${method}: the client has no provider: a provider writes its own bucket (new ProvisionerClient(nc, { provider }))`);
+    }
+    return this.#provider;
+  }
+
+  /** Puts one record of the client's node and resolves to its revision. */
+  async #put(what: What, key: string, value: Uint8Array, opts: RequestOptions): Promise<bigint> {
+    const answer = await this.#call(nodeSubject(PUT_SUBJECT, this.#node!), PutRequestSchema, WriteResponseSchema, { record: { what, key, value } }, opts);
+    return answer.revision;
+  }
+
+  /** Deletes one record of the client's node and resolves to the revision of its marker. */
+  async #delete(what: What, key: string, opts: RequestOptions): Promise<bigint> {
+    const answer = await this.#call(nodeSubject(DELETE_SUBJECT, this.#node!), DeleteRequestSchema, WriteResponseSchema, { what, key }, opts);
+    return answer.revision;
   }
 
   /** Sends a request in protobuf binary and decodes the answer. */

@@ -9,6 +9,7 @@
 // watch starts before any instance serves.
 import assert from "node:assert/strict";
 import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { createHash } from "node:crypto";
 import { once } from "node:events";
 import { createConnection, createServer, type Socket } from "node:net";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -21,19 +22,45 @@ import { promisify } from "node:util";
 
 import { create, equals, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { Kvm } from "@nats-io/kv";
 import { Empty, headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 
 import {
   AppliedRecordSchema,
+  APPLY_ENDPOINT,
+  APPLY_SUBJECT,
+  ApplyRequestSchema,
+  ApplyResponseSchema,
+  BIND_ENDPOINT,
+  BIND_SUBJECT,
+  BindRequestSchema,
+  bindSubject,
   COMPOSE_ENDPOINT,
   COMPOSE_SUBJECT,
   CollectRecordSchema,
   ComposeRequestSchema,
   ComposeResponseSchema,
   CONTENT_TYPE_PROTOBUF,
+  DECLARE_ENDPOINT,
+  DECLARE_SUBJECT,
+  DeclareRequestSchema,
+  declareSubject,
+  DELETE_ENDPOINT,
+  DELETE_SUBJECT,
+  DeleteRequestSchema,
+  encodeDeterministic,
   errorOf,
+  escapeName,
+  isBound,
+  ManifestSchema,
+  needKey,
+  appliedKey,
+  collectKey,
+  manifestKey,
+  PUT_ENDPOINT,
+  PUT_SUBJECT,
+  PutRequestSchema,
+  WriteResponseSchema,
   MalformedKeySchema,
   ModulePlanSchema,
   NeedRecordSchema,
@@ -448,6 +475,11 @@ const endpoints = [
   [PROVISIONING_NODE_ENDPOINT, `${PROVISIONING_SUBJECT}.*`],
   [COMPOSE_NODE_ENDPOINT, `${COMPOSE_SUBJECT}.*`],
   [PROVISIONS_ENDPOINT, `${PROVISIONS_SUBJECT}.*`],
+  [PUT_ENDPOINT, `${PUT_SUBJECT}.*`],
+  [DELETE_ENDPOINT, `${DELETE_SUBJECT}.*`],
+  [APPLY_ENDPOINT, `${APPLY_SUBJECT}.*`],
+  [DECLARE_ENDPOINT, `${DECLARE_SUBJECT}.*.*`],
+  [BIND_ENDPOINT, `${BIND_SUBJECT}.*`],
 ] as const;
 
 /** Returns the $SRV.STATS of the one instance's endpoints, by name, checking their names and subjects. */
@@ -866,11 +898,18 @@ describe("discovery", () => {
     const provisioning = messages(ProvisioningRequestSchema, ProvisioningResponseSchema);
     const compose = messages(ComposeRequestSchema, ComposeResponseSchema);
     const provisions = messages(ProvisionsRequestSchema, ProvisionsResponseSchema);
+    const put = messages(PutRequestSchema, WriteResponseSchema);
+    const del = messages(DeleteRequestSchema, WriteResponseSchema);
+    const apply = messages(ApplyRequestSchema, ApplyResponseSchema);
+    const declare = messages(DeclareRequestSchema, WriteResponseSchema);
+    const bind = messages(BindRequestSchema, WriteResponseSchema);
     assert.deepStrictEqual(info?.endpoints, endpoints.map(([name, subject], i) => ({
-      name, subject, queue_group: "q", metadata: [provisioning, compose, provisioning, compose, provisions][i],
+      name, subject, queue_group: "q", metadata: [provisioning, compose, provisioning, compose, provisions, put, del, apply, declare, bind][i],
     })));
     assert.deepStrictEqual([PROVISIONING_SUBJECT, COMPOSE_SUBJECT, PROVISIONS_SUBJECT], ["mesh-provisioner.provisioning", "mesh-provisioner.compose", "mesh-provisioner.provisions"]);
     assert.deepStrictEqual([nodeSubject(COMPOSE_SUBJECT, "ace"), providerSubject("postgres")], ["mesh-provisioner.compose.ace", "mesh-provisioner.provisions.postgres"]);
+    assert.deepStrictEqual([nodeSubject(PUT_SUBJECT, "ace"), declareSubject("ace", "pg"), bindSubject("pg")],
+      ["mesh-provisioner.put.ace", "mesh-provisioner.declare.ace.pg", "mesh-provisioner.bind.pg"]);
     assert.deepStrictEqual([ComposeRequestSchema.typeName, ComposeResponseSchema.typeName], ["mesh.provisioner.v1.ComposeRequest", "mesh.provisioner.v1.ComposeResponse"]);
   });
 
@@ -1148,10 +1187,23 @@ describe("provisions", () => {
 
 // After the provisions: it writes needs of a node of its own, wes.
 describe("watchPlan", () => {
-  /** Writes a need of wes as a node's client does (a KV put); returns its revision. */
+  /** Writes a need of wes as its client does, through the put verb (key `<module>.<kind>.<name>`); returns its revision. */
   async function putNeed(key: string, need: MessageInitShape<typeof NeedSchema>): Promise<bigint> {
-    const ack = await nc!.request(`$KV.${NEEDS}.wes.${key}`, toBinary(NeedSchema, create(NeedSchema, need)), { timeout: 5000 });
-    return BigInt(ack.json<{ seq: number }>().seq);
+    const [module, kind, name] = key.split(".") as [string, string, string];
+    return new ProvisionerClient(nc!, { node: "wes" }).putNeed(module, kind, name, need, { timeout: 5000 });
+  }
+  /**
+   * wes's key of the plans bucket as it holds it, or undefined: a direct get
+   * of the key's last message (a fixture on a server without authorization;
+   * a node may not).
+   */
+  async function planOfWes(): Promise<{ digest: string; revision: number } | undefined> {
+    const reply = await nc!.request(`$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}.$KV.${PLANS_BUCKET}.wes`, Empty, { timeout: 5000 });
+    const sequence = reply.headers?.get("Nats-Sequence") ?? "";
+    if (sequence === "" || reply.headers?.get("KV-Operation")) {
+      return undefined; // no message (a 404 status), or a delete marker
+    }
+    return { digest: fromBinary(PlanDigestSchema, reply.data).digest, revision: Number(sequence) };
   }
   /** The next composition, failing after 10 s. */
   async function next(plans: AsyncIterator<ComposeResponse>, what: string): Promise<IteratorResult<ComposeResponse>> {
@@ -1197,7 +1249,7 @@ describe("watchPlan", () => {
     const before = nc!.stats().inMsgs;
     await putNeed("web.port.metrics", { placeholder: "${port:metrics}" }); // changes the plan: the seat writes wes's key
     await sleep(300);
-    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watch still runs");
+    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's answer arrived: the watch still runs");
   });
 
   it("breaking out of the loop stops the watch", async () => {
@@ -1214,10 +1266,10 @@ describe("watchPlan", () => {
     const before = nc!.stats().inMsgs;
     await putNeed("web.port.debug", { placeholder: "${port:debug}" });
     await sleep(300);
-    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's ack arrived: the watch still runs");
+    assert.equal(nc!.stats().inMsgs, before + 1, "a message other than the put's answer arrived: the watch still runs");
   });
 
-  it("makes no consumer: it asks JetStream only the direct get of its own key, by its subject", async () => {
+  it("asks JetStream nothing: no consumer, no direct get, no stream info; it composes through the verb", async () => {
     // The spy sees the whole account's asks, the server's too.
     const spy = await connect({ servers: natsUrl, name: "mesh-provisioner e2e spy" });
     const asked: string[] = [];
@@ -1235,8 +1287,37 @@ describe("watchPlan", () => {
     }
     const plans = asked.filter((s) => s.includes(`.KV_${PLANS_BUCKET}`));
     assert.deepStrictEqual(plans.filter((s) => s.startsWith("$JS.API.CONSUMER.")), [], JSON.stringify(asked));
-    assert.deepStrictEqual(plans.filter((s) => s === `$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}`), [], "a direct get naming the key in its body");
-    assert.ok(plans.includes(`$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}.$KV.${PLANS_BUCKET}.wes`), JSON.stringify(asked));
+    assert.deepStrictEqual(plans.filter((s) => s.startsWith(`$JS.API.DIRECT.GET.KV_${PLANS_BUCKET}`)), [], JSON.stringify(asked));
+    assert.deepStrictEqual(plans.filter((s) => s.startsWith("$JS.API.STREAM.")), [], JSON.stringify(asked));
+  });
+
+  it("hears only writes of its own key: a message JetStream answers there, or one of another key, is not a change", async () => {
+    const stop = new AbortController();
+    const plans = client.watchPlan("wes", { signal: stop.signal })[Symbol.asyncIterator]();
+    try {
+      const first = await next(plans, "the current plan");
+      assert.equal(first.done, false);
+      const subject = `$KV.${PLANS_BUCKET}.wes`;
+      // A digest that is not wes's plan, as an answer of JetStream's aimed
+      // at wes's key would carry it: with Nats-Stream, or naming another
+      // key in Nats-Subject; and bytes that are no digest.
+      const forged = toBinary(PlanDigestSchema, create(PlanDigestSchema, { digest: "sha256:forged", revisions: { needs: 1n } }));
+      const answered = headers();
+      answered.set("Nats-Stream", `KV_${PLANS_BUCKET}`);
+      const otherKey = headers();
+      otherKey.set("Nats-Subject", `$KV.${PLANS_BUCKET}.novox`);
+      const before = await endpointStats();
+      const composed = before.compose.num_requests + before["compose-node"].num_requests;
+      nc!.publish(subject, forged, { headers: answered });
+      nc!.publish(subject, forged, { headers: otherKey });
+      nc!.publish(subject, new TextEncoder().encode('{"stream":"KV_mesh-provisioner_plans","seq":7}'));
+      nc!.publish(subject, toBinary(PlanDigestSchema, create(PlanDigestSchema, { digest: "" })));
+      assert.equal(await Promise.race([plans.next(), sleep(500, "nothing" as const)]), "nothing", "a composition after a message that is no write of wes's key");
+      const now = await endpointStats();
+      assert.equal(now.compose.num_requests + now["compose-node"].num_requests, composed, "the watch composed again");
+    } finally {
+      stop.abort();
+    }
   });
 
   it("refuses a node that is not one token: a wildcard would subscribe to every node's key", async () => {
@@ -1253,7 +1334,7 @@ describe("watchPlan", () => {
     assert.deepStrictEqual(plans, []);
   });
 
-  it("reads the key again once reconnected: a change written while the connection was lost is yielded", async () => {
+  it("composes again once reconnected: a change written while the connection was lost is yielded", async () => {
     const proxy = await cuttableProxy(natsUrl);
     const conn = await connect({ servers: proxy.address, name: "mesh-provisioner e2e reconnecting", reconnectTimeWait: 50, maxReconnectAttempts: -1 });
     const events: string[] = [];
@@ -1262,7 +1343,6 @@ describe("watchPlan", () => {
         events.push(s.type);
       }
     })();
-    const kv = await new Kvm(nc!).open(PLANS_BUCKET);
     const stop = new AbortController();
     try {
       const plans = new ProvisionerClient(conn).watchPlan("wes", { signal: stop.signal })[Symbol.asyncIterator]();
@@ -1283,8 +1363,8 @@ describe("watchPlan", () => {
       for (let waited = 0; written === undefined; waited += 50) {
         assert.ok(waited < 10_000, "the seat's holder did not write wes's new digest within 10s");
         await sleep(50);
-        const entry = await kv.get("wes");
-        if (entry !== null && fromBinary(PlanDigestSchema, entry.value).digest === want) {
+        const entry = await planOfWes();
+        if (entry?.digest === want) {
           written = entry.revision;
         }
       }
@@ -1299,7 +1379,7 @@ describe("watchPlan", () => {
       assert.ok(changed.value!.plans.some((p) => p.items.some((i) => i.name === "grpc")));
       // Not a write heard after the reconnect: the key's last is the one
       // written while the connection was lost.
-      assert.equal((await kv.get("wes"))?.revision, written);
+      assert.equal((await planOfWes())?.revision, written);
     } finally {
       stop.abort();
       await conn.close();
@@ -1453,6 +1533,158 @@ async function cuttableProxy(url: string): Promise<{ address: string; cut(): voi
     },
   };
 }
+
+// A node's and a provider's writes through the verbs, on the server without
+// authorization: node zoe and provider zpg, whose records no test above reads.
+describe("writes", () => {
+  let zoe: ProvisionerClient;
+  let zpg: ProvisionerClient;
+  before(() => {
+    zoe = new ProvisionerClient(nc!, { node: "zoe" });
+    zpg = new ProvisionerClient(nc!, { provider: "zpg" });
+  });
+
+  it("keys are the Go keys package's: names escaped byte by byte of their UTF-8, = and two upper-case hex digits", () => {
+    assert.equal(escapeName("zsh:normal"), "zsh=3Anormal");
+    assert.equal(escapeName("a.b=c d/e-f_g"), "a=2Eb=3Dc=20d/e-f_g");
+    assert.equal(escapeName("café"), "caf=C3=A9");
+    assert.equal(needKey("ace", "web", "shell", "zsh:normal"), "ace.web.shell.zsh=3Anormal");
+    assert.equal(appliedKey("ace", "web"), "ace.web");
+    assert.equal(collectKey("ace", "shell:zsh:normal", "web"), "ace.shell=3Azsh=3Anormal.web");
+    assert.equal(manifestKey("ace", "pg"), "ace.pg");
+    for (const build of [
+      () => needKey("ace", "we.b", "port", "http"), () => needKey("ace", "web", "port", ""), () => needKey("", "web", "port", "http"),
+      () => appliedKey("ace", "web:1"), () => collectKey("ace", "", "web"), () => collectKey("ace", "env", "w*"), () => manifestKey("ace", "p g"),
+    ]) {
+      assert.throws(build, TypeError, String(build));
+    }
+  });
+
+  it("encodes values as Go's deterministic encoding does: map entries by key bytes, whatever order they were set in", () => {
+    // Go sorts "10" before "9"; a JavaScript object lists integer-like keys
+    // in numeric order, so protobuf-es alone writes "9" first.
+    // A map entry of field 2 (Manifest.attributes; Offer's is field 3).
+    const entry = (key: string, value: string, tag = 0x12) => {
+      const [k, v] = [Buffer.from(key), Buffer.from(value)];
+      return [tag, 4 + k.length + v.length, 0x0a, k.length, ...k, 0x12, v.length, ...v];
+    };
+    const want = Uint8Array.from([...entry("10", "b"), ...entry("9", "a"), ...entry("a\u00e9", "x"), ...entry("b", "y")]);
+    const forward = { attributes: { "9": "a", "10": "b", "b": "y", "a\u00e9": "x" } };
+    const backward = { attributes: { "a\u00e9": "x", "b": "y", "10": "b", "9": "a" } };
+    assert.deepStrictEqual(encodeDeterministic(ManifestSchema, forward), want);
+    assert.deepStrictEqual(encodeDeterministic(ManifestSchema, backward), want);
+    assert.notDeepStrictEqual(toBinary(ManifestSchema, create(ManifestSchema, forward)), want);
+    // Maps in messages in lists too; the message given is left as it was.
+    const manifest = create(ManifestSchema, { offers: [{ provision: "db", attributes: { "9": "a", "10": "b" } }] });
+    const bytes = encodeDeterministic(ManifestSchema, manifest);
+    assert.deepStrictEqual(bytes.slice(-17), Uint8Array.from([...entry("10", "b", 0x1a), ...entry("9", "a", 0x1a)]));
+    assert.deepStrictEqual(Object.keys(manifest.offers[0]!.attributes), ["9", "10"]);
+    assert.ok(equals(ManifestSchema, fromBinary(ManifestSchema, bytes), manifest));
+  });
+
+  it("a node puts, reads back and deletes its need, applied record and collection item, by their readable names", async () => {
+    const needAt = await zoe.putNeed("web", "shell", "zsh:normal", { placeholder: "${shell:zsh:normal}", required: true });
+    const needs = await zoe.provisioning({ what: What.NEEDS, node: "zoe", minRevision: needAt });
+    assert.deepStrictEqual(needs.needs.map((r) => [r.module, r.kind, r.name, r.need?.placeholder, r.need?.required, r.revision]),
+      [["web", "shell", "zsh:normal", "${shell:zsh:normal}", true, needAt]]);
+    assert.deepStrictEqual(needs.malformed, []);
+
+    const appliedAt = await zoe.putApplied("web", { planDigest: "sha256:0a", placeholders: ["${shell:zsh:normal}"], wantedBuild: "b1" });
+    const applied = await zoe.provisioning({ what: What.APPLIED, node: "zoe", minRevision: appliedAt });
+    assert.deepStrictEqual(applied.applied.map((r) => [r.module, r.applied?.planDigest, r.applied?.placeholders, r.applied?.wantedBuild, r.revision]),
+      [["web", "sha256:0a", ["${shell:zsh:normal}"], "b1", appliedAt]]);
+
+    const itemAt = await zoe.putCollectItem("shell:zsh:normal", "web", { value: "export A=1", order: 3, attributes: { b: "2", a: "1" } });
+    const items = await zoe.provisioning({ what: What.COLLECT, node: "zoe", collection: "shell:zsh:normal", minRevision: itemAt });
+    assert.deepStrictEqual(items.collect.map((r) => [r.collection, r.contributor, r.item?.value, r.item?.order, r.item?.attributes, r.revision]),
+      [["shell:zsh:normal", "web", "export A=1", 3, { a: "1", b: "2" }, itemAt]]);
+
+    // Each delete answers its marker's revision, after the write it deletes.
+    const needGone = await zoe.deleteNeed("web", "shell", "zsh:normal");
+    const appliedGone = await zoe.deleteApplied("web");
+    const itemGone = await zoe.deleteCollectItem("shell:zsh:normal", "web");
+    assert.ok(needGone > needAt && appliedGone > appliedAt && itemGone > itemAt, `${needGone} ${appliedGone} ${itemGone}`);
+    assert.deepStrictEqual((await zoe.provisioning({ what: What.NEEDS, node: "zoe", minRevision: needGone })).needs, []);
+    assert.deepStrictEqual((await zoe.provisioning({ what: What.APPLIED, node: "zoe", minRevision: appliedGone })).applied, []);
+    assert.deepStrictEqual((await zoe.provisioning({ what: What.COLLECT, node: "zoe", minRevision: itemGone })).collect, []);
+  });
+
+  it("applies a module's whole set: what is new or changed written, what is missing deleted, the same left", async () => {
+    const first = await zoe.applyNeeds("api", [
+      { kind: "port", name: "http", need: { placeholder: "${port:http}" } },
+      { kind: "port", name: "admin", need: { placeholder: "${port:admin}" } },
+      { kind: "config", name: "db:url", need: { placeholder: "${config:db:url}" } },
+    ]);
+    assert.deepStrictEqual([first.written, first.deleted, first.unchanged], [3, 0, 0]);
+    const second = await zoe.applyNeeds("api", [
+      { kind: "port", name: "http", need: { placeholder: "${port:http}" } },
+      { kind: "port", name: "admin", need: { placeholder: "${port:admin}", required: true } },
+    ]);
+    assert.deepStrictEqual([second.written, second.deleted, second.unchanged], [1, 1, 1]);
+    assert.ok(second.revision > first.revision);
+    const needs = await zoe.provisioning({ what: What.NEEDS, node: "zoe", module: "api", minRevision: second.revision });
+    assert.deepStrictEqual(needs.needs.map((r) => [r.kind, r.name, r.need?.required]), [["port", "admin", true], ["port", "http", false]]);
+    // The same set again changes nothing: its values are the same bytes.
+    const again = await zoe.applyNeeds("api", [
+      { kind: "port", name: "admin", need: { required: true, placeholder: "${port:admin}" } },
+      { kind: "port", name: "http", need: { placeholder: "${port:http}" } },
+    ]);
+    assert.deepStrictEqual([again.written, again.deleted, again.unchanged], [0, 0, 2]);
+    const none = await zoe.applyNeeds("api", []);
+    assert.deepStrictEqual([none.written, none.deleted, none.unchanged], [0, 2, 0]);
+    assert.deepStrictEqual((await zoe.provisioning({ what: What.NEEDS, node: "zoe", minRevision: none.revision })).needs, []);
+  });
+
+  it("declares a manifest, whose digest is the SHA-256 of its deterministic bytes, and withdraws it", async () => {
+    const manifest = { offers: [{ provision: "database", attributes: { "9": "a", "10": "b" } }], attributes: { version: "16" } };
+    const declared = await zoe.putManifest("zpg", manifest);
+    const digest = `sha256:${createHash("sha256").update(encodeDeterministic(ManifestSchema, manifest)).digest("hex")}`;
+    assert.equal(declared.digest, digest);
+    const stored = await zoe.provisioning({ what: What.MANIFESTS, node: "zoe", minRevision: declared.revision });
+    assert.deepStrictEqual(stored.manifests.map((r) => [r.provider, r.digest, r.revision]), [["zpg", digest, declared.revision]]);
+    // The same manifest, its maps set in another order: the same bytes.
+    const again = await zoe.putManifest("zpg", { attributes: { version: "16" }, offers: [{ attributes: { "10": "b", "9": "a" }, provision: "database" }] });
+    assert.equal(again.digest, digest);
+
+    const withdrawn = await zoe.deleteManifest("zpg");
+    assert.ok(withdrawn > again.revision);
+    assert.deepStrictEqual((await zoe.provisioning({ what: What.MANIFESTS, node: "zoe", minRevision: withdrawn })).manifests, []);
+  });
+
+  it("a provider binds a key through the bind verb, and the node's composition sees it bound at that revision", async () => {
+    const declared = await zoe.putManifest("zpg", { offers: [{ provision: "database" }] });
+    const needAt = await zoe.putNeed("shop", "bound", "db", { placeholder: "${bound:db}", provider: "zpg", provision: "database", local: "main" });
+    const pending = await zoe.composeAll({ node: "zoe", module: "shop", minRevisions: { needs: needAt, manifests: declared.revision } });
+    assert.deepStrictEqual(pending.provisions.map((p) => [p.provider, p.bucket, p.key, isBound(p)]), [["zpg", "zpg_bound", "zoe.shop.database.main", false]]);
+
+    const bound = await zpg.bind("zoe.shop.database.main", new TextEncoder().encode("postgres://db"));
+    const composed = await zoe.composeAll({ node: "zoe", module: "shop", minRevisions: { needs: needAt, bound: { zpg_bound: bound } } });
+    assert.deepStrictEqual(composed.provisions.map((p) => [p.key, p.boundRevision, isBound(p), p.manifestDigest]),
+      [["zoe.shop.database.main", bound, true, declared.digest]]);
+
+    const unbound = await zpg.unbind("zoe.shop.database.main");
+    assert.ok(unbound > bound);
+    const after = await zoe.composeAll({ node: "zoe", module: "shop", minRevisions: { bound: { zpg_bound: unbound } } });
+    assert.deepStrictEqual(after.provisions.map((p) => isBound(p)), [false]);
+    await zoe.applyNeeds("shop", []);
+    await zoe.deleteManifest("zpg");
+  });
+
+  it("a refused write is a ProvisionerError with the service's code; a client without its node or provider, or a bad key part, throws a TypeError before sending", async () => {
+    await assert.rejects(zoe.putNeed("web", "config", "big", { placeholder: "x".repeat(70 * 1024) }), (err) =>
+      err instanceof ProvisionerError && err.code === 413);
+    await assert.rejects(zpg.bind("zoe", new Uint8Array([1])), (err) => err instanceof ProvisionerError && err.code === 400);
+    const before = nc!.stats().outMsgs;
+    await assert.rejects(client.putNeed("web", "port", "http", {}), TypeError);
+    await assert.rejects(client.bind("zoe.web.database", new Uint8Array()), TypeError);
+    await assert.rejects(zpg.putApplied("web", {}), TypeError);
+    await assert.rejects(zoe.putNeed("w.eb", "port", "http", {}), TypeError);
+    await assert.rejects(zoe.deleteCollectItem("", "web"), TypeError);
+    await assert.rejects(zoe.putManifest("z.pg", {}), TypeError);
+    assert.equal(nc!.stats().outMsgs, before, "a refused call sent a request");
+    assert.deepStrictEqual((await zoe.provisioning({ what: What.NEEDS, node: "zoe" })).needs, []);
+  });
+});
 
 // After every other test: it writes 5,000 needs of nodes of its own.
 describe("an answer of 5 MB", () => {
