@@ -16,7 +16,7 @@ def test_the_wheel_holds_the_client_and_the_typed_messages(tmp_path: Path) -> No
     )
     [wheel] = tmp_path.glob("mesh_provisioner_client-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for module in ("capture", "compose", "provisioning", "provisions", "registry", "state"):
+    for module in ("capture", "compose", "provisioning", "provisions", "registry", "state", "write"):
         assert f"mesh/provisioner/v1/{module}_pb2.py" in names
         assert f"mesh/provisioner/v1/{module}_pb2.pyi" in names
     assert {"mesh/provisioner/v1/py.typed", "mesh_provisioner/py.typed", "mesh_provisioner/client.py"} <= names

@@ -2,9 +2,12 @@
 
 ProvisionerClient asks the verbs (provisioning and compose, as an operator
 or as a node on its own subjects, and a provider's provisions) over a
-nats-py connection; inbox_prefix is a mesh identity's inbox prefix, to
-connect with; ProvisionerError is a refusal, with its code and sentence;
-plan_at is a module's plan at one of its builds, and is_bound whether a
+nats-py connection, and writes through the write verbs (a node's put_need,
+apply_needs, put_applied, put_collect_item, put_manifest and their deletes;
+a provider's bind and unbind): the service is the only writer of the
+buckets, and a node needs no JetStream grant; inbox_prefix is a mesh
+identity's inbox prefix, to connect with; ProvisionerError is a refusal,
+with its code and sentence; plan_at is a module's plan at one of its builds, and is_bound whether a
 provider has bound a provision; ProvisionerClient.watch_plan yields a node's
 composition each time its plan changes (with api_prefix=RUNS_AS_API_PREFIX,
 the Go wire.RunsAsAPIPrefix, when the server runs in an account of its
@@ -47,43 +50,73 @@ from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResp
 from mesh.provisioner.v1.registry_pb2 import BucketSource, RegistryEntry, VerbSource
 from mesh.provisioner.v1.state_pb2 import Applied, CollectItem, Manifest, Need, Offer
 from mesh.provisioner.v1.stats_pb2 import AnswerCacheStats, BucketStats, EndpointStatsData, OverBudget
+from mesh.provisioner.v1.write_pb2 import (
+    ApplyRequest,
+    ApplyResponse,
+    BindRequest,
+    DeclareRequest,
+    DeleteRequest,
+    PutRequest,
+    Record,
+    WriteResponse,
+)
 
 from .client import (
+    APPLY_SUBJECT,
+    BIND_SUBJECT,
     COMPOSE_SUBJECT,
     CONTENT_TYPE_PROTOBUF,
+    DECLARE_SUBJECT,
+    DELETE_SUBJECT,
     INBOX_ROOT,
     PLANS_BUCKET,
     PROVISIONING_SUBJECT,
     PROVISIONS_SUBJECT,
+    PUT_SUBJECT,
     RUNS_AS_API_PREFIX,
     SERVICE_NAME,
+    DeclaredManifest,
     EndpointInfo,
     EndpointStats,
     InfoResponse,
+    ModuleNeed,
     ProvisionerClient,
     ProvisionerError,
     Role,
     ServiceIdentity,
     StatsResponse,
     WatchStoppedError,
+    applied_key,
+    bind_subject,
+    collect_key,
+    declare_subject,
     error_of,
+    escape_name,
     inbox_prefix,
     is_bound,
     join_compose_pages,
     join_provisioning_pages,
     join_provisions_pages,
+    manifest_digest,
+    manifest_key,
+    need_key,
     node_subject,
     plan_at,
     provider_subject,
 )
 
 __all__ = [
+    "APPLY_SUBJECT",
+    "BIND_SUBJECT",
     "COMPOSE_SUBJECT",
     "CONTENT_TYPE_PROTOBUF",
+    "DECLARE_SUBJECT",
+    "DELETE_SUBJECT",
     "INBOX_ROOT",
     "PLANS_BUCKET",
     "PROVISIONING_SUBJECT",
     "PROVISIONS_SUBJECT",
+    "PUT_SUBJECT",
     "RUNS_AS_API_PREFIX",
     "SERVICE_NAME",
     "WHAT_APPLIED",
@@ -95,6 +128,9 @@ __all__ = [
     "AnswerCacheStats",
     "Applied",
     "AppliedRecord",
+    "ApplyRequest",
+    "ApplyResponse",
+    "BindRequest",
     "BucketKey",
     "BucketSource",
     "BucketStats",
@@ -103,6 +139,9 @@ __all__ = [
     "CollectedItem",
     "ComposeRequest",
     "ComposeResponse",
+    "DeclareRequest",
+    "DeclaredManifest",
+    "DeleteRequest",
     "EndpointInfo",
     "EndpointStats",
     "EndpointStatsData",
@@ -110,6 +149,7 @@ __all__ = [
     "MalformedKey",
     "Manifest",
     "ManifestRecord",
+    "ModuleNeed",
     "ModulePlan",
     "Need",
     "NeedRecord",
@@ -125,6 +165,8 @@ __all__ = [
     "ProvisioningResponse",
     "ProvisionsRequest",
     "ProvisionsResponse",
+    "PutRequest",
+    "Record",
     "Refusal",
     "RefusalReason",
     "RegistryEntry",
@@ -136,12 +178,21 @@ __all__ = [
     "VerbSource",
     "WatchStoppedError",
     "What",
+    "WriteResponse",
+    "applied_key",
+    "bind_subject",
+    "collect_key",
+    "declare_subject",
     "error_of",
+    "escape_name",
     "inbox_prefix",
     "is_bound",
     "join_compose_pages",
     "join_provisioning_pages",
     "join_provisions_pages",
+    "manifest_digest",
+    "manifest_key",
+    "need_key",
     "node_subject",
     "plan_at",
     "provider_subject",

@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, Literal, TypedDict, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from typing import Any, Literal, NamedTuple, TypedDict, TypeVar
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import ConnectionReconnectingError, NoRespondersError, OutboundBufferLimitError
-from nats.errors import TimeoutError as NATSTimeoutError
-from nats.js.errors import APIError
 
 from mesh.provisioner.v1.compose_pb2 import (
     ComposeRequest,
@@ -30,9 +29,20 @@ from mesh.provisioner.v1.compose_pb2 import (
     Provision,
     Revisions,
 )
-from mesh.provisioner.v1.provisioning_pb2 import ProvisioningRequest, ProvisioningResponse
+from mesh.provisioner.v1.provisioning_pb2 import ProvisioningRequest, ProvisioningResponse, What
 from mesh.provisioner.v1.provisions_pb2 import ProvisionsRequest, ProvisionsResponse
+from mesh.provisioner.v1.state_pb2 import Applied, CollectItem, Manifest, Need
 from mesh.provisioner.v1.stats_pb2 import EndpointStatsData
+from mesh.provisioner.v1.write_pb2 import (
+    ApplyRequest,
+    ApplyResponse,
+    BindRequest,
+    DeclareRequest,
+    DeleteRequest,
+    PutRequest,
+    Record,
+    WriteResponse,
+)
 
 SERVICE_NAME = "mesh-provisioner"
 """The micro service's name, as discovery shows it."""
@@ -43,14 +53,31 @@ COMPOSE_SUBJECT = f"{SERVICE_NAME}.compose"
 PROVISIONS_SUBJECT = f"{SERVICE_NAME}.provisions"
 """The provisions verb's subject before the provider's token: a provider asks
 provider_subject(provider), mesh-provisioner.provisions.<provider>."""
+PUT_SUBJECT = f"{SERVICE_NAME}.put"
+"""The put verb's subject before the node's token: a node writes one record
+on mesh-provisioner.put.<node>."""
+DELETE_SUBJECT = f"{SERVICE_NAME}.delete"
+"""The delete verb's subject before the node's token: mesh-provisioner.delete.<node>."""
+APPLY_SUBJECT = f"{SERVICE_NAME}.apply"
+"""The apply verb's subject before the node's token, which replaces the whole
+set of a module's needs: mesh-provisioner.apply.<node>."""
+DECLARE_SUBJECT = f"{SERVICE_NAME}.declare"
+"""The declare verb's subject before the node's and the provider's tokens:
+declare_subject(node, provider), mesh-provisioner.declare.<node>.<provider>."""
+BIND_SUBJECT = f"{SERVICE_NAME}.bind"
+"""The bind verb's subject before the provider's token: bind_subject(provider),
+mesh-provisioner.bind.<provider>, where a provider writes its bucket
+<provider>_bound."""
 PLANS_BUCKET = f"{SERVICE_NAME}_plans"
 """The bucket where the seat's holder keeps each node's plan digest: key
-<node>, value a PlanDigest. watch_plan watches a node's key."""
+<node>, value a PlanDigest. watch_plan hears the writes of a node's key (it
+reads nothing of the bucket)."""
 RUNS_AS_API_PREFIX = "$PROVISIONER.API"
-"""Where a node reaches the provisioner's JetStream when the server runs in an
+"""Where a node hears the writes of its plan's key when the server runs in an
 account of its own (runs-as: mesh-provisioner permissions --runs-as), which
 the mesh's account imports under this prefix: the Go wire.RunsAsAPIPrefix.
-Give it to ProvisionerClient(api_prefix=...) for watch_plan."""
+Give it to ProvisionerClient(api_prefix=...) for watch_plan. The verbs,
+writes included, are imported at their own subjects."""
 CONTENT_TYPE_PROTOBUF = "application/protobuf"
 INBOX_ROOT = "_INBOX_MESH"
 """Starts every inbox prefix of the mesh's identities; not nats-py's default
@@ -99,6 +126,124 @@ def provider_subject(provider: str) -> str:
     """The provisions verb's subject of a provider: mesh-provisioner.provisions.<provider>."""
     return f"{PROVISIONS_SUBJECT}.{provider}"
 
+
+def declare_subject(node: str, provider: str) -> str:
+    """The declare verb's subject of node's manifest of a provider it runs:
+    mesh-provisioner.declare.<node>.<provider>, which only the nodes that
+    the provider's grant names may publish to."""
+    return f"{DECLARE_SUBJECT}.{node}.{provider}"
+
+
+def bind_subject(provider: str) -> str:
+    """The bind verb's subject of a provider: mesh-provisioner.bind.<provider>."""
+    return f"{BIND_SUBJECT}.{provider}"
+
+
+def _token_byte(b: int, escaped: bool) -> bool:
+    """Whether byte b may stand in a key's token as itself, as the Go keys
+    package says: A-Z a-z 0-9 - _ /, and '=' unless escaped (in an escaped
+    token '=' starts an escape)."""
+    return (
+        0x41 <= b <= 0x5A
+        or 0x61 <= b <= 0x7A
+        or 0x30 <= b <= 0x39
+        or b in (0x2D, 0x5F, 0x2F)
+        or (b == 0x3D and not escaped)
+    )
+
+
+def escape_name(name: str) -> str:
+    """The token that stands for a need's or a collection's readable name in
+    a key, as the Go keys.Escape writes it: every byte of the name's UTF-8
+    outside A-Z a-z 0-9 - _ / (so also '.', ':' and '=') is written '=' and
+    two upper-case hex digits. escape_name("zsh:normal") is "zsh=3Anormal"."""
+    return "".join(chr(b) if _token_byte(b, True) else f"={b:02X}" for b in name.encode())
+
+
+def _key_of(*parts: tuple[str, str]) -> str:
+    """Joins the parts of a key, each checked as the Go keys.CheckToken does:
+    not empty, and only A-Z a-z 0-9 - _ = /. Raises ValueError naming the
+    first part that is not a token."""
+    for what, value in parts:
+        if not value:
+            raise ValueError(f"invalid key part: {what} {value!r} is empty")
+        for i, b in enumerate(value.encode()):
+            if not _token_byte(b, False):
+                raise ValueError(
+                    f"invalid key part: {what} {value!r} holds {chr(b)!r} at byte {i}; "
+                    "a token holds only A-Z a-z 0-9 - _ = /"
+                )
+    return ".".join(value for _, value in parts)
+
+
+def need_key(node: str, module: str, kind: str, name: str) -> str:
+    """The key of a need in the needs bucket, as the Go keys.NeedKey builds
+    it: <node>.<module>.<kind>.<name>, the name (the placeholder's readable
+    name, "zsh:normal" of ${shell:zsh:normal}) escaped by escape_name.
+
+    Raises ValueError when name is empty or another part is not a token."""
+    if not name:
+        raise ValueError("invalid key part: name is empty")
+    return _key_of(("node", node), ("module", module), ("kind", kind), ("name", escape_name(name)))
+
+
+def applied_key(node: str, module: str) -> str:
+    """The key of a module's applied record: <node>.<module>. Raises
+    ValueError when a part is not a token."""
+    return _key_of(("node", node), ("module", module))
+
+
+def collect_key(node: str, collection: str, contributor: str) -> str:
+    """The key of a contributor's item of a collection:
+    <node>.<collection>.<contributor>, the collection's readable name
+    escaped by escape_name. Raises ValueError when the collection is empty
+    or another part is not a token."""
+    if not collection:
+        raise ValueError("invalid key part: collection is empty")
+    return _key_of(("node", node), ("collection", escape_name(collection)), ("contributor", contributor))
+
+
+def manifest_key(node: str, provider: str) -> str:
+    """The key of a node's manifest of a provider it runs: <node>.<provider>.
+    Raises ValueError when a part is not a token."""
+    return _key_of(("node", node), ("provider", provider))
+
+
+def manifest_digest(manifest: bytes) -> str:
+    """The digest of a manifest as stored (its binary encoding):
+    "sha256:<hex>", as the Go wire.ManifestDigest computes it and as
+    compositions name it in Provision.manifest_digest."""
+    return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
+
+def _encode(value: Message) -> bytes:
+    """A record's value in protobuf binary, deterministically (map entries by
+    key, as Go's Deterministic encoding writes them): the same record is the
+    same bytes, which an apply finds unchanged and a manifest's digest names."""
+    return value.SerializeToString(deterministic=True)
+
+
+class ModuleNeed(NamedTuple):
+    """One need of a module's whole set (ProvisionerClient.apply_needs): the
+    placeholder ${kind:name} and what the module needs for it."""
+
+    kind: str
+    """The placeholder's kind: port of ${port:http}."""
+    name: str
+    """The placeholder's readable name, escaped in the key: zsh:normal of ${shell:zsh:normal}."""
+    need: Need
+    """What the module needs."""
+
+
+class DeclaredManifest(NamedTuple):
+    """Where ProvisionerClient.put_manifest stored a manifest."""
+
+    digest: str
+    """"sha256:<hex>" of the manifest's bytes as stored: what compositions
+    name in Provision.manifest_digest."""
+    revision: int
+    """The revision of the manifests bucket it was written at."""
+
 # The NATS service API headers of a refused request.
 _ERROR_HEADER = "Nats-Service-Error"
 _ERROR_CODE_HEADER = "Nats-Service-Error-Code"
@@ -106,27 +251,28 @@ _ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 # other answers within this many seconds.
 _DISCOVERY_STALL = 0.3
 
-# How watch_plan asks again after a 503, or reads the node's key again after
-# an error once reconnected, in seconds: doubling from the first to the last.
+# How watch_plan asks again after a 503 or a composition that got no answer,
+# in seconds: doubling from the first to the last.
 _WATCH_RETRY_MIN = 0.1
 _WATCH_RETRY_MAX = 2.0
 # How long watch_plan waits for a write of the node's key before it looks
 # whether the connection reconnected, in seconds.
 _WATCH_RECONNECT_CHECK = 0.25
-# The stream of PLANS_BUCKET.
-_PLANS_STREAM = f"KV_{PLANS_BUCKET}"
-# The JetStream API's prefix in the connection's own account.
-_JS_API_PREFIX = "$JS.API"
-
-_Answer = TypeVar("_Answer", ProvisioningResponse, ComposeResponse, ProvisionsResponse)
+_Answer = TypeVar(
+    "_Answer", ProvisioningResponse, ComposeResponse, ProvisionsResponse, WriteResponse, ApplyResponse
+)
 
 
 class ProvisionerError(Exception):
     """A request the service refused, with its code and its sentence.
 
-    code is 400 (bad request: do not retry as is), 403 (forbidden: a request
-    on a node's or a provider's own subject asked for what is not its own:
-    another node's records or plan, or every node's), 503 (not ready: the
+    code is 400 (bad request: do not retry as is; for a write, a malformed
+    key, a value that does not decode, a record of the wrong bucket, or a
+    need of another module in an apply), 403 (forbidden: a request on a
+    node's or a provider's own subject asked for what is not its own:
+    another node's records or plan, or every node's, or a write of another
+    node's key), 413 (too large: a write's value over the bucket's largest,
+    64 KiB by default, or over the node's budget of keys or bytes), 503 (not ready: the
     server's copy is loading, did not reach the revisions asked for in time,
     or the server is stopping; ask again shortly) or 500 (internal, such as an
     answer too large for NATS: narrow the request); 0 if the reply's code is
@@ -176,7 +322,11 @@ def _plan_subject(node: str) -> str:
 def _own_write(msg: Msg, subject: str) -> bool:
     """Whether msg is a write of the key whose subject is subject, as the
     stream publishes it: not an answer of JetStream's aimed there (a direct
-    get's carries Nats-Stream), nor a message of another key's."""
+    get's carries Nats-Stream; a publish's acknowledgement is JSON, which
+    decodes as no digest), nor a message of another key's (another
+    Nats-Subject). A reply subject does not tell: the service's own write
+    carries one, where JetStream acknowledges it to the service (as the Go
+    client's watch, this hears it)."""
     if msg.subject != subject:
         return False
     headers = msg.headers or {}
@@ -187,8 +337,7 @@ def _own_write(msg: Msg, subject: str) -> bool:
 
 
 def _plan_digest_of(msg: Msg) -> PlanDigest | None:
-    """The digest a message of node's key carries (a write heard, or a
-    direct get's answer): None for a removal (a delete or purge marker, or
+    """The digest a write heard of node's key carries: None for a removal (a delete or purge marker, or
     the server's marker of a key removed; the plan is what it was) and for
     a value that is not a digest (the next write will be)."""
     headers = msg.headers or {}
@@ -278,12 +427,23 @@ class ProvisionerClient:
     (before the node's or provider's token), for a service behind a subject
     mapping or an account import.
 
-    api_prefix is where the provisioner's JetStream is reached, for
+    node is also the node the client writes for: put_need, apply_needs,
+    put_applied, put_collect_item, put_manifest and their deletes go to the
+    write verbs on the node's own subjects (mesh-provisioner.put.<node>,
+    .delete.<node>, .apply.<node>, .declare.<node>.<provider>). The service
+    is the only writer of the buckets: a node needs, and its permissions
+    grant, no JetStream publish at all.
+
+    provider, if set, is the provider the client binds as: bind and unbind
+    go to mesh-provisioner.bind.<provider>, all of the write verbs a
+    provider's permissions grant.
+
+    api_prefix is where the plans' key subjects are reached, for
     watch_plan: RUNS_AS_API_PREFIX when the server runs in an account of its
-    own (runs-as), which the mesh's account imports the plan's key subjects
-    and direct get under ($PROVISIONER.API.$KV.<bucket>.<node>,
-    $PROVISIONER.API.DIRECT.GET.<stream>.<subject>). None, the default: in
-    the connection's own account ($KV.<bucket>.<node>, $JS.API).
+    own (runs-as), which the mesh's account imports the plans' key subjects
+    under ($PROVISIONER.API.$KV.<bucket>.<node>). None, the default: in the
+    connection's own account ($KV.<bucket>.<node>). The verbs, writes
+    included, are imported at their own subjects, whatever api_prefix.
 
     timeout, in seconds, bounds each request: 10 by default, more than the
     5 s a server waits for the revisions a request asks for, so that its 503
@@ -298,14 +458,18 @@ class ProvisionerClient:
         subject: str = PROVISIONING_SUBJECT,
         compose_subject: str = COMPOSE_SUBJECT,
         provisions_subject: str = PROVISIONS_SUBJECT,
+        provider: str | None = None,
         api_prefix: str | None = None,
         timeout: float = 10.0,
     ) -> None:
         if node is not None:
             _check_name("node", node)
             subject, compose_subject = node_subject(subject, node), node_subject(compose_subject, node)
+        if provider is not None:
+            _check_name("provider", provider)
         self._nc = nc
         self._node = node
+        self._provider = provider
         self._subject = subject
         self._compose_subject = compose_subject
         self._provisions_subject = provisions_subject
@@ -316,6 +480,11 @@ class ProvisionerClient:
     def node(self) -> str | None:
         """The node the client asks as, or None."""
         return self._node
+
+    @property
+    def provider(self) -> str | None:
+        """The provider the client binds as, or None."""
+        return self._provider
 
     @property
     def subject(self) -> str:
@@ -552,6 +721,162 @@ class ProvisionerClient:
                     raise
             await asyncio.sleep(retry)
             retry = min(2 * retry, _WATCH_RETRY_MAX)
+
+    async def put_need(
+        self, module: str, kind: str, name: str, need: Need, *, timeout: float | None = None
+    ) -> int:
+        """Writes what module needs for the placeholder ${kind:name} through
+        the put verb, mesh-provisioner.put.<node> (the client's node,
+        required), and returns the revision it was written at: ask a verb
+        with it (ProvisioningRequest.min_revision, or
+        Revisions(needs=revision)) to read your write. The key is
+        need_key(node, module, kind, name); the value, need encoded
+        deterministically.
+
+        Raises ValueError when the client has no node or a part of the key
+        is not a token; ProvisionerError when the service refuses the write:
+        400 (a malformed key, a value that does not decode), 403 (another
+        node's key), 413 (a value over the bucket's largest, or over the
+        node's budget of keys or bytes), 503 (ask again); and nats-py's
+        errors otherwise (TimeoutError, NoRespondersError)."""
+        node = self._writer("put_need")
+        return await self._put(What.WHAT_NEEDS, need_key(node, module, kind, name), need, timeout)
+
+    async def delete_need(self, module: str, kind: str, name: str, *, timeout: float | None = None) -> int:
+        """Deletes a need through the delete verb,
+        mesh-provisioner.delete.<node>, and returns the revision of its
+        delete marker. Raises as put_need does."""
+        node = self._writer("delete_need")
+        return await self._delete(What.WHAT_NEEDS, need_key(node, module, kind, name), timeout)
+
+    async def apply_needs(
+        self, module: str, needs: Iterable[ModuleNeed], *, timeout: float | None = None
+    ) -> ApplyResponse:
+        """Makes needs the whole set of module's needs, through the apply
+        verb, mesh-provisioner.apply.<node>: the service writes each need
+        that differs from the one stored, deletes each of the module's that
+        the set does not hold, and leaves the others as they are. An empty
+        set deletes every need of the module. The answer says what changed
+        (written, deleted, unchanged) and at which revision of the needs
+        bucket (revision: ask with it to read the set back). Each value is
+        encoded deterministically, so that a need applied again as it was is
+        unchanged. Raises as put_need does."""
+        node = self._writer("apply_needs")
+        request = ApplyRequest(module=module)
+        for kind, name, need in needs:
+            request.needs.append(Record(what=What.WHAT_NEEDS, key=need_key(node, module, kind, name), value=_encode(need)))
+        return await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout)
+
+    async def put_applied(self, module: str, applied: Applied, *, timeout: float | None = None) -> int:
+        """Writes what is applied of module (key <node>.<module>) through the
+        put verb, and returns the revision it was written at. Raises as
+        put_need does."""
+        node = self._writer("put_applied")
+        return await self._put(What.WHAT_APPLIED, applied_key(node, module), applied, timeout)
+
+    async def delete_applied(self, module: str, *, timeout: float | None = None) -> int:
+        """Deletes what is applied of module through the delete verb, and
+        returns the revision of its delete marker. Raises as put_need does."""
+        node = self._writer("delete_applied")
+        return await self._delete(What.WHAT_APPLIED, applied_key(node, module), timeout)
+
+    async def put_collect_item(
+        self, collection: str, contributor: str, item: CollectItem, *, timeout: float | None = None
+    ) -> int:
+        """Writes contributor's item of a collection, by its readable name
+        such as "shell:zsh:normal" (escaped in the key,
+        collect_key(node, collection, contributor)), through the put verb,
+        and returns the revision it was written at. Raises as put_need
+        does."""
+        node = self._writer("put_collect_item")
+        return await self._put(What.WHAT_COLLECT, collect_key(node, collection, contributor), item, timeout)
+
+    async def delete_collect_item(self, collection: str, contributor: str, *, timeout: float | None = None) -> int:
+        """Deletes contributor's item of a collection through the delete verb,
+        and returns the revision of its delete marker. Raises as put_need
+        does."""
+        node = self._writer("delete_collect_item")
+        return await self._delete(What.WHAT_COLLECT, collect_key(node, collection, contributor), timeout)
+
+    async def put_manifest(
+        self, provider: str, manifest: Manifest, *, timeout: float | None = None
+    ) -> DeclaredManifest:
+        """Declares the manifest of provider, a module this node runs, through
+        the declare verb, mesh-provisioner.declare.<node>.<provider>, which
+        only a node whose permissions name the provider may publish to
+        (mesh-provisioner permissions --node <node> --providers <provider>).
+        It is stored at <node>.<provider> of the manifests bucket, encoded
+        deterministically; returns its digest (manifest_digest of the bytes
+        stored) and revision.
+
+        Raises as put_need does; a declare the node's permissions do not
+        grant is refused by nats-server, so it gets no answer (nats-py's
+        TimeoutError) and a permission violation on the connection."""
+        node = self._writer("put_manifest")
+        manifest_key(node, provider)  # a ValueError for a provider no key may name
+        request = DeclareRequest(manifest=_encode(manifest))
+        answer = await self._call(declare_subject(node, provider), request, WriteResponse(), timeout)
+        return DeclaredManifest(answer.digest, answer.revision)
+
+    async def delete_manifest(self, provider: str, *, timeout: float | None = None) -> int:
+        """Withdraws the node's manifest of provider through the declare verb,
+        and returns the revision of its delete marker. Raises as put_manifest
+        does."""
+        node = self._writer("delete_manifest")
+        manifest_key(node, provider)
+        request = DeclareRequest(withdraw=True)
+        return (await self._call(declare_subject(node, provider), request, WriteResponse(), timeout)).revision
+
+    async def bind(self, key: str, value: bytes, *, timeout: float | None = None) -> int:
+        """Writes key of the provider's bucket <provider>_bound through the
+        bind verb, mesh-provisioner.bind.<provider> (the client's provider,
+        required), and returns the revision it was written at: compose with
+        Revisions(bound={"<provider>_bound": revision}) to see the provision
+        bound. The key is <node>.<module>.<provision>[.<local>], as a
+        Provision's key names it; the value is opaque to the service, which
+        stores it as given and keeps no copy.
+
+        Raises ValueError when the client has no provider; ProvisionerError
+        when the service refuses the write: 400 (a malformed key), 413 (a
+        value over the bucket's largest), 503; nats-py's errors otherwise."""
+        provider = self._binder("bind")
+        request = BindRequest(key=key, value=value)
+        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout)).revision
+
+    async def unbind(self, key: str, *, timeout: float | None = None) -> int:
+        """Removes key of the provider's bucket through the bind verb (kept as
+        a delete marker), and returns the revision of the marker. Raises as
+        bind does."""
+        provider = self._binder("unbind")
+        request = BindRequest(key=key, unbind=True)
+        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout)).revision
+
+    def _writer(self, method: str) -> str:
+        """The node a write is for; a ValueError naming method when the client has none."""
+        if self._node is None:
+            raise ValueError(
+                f"{method}: the client has no node: a node writes its own records (ProvisionerClient(nc, node=...))"
+            )
+        return self._node
+
+    def _binder(self, method: str) -> str:
+        """The provider a bind is for; a ValueError naming method when the client has none."""
+        if self._provider is None:
+            raise ValueError(
+                f"{method}: the client has no provider: a provider writes its own bucket "
+                "(ProvisionerClient(nc, provider=...))"
+            )
+        return self._provider
+
+    async def _put(self, what: What, key: str, value: Message, timeout: float | None) -> int:
+        node = self._writer("put")
+        request = PutRequest(record=Record(what=what, key=key, value=_encode(value)))
+        return (await self._call(node_subject(PUT_SUBJECT, node), request, WriteResponse(), timeout)).revision
+
+    async def _delete(self, what: What, key: str, timeout: float | None) -> int:
+        node = self._writer("delete")
+        request = DeleteRequest(what=what, key=key)
+        return (await self._call(node_subject(DELETE_SUBJECT, node), request, WriteResponse(), timeout)).revision
 
     async def _call(self, subject: str, request: Message, answer: _Answer, timeout: float | None) -> _Answer:
         reply = await self._nc.request(
