@@ -450,8 +450,8 @@ func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *
 	}
 	switch {
 	case manifest != nil && !offers(manifest.GetManifest(), provision):
-		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NOT_OFFERED, "provider %q does not offer provision %q: its manifest (%s, from node %s) offers %s",
-			provider, provision, manifest.GetDigest(), manifest.GetNode(), offered(manifest.GetManifest()))
+		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_NOT_OFFERED, "provider %q does not offer provision %q: its manifest (%s) offers %s",
+			provider, provision, manifest.GetDigest(), offered(manifest.GetManifest()))
 	case manifest != nil:
 		res.manifestDigest = manifest.GetDigest()
 	case res.bound > 0:

@@ -136,7 +136,7 @@ func composeCases() []composeCase {
 					{Key: "ace.web.bound.cache", Module: "web", Kind: "bound", Name: "cache", Reason: provisionerv1.RefusalReason_REFUSAL_REASON_NO_MANIFEST,
 						Detail: `provider "redis" bound key ace.web.cache of redis_bound (revision 41) but has declared no manifest: a node that runs it must write its manifest to mesh-provisioner_manifests`},
 					{Key: "ace.web.bound.queue", Module: "web", Kind: "bound", Name: "queue", Reason: provisionerv1.RefusalReason_REFUSAL_REASON_NOT_OFFERED,
-						Detail: `provider "pg" does not offer provision "queue": its manifest (sha256:aa, from node g14) offers "db", "ro"`},
+						Detail: `provider "pg" does not offer provision "queue": its manifest (sha256:aa) offers "db", "ro"`},
 				},
 			},
 		},
