@@ -2,6 +2,7 @@ package permissions
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -9,40 +10,45 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// Default account names of RunsAs.
-const (
-	DefaultServerAccount = "PROVISIONER"
-	DefaultMeshAccount   = "MESH"
-)
+// DefaultServerAccount is the server's account of RunsAs when none is named.
+const DefaultServerAccount = "PROVISIONER"
 
-// RunsAs is a mesh whose server runs in an account of its own: the server's
-// account owns every bucket, the providers' too, and alone publishes into
-// them; the mesh account, where the nodes and providers are, imports from
-// it exactly what their clients need:
+// RunsAs is a mesh whose server runs in an account of its own, and each node
+// and each provider in an account of its own too. The server's account owns
+// every bucket and alone publishes into them; an identity's account imports
+// from it exactly what that identity's client needs, and nothing of any
+// other identity:
 //
-//   - the verbs' addressed subjects (mesh-provisioner.compose.*,
-//     mesh-provisioner.put.*, mesh-provisioner.declare.*.*,
-//     mesh-provisioner.bind.*, ...), as services, which each user's
-//     permissions narrow to its own name;
-//   - the plans' key subjects $KV.mesh-provisioner_plans.*, as a stream
-//     imported under wire.RunsAsAPIPrefix, which each node's permissions
-//     narrow to its own key: a node hears its plan change there.
+//   - its own verbs' subjects (a node's mesh-provisioner.compose.<node>,
+//     mesh-provisioner.put.<node>, mesh-provisioner.declare.<node>.<provider>
+//     for the providers it hosts, ...; a provider's
+//     mesh-provisioner.provisions.<provider> and mesh-provisioner.bind.<provider>),
+//     as services;
+//   - a node's plan key subject $KV.mesh-provisioner_plans.<node>, as a
+//     stream imported under wire.RunsAsAPIPrefix: the node hears its plan
+//     change there.
 //
-// Nothing of the server's account's JetStream can be reached from the mesh
-// account: no request of a mesh user is answered by JetStream.
+// An account is the only boundary nats-server draws around a reply
+// subject: across an import, the service sees a reply of nats-server's
+// making (_R_.<token>) and cannot tell whose inbox the asker named, and
+// nats-server delivers the answer to whatever subscribes to it in the
+// asker's account. With one identity an account, that is the asker alone.
+// No identity's account holds a stream, so no answer is stored.
 type RunsAs struct {
 	// ServerAccount is the server's account; empty means "PROVISIONER".
 	ServerAccount string
-	// MeshAccount is the nodes' account; empty means "MESH".
-	MeshAccount string
-	// Nodes are the nodes whose users the mesh account holds.
+	// Nodes are the nodes, each given an account (AccountOf).
 	Nodes []string
-	// Providers are the providers whose users the mesh account holds; the
-	// server's writer follows and writes their buckets.
+	// Providers are the providers, each given an account; the server's
+	// writer follows and writes their buckets.
 	Providers []string
 	// Hosts names, by node, the providers whose manifests it declares.
 	Hosts map[string][]string
 }
+
+// AccountOf is the account of a node's or a provider's user in RunsAs:
+// "node_<name>" or "provider_<name>", so that no two identities share one.
+func AccountOf(role wire.Role, name string) string { return string(role) + "_" + name }
 
 // PasswordVariable is the variable that stands for a user's password in
 // RunsAs.Config: nats-server reads it from the environment.
@@ -65,24 +71,63 @@ func PasswordVariable(user string) string {
 	return upper + "_PASSWORD"
 }
 
-// Config returns the nats-server "accounts" block of the mesh: both accounts
-// with JetStream, their users and permissions, and the exports and imports
+// Config returns the nats-server "accounts" block of the mesh: the server's
+// account with JetStream and its two users, an account per node and per
+// provider with its one user and permissions, and the exports and imports
 // between them.
 func (r RunsAs) Config() (string, error) {
-	server, mesh := r.ServerAccount, r.MeshAccount
+	server := r.ServerAccount
 	if server == "" {
 		server = DefaultServerAccount
 	}
-	if mesh == "" {
-		mesh = DefaultMeshAccount
+	type identity struct {
+		account, user string
+		grant         Permissions
+		imports       []string // services
+		stream        string   // the plan key a node hears
 	}
-	if server == mesh {
-		return "", fmt.Errorf("runs-as: the server's account and the mesh account are both %q", server)
+	var identities []identity
+	for _, node := range r.Nodes {
+		p, err := NodeRunsAs(node, r.Hosts[node]...)
+		if err != nil {
+			return "", err
+		}
+		imports := []string{
+			wire.NodeSubject(wire.ProvisioningSubject, node), wire.NodeSubject(wire.ComposeSubject, node),
+			wire.NodeSubject(wire.PutSubject, node), wire.NodeSubject(wire.DeleteSubject, node), wire.NodeSubject(wire.ApplySubject, node),
+		}
+		for _, provider := range r.Hosts[node] {
+			imports = append(imports, wire.DeclareSubjectOf(node, provider))
+		}
+		identities = append(identities, identity{AccountOf(wire.RoleNode, node), node, p, imports, wire.KVSubject(keys.PlansBucket, node)})
+	}
+	for node := range r.Hosts {
+		if !slices.Contains(r.Nodes, node) {
+			return "", fmt.Errorf("runs-as: --hosts names node %q, which is not among the nodes", node)
+		}
+	}
+	for _, provider := range r.Providers {
+		p, err := Provider(provider)
+		if err != nil {
+			return "", err
+		}
+		imports := []string{wire.ProviderSubject(provider), wire.NodeSubject(wire.BindSubject, provider)}
+		identities = append(identities, identity{AccountOf(wire.RoleProvider, provider), provider, p, imports, ""})
+	}
+	accounts := []string{server}
+	for _, id := range identities {
+		if slices.Contains(accounts, id.account) {
+			return "", fmt.Errorf("runs-as: account %q is named twice", id.account)
+		}
+		accounts = append(accounts, id.account)
+	}
+	q := strconv.Quote
+	importers := make([]string, 0, len(identities))
+	for _, id := range identities {
+		importers = append(importers, q(id.account))
 	}
 	var b strings.Builder
-	q := strconv.Quote
 	b.WriteString("accounts {\n")
-
 	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(server))
 	writeUser(&b, wire.ServerIdentity, Server())
 	writer, err := ServerWriter(r.Providers...)
@@ -90,38 +135,29 @@ func (r RunsAs) Config() (string, error) {
 		return "", err
 	}
 	writeUser(&b, wire.WriterIdentity, writer)
-	b.WriteString("    ]\n    exports = [\n")
-	for _, subject := range runsAsServices() {
-		fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(subject), q(mesh))
-	}
-	fmt.Fprintf(&b, "      { stream: %s, accounts: [%s] }\n", q(runsAsStream()), q(mesh))
-	b.WriteString("    ]\n  }\n")
-
-	fmt.Fprintf(&b, "  %s {\n    jetstream: enabled\n    users = [\n", q(mesh))
-	for _, node := range r.Nodes {
-		p, err := NodeRunsAs(node, r.Hosts[node]...)
-		if err != nil {
-			return "", err
+	b.WriteString("    ]\n")
+	if len(identities) > 0 {
+		b.WriteString("    exports = [\n")
+		for _, subject := range runsAsServices() {
+			fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(subject), strings.Join(importers, ", "))
 		}
-		writeUser(&b, node, p)
+		fmt.Fprintf(&b, "      { stream: %s, accounts: [%s] }\n", q(wire.KVSubject(keys.PlansBucket, "*")), strings.Join(importers, ", "))
+		b.WriteString("    ]\n")
 	}
-	for _, provider := range r.Providers {
-		p, err := Provider(provider)
-		if err != nil {
-			return "", err
+	b.WriteString("  }\n")
+	for _, id := range identities {
+		fmt.Fprintf(&b, "  %s {\n    users = [\n", q(id.account))
+		writeUser(&b, id.user, id.grant)
+		b.WriteString("    ]\n    imports = [\n")
+		for _, subject := range id.imports {
+			fmt.Fprintf(&b, "      { service: { account: %s, subject: %s } }\n", q(server), q(subject))
 		}
-		writeUser(&b, provider, p)
-	}
-	b.WriteString("    ]\n    imports = [\n")
-	for _, subject := range runsAsServices() {
-		fmt.Fprintf(&b, "      { service: { account: %s, subject: %s }", q(server), q(subject))
-		if local := runsAsLocal(subject); local != subject {
-			fmt.Fprintf(&b, ", to: %s", q(local))
+		if id.stream != "" {
+			fmt.Fprintf(&b, "      { stream: { account: %s, subject: %s }, to: %s }\n", q(server), q(id.stream), q(wire.RunsAsAPIPrefix+"."+id.stream))
 		}
-		b.WriteString(" }\n")
+		b.WriteString("    ]\n  }\n")
 	}
-	fmt.Fprintf(&b, "      { stream: { account: %s, subject: %s }, to: %s }\n", q(server), q(runsAsStream()), q(runsAsLocal(runsAsStream())))
-	b.WriteString("    ]\n  }\n}")
+	b.WriteString("}")
 	return b.String(), nil
 }
 
@@ -130,32 +166,15 @@ func writeUser(b *strings.Builder, user string, p Permissions) {
 	fmt.Fprintf(b, "      { user: %s, password: $%s, permissions: %s }\n", strconv.Quote(user), PasswordVariable(user), perms)
 }
 
-// runsAsServices are the subjects the server's account exports to the mesh
-// account, each a service: the verbs, read and write, addressed to a node
-// or a provider. Nothing of JetStream: a request into it would be answered
-// on a reply subject of the asker's choosing.
+// runsAsServices are the subjects the server's account exports, each a
+// service: the verbs, read and write, addressed to a node or a provider;
+// each identity's account imports its own of them. Nothing of JetStream: a
+// request into it would be answered on a reply subject of the asker's
+// choosing.
 func runsAsServices() []string {
 	return []string{
 		wire.NodeSubject(wire.ProvisioningSubject, "*"), wire.NodeSubject(wire.ComposeSubject, "*"),
 		wire.NodeSubject(wire.PutSubject, "*"), wire.NodeSubject(wire.DeleteSubject, "*"), wire.NodeSubject(wire.ApplySubject, "*"),
 		wire.DeclareSubjectOf("*", "*"), wire.ProviderSubject("*"), wire.NodeSubject(wire.BindSubject, "*"),
 	}
-}
-
-// runsAsStream is the subject the server's account exports to the mesh
-// account as a stream: every write of a plan digest, heard by the node
-// whose key it is.
-func runsAsStream() string { return wire.KVSubject(keys.PlansBucket, "*") }
-
-// runsAsLocal is the subject under which the mesh account imports subject:
-// the verbs as they are, the JetStream subjects under wire.RunsAsAPIPrefix,
-// where a client made with jetstream.NewWithAPIPrefix sends them.
-func runsAsLocal(subject string) string {
-	if api, ok := strings.CutPrefix(subject, "$JS.API."); ok {
-		return wire.RunsAsAPIPrefix + "." + api
-	}
-	if strings.HasPrefix(subject, wire.KVRoot+".") {
-		return wire.RunsAsAPIPrefix + "." + subject
-	}
-	return subject
 }

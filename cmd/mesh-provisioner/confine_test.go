@@ -18,6 +18,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -220,14 +221,16 @@ func TestEachNodeReadsOnlyItsOwnAcrossAccounts(t *testing.T) {
 
 // runsAsServer starts a nats-server whose accounts are what `permissions
 // --runs-as ace,novox` prints, each user's password "<user>-secret", with
-// an unrestricted user in each account: admin (PROVISIONER) and meshadmin
-// (MESH).
+// an unrestricted user in PROVISIONER (admin) and one in ace's account
+// (aceadmin), which is given JetStream: a stream there shows that no answer
+// aimed into the asker's own account is stored either.
 func runsAsServer(t *testing.T) *server.Server {
 	t.Helper()
 	config := printed(t, "--runs-as", "ace,novox")
 	config = regexp.MustCompile(`user: "([^"]+)", password: \$[A-Z0-9_]+`).ReplaceAllString(config, `user: "$1", password: "$1-secret"`)
 	config = strings.Replace(config, "users = [\n", "users = [\n      { user: \"admin\", password: \"admin-secret\" }\n", 1)
-	_, meshAccount, _ := strings.Cut(config, `"MESH" {`)
-	config = strings.Replace(config, meshAccount, strings.Replace(meshAccount, "users = [\n", "users = [\n      { user: \"meshadmin\", password: \"meshadmin-secret\" }\n", 1), 1)
+	aceAccount := `"` + permissions.AccountOf(wire.RoleNode, "ace") + `" {`
+	config = strings.Replace(config, aceAccount+"\n    users = [\n",
+		aceAccount+"\n    jetstream: enabled\n    users = [\n      { user: \"aceadmin\", password: \"aceadmin-secret\" }\n", 1)
 	return natstest.StartWithConfig(t, config)
 }

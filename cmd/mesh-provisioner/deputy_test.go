@@ -322,18 +322,18 @@ func TestNoNodeCanMakeTheServiceWriteAcrossAccounts(t *testing.T) {
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
 	writeRecordsOf(ctx, t, ace, novox)
 	stopSeat()
-	admin, meshadmin := connectAs(t, s, "", "admin"), connectAs(t, s, "", "meshadmin")
+	admin, aceadmin := connectAs(t, s, "", "admin"), connectAs(t, s, "", "aceadmin")
 	// MESH keeps a stream of its own, which ace's permissions cannot touch.
 	const meshStream = "MESH_OWN"
-	if _, err := meshadmin.js.CreateStream(ctx, jetstream.StreamConfig{Name: meshStream, Subjects: []string{"own.>"}}); err != nil {
+	if _, err := aceadmin.js.CreateStream(ctx, jetstream.StreamConfig{Name: meshStream, Subjects: []string{"own.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := meshadmin.js.Publish(ctx, "own.1", []byte("kept")); err != nil {
+	if _, err := aceadmin.js.Publish(ctx, "own.1", []byte("kept")); err != nil {
 		t.Fatal(err)
 	}
-	m := deputyMesh{attacker: ace, answering: answering, admins: []*identity{admin, meshadmin}}
+	m := deputyMesh{attacker: ace, answering: answering, admins: []*identity{admin, aceadmin}}
 	before := m.snapshots(t)
-	seen, seenInMesh := record(t, admin), record(t, meshadmin)
+	seen, seenInMesh := record(t, admin), record(t, aceadmin)
 
 	handled := statsOf(t, admin.nc).handled
 	sent := map[string]int{}
@@ -355,7 +355,7 @@ func TestNoNodeCanMakeTheServiceWriteAcrossAccounts(t *testing.T) {
 		}
 		return nil
 	})
-	if err := meshadmin.nc.Flush(); err != nil { // the answers' deliveries are behind the stats' answer
+	if err := aceadmin.nc.Flush(); err != nil { // the answers' deliveries are behind the stats' answer
 		t.Fatal(err)
 	}
 	for _, target := range replyTargets(meshStream) {

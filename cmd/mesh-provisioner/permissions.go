@@ -39,13 +39,13 @@ configuration (or as JSON with --json, which nats-server reads too):
                      the keys of each provider's bucket (capture)
 
   --runs-as NODES    the nats-server "accounts" block of a mesh whose server
-                     runs in an account of its own (PROVISIONER), the nodes
-                     (comma-separated) and --providers in the mesh account
-                     (MESH), which imports the verbs and, under
-                     $PROVISIONER.API, the plans' key subjects; --hosts
-                     NODE:PROVIDER,... names the providers each node runs;
-                     passwords are read from the environment
-                     ($ACE_PASSWORD for node ace)
+                     runs in an account of its own (PROVISIONER), and each
+                     node (comma-separated) and each of --providers in an
+                     account of its own (node_NAME, provider_MODULE), which
+                     imports its own verbs and, a node's, its plan key
+                     under $PROVISIONER.API; --hosts NODE:PROVIDER,...
+                     names the providers each node runs; passwords are read
+                     from the environment ($ACE_PASSWORD for node ace)
 
 Nodes and providers publish nothing into JetStream: they write through the
 service's verbs, which check each write and store it with the writer's

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -100,6 +101,40 @@ func TestRunsAsOnARealServer(t *testing.T) {
 		t.Fatal("no plan")
 	}
 
+	// ace's write with its answer aimed at novox's inbox. The service sees
+	// only nats-server's _R_.<token> and answers it; nats-server delivers
+	// the answer in ace's own account, where novox is not: the write is
+	// ace's own, and its answer reaches no other identity.
+	aceadmin := connectAs(t, s, "", "aceadmin")
+	stolen := wire.InboxPrefix(wire.RoleNode, "novox") + ".stolen"
+	heardByNovox, err := novox.nc.SubscribeSync(wire.InboxPrefix(wire.RoleNode, "novox") + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveredInAces, err := aceadmin.nc.SubscribeSync(stolen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, nc := range []*nats.Conn{novox.nc, aceadmin.nc} {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	need, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:stolen}"})
+	put, _ := proto.Marshal(&provisionerv1.PutRequest{Record: &provisionerv1.Record{What: provisionerv1.What_WHAT_NEEDS, Key: "ace.web.port.stolen", Value: need}})
+	if err := ace.nc.PublishRequest(wire.NodeSubject(wire.PutSubject, "ace"), stolen, put); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := deliveredInAces.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("the answer to ace's write, aimed at %s, was not delivered in ace's account: %v", stolen, err)
+	}
+	if err := novox.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := heardByNovox.NextMsg(100 * time.Millisecond); err == nil {
+		t.Errorf("novox heard %s, the answer to ace's write", msg.Subject)
+	}
+
 	// The seat is handed back so that the streams hold still below.
 	stopSeat()
 	admin := connectAs(t, s, "", "admin")
@@ -107,8 +142,7 @@ func TestRunsAsOnARealServer(t *testing.T) {
 	if _, ok := baseline[wire.StreamOf(keys.NeedsBucket)]; !ok || len(baseline) != len(keys.Buckets())+1 {
 		t.Fatalf("streams of PROVISIONER: %v, want the %d buckets and the plans", baseline, len(keys.Buckets()))
 	}
-	meshadmin := connectAs(t, s, "", "meshadmin")
-	if names := snapshot(t, meshadmin.js); len(names) != 0 {
+	if names := snapshot(t, aceadmin.js); len(names) != 0 {
 		t.Fatalf("MESH sees streams %v of its own", names)
 	}
 
@@ -150,15 +184,15 @@ func TestRunsAsOnARealServer(t *testing.T) {
 		{ace, "list the needs' keys through STREAM.INFO", publish(ace, needsInfo, nil), permissionViolation, needsInfo},
 		{ace, "get its own plan, the answer aimed anywhere", publish(ace, acePlanGet, nil), permissionViolation, acePlanGet},
 		{ace, "declare the manifest of a provider its grant does not name", publish(ace, wire.DeclareSubjectOf("ace", "postgres"), nil), permissionViolation, wire.DeclareSubjectOf("ace", "postgres")},
-		{meshadmin, "put its own need under the prefix", publish(meshadmin, aceNeed, nil), noResponders, ""},
-		{meshadmin, "list the needs' keys through STREAM.INFO", publish(meshadmin, needsInfo, nil), noResponders, ""},
-		{meshadmin, "get a plan under the prefix", publish(meshadmin, acePlanGet, nil), noResponders, ""},
-		{meshadmin, "put a registry entry", publish(meshadmin, wire.KVSubject(keys.RegistryBucket, "port"), nil), noResponders, ""},
-		{meshadmin, "put a registry entry under the prefix", publish(meshadmin, registryEntry, nil), noResponders, ""},
-		{meshadmin, "take the seat", publish(meshadmin, wire.SeatSubject, nil), noResponders, ""},
-		{meshadmin, "purge the needs under the prefix", publish(meshadmin, purgeNeeds, nil), noResponders, ""},
-		{meshadmin, "create a consumer on the needs under the prefix", publish(meshadmin, wire.RunsAsAPIPrefix+".CONSUMER.CREATE.KV_mesh-provisioner_needs", nil), noResponders, ""},
-		{meshadmin, "delete the needs stream", func(ctx context.Context) error { return meshadmin.js.DeleteStream(ctx, "KV_mesh-provisioner_needs") }, refusedByJetStream, ""},
+		{aceadmin, "put its own need under the prefix", publish(aceadmin, aceNeed, nil), noResponders, ""},
+		{aceadmin, "list the needs' keys through STREAM.INFO", publish(aceadmin, needsInfo, nil), noResponders, ""},
+		{aceadmin, "get a plan under the prefix", publish(aceadmin, acePlanGet, nil), noResponders, ""},
+		{aceadmin, "put a registry entry", publish(aceadmin, wire.KVSubject(keys.RegistryBucket, "port"), nil), noResponders, ""},
+		{aceadmin, "put a registry entry under the prefix", publish(aceadmin, registryEntry, nil), noResponders, ""},
+		{aceadmin, "take the seat", publish(aceadmin, wire.SeatSubject, nil), noResponders, ""},
+		{aceadmin, "purge the needs under the prefix", publish(aceadmin, purgeNeeds, nil), noResponders, ""},
+		{aceadmin, "create a consumer on the needs under the prefix", publish(aceadmin, wire.RunsAsAPIPrefix+".CONSUMER.CREATE.KV_mesh-provisioner_needs", nil), noResponders, ""},
+		{aceadmin, "delete the needs stream", func(ctx context.Context) error { return aceadmin.js.DeleteStream(ctx, "KV_mesh-provisioner_needs") }, refusedByJetStream, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.who.name+" may not "+tt.action, func(t *testing.T) {

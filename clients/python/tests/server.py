@@ -83,7 +83,8 @@ async def authorized(*, runs_as: bool = False) -> AsyncIterator[dict[str, str]]:
     each with what `mesh-provisioner permissions` grants it); yields the URL
     of each identity. With runs_as, its accounts are what `mesh-provisioner
     permissions --runs-as ace,novox` prints: the service's identities in
-    PROVISIONER, ace and novox in MESH, which reaches the buckets under
+    PROVISIONER, ace, novox and pg each in an account of its own, which
+    imports its own verbs and, a node's, its plan key's writes under
     RUNS_AS_API_PREFIX."""
     proc = await asyncio.create_subprocess_exec(
         from_make("MESH_PROVISIONER_AUTHNATS_BIN"),

@@ -11,8 +11,9 @@
 // each with the password "<user>-secret". With -runs-as, its accounts are
 // what `mesh-provisioner permissions --runs-as ace,novox --providers pg
 // --hosts ace:pg` prints instead: the service's two identities in
-// PROVISIONER, ace, novox and pg in MESH (they reach the verbs as they are,
-// and hear plans under wire.RunsAsAPIPrefix). It prints one JSON object,
+// PROVISIONER, ace, novox and pg each in an account of its own (which
+// imports its own verbs as they are and, a node's, its plan key under
+// wire.RunsAsAPIPrefix). It prints one JSON object,
 // the URL each user connects with, such as
 //
 //	{"ace":"nats://ace:ace-secret@127.0.0.1:41234", ...}
