@@ -196,6 +196,7 @@ type stateBucket struct {
 // budget, a node's values and how far it is.
 type heldCopy interface {
 	Fits(first, key string, size int) bool
+	Budget() mirror.Budget
 	FitsReplacing(first, prefix string, keys, bytes int) bool
 	Values(first string, each func(key, value string)) uint64
 	Revision() uint64
@@ -280,7 +281,7 @@ func checkValue(b *stateBucket, node, key string, value []byte) *wire.Error {
 		return wire.Errorf(wire.CodeBadRequest, "the value of %s: %v", key, err)
 	}
 	if !b.held.Fits(node, key, len(value)) {
-		return wire.Errorf(wire.CodeTooLarge, "node %s has no room for %s in %s: it holds as many keys or value bytes as the server keeps of one node (--node-max-keys, --node-max-bytes); delete some of its keys first", node, key, b.bucket)
+		return wire.Errorf(wire.CodeTooLarge, "node %s has no room for %s in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", node, key, b.bucket, b.held.Budget())
 	}
 	return nil
 }
@@ -397,7 +398,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		}
 	})
 	if !b.held.FitsReplacing(node, prefix, len(want), size) {
-		return nil, wire.Errorf(wire.CodeTooLarge, "node %s has no room for module %s's %d needs in %s: it would hold more keys or value bytes than the server keeps of one node (--node-max-keys, --node-max-bytes); delete some of its keys first", node, module, len(want), b.bucket)
+		return nil, wire.Errorf(wire.CodeTooLarge, "node %s has no room for module %s's %d needs in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", node, module, len(want), b.bucket, b.held.Budget())
 	}
 	out := &provisionerv1.ApplyResponse{Revision: max(last, b.held.Revision()), Unchanged: uint32(len(unchanged))}
 	var acks []jetstream.PubAckFuture

@@ -67,6 +67,14 @@ type Case struct {
 	Request json.RawMessage `json:"request"`
 	// Body is a raw body sent as is, instead of Request.
 	Body *Body `json:"body"`
+	// Reply, with Body, is a reply subject that is not the asker's inbox:
+	// the body is first sent with it, and the runner listening there must
+	// hear nothing; then the body is sent as usual and gets Expect, whose
+	// revision shows whether the first was stored.
+	Reply string `json:"reply"`
+	// ServerArgs are flags added after ServeArgs, for a case that needs a
+	// limit of its own (--node-max-keys 1).
+	ServerArgs []string `json:"server_args"`
 	// Expect is the answer, the pages or the error.
 	Expect Expect `json:"expect"`
 	// Then is a request sent after the first page, with its token.
@@ -153,6 +161,9 @@ func LoadFile(file string) (Case, error) {
 		return Case{}, fmt.Errorf("%s: %w", file, err)
 	}
 	c.Name = strings.TrimSuffix(filepath.Base(file), ".json")
+	if c.Reply != "" && c.Body == nil {
+		return Case{}, fmt.Errorf("%s: reply goes with body, which is sent once", file)
+	}
 	return c, nil
 }
 

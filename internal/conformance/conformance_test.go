@@ -78,7 +78,7 @@ func TestConformance(t *testing.T) {
 }
 
 func runCase(t *testing.T, c conformance.Case) {
-	url := serve(t)
+	url := serve(t, c.ServerArgs...)
 	nc, err := nats.Connect(url, nats.Name("mesh-provisioner conformance "+c.Name))
 	if err != nil {
 		t.Fatal(err)
@@ -131,9 +131,9 @@ func checkStats(t *testing.T, nc *nats.Conn) {
 
 // serve starts the binary on a fresh state directory and returns its NATS
 // URL once it logs that it serves; the server is stopped when the test ends.
-func serve(t *testing.T) string {
+func serve(t *testing.T, extra ...string) string {
 	t.Helper()
-	args := append([]string{"--state-dir", t.TempDir()}, conformance.ServeArgs...)
+	args := append(append([]string{"--state-dir", t.TempDir()}, conformance.ServeArgs...), extra...)
 	cmd := exec.Command(serverBin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -312,7 +312,33 @@ func runRaw(t *testing.T, nc *nats.Conn, c conformance.Case) {
 			t.Fatal(err)
 		}
 	}
+	var foreign *nats.Subscription
+	if c.Reply != "" {
+		// Sent first with a reply that is not the asker's inbox: the
+		// service handles requests in order, so by the time the second
+		// is answered the first was refused or answered.
+		var err error
+		if foreign, err = nc.SubscribeSync(c.Reply); err != nil {
+			t.Fatal(err)
+		}
+		msg := nats.NewMsg(c.Subject())
+		msg.Reply, msg.Data = c.Reply, body
+		if c.Body.ContentType != "" {
+			msg.Header.Set("Content-Type", c.Body.ContentType)
+		}
+		if err := nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
 	got := ask(t, nc, c, body, c.Body.ContentType)
+	if foreign != nil {
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if n, _, _ := foreign.Pending(); n != 0 {
+			t.Errorf("%d messages reached %s, the reply subject that is not the asker's inbox", n, c.Reply)
+		}
+	}
 	if c.Expect.ContentType != "" && got.contentType != c.Expect.ContentType {
 		t.Errorf("answered with Content-Type %q, want %q", got.contentType, c.Expect.ContentType)
 	}

@@ -47,6 +47,13 @@ func (c *Copy[R]) SetBudget(b Budget, onChange func(Excess)) {
 	c.budget, c.onBudget = b, onChange
 }
 
+// Budget returns the budget of each node, as SetBudget set it.
+func (c *Copy[R]) Budget() Budget {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.budget
+}
+
 // Fits reports whether a put of size bytes to key may be held: its node
 // stays within its budget once the key's old value, if held, is replaced.
 // The write verbs ask it before they store a put, so that no write is

@@ -67,6 +67,10 @@ interface Case {
   address?: string;
   request?: JsonValue;
   body?: { text?: string; base64?: string; content_type?: string };
+  /** With body: first sent with this reply subject, where nothing may arrive; then as usual. */
+  reply?: string;
+  /** Flags added after serveArgs, for a limit of the case's own. */
+  server_args?: string[];
   expect: Expect;
   then?: { request: JsonValue; expect: Expect };
 }
@@ -111,9 +115,9 @@ function fromMake(name: string): string {
 }
 
 /** A server on a fresh state directory: its URL, and how to stop it. */
-async function serve(): Promise<{ url: string; stop: () => Promise<void> }> {
+async function serve(extra: string[] = []): Promise<{ url: string; stop: () => Promise<void> }> {
   const dir = await mkdtemp(join(tmpdir(), "mesh-provisioner-conformance-"));
-  const child: ChildProcess = spawn(fromMake("MESH_PROVISIONER_BIN"), ["--state-dir", dir, ...serveArgs], { stdio: ["ignore", "ignore", "pipe"] });
+  const child: ChildProcess = spawn(fromMake("MESH_PROVISIONER_BIN"), ["--state-dir", dir, ...serveArgs, ...extra], { stdio: ["ignore", "ignore", "pipe"] });
   const log: string[] = [];
   const stop = async () => {
     if (child.exitCode === null && child.signalCode === null) {
@@ -255,7 +259,24 @@ async function runRequest(nc: NatsConnection, c: Case, encoding: Encoding): Prom
 async function runRaw(nc: NatsConnection, c: Case): Promise<void> {
   const body = c.body!;
   const data = body.text !== undefined ? new TextEncoder().encode(body.text) : Buffer.from(body.base64 ?? "", "base64");
+  // Sent first with a reply that is not the asker's inbox: the service
+  // handles requests in order, so by the time the second is answered the
+  // first was refused or answered.
+  const heard: string[] = [];
+  const foreign = c.reply === undefined ? undefined : nc.subscribe(c.reply, { callback: (_err, msg) => void heard.push(msg.subject) });
+  if (c.reply !== undefined) {
+    const h = headers();
+    if (body.content_type !== undefined) {
+      h.set("Content-Type", body.content_type);
+    }
+    nc.publish(subjectOf(c), data, { reply: c.reply, headers: h });
+  }
   const reply = await ask(nc, c, data, body.content_type);
+  if (foreign !== undefined) {
+    await nc.flush();
+    foreign.unsubscribe();
+    assert.deepStrictEqual(heard, [], `messages reached ${c.reply}, the reply subject that is not the asker's inbox`);
+  }
   if (c.expect.content_type !== undefined) {
     assert.equal(reply.contentType, c.expect.content_type);
   }
@@ -296,7 +317,7 @@ describe("conformance", () => {
   for (const { name, path, c } of cases) {
     const skip = c.pending !== undefined && !process.env["CONFORMANCE_RUN_PENDING"] ? `pending: ${c.pending}` : false;
     it(name, { skip }, async () => {
-      const server = await serve();
+      const server = await serve(c.server_args);
       let nc: NatsConnection | undefined;
       try {
         await promisify(execFile)(fromMake("MESH_PROVISIONER_APPLY_BIN"), ["--nats-url", server.url, path], { timeout: 60_000 });
