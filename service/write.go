@@ -190,6 +190,8 @@ type stateBucket struct {
 	maxValue int
 	// held is the bucket's copy, whose budget a put must fit.
 	held heldCopy
+	// last reads the bucket's last revision for the applies.
+	last *lastRevisions
 }
 
 // heldCopy is what the write verbs read of a state bucket's copy: its
@@ -216,8 +218,9 @@ type writeStore struct {
 }
 
 // openWriteStore binds the state buckets through js, which is the writing
-// identity's.
-func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
+// identity's; base bounds the requests the store sends on its own (the
+// service's life).
+func openWriteStore(ctx, base context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
 	w := &writeStore{js: js, buckets: map[string]*stateBucket{}, bound: map[string]jetstream.KeyValue{}}
 	for _, b := range []struct {
 		bucket string
@@ -235,7 +238,7 @@ func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirro
 		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 			maxValue = int(max(bs.StreamInfo().Config.MaxMsgSize, 0))
 		}
-		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held}
+		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held, last: &lastRevisions{kv: kv, base: base}}
 	}
 	return w, nil
 }
@@ -379,7 +382,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	// Compared with the bucket as it is now: the copy is first brought to
 	// the stream's last revision, so that no write made meanwhile is
 	// taken for unchanged, nor a key written meanwhile left undeleted.
-	last, err := lastRevision(ctx, b.kv)
+	last, err := b.last.get(ctx)
 	if err != nil {
 		return nil, stored("the apply of "+module, err)
 	}
@@ -437,17 +440,6 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	return out, nil
 }
 
-// lastRevision returns the last revision of a bucket's stream.
-func lastRevision(ctx context.Context, kv jetstream.KeyValue) (uint64, error) {
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return 0, err
-	}
-	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		return bs.StreamInfo().State.LastSeq, nil
-	}
-	return 0, nil
-}
 
 func (s *Service) declareManifest(ctx context.Context, names []string, in *provisionerv1.DeclareRequest) (proto.Message, *wire.Error) {
 	node, provider := names[0], names[1]
