@@ -2,6 +2,7 @@ package nodeclient_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -130,6 +131,23 @@ func TestApplyNeedsWritesWhatDiffersAndDeletesWhatIsGone(t *testing.T) {
 	again, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), changed})
 	if err != nil || again.GetWritten() != 0 || again.GetDeleted() != 0 || again.GetUnchanged() != 2 || again.GetRevision() < second.GetRevision() {
 		t.Errorf("the same set again = %v, %v; want nothing written at revision %d or later", again, err, second.GetRevision())
+	}
+
+	// A key of the module stored just before the apply by another writer
+	// (another instance's put) is compared too: the apply waits for its
+	// copy to hold the module's newest write, so it deletes the key.
+	value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:late}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if _, err := needs.Put(ctx, fmt.Sprintf("ace.web.port.late%d", i), value); err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), changed})
+		if err != nil || got.GetDeleted() != 1 || got.GetUnchanged() != 2 {
+			t.Fatalf("apply %d after a key stored by another writer = %v, %v; want it deleted, the set unchanged", i, got, err)
+		}
 	}
 }
 

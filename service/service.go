@@ -333,7 +333,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if watchConn == nil {
 		watchConn = cfg.Conn
 	}
-	js, err := jetstream.New(watchConn)
+	js, err := jetstream.New(watchConn, jetstream.WithPublishAsyncMaxPending(maxPendingPuts))
 	if err != nil {
 		return nil, err
 	}
@@ -373,11 +373,10 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if s.followers, err = s.mirror.Open(ctx, js, s.logger); err != nil {
 		return nil, err
 	}
-	s.stopping, s.stop = context.WithCancel(context.Background())
-	if s.store, err = openWriteStore(ctx, s.stopping, js, s.mirror); err != nil {
-		s.stop()
+	if s.store, err = openWriteStore(ctx, js, s.mirror); err != nil {
 		return nil, err
 	}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.watchers.Go(func() { s.followers.Run(s.stopping) })
 	for range cfg.Concurrency {
 		s.workers.Go(s.work)

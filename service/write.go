@@ -2,8 +2,10 @@ package service
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +31,12 @@ import (
 // write verb: each holds a goroutine until JetStream acknowledges it. A
 // write that finds them all taken is refused with a 503.
 const MaxConcurrentWrites = 1024
+
+// maxPendingPuts bounds the writer's puts awaiting JetStream's
+// acknowledgement, over every apply at once (nats.go's default, 4,000,
+// stalled 1,000 nodes' applies of 10 needs each); past it a write is
+// refused with a 503.
+const maxPendingPuts = 1 << 16
 
 // writeTimeout bounds one write verb's work: JetStream's acknowledgements
 // of its puts and deletes.
@@ -190,8 +198,6 @@ type stateBucket struct {
 	maxValue int
 	// held is the bucket's copy, whose budget a put must fit.
 	held heldCopy
-	// last reads the bucket's last revision for the applies.
-	last *lastRevisions
 }
 
 // heldCopy is what the write verbs read of a state bucket's copy: its
@@ -218,9 +224,8 @@ type writeStore struct {
 }
 
 // openWriteStore binds the state buckets through js, which is the writing
-// identity's; base bounds the requests the store sends on its own (the
-// service's life).
-func openWriteStore(ctx, base context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
+// identity's.
+func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
 	w := &writeStore{js: js, buckets: map[string]*stateBucket{}, bound: map[string]jetstream.KeyValue{}}
 	for _, b := range []struct {
 		bucket string
@@ -238,9 +243,35 @@ func openWriteStore(ctx, base context.Context, js jetstream.JetStream, m *mirror
 		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 			maxValue = int(max(bs.StreamInfo().Config.MaxMsgSize, 0))
 		}
-		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held, last: &lastRevisions{kv: kv, base: base}}
+		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held}
 	}
 	return w, nil
+}
+
+// lastUnder returns the revision of the newest write of any key of bucket
+// under prefix (a node's module's, delete markers included), 0 when none is
+// stored: a direct get of the last message on the prefix's subjects, which
+// the stream's leader answers beside its other reads, not in the JetStream
+// API's queue.
+func (w *writeStore) lastUnder(ctx context.Context, bucket, prefix string) (uint64, error) {
+	body, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{wire.KVSubject(bucket, prefix+">")})
+	if err != nil {
+		return 0, err
+	}
+	msg, err := w.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+wire.StreamOf(bucket), body)
+	if err != nil {
+		return 0, err
+	}
+	switch status := msg.Header.Get("Status"); status {
+	case "":
+		return strconv.ParseUint(msg.Header.Get(jetstream.SequenceHeader), 10, 64)
+	case "404":
+		return 0, nil
+	default:
+		return 0, fmt.Errorf("direct get of the last write under %s: %s %s", prefix, status, msg.Header.Get("Description"))
+	}
 }
 
 // bucketOf returns the bucket a node's record names, refusing the registry
@@ -379,10 +410,13 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		want[rec.GetKey()] = rec.GetValue()
 		size += len(rec.GetValue())
 	}
-	// Compared with the bucket as it is now: the copy is first brought to
-	// the stream's last revision, so that no write made meanwhile is
-	// taken for unchanged, nor a key written meanwhile left undeleted.
-	last, err := b.last.get(ctx)
+	// Compared with the module's keys as they are now: the copy is first
+	// brought to the newest write of any of them, so that no write made
+	// meanwhile is taken for unchanged, nor a key written meanwhile left
+	// undeleted. Only the module's own writes are waited for: under a
+	// mesh's writes the copy may trail the stream's last revision by more
+	// than an apply may wait.
+	last, err := s.store.lastUnder(ctx, b.bucket, prefix)
 	if err != nil {
 		return nil, stored("the apply of "+module, err)
 	}
@@ -439,7 +473,6 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	}
 	return out, nil
 }
-
 
 func (s *Service) declareManifest(ctx context.Context, names []string, in *provisionerv1.DeclareRequest) (proto.Message, *wire.Error) {
 	node, provider := names[0], names[1]
