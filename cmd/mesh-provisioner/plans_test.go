@@ -69,6 +69,32 @@ func TestANodeWatchesItsPlanOnARealServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	watch.none(t, 300*time.Millisecond, "after an unchanged write")
+
+	// Messages on ace's key that are not writes of it, such as a
+	// JetStream answer aimed there (Nats-Stream) or another key's message
+	// (Nats-Subject), each with a digest ace's watch has not seen: the
+	// watch composes for none of them, whoever sent them.
+	admin := connectAs(t, s, "", "admin")
+	handled := statsOf(t, admin.nc).handled
+	for i := range 40 {
+		msg := nats.NewMsg(wire.KVSubject(keys.PlansBucket, "ace"))
+		msg.Data, _ = proto.Marshal(&provisionerv1.PlanDigest{Digest: fmt.Sprintf("sha256:forged%d", i), Revisions: &provisionerv1.Revisions{Needs: rev}})
+		if i%2 == 0 {
+			msg.Header.Set(jetstream.StreamHeader, wire.StreamOf(keys.PlansBucket))
+		} else {
+			msg.Header.Set(jetstream.SubjectHeader, wire.KVSubject(keys.PlansBucket, "novox"))
+		}
+		if err := admin.nc.PublishMsg(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	watch.none(t, 500*time.Millisecond, "after messages that are not writes of ace's key")
+	if n := statsOf(t, admin.nc).handled - handled; n != 0 {
+		t.Errorf("the service handled %d requests after 40 messages that are not writes of ace's key: the watch composed for them", n)
+	}
 	ace.mu.Lock()
 	if len(ace.violations) > 0 {
 		t.Errorf("ace's watch of its own plan: permission violations %v", ace.violations)
