@@ -59,8 +59,8 @@ func WithSubjects(provisioning, compose string) Option {
 
 // WithAPIPrefix sets where WatchPlan hears the plan's key:
 // wire.RunsAsAPIPrefix when the server runs in an account of its own
-// (permissions.RunsAs), under which the mesh account imports the plans' key
-// subjects. Empty, the default: in the client's own account.
+// (permissions.RunsAs), under which each node's account imports its plan
+// key's subject. Empty, the default: in the client's own account.
 func WithAPIPrefix(prefix string) Option {
 	return func(c *Client) { c.apiPrefix = prefix }
 }

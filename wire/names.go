@@ -117,12 +117,11 @@ const KVRoot = "$KV"
 // be made conditional on the lease's sequence in the same stream.
 const SeatSubject = "$SEAT." + ServiceName
 
-// RunsAsAPIPrefix is where a mesh account reaches the provisioner account's
-// JetStream when the server runs in an account of its own: the mesh account
-// imports the state buckets' stream information and key subjects under it
-// (permissions.RunsAs), and a node's client binds its buckets through it
-// (nodeclient.Config.APIPrefix). A put of key K of bucket B is then published
-// to "$PROVISIONER.API.$KV.B.K".
+// RunsAsAPIPrefix is where a node's account imports its plan key's subject
+// when the server runs in an account of its own (permissions.RunsAs): the
+// node hears its plan change on "$PROVISIONER.API.$KV.mesh-provisioner_plans.<node>"
+// (client.WithAPIPrefix). Nothing else of the server's JetStream is
+// imported.
 const RunsAsAPIPrefix = "$PROVISIONER.API"
 
 // ManifestDigest returns the digest of a provider's manifest as stored in

@@ -204,8 +204,8 @@ func TestEachNodeReadsOnlyItsOwn(t *testing.T) {
 	})
 }
 
-// TestEachNodeReadsOnlyItsOwnAcrossAccounts is the same for nodes in the
-// mesh account of the runs-as set-up, which imports the node-addressed
+// TestEachNodeReadsOnlyItsOwnAcrossAccounts is the same for nodes in their
+// accounts of the runs-as set-up, each of which imports its node's own
 // subjects only.
 func TestEachNodeReadsOnlyItsOwnAcrossAccounts(t *testing.T) {
 	t.Parallel()

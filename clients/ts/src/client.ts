@@ -425,7 +425,7 @@ export interface ProvisionerClientOptions {
   /**
    * Where the provisioner's JetStream is reached: `RUNS_AS_API_PREFIX`
    * (`"$PROVISIONER.API"`) when the server runs in an account of its own
-   * and the mesh's account imports its API under that prefix.
+   * and each node's account imports its plan key under that prefix.
    * {@link ProvisionerClient.watchPlan} then subscribes to
    * `<apiPrefix>.$KV.mesh-provisioner_plans.<node>`, where the provisioner's
    * account exports the key's writes; the verbs, writes included, are

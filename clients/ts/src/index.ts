@@ -15,9 +15,8 @@ export * from "./gen/mesh/provisioner/v1/stats_pb.js";
 export * from "./gen/mesh/provisioner/v1/write_pb.js";
 
 /**
- * The prefix under which a mesh's account imports the provisioner's
- * JetStream API and its key writes when the server runs as an account of
- * its own (`mesh-provisioner permissions --runs-as`): the `apiPrefix`
+ * The prefix under which a node's account imports its plan key's writes
+ * when the server runs in an account of its own (`mesh-provisioner permissions --runs-as`): the `apiPrefix`
  * option of a node's {@link ProvisionerClient} there. The Go
  * wire.RunsAsAPIPrefix.
  */

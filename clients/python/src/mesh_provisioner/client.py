@@ -75,7 +75,7 @@ reads nothing of the bucket)."""
 RUNS_AS_API_PREFIX = "$PROVISIONER.API"
 """Where a node hears the writes of its plan's key when the server runs in an
 account of its own (runs-as: mesh-provisioner permissions --runs-as), which
-the mesh's account imports under this prefix: the Go wire.RunsAsAPIPrefix.
+each node's account imports under this prefix: the Go wire.RunsAsAPIPrefix.
 Give it to ProvisionerClient(api_prefix=...) for watch_plan. The verbs,
 writes included, are imported at their own subjects."""
 CONTENT_TYPE_PROTOBUF = "application/protobuf"
@@ -440,7 +440,7 @@ class ProvisionerClient:
 
     api_prefix is where the plans' key subjects are reached, for
     watch_plan: RUNS_AS_API_PREFIX when the server runs in an account of its
-    own (runs-as), which the mesh's account imports the plans' key subjects
+    own (runs-as), where each node's account imports its plan key's subject
     under ($PROVISIONER.API.$KV.<bucket>.<node>). None, the default: in the
     connection's own account ($KV.<bucket>.<node>). The verbs, writes
     included, are imported at their own subjects, whatever api_prefix.
