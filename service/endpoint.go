@@ -3,6 +3,8 @@ package service
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -656,16 +658,16 @@ func (s *Service) sent(r micro.Request, count *counters, msg *nats.Msg, werr *wi
 	}
 }
 
-// logFailure logs a 5xx answer at warn, at most once a second: a flood of
-// them must not flood the log. A 4xx is the asker's to fix: debug only.
+// logFailure logs a 5xx answer at warn, at most once a minute a code: a
+// flood of them must not flood the log, and a failure of NATS fails every
+// asker at once. A 4xx is the asker's to fix: debug only.
 func (s *Service) logFailure(r micro.Request, werr *wire.Error) {
 	if werr.Code() < 500 {
 		s.logger.Debug("request refused", "subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
 		return
 	}
-	s.failures.Do(func() {
-		s.logger.Warn("request failed", "subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
-	})
+	s.warnings.Log(context.Background(), slog.LevelWarn, "failed with "+strconv.Itoa(int(werr.Code())), "", "request failed",
+		"subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
 }
 
 // headerLen is the size of a message's headers on the wire: what counts

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"runtime"
 	"runtime/debug"
@@ -322,10 +323,8 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 			delete(set, node)
 			w.redo[node] = true
 			deferred++
-			w.s.planDeferrals.Do(func() {
-				w.s.logger.Warn("a node's plan digest is composed again later: it has many records and changes often",
-					"node", node, "in", at.Sub(now).Round(time.Millisecond))
-			})
+			w.s.warnings.Log(context.Background(), slog.LevelWarn, "plan deferred", node, "a node's plan digest is composed again later: it has many records and changes often",
+				"in", at.Sub(now).Round(time.Millisecond))
 		}
 	}
 	w.s.plans.deferred.Store(uint64(deferred))
@@ -549,7 +548,6 @@ func (w *plansWriter) failed(node, what string, err error) {
 	w.mu.Lock()
 	w.redo[node] = true
 	w.mu.Unlock()
-	w.s.planFailures.Do(func() {
-		w.s.logger.Warn("a node's plan digest was not kept; trying again", "node", node, "step", what, "err", err)
-	})
+	// Not the node's doing (NATS failed): a line a minute, whichever node.
+	w.s.warnings.Log(context.Background(), slog.LevelWarn, "plan not kept", "", "a node's plan digest was not kept; trying again", "node", node, "step", what, "err", err)
 }

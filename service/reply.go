@@ -1,8 +1,10 @@
 package service
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/nats-io/nats.go/micro"
@@ -51,12 +53,10 @@ func (s *Service) answersTo(reply string, owner wire.Role, name string) bool {
 }
 
 // refuseReply counts and logs a request left unanswered for its reply
-// subject; the log line at most once a second, so that a flood of them
-// cannot flood the log.
+// subject; the log line at most once a minute a subject (the asker's, when
+// the verb is addressed), so that a flood of them cannot flood the log.
 func (s *Service) refuseReply(r micro.Request, count *counters) {
 	count.refusedReplies.Add(1)
-	s.refusedReplies.Do(func() {
-		s.logger.Warn("request not answered: its reply subject is not an inbox the service answers to",
-			"reply", r.Reply(), "subject", r.Subject(), "refused_replies", count.refusedReplies.Load())
-	})
+	s.warnings.Log(context.Background(), slog.LevelWarn, "refused reply", r.Subject(), "request not answered: its reply subject is not an inbox the service answers to",
+		"reply", r.Reply(), "subject", r.Subject(), "refused_replies", count.refusedReplies.Load())
 }

@@ -17,10 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
-	"golang.org/x/time/rate"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/ratelog"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -222,9 +222,10 @@ type Service struct {
 	unregistered bool
 
 	replyPrefixes []string
-	// refusedReplies rate-limits the warning logged for a request refused
-	// for its reply subject.
-	refusedReplies rate.Sometimes
+	// warnings logs what an asker can cause (a refused reply, a slow
+	// composition, a node over its budget, a failure under its flood) once
+	// a minute per cause and asker, with the count kept back.
+	warnings *ratelog.Limiter
 
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
@@ -232,16 +233,10 @@ type Service struct {
 	sections *sectionCache // nil: none kept
 	seat     func() (held bool, since time.Time, holder string)
 	observe  Observer
-	// failures rate-limits the warning logged for each 5xx answer, so that a
-	// flood of them cannot flood the log.
-	failures rate.Sometimes
 	// slow logs the bursts of requests dropped by a full pending buffer.
 	slow *burstLog
-	// plans counts what RunPlans did; planFailures and planDeferrals
-	// rate-limit its warnings.
-	plans         plansStats
-	planFailures  rate.Sometimes
-	planDeferrals rate.Sometimes
+	// plans counts what RunPlans did.
+	plans plansStats
 	// boundNamed holds, by node, the providers' buckets its needs name
 	// and the stamps they were last named at (boundUnread).
 	boundNamed sync.Map
@@ -351,15 +346,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		revisionWait: cfg.RevisionWait,
 		slowCompose:  cfg.SlowCompose,
 		counters:     map[string]*counters{},
-		failures:     rate.Sometimes{Interval: time.Second},
 		cache:        newAnswerCache(cfg.AnswerCacheMaxBytes),
 		seat:         cfg.Seat,
 		observe:      cfg.Observe,
 
-		replyPrefixes:  slices.Clone(cfg.ReplyPrefixes),
-		refusedReplies: rate.Sometimes{Interval: time.Second},
-		planFailures:   rate.Sometimes{Interval: time.Second},
-		planDeferrals:  rate.Sometimes{Interval: 10 * time.Second},
+		replyPrefixes: slices.Clone(cfg.ReplyPrefixes),
+		warnings:      ratelog.New(cfg.Logger, ratelog.Period),
 	}
 	if !cfg.NoAnswerCache {
 		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
@@ -659,13 +651,15 @@ func (s *Service) stats(e *micro.Endpoint) any {
 	return raw
 }
 
-// logBudget logs once when a node goes over its budget in a bucket, and
-// once when it comes back under.
+// logBudget logs when a node goes over its budget in a bucket, and when it
+// comes back under: each at most once a minute a node, which may go over
+// and back as often as it writes.
 func (s *Service) logBudget(x mirror.Excess) {
+	ctx := context.Background()
 	if x.Over {
-		s.logger.Warn("node over its budget: its further keys are not held and are reported as malformed",
+		s.warnings.Log(ctx, slog.LevelWarn, "over budget", x.Node, "node over its budget: its further keys are not held and are reported as malformed",
 			"bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes, "keys_refused", x.Refused)
 		return
 	}
-	s.logger.Info("node back within its budget", "bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes)
+	s.warnings.Log(ctx, slog.LevelInfo, "back within budget", x.Node, "node back within its budget", "bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes)
 }

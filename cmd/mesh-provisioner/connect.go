@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/novox/mesh-provisioner/client"
+	"github.com/novox/mesh-provisioner/internal/ratelog"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -131,6 +132,9 @@ type connectEvents struct {
 	// is logged at debug when set (its owner says what it means), else at
 	// error.
 	onViolation func(error)
+	// onRefused counts each permission violation logged (at most once a
+	// minute) rather than handed to onViolation.
+	onRefused func()
 	// onClosed runs once the connection is closed for good.
 	onClosed func()
 	// retry keeps trying to connect, logging each attempt, instead of
@@ -161,6 +165,10 @@ func reconnectDelay(rounds int) time.Duration {
 // and asynchronous errors at warn or error, reconnections at info. Without
 // events.retry it fails within a few seconds when no server can be reached.
 func (c *connectFlags) connect(ctx context.Context, url, name string, logger *slog.Logger, events connectEvents, extra ...nats.Option) (*nats.Conn, error) {
+	// What a node can cause on this connection (a publish the identity's
+	// permissions refuse, for a bucket a need names; a slow consumer) is
+	// logged once a minute a cause, with the count kept back.
+	asyncErrors := ratelog.New(logger, ratelog.Period)
 	opts := append([]nats.Option{
 		nats.Name(name),
 		nats.Timeout(5 * time.Second),
@@ -212,15 +220,18 @@ func (c *connectFlags) connect(ctx context.Context, url, name string, logger *sl
 				events.onViolation(err)
 				logger.Debug("NATS refused a publish or subscription", attrs...)
 			case errors.Is(err, nats.ErrPermissionViolation):
-				logger.Error("NATS refused a publish or subscription: check this identity's permissions", attrs...)
+				if events.onRefused != nil {
+					events.onRefused()
+				}
+				asyncErrors.Log(ctx, slog.LevelError, "permission violation", "", "NATS refused a publish or subscription: check this identity's permissions", attrs...)
 			case errors.Is(err, nats.ErrSlowConsumer) && sub != nil && strings.HasPrefix(sub.Subject, wire.ServiceName+"."):
 				// The service counts a flood's drops and logs them once per
 				// burst; here they would be logged for every report.
 				logger.Debug("slow consumer on a verb's subscription", attrs...)
 			case errors.Is(err, nats.ErrSlowConsumer):
-				logger.Warn("slow consumer: NATS dropped messages this process did not read in time", attrs...)
+				asyncErrors.Log(ctx, slog.LevelWarn, "slow consumer", "", "slow consumer: NATS dropped messages this process did not read in time", attrs...)
 			default:
-				logger.Warn("NATS reported an error", attrs...)
+				asyncErrors.Log(ctx, slog.LevelWarn, "async error", "", "NATS reported an error", attrs...)
 			}
 		}),
 	}, extra...)

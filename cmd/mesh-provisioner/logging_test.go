@@ -1,13 +1,19 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/natstest"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // TestServeWaitsForNATS starts serve while its NATS is down: it logs each
@@ -82,4 +88,71 @@ func TestEmbeddedServerBannerAtDebug(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMadeUpProvidersAreAFewLogLines: node ace, with its own grant, writes
+// 1,000 needs naming providers that do not exist. The writer looks for each
+// provider's bucket, which its permissions refuse, 100 times a second: that
+// is a metric's worth, and a few log lines a minute, not a line a look
+// (issue 37: it was 112-121 ERROR lines a second).
+func TestMadeUpProvidersAreAFewLogLines(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
+	host := strings.TrimPrefix(s.ClientURL(), "nats://")
+	sv := serveInProcess(t, []string{
+		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@" + host,
+		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@" + host,
+		"--state-dir", t.TempDir(), "--log-format", "json",
+	}, nil)
+	sv.log.waitFor(t, `"msg":"serving"`, 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: connectAs(t, s, wire.RoleNode, "ace").nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(strings.Split(sv.log.String(), "\n"))
+	for m := range 100 {
+		needs := make([]nodeclient.ModuleNeed, 10)
+		for i := range needs {
+			provider := fmt.Sprintf("madeup%d", 10*m+i)
+			needs[i] = nodeclient.ModuleNeed{Kind: "bound", Name: provider, Need: &provisionerv1.Need{
+				Placeholder: "${bound:" + provider + "}", Provider: provider, Provision: "database", Local: "main"}}
+		}
+		if _, err := ace.ApplyNeeds(ctx, fmt.Sprintf("m%d", m), needs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The writer's connection sends a message a look: wait for 300 of them
+	// (three seconds of looks, each refused by nats-server).
+	writerSent := func() int64 {
+		connz, err := s.Connz(&server.ConnzOptions{Username: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range connz.Conns {
+			if c.AuthorizedUser == wire.WriterIdentity {
+				return c.InMsgs
+			}
+		}
+		t.Fatal("no connection of the writer")
+		return 0
+	}
+	sent := writerSent()
+	natstest.CheckFor(t, 30*time.Second, func() error {
+		if n := writerSent() - sent; n < 300 {
+			return fmt.Errorf("the writer sent %d messages since the needs were written, want 300", n)
+		}
+		return nil
+	})
+	var lines []string
+	for _, line := range strings.Split(sv.log.String(), "\n")[before-1:] {
+		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) > 10 {
+		t.Errorf("%d warnings and errors logged for 1,000 made-up providers, want at most 10:\n%s", len(lines), strings.Join(lines[:10], "\n"))
+	}
+	t.Logf("%d warnings and errors for 1,000 made-up providers:\n%s", len(lines), strings.Join(lines, "\n"))
 }

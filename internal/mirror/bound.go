@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/novox/mesh-provisioner/internal/kvread"
+	"github.com/novox/mesh-provisioner/internal/ratelog"
 )
 
 // How the providers' buckets are found and followed.
@@ -479,6 +480,9 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 	if logger == nil {
 		logger = slog.Default()
 	}
+	// The buckets are those nodes' needs name, a thousand made-up ones
+	// too: their failures are a line a minute, not a line a bucket.
+	failures := ratelog.New(logger, ratelog.Period)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	ended := make(chan *BoundBucket)
@@ -510,7 +514,7 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 		}
 		bb.running, bb.again = true, false
 		wg.Go(func() {
-			bb.follow(ctx, js, logger.With("bucket", bb.bucket))
+			bb.follow(ctx, js, failures)
 			select {
 			case ended <- bb:
 			case <-ctx.Done():
@@ -569,7 +573,7 @@ func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Lo
 // made, or deleted), or failing (its provisions read as pending, and
 // answers say it is behind, rather than wait for it). Run looks again
 // later.
-func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
+func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, failures *ratelog.Limiter) {
 	err := bb.watch(ctx, js)
 	bb.tooMany = errors.Is(err, ErrTooManyKeys)
 	switch {
@@ -580,7 +584,8 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, logge
 	default:
 		bb.markFailing(bb.tooMany)
 		if !bb.warned {
-			logger.Warn("cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "error", err)
+			failures.Log(ctx, slog.LevelWarn, "cannot follow a provider's bucket", "",
+				"cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "bucket", bb.bucket, "error", err)
 			bb.warned = true
 		}
 	}
