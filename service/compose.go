@@ -144,7 +144,7 @@ func (s *Service) logSlow(in *provisionerv1.ComposeRequest, phases []*provisione
 	if took <= s.slowCompose {
 		return
 	}
-	s.warnings.Log(context.Background(), slog.LevelWarn, "slow composition", in.GetNode(), "slow composition", "node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(phases))
+	s.warnings.Log(slog.LevelWarn, "slow composition", in.GetNode(), "slow composition", "node", in.GetNode(), "module", in.GetModule(), "took", took, "phases", phasesLog(phases))
 }
 
 func phasesLog(phases []*provisionerv1.Phase) slog.Value {

@@ -666,7 +666,7 @@ func (s *Service) logFailure(r micro.Request, werr *wire.Error) {
 		s.logger.Debug("request refused", "subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
 		return
 	}
-	s.warnings.Log(context.Background(), slog.LevelWarn, "failed with "+strconv.Itoa(int(werr.Code())), "", "request failed",
+	s.warnings.Log(slog.LevelWarn, "failed with "+strconv.Itoa(int(werr.Code())), "", "request failed",
 		"subject", r.Subject(), "code", int(werr.Code()), "reason", werr.Sentence())
 }
 

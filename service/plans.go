@@ -323,7 +323,7 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 			delete(set, node)
 			w.redo[node] = true
 			deferred++
-			w.s.warnings.Log(context.Background(), slog.LevelWarn, "plan deferred", node, "a node's plan digest is composed again later: it has many records and changes often",
+			w.s.warnings.Log(slog.LevelWarn, "plan deferred", node, "a node's plan digest is composed again later: it has many records and changes often",
 				"in", at.Sub(now).Round(time.Millisecond))
 		}
 	}
@@ -549,5 +549,5 @@ func (w *plansWriter) failed(node, what string, err error) {
 	w.redo[node] = true
 	w.mu.Unlock()
 	// Not the node's doing (NATS failed): a line a minute, whichever node.
-	w.s.warnings.Log(context.Background(), slog.LevelWarn, "plan not kept", "", "a node's plan digest was not kept; trying again", "node", node, "step", what, "err", err)
+	w.s.warnings.Log(slog.LevelWarn, "plan not kept", "", "a node's plan digest was not kept; trying again", "node", node, "step", what, "err", err)
 }

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -57,6 +56,6 @@ func (s *Service) answersTo(reply string, owner wire.Role, name string) bool {
 // the verb is addressed), so that a flood of them cannot flood the log.
 func (s *Service) refuseReply(r micro.Request, count *counters) {
 	count.refusedReplies.Add(1)
-	s.warnings.Log(context.Background(), slog.LevelWarn, "refused reply", r.Subject(), "request not answered: its reply subject is not an inbox the service answers to",
+	s.warnings.Log(slog.LevelWarn, "refused reply", r.Subject(), "request not answered: its reply subject is not an inbox the service answers to",
 		"reply", r.Reply(), "subject", r.Subject(), "refused_replies", count.refusedReplies.Load())
 }

@@ -655,11 +655,10 @@ func (s *Service) stats(e *micro.Endpoint) any {
 // comes back under: each at most once a minute a node, which may go over
 // and back as often as it writes.
 func (s *Service) logBudget(x mirror.Excess) {
-	ctx := context.Background()
 	if x.Over {
-		s.warnings.Log(ctx, slog.LevelWarn, "over budget", x.Node, "node over its budget: its further keys are not held and are reported as malformed",
+		s.warnings.Log(slog.LevelWarn, "over budget", x.Node, "node over its budget: its further keys are not held and are reported as malformed",
 			"bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes, "keys_refused", x.Refused)
 		return
 	}
-	s.warnings.Log(ctx, slog.LevelInfo, "back within budget", x.Node, "node back within its budget", "bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes)
+	s.warnings.Log(slog.LevelInfo, "back within budget", x.Node, "node back within its budget", "bucket", x.Bucket, "node", x.Node, "keys_held", x.Keys, "bytes_held", x.Bytes)
 }

@@ -223,15 +223,15 @@ func (c *connectFlags) connect(ctx context.Context, url, name string, logger *sl
 				if events.onRefused != nil {
 					events.onRefused()
 				}
-				asyncErrors.Log(ctx, slog.LevelError, "permission violation", "", "NATS refused a publish or subscription: check this identity's permissions", attrs...)
+				asyncErrors.Log(slog.LevelError, "permission violation", "", "NATS refused a publish or subscription: check this identity's permissions", attrs...)
 			case errors.Is(err, nats.ErrSlowConsumer) && sub != nil && strings.HasPrefix(sub.Subject, wire.ServiceName+"."):
 				// The service counts a flood's drops and logs them once per
 				// burst; here they would be logged for every report.
 				logger.Debug("slow consumer on a verb's subscription", attrs...)
 			case errors.Is(err, nats.ErrSlowConsumer):
-				asyncErrors.Log(ctx, slog.LevelWarn, "slow consumer", "", "slow consumer: NATS dropped messages this process did not read in time", attrs...)
+				asyncErrors.Log(slog.LevelWarn, "slow consumer", "", "slow consumer: NATS dropped messages this process did not read in time", attrs...)
 			default:
-				asyncErrors.Log(ctx, slog.LevelWarn, "async error", "", "NATS reported an error", attrs...)
+				asyncErrors.Log(slog.LevelWarn, "async error", "", "NATS reported an error", attrs...)
 			}
 		}),
 	}, extra...)

@@ -584,7 +584,7 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, failu
 	default:
 		bb.markFailing(bb.tooMany)
 		if !bb.warned {
-			failures.Log(ctx, slog.LevelWarn, "cannot follow a provider's bucket", "",
+			failures.Log(slog.LevelWarn, "cannot follow a provider's bucket", "",
 				"cannot follow a provider's bucket; its provisions read as pending, and answers say it is behind, until it can", "bucket", bb.bucket, "error", err)
 			bb.warned = true
 		}

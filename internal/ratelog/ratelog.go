@@ -4,7 +4,6 @@
 package ratelog
 
 import (
-	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -47,11 +46,9 @@ func New(logger *slog.Logger, period time.Duration) *Limiter {
 // Log writes msg at level with args unless a line of the same cause and
 // asker was written within the period; a line written after some were kept
 // back says how many ("kept_back"). The asker is logged as "asker" when not
-// empty.
-func (l *Limiter) Log(ctx context.Context, level slog.Level, cause, asker, msg string, args ...any) {
-	if !l.logger.Enabled(ctx, level) {
-		return
-	}
+// empty. Like slog's Warn and Error, it takes no context: the lines it
+// writes are about the process, not a request.
+func (l *Limiter) Log(level slog.Level, cause, asker, msg string, args ...any) {
 	keptBack, ok := l.allow(cause, asker)
 	if !ok {
 		return
@@ -62,7 +59,16 @@ func (l *Limiter) Log(ctx context.Context, level slog.Level, cause, asker, msg s
 	if keptBack > 0 {
 		args = append(args, "kept_back", keptBack)
 	}
-	l.logger.Log(ctx, level, msg, args...)
+	switch {
+	case level >= slog.LevelError:
+		l.logger.Error(msg, args...)
+	case level >= slog.LevelWarn:
+		l.logger.Warn(msg, args...)
+	case level >= slog.LevelInfo:
+		l.logger.Info(msg, args...)
+	default:
+		l.logger.Debug(msg, args...)
+	}
 }
 
 // allow reports whether a line of cause and asker is written now, and how

@@ -2,7 +2,6 @@ package ratelog
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -16,17 +15,16 @@ func TestLimiterWritesALineAPeriodPerCauseAndAsker(t *testing.T) {
 	l := New(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{ReplaceAttr: dropTime})), time.Minute)
 	clock := time.Unix(0, 0)
 	l.now = func() time.Time { return clock }
-	ctx := context.Background()
 
 	for range 100 {
-		l.Log(ctx, slog.LevelWarn, "refused reply", "ace", "not answered")
-		l.Log(ctx, slog.LevelWarn, "refused reply", "bob", "not answered")
-		l.Log(ctx, slog.LevelError, "permission violation", "", "refused")
+		l.Log(slog.LevelWarn, "refused reply", "ace", "not answered")
+		l.Log(slog.LevelWarn, "refused reply", "bob", "not answered")
+		l.Log(slog.LevelError, "permission violation", "", "refused")
 	}
 	clock = clock.Add(59 * time.Second)
-	l.Log(ctx, slog.LevelWarn, "refused reply", "ace", "not answered")
+	l.Log(slog.LevelWarn, "refused reply", "ace", "not answered")
 	clock = clock.Add(time.Second)
-	l.Log(ctx, slog.LevelWarn, "refused reply", "ace", "not answered")
+	l.Log(slog.LevelWarn, "refused reply", "ace", "not answered")
 
 	want := strings.Join([]string{
 		`level=WARN msg="not answered" asker=ace`,
@@ -45,7 +43,7 @@ func TestLimiterKeepsItsMemoryBounded(t *testing.T) {
 	var out bytes.Buffer
 	l := New(slog.New(slog.NewTextHandler(&out, nil)), time.Minute)
 	for i := range 10 * maxKeys {
-		l.Log(context.Background(), slog.LevelWarn, "cannot follow a provider's bucket", fmt.Sprintf("made-up-%d", i), "cannot follow")
+		l.Log(slog.LevelWarn, "cannot follow a provider's bucket", fmt.Sprintf("made-up-%d", i), "cannot follow")
 	}
 	if n := len(l.entries); n > maxKeys+1 {
 		t.Errorf("%d pairs remembered, want at most %d", n, maxKeys+1)
