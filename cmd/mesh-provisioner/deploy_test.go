@@ -38,6 +38,7 @@ func TestDeployUnit(t *testing.T) {
 	unit := unitOfDeployDoc(t)
 	var execStart []string
 	env := map[string]string{}
+	credentials := map[string]bool{} // the names LoadCredential= gives
 	for line := range strings.Lines(unit) {
 		key, value, _ := strings.Cut(strings.TrimSpace(line), "=")
 		switch key {
@@ -50,10 +51,18 @@ func TestDeployUnit(t *testing.T) {
 		case "Environment":
 			name, v, _ := strings.Cut(value, "=")
 			env[name] = v
+		case "LoadCredential":
+			name, _, _ := strings.Cut(value, ":")
+			credentials[name] = true
 		}
 	}
 	if len(execStart) == 0 || env["MESH_PROVISIONER_SERVE_HTTP"] == "" {
 		t.Fatalf("the unit has no ExecStart or no MESH_PROVISIONER_SERVE_HTTP:\n%s", unit)
+	}
+	// The page and /metrics are served only with a token: the unit gives
+	// one, from systemd's credentials directory (%d).
+	if credential, ok := strings.CutPrefix(env["MESH_PROVISIONER_SERVE_HTTP_TOKEN_FILE"], "%d/"); !ok || !credentials[credential] {
+		t.Fatalf("the unit's MESH_PROVISIONER_SERVE_HTTP_TOKEN_FILE is not %%d/<a LoadCredential= name>:\n%s", unit)
 	}
 
 	if analyze, err := exec.LookPath("systemd-analyze"); err == nil {
@@ -95,6 +104,8 @@ func TestDeployUnit(t *testing.T) {
 	base := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	env["MESH_PROVISIONER_SERVE_HTTP"] = base
 	env["MESH_PROVISIONER_SERVE_STATE_DIR"] = t.TempDir()
+	tokenFile, token := writeTokenFile(t)
+	env["MESH_PROVISIONER_SERVE_HTTP_TOKEN_FILE"] = tokenFile // what systemd would copy to %d
 	cmd := exec.Command(binary, execStart[1:]...)
 	cmd.Env = []string{"NOTIFY_SOCKET=" + socket, "HOME=" + t.TempDir()}
 	for k, v := range env {
@@ -117,6 +128,14 @@ func TestDeployUnit(t *testing.T) {
 	}
 	if code, body := probe(t, "http://"+base+"/readyz"); code != http.StatusOK {
 		t.Errorf("/readyz after READY=1: %d %q, want 200", code, body)
+	}
+	for _, tt := range []struct {
+		token string
+		code  int
+	}{{"", http.StatusUnauthorized}, {token, http.StatusOK}} {
+		if code, _, body := probeAs(t, "http://"+base+"/metrics", "", tt.token); code != tt.code {
+			t.Errorf("/metrics with token %t: %d %q, want %d", tt.token != "", code, body, tt.code)
+		}
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -50,7 +50,8 @@ func TestProbesFlipWithNATS(t *testing.T) {
 	t.Parallel()
 	nats := natstest.StartCluster(t, 1) // a fixed address, and a server that can be stopped and started on its store
 	base := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
-	s := serveInProcess(t, []string{"--nats-url", nats.URL(0), "--http", strings.TrimPrefix(base, "http://"), "--log-format", "json"}, nil)
+	tokenFile, token := writeTokenFile(t)
+	s := serveInProcess(t, []string{"--nats-url", nats.URL(0), "--http", strings.TrimPrefix(base, "http://"), "--http-token-file", tokenFile, "--log-format", "json"}, nil)
 
 	waitProbe(t, base+"/healthz", http.StatusOK, "ok", 10*time.Second)
 	took := waitProbe(t, base+"/readyz", http.StatusOK, "ready", 20*time.Second)
@@ -63,7 +64,7 @@ func TestProbesFlipWithNATS(t *testing.T) {
 	if code, body := probe(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz answered %d %q while NATS was down, want 200: the process runs", code, body)
 	}
-	if code, body := probe(t, base+"/metrics"); code != http.StatusOK || !strings.Contains(body, "mesh_provisioner_ready 0") {
+	if code, _, body := probeAs(t, base+"/metrics", "", token); code != http.StatusOK || !strings.Contains(body, "mesh_provisioner_ready 0") {
 		t.Errorf("/metrics while NATS was down: %d, want 200 with mesh_provisioner_ready 0:\n%s", code, body)
 	}
 

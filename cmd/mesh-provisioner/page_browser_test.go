@@ -4,6 +4,9 @@ package main
 
 import (
 	"context"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +19,9 @@ import (
 // chromium (MESH_PROVISIONER_CHROMIUM, else chromium on PATH; make
 // test-browser installs Debian's), checks the DOM it renders against the
 // service's answers, and saves a screenshot in MESH_PROVISIONER_SCREENSHOT_DIR
-// (make test-browser: build/).
+// (make test-browser: build/). A browser cannot send the page's bearer
+// token by itself: it is refused when it asks serve directly, and reads the
+// page through a proxy that adds the token, as an operator's would.
 func TestStatusPageInABrowser(t *testing.T) {
 	browser := os.Getenv("MESH_PROVISIONER_CHROMIUM")
 	if browser == "" {
@@ -25,7 +30,8 @@ func TestStatusPageInABrowser(t *testing.T) {
 			t.Fatal("no chromium: run make test-browser, which installs it")
 		}
 	}
-	base, nc := statusPageMesh(t)
+	page, nc := statusPageMesh(t)
+	base := bearerProxy(t, page)
 	chromium := func(args ...string) []byte {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -39,6 +45,9 @@ func TestStatusPageInABrowser(t *testing.T) {
 			t.Fatalf("%s %v: %v\n%s", browser, args, err, stderr.String())
 		}
 		return out
+	}
+	if refused := string(chromium("--dump-dom", page.base+"/")); !strings.Contains(refused, "401: ") || strings.Contains(refused, "<h1>mesh-provisioner") {
+		t.Fatalf("chromium read the page without the token:\n%s", refused)
 	}
 	dom := string(chromium("--dump-dom", base+"/"))
 	if !strings.Contains(dom, "<h1>mesh-provisioner") {
@@ -56,4 +65,20 @@ func TestStatusPageInABrowser(t *testing.T) {
 		t.Fatalf("no screenshot at %s: %v", shot, err)
 	}
 	t.Logf("screenshot: %s", shot)
+}
+
+// bearerProxy serves page through a reverse proxy that adds its token to
+// every request, and returns the proxy's base URL.
+func bearerProxy(t *testing.T, page statusPage) string {
+	t.Helper()
+	target, err := url.Parse(page.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.SetURL(target) // and the Host header: serve's own
+		r.Out.Header.Set("Authorization", "Bearer "+page.token)
+	}})
+	t.Cleanup(proxy.Close)
+	return proxy.URL
 }

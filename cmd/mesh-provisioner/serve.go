@@ -69,6 +69,8 @@ type serveFlags struct {
 	maxQueueWait     time.Duration
 	maxPerAsker      int
 	http             string
+	httpTokenFile    string
+	httpHosts        string
 }
 
 func defineServe(fs *flag.FlagSet) action {
@@ -98,7 +100,9 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
 	fs.StringVar(&f.page.creds, "http-creds", "", "with --http, credentials of the operator's identity the status page reads the mesh as; with none of the --http-* identity flags the page reads on the answering connection, which the generated server permissions do not let read")
 	fs.StringVar(&f.page.inbox, "http-inbox-prefix", "", "with --http, the inbox prefix of the page's operator identity (_INBOX_MESH.operator.<name>)")
-	fs.StringVar(&f.http, "http", "", "host:port of an HTTP server for operators: /healthz, /readyz, /metrics (Prometheus) and a status page at /; empty serves none")
+	fs.StringVar(&f.http, "http", "", "host:port of an HTTP server for operators: /healthz and /readyz for anyone; /metrics (Prometheus), a status page at / and each node's composition at /nodes/<node>/compose with --http-token-file's token; an empty host (:9090) listens on 127.0.0.1 only, every interface is 0.0.0.0:9090 or [::]:9090; empty serves none")
+	fs.StringVar(&f.httpTokenFile, "http-token-file", "", "with --http, file holding the bearer token that /, /nodes/... and /metrics ask for as \"Authorization: Bearer <token>\": one line of 16 characters or more, in a file not every user may read; read once at start; empty: those paths answer 403 to everyone")
+	fs.StringVar(&f.httpHosts, "http-hosts", "", "with --http, comma-separated host names and addresses the HTTP server answers to, as a request's Host header names them (without its port); others get 421 on every path but /healthz and /readyz; empty: localhost, 127.0.0.1, ::1 and --http's host unless it is empty, 0.0.0.0 or ::")
 	fs.BoolVar(&f.connectRetry, "connect-retry", true, "with --nats-url, keep trying (a line per attempt) while NATS cannot be reached at start; false exits at once")
 	return func(ctx context.Context, inv invocation) error {
 		if f.replicas < 1 || f.replicas > 5 {
@@ -319,7 +323,7 @@ func (f *serveFlags) joinNATS(ctx context.Context, logger *slog.Logger) (url str
 }
 
 func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
-	httpServer, err := startHTTP(ctx, f.http, logger)
+	httpServer, err := f.startHTTP(ctx, logger)
 	if err != nil {
 		return err
 	}

@@ -16,13 +16,21 @@ import (
 // What serve --http and systemd add to serve, each hooked in with a line.
 
 // startHTTP starts the operator's HTTP server (/healthz, /readyz, /metrics,
-// the status page) on addr; with no addr it returns nil, whose methods do
-// nothing.
-func startHTTP(ctx context.Context, addr string, logger *slog.Logger) (*ops.Server, error) {
-	if addr == "" {
+// the status page) on --http, guarded by --http-token-file's token and
+// --http-hosts; with no --http it returns nil, whose methods do nothing.
+func (f *serveFlags) startHTTP(ctx context.Context, logger *slog.Logger) (*ops.Server, error) {
+	if f.http == "" {
 		return nil, nil
 	}
-	return ops.Start(ctx, ops.Config{Addr: addr, Logger: logger})
+	cfg := ops.Config{Addr: f.http, Logger: logger, Hosts: splitList(f.httpHosts)}
+	if f.httpTokenFile != "" {
+		token, err := ops.ReadTokenFile(f.httpTokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--http-token-file: %w", err)
+		}
+		cfg.Token = token
+	}
+	return ops.Start(ctx, cfg)
 }
 
 // attachHTTP hands the HTTP server the running service: it is ready while

@@ -12,6 +12,12 @@
 //     itself, and /nodes/{node}/compose, a node's composition as JSON, asked
 //     of the compose verb.
 //
+// /healthz and /readyz answer anyone. The others show what the mesh confines
+// over NATS (any node's composition), so they answer only a request whose
+// Host is one of [Config.Hosts] (421 otherwise: no DNS rebinding) and that
+// carries [Config.Token] as "Authorization: Bearer <token>" (401 otherwise,
+// 403 to everyone when no token is configured).
+//
 // [Start] listens at once (so that a busy address fails fast) and answers
 // /healthz from then on; [Server.Attach] hands it the running service, after
 // which /readyz, /metrics and the page report on it.

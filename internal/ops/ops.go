@@ -21,8 +21,20 @@ import (
 
 // Config holds what Start needs.
 type Config struct {
-	// Addr is the host:port to listen on, such as 127.0.0.1:9090. Required.
+	// Addr is the host:port to listen on, such as 127.0.0.1:9090; an empty
+	// host (":9090") is 127.0.0.1, so that every interface is only ever
+	// asked for by name (0.0.0.0:9090, [::]:9090). Required.
 	Addr string
+	// Token is the bearer token the page, the node views and /metrics ask
+	// for (ReadTokenFile reads it); with none they answer 403 to everyone.
+	// /healthz and /readyz ask for nothing.
+	Token []byte
+	// Hosts are the names the server answers to, as a request's Host header
+	// gives them (without the port): a request for another is refused (421)
+	// on every path but /healthz and /readyz, so that a page on another site
+	// cannot read this one by rebinding its DNS name here. Nil means
+	// DefaultHosts(Addr).
+	Hosts []string
 	// Logger receives the server's logs; nil means slog.Default().
 	Logger *slog.Logger
 	// Refresh is how often the status page reloads itself; zero means 5s.
@@ -67,6 +79,7 @@ type Target struct {
 type Server struct {
 	cfg      Config
 	logger   *slog.Logger
+	access   *access
 	listener net.Listener
 	http     *http.Server
 	served   chan struct{}
@@ -89,6 +102,13 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Addr == "" {
 		return nil, errors.New("ops: Config.Addr is required")
 	}
+	addr, err := listenAddr(cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Hosts == nil {
+		cfg.Hosts = DefaultHosts(addr)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -105,22 +125,18 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Timeout = 5 * time.Second
 	}
 	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", cfg.Addr)
+	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("--http %s: %w", cfg.Addr, ErrAddrInUse)
+			return nil, fmt.Errorf("--http %s: %w", addr, ErrAddrInUse)
 		}
-		return nil, fmt.Errorf("--http %s: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("--http %s: %w", addr, err)
 	}
-	s := &Server{cfg: cfg, logger: cfg.Logger, listener: ln, served: make(chan struct{})}
+	guard := newAccess(cfg.Token, cfg.Hosts)
+	cfg.Token = nil // kept only as the guard's digest
+	s := &Server{cfg: cfg, logger: cfg.Logger, access: guard, listener: ln, served: make(chan struct{})}
 	s.initMetrics()
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", s.metricsHandler())
-	mux.HandleFunc("GET /{$}", s.page)
-	mux.HandleFunc("GET /nodes/{node}/compose", s.compose)
-	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 	go func() {
 		defer close(s.served)
 		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -128,8 +144,37 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		}
 	}()
 	context.AfterFunc(ctx, func() { s.stopping.Store(true) })
-	s.logger.Info("HTTP server listening: /healthz, /readyz, /metrics and the status page at /", "url", s.URL())
+	s.logger.Info("HTTP server listening: /healthz, /readyz, /metrics and the status page at /", "url", s.URL(),
+		"hosts", cfg.Hosts, "page_and_metrics", s.access.describe())
 	return s, nil
+}
+
+// listenAddr is addr with an empty host made 127.0.0.1: the page is opened
+// to every interface only when that is asked for by name.
+func listenAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("--http %q: want host:port, such as 127.0.0.1:9090 (0.0.0.0:9090 for every interface): %w", addr, err)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// routes serves the probes to anyone, and every other path (the page, the
+// node views, /metrics, and a 404 or 405 for anything else) only past the
+// access guard.
+func (s *Server) routes() http.Handler {
+	guarded := http.NewServeMux()
+	guarded.Handle("GET /metrics", s.metricsHandler())
+	guarded.HandleFunc("GET /{$}", s.page)
+	guarded.HandleFunc("GET /nodes/{node}/compose", s.compose)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("/", s.access.guard(guarded))
+	return mux
 }
 
 // URL is the server's base URL, such as http://127.0.0.1:9090.

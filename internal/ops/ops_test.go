@@ -88,7 +88,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 	ctx := context.Background()
 	s := natstest.Start(t)
 	nc := natstest.Connect(t, s)
-	srv, err := ops.Start(ctx, ops.Config{Addr: "127.0.0.1:0"})
+	srv, err := ops.Start(ctx, ops.Config{Addr: "127.0.0.1:0", Token: []byte(testToken)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestMetricsEqualMicroStats(t *testing.T) {
 		if err := json.Unmarshal(msg.Data, &stats); err != nil {
 			t.Fatal(err)
 		}
-		code, text := get(t, srv.URL()+"/metrics")
+		code, _, text := request(t, srv.URL()+"/metrics", "", testToken)
 		if code != http.StatusOK {
 			t.Fatalf("/metrics: %d\n%s", code, text)
 		}
