@@ -92,7 +92,7 @@ func (c *Client) addressed(subject string) string {
 // instance runs). ctx bounds the wait; give it a deadline.
 func (c *Client) Provisioning(ctx context.Context, req *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
 	answer := &provisionerv1.ProvisioningResponse{}
-	if err := c.call(ctx, c.addressed(c.subject), req, answer); err != nil {
+	if err := c.call(ctx, c.addressed(c.subject), wire.RoleNode, c.node, req, answer); err != nil {
 		return nil, err
 	}
 	return answer, nil
@@ -114,7 +114,7 @@ func (c *Client) ProvisioningAll(ctx context.Context, req *provisionerv1.Provisi
 // first, or the one req.PageToken names.
 func (c *Client) Compose(ctx context.Context, req *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
 	answer := &provisionerv1.ComposeResponse{}
-	if err := c.call(ctx, c.addressed(c.composeSubject), req, answer); err != nil {
+	if err := c.call(ctx, c.addressed(c.composeSubject), wire.RoleNode, c.node, req, answer); err != nil {
 		return nil, err
 	}
 	return answer, nil
@@ -140,7 +140,7 @@ func (c *Client) Provisions(ctx context.Context, req *provisionerv1.ProvisionsRe
 		return nil, ErrNoProvider
 	}
 	answer := &provisionerv1.ProvisionsResponse{}
-	if err := c.call(ctx, wire.ProviderSubject(req.GetProvider()), req, answer); err != nil {
+	if err := c.call(ctx, wire.ProviderSubject(req.GetProvider()), wire.RoleProvider, req.GetProvider(), req, answer); err != nil {
 		return nil, err
 	}
 	return answer, nil
@@ -191,8 +191,10 @@ func pages[Req proto.Message, Res paged](ctx context.Context, req Req, ask func(
 	}
 }
 
-// call sends req in protobuf binary and decodes the answer into answer.
-func (c *Client) call(ctx context.Context, subject string, req, answer proto.Message) error {
+// call sends req in protobuf binary to subject, an identity's own (role
+// and name; no name: a bare subject), answered on that identity's inbox
+// (wire.Request), and decodes the answer into answer.
+func (c *Client) call(ctx context.Context, subject string, role wire.Role, name string, req, answer proto.Message) error {
 	data, err := proto.Marshal(req)
 	if err != nil {
 		return fmt.Errorf("encode request: %w", err)
@@ -200,7 +202,7 @@ func (c *Client) call(ctx context.Context, subject string, req, answer proto.Mes
 	msg := nats.NewMsg(subject)
 	msg.Data = data
 	msg.Header.Set("Content-Type", wire.ContentTypeProtobuf)
-	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
+	reply, err := wire.Request(ctx, c.nc, role, name, msg)
 	if err != nil {
 		return err
 	}
@@ -230,7 +232,7 @@ func (c *Client) Unbind(ctx context.Context, provider, key string) (uint64, erro
 
 func (c *Client) bind(ctx context.Context, provider string, req *provisionerv1.BindRequest) (uint64, error) {
 	out := &provisionerv1.WriteResponse{}
-	if err := c.call(ctx, wire.BindSubject+"."+provider, req, out); err != nil {
+	if err := c.call(ctx, wire.BindSubject+"."+provider, wire.RoleProvider, provider, req, out); err != nil {
 		return 0, fmt.Errorf("bind %s of %s: %w", req.GetKey(), wire.BoundBucket(provider), err)
 	}
 	return out.GetRevision(), nil

@@ -224,7 +224,7 @@ func (c *Client) call(ctx context.Context, subject string, req, answer proto.Mes
 	msg := nats.NewMsg(subject)
 	msg.Data = data
 	msg.Header.Set("Content-Type", wire.ContentTypeProtobuf)
-	reply, err := c.nc.RequestMsgWithContext(ctx, msg)
+	reply, err := wire.Request(ctx, c.nc, wire.RoleNode, c.node, msg)
 	if err != nil {
 		return err
 	}

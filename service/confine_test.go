@@ -121,7 +121,20 @@ func TestNodeAddressedVerbs(t *testing.T) {
 		}
 		return nil
 	})
-	for _, reply := range []string{wire.InboxPrefix(wire.RoleNode, "ace") + ".x", wire.InboxPrefix(wire.RoleOperator, "ops") + ".x", "_INBOX.x"} {
+	// Answered into ace's own inbox only: not an operator's, nor nats.go's
+	// (issue 37).
+	for _, reply := range []string{wire.InboxPrefix(wire.RoleOperator, "ops") + ".x", "_INBOX.x"} {
+		if err := m.nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "ace"), reply, []byte(`{"node":"ace"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if got := statsOf(t, m.nc)[wire.ComposeNodeEndpoint] - before[wire.ComposeNodeEndpoint]; got != 4 {
+			return fmt.Errorf("%d answers aimed at others' inboxes counted as refused replies, want 4", got)
+		}
+		return nil
+	})
+	for _, reply := range []string{wire.InboxPrefix(wire.RoleNode, "ace") + ".x"} {
 		sub, _ := m.nc.SubscribeSync(reply)
 		if err := m.nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "ace"), reply, []byte(`{"node":"ace"}`)); err != nil {
 			t.Fatal(err)
@@ -197,7 +210,7 @@ func TestProvisionsVerb(t *testing.T) {
 	}
 
 	// Asked on postgres's subject, redis's provisions are a 403.
-	reply, err := nc.Request(wire.ProviderSubject("postgres"), []byte(`{"provider":"redis"}`), 5*time.Second)
+	reply, err := wire.Request(ctx, nc, wire.RoleProvider, "postgres", &nats.Msg{Subject: wire.ProviderSubject("postgres"), Data: []byte(`{"provider":"redis"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,16 +33,31 @@ func CheckReplyPrefixes(prefixes []string) error {
 
 // answersTo reports whether the service may answer on reply: an inbox under
 // one of its reply prefixes. An answer is a publish with the service's
-// rights; aimed anywhere else, it would lend them to whoever asked. A request
-// addressed to an owner's subject (a node's, a provider's) is answered to no
-// other node's or provider's inbox: the answer is the owner's, and no one may
-// push it into another identity's inbox.
+// rights; aimed anywhere else, it would lend them to whoever asked.
+//
+// A request on an owner's own subject (a node's, a provider's) is the
+// owner's, whose grant uses its own inbox prefix: it is answered there, or
+// across an import (_R_.), which in runs-as is the asker's own account, and
+// nowhere else, not an operator's inbox nor nats.go's _INBOX. Another
+// request (on a verb's bare subject, which no node's or provider's grant may
+// publish to, or naming one no identity can have) is answered into no
+// node's or provider's inbox.
 func (s *Service) answersTo(reply string, owner wire.Role, name string) bool {
-	if owner != "" && strings.HasPrefix(reply, wire.InboxRoot+".") &&
-		!strings.HasPrefix(reply, wire.InboxPrefix(owner, name)+".") &&
-		!strings.HasPrefix(reply, wire.InboxPrefix(wire.RoleOperator, "")) {
+	if !s.underReplyPrefixes(reply) {
 		return false
 	}
+	if owner != "" && checkAddress(owner, name) == nil {
+		return strings.HasPrefix(reply, wire.InboxPrefix(owner, name)+".") || strings.HasPrefix(reply, wire.CrossAccountReplyPrefix)
+	}
+	// A bare subject, or a name no identity can have (which no grant
+	// names, so no node or provider asked it): its 400 goes to no node's
+	// or provider's inbox either.
+	return !strings.HasPrefix(reply, wire.InboxPrefix(wire.RoleNode, "")) && !strings.HasPrefix(reply, wire.InboxPrefix(wire.RoleProvider, ""))
+}
+
+// underReplyPrefixes reports whether reply is under one of the configured
+// reply prefixes, and longer than it.
+func (s *Service) underReplyPrefixes(reply string) bool {
 	for _, p := range s.replyPrefixes {
 		if len(reply) > len(p) && strings.HasPrefix(reply, p) {
 			return true

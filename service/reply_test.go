@@ -101,6 +101,10 @@ func TestAnswersGoOnlyToInboxes(t *testing.T) {
 		"evil.answer",
 		"_INBOX",            // a prefix without its dot is not an inbox
 		"_INBOX_MESH.node.", // nor is the prefix alone
+		// A request on a bare subject is no node's or provider's: their
+		// inboxes get no answer of it.
+		wire.InboxPrefix(wire.RoleNode, "ace") + ".x",
+		wire.InboxPrefix(wire.RoleProvider, "pg") + ".x",
 	}
 	// What the targets receive: nothing, if no answer reaches them.
 	var received []string
@@ -158,9 +162,17 @@ func TestAnswersGoOnlyToInboxes(t *testing.T) {
 			t.Errorf("%s to an inbox: %v", path.name, err)
 		}
 	}
-	for _, inbox := range []string{wire.InboxPrefix(wire.RoleNode, "ace"), wire.InboxPrefix(wire.RoleProvider, "pg"), wire.InboxPrefix(wire.RoleOperator, "ops")} {
-		if err := answered(paths[0].subject, inbox+".1", paths[0].body); err != nil {
-			t.Errorf("%s to %s: %v", paths[0].name, inbox, err)
+	// Each identity's request on its own subject is answered into its own
+	// inbox; a request on a bare subject into an operator's inbox or
+	// nats.go's, and into no node's or provider's (issue 37: answers only
+	// to the asker).
+	for _, tt := range []struct{ subject, reply string }{
+		{wire.NodeSubject(wire.ProvisioningSubject, "ace"), wire.InboxPrefix(wire.RoleNode, "ace") + ".1"},
+		{wire.ProviderSubject("pg"), wire.InboxPrefix(wire.RoleProvider, "pg") + ".1"},
+		{paths[0].subject, wire.InboxPrefix(wire.RoleOperator, "ops") + ".1"},
+	} {
+		if err := answered(tt.subject, tt.reply, `{"provider":"pg"}`); err != nil {
+			t.Errorf("%s to %s: %v", tt.subject, tt.reply, err)
 		}
 	}
 	if err := sub.Unsubscribe(); err != nil {

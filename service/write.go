@@ -112,7 +112,7 @@ func (v writeVerb[Req]) handle(s *Service, count *counters, r micro.Request) {
 	arrived := time.Now()
 	names := strings.Split(strings.TrimPrefix(r.Subject(), v.subject+"."), ".")
 	who := addressee{role: v.owner, name: names[0]}
-	if !s.writeAnswersTo(r.Reply(), who) {
+	if !s.answersTo(r.Reply(), who.role, who.name) {
 		s.refuseReply(r, count)
 		return
 	}
@@ -172,21 +172,6 @@ func (v writeVerb[Req]) handle(s *Service, count *counters, r micro.Request) {
 		}
 		s.send(r, enc, count, data, werr)
 	}()
-}
-
-// writeAnswersTo reports whether a write of who's may be answered on reply:
-// an inbox the service answers to (answersTo) that is who's own, or a
-// reply nats-server made for a request from another account (_R_.), whose
-// asker the importing account's permissions confined.
-func (s *Service) writeAnswersTo(reply string, who addressee) bool {
-	if !s.answersTo(reply, who.role, who.name) {
-		return false
-	}
-	return strings.HasPrefix(reply, wire.InboxPrefix(who.role, who.name)+".") || strings.HasPrefix(reply, "_R_.") ||
-		// nats.go's and the nats CLI's default inbox, where the
-		// configured prefixes allow it: no node's or provider's grant
-		// may subscribe there.
-		(strings.HasPrefix(reply, "_INBOX.") && !strings.HasPrefix(reply, wire.InboxRoot+"."))
 }
 
 // stateBucket is one bucket of nodes' records as the write verbs store it.

@@ -40,9 +40,15 @@ const (
 func ReplyPrefixes() []string {
 	return []string{
 		InboxPrefix(RoleNode, ""), InboxPrefix(RoleProvider, ""), InboxPrefix(RoleOperator, ""),
-		"_INBOX.", "_R_.",
+		"_INBOX.", CrossAccountReplyPrefix,
 	}
 }
+
+// CrossAccountReplyPrefix starts the reply subject nats-server gives a
+// request that crossed a service import: the exporting account sees it,
+// and nats-server delivers the answer to the asker's own reply subject in
+// the asker's account.
+const CrossAccountReplyPrefix = "_R_."
 
 // InboxRoot starts every inbox prefix of the mesh's identities. It is not
 // nats.go's default "_INBOX", which permissions never grant.

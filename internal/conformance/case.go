@@ -353,6 +353,20 @@ func waitFor(ctx context.Context, nc *nats.Conn, subject string, req proto.Messa
 	}
 }
 
+// Asker is the identity an addressed case asks as, whose inbox the service
+// answers it on: the provider for provisions and bind, else the node (the
+// address's first token). An unaddressed case asks as no one ("").
+func (c Case) Asker() (wire.Role, string) {
+	if c.Address == "" {
+		return "", ""
+	}
+	if c.Verb == "provisions" || c.Verb == "bind" {
+		return wire.RoleProvider, c.Address
+	}
+	node, _, _ := strings.Cut(c.Address, ".")
+	return wire.RoleNode, node
+}
+
 // Subject returns the subject a case's request is sent to.
 func (c Case) Subject() string {
 	subject := "mesh-provisioner." + c.Verb

@@ -33,6 +33,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/conformance"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 const casesDir = "../../conformance/cases"
@@ -89,11 +90,20 @@ func runCase(t *testing.T, c conformance.Case) {
 	if _, err := conformance.Apply(ctx, nc, c); err != nil {
 		t.Fatal(err)
 	}
+	asker := nc
+	if role, name := c.Asker(); name != "" {
+		// The service answers a request on an identity's own subject only
+		// on that identity's inbox.
+		if asker, err = nats.Connect(url, nats.Name("mesh-provisioner conformance "+c.Name+" as "+name), nats.CustomInboxPrefix(wire.InboxPrefix(role, name))); err != nil {
+			t.Fatal(err)
+		}
+		defer asker.Close()
+	}
 	if c.Body != nil {
-		t.Run("raw", func(t *testing.T) { runRaw(t, nc, c) })
+		t.Run("raw", func(t *testing.T) { runRaw(t, asker, c) })
 	} else {
 		for _, encoding := range []string{"binary", "json"} {
-			t.Run(encoding, func(t *testing.T) { runRequest(t, nc, c, encoding) })
+			t.Run(encoding, func(t *testing.T) { runRequest(t, asker, c, encoding) })
 		}
 	}
 	t.Run("stats", func(t *testing.T) { checkStats(t, nc) })

@@ -23,6 +23,7 @@ from nats.js.errors import KeyNotFoundError
 
 from mesh_provisioner import (
     COMPOSE_SUBJECT,
+    PUT_SUBJECT,
     PLANS_BUCKET,
     PROVISIONING_SUBJECT,
     SERVICE_NAME,
@@ -466,7 +467,7 @@ async def test_a_node_asking_with_another_nodes_inbox_gets_no_answer(url: str) -
     conn = await nats.connect(url, inbox_prefix=inbox_prefix("node", "bob"))
     try:
         with pytest.raises(TimeoutError):
-            await ProvisionerClient(conn, node="ace", timeout=0.5).compose(ComposeRequest(node="ace"))
+            await conn.request(node_subject(COMPOSE_SUBJECT, "ace"), ComposeRequest(node="ace").SerializeToString(), timeout=0.5)
     finally:
         await conn.close()
 
@@ -478,8 +479,11 @@ async def test_an_operator_reads_every_node(nc: NATS, url: str) -> None:
         operator = ProvisionerClient(conn)
         needs = await operator.provisioning(ProvisioningRequest(what=WHAT_NEEDS, min_revision=revision))
         assert {r.node for r in needs.needs} == {"ace", "novox"}
-        # An operator's inbox is answered on a node's subject too.
-        assert (await ProvisionerClient(conn, node="novox").compose(ComposeRequest(node="novox"))).node == "novox"
+        # An operator asks a node's plan on the bare subject; on the node's
+        # own, which is the node's to ask, its inbox gets no answer.
+        assert (await operator.compose(ComposeRequest(node="novox"))).node == "novox"
+        with pytest.raises(TimeoutError):
+            await conn.request(node_subject(COMPOSE_SUBJECT, "novox"), ComposeRequest(node="novox").SerializeToString(), timeout=0.5)
     finally:
         await conn.close()
 
@@ -507,16 +511,16 @@ async def test_a_provider_reads_its_provisions_page_by_page(nc: NATS, url: str) 
         assert join_provisions_pages(pages) == whole
         # Another provider's, asked with postgres's inbox, gets no answer at all.
         with pytest.raises(TimeoutError):
-            await postgres.provisions(ProvisionsRequest(provider="redis"), timeout=0.5)
+            await conn.request(provider_subject("redis"), ProvisionsRequest(provider="redis").SerializeToString(), timeout=0.5)
+        # On postgres's subject, another provider's provisions are a 403.
+        reply = await conn.request(provider_subject("postgres"), ProvisionsRequest(provider="redis").SerializeToString(),
+                                   timeout=5, headers={"Content-Type": "application/protobuf"})
+        refusal = error_of(reply.headers)
+        assert refusal is not None and refusal.code == 403
     finally:
         await conn.close()
     with pytest.raises(ValueError):
         await ProvisionerClient(nc).provisions(ProvisionsRequest())
-    # On postgres's subject, another provider's provisions are a 403.
-    reply = await nc.request(provider_subject("postgres"), ProvisionsRequest(provider="redis").SerializeToString(),
-                             timeout=5, headers={"Content-Type": "application/protobuf"})
-    refusal = error_of(reply.headers)
-    assert refusal is not None and refusal.code == 403
 
 
 async def test_readme_examples_run_as_written(url: str) -> None:
@@ -684,7 +688,9 @@ async def test_watch_plan_composes_again_after_a_reconnect_and_asks_nothing_of_j
     asked: list[str] = []
 
     async def ask(msg: Msg) -> None:
-        if (msg.reply or "").startswith(inbox_prefix("node", "wes") + "."):
+        # The watcher's requests: on wes's inbox, and not the test's own
+        # writes of wes's needs (answered on wes's inbox too).
+        if (msg.reply or "").startswith(inbox_prefix("node", "wes") + ".") and not msg.subject.startswith(PUT_SUBJECT + "."):
             asked.append(msg.subject)
 
     spies = [await nc.subscribe(subject, cb=ask) for subject in ("$JS.API.>", "$KV.>", "mesh-provisioner.>")]

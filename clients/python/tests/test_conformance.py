@@ -26,6 +26,7 @@ from mesh_provisioner import (
     ProvisionsRequest,
     ProvisionsResponse,
     error_of,
+    inbox_prefix,
 )
 from mesh.provisioner.v1.write_pb2 import (
     ApplyRequest,
@@ -197,6 +198,18 @@ async def check_stats(nc: NATS) -> None:
         assert data.HasField("answer_cache"), f"endpoint {endpoint['name']}: answer_cache"
 
 
+def asker_inbox(case: dict[str, Any]) -> str | None:
+    """The inbox prefix of the identity an addressed case asks as (the
+    provider for provisions and bind, else the node): the service answers a
+    request on an identity's own subject only on that identity's inbox. None
+    for a bare subject: nats-py's own."""
+    if "address" not in case:
+        return None
+    if case["verb"] in ("provisions", "bind"):
+        return inbox_prefix("provider", case["address"])
+    return inbox_prefix("node", case["address"].split(".")[0])
+
+
 @pytest.mark.parametrize("case_file", CASE_FILES, ids=[f.stem for f in CASE_FILES])
 async def test_case(case_file: Path) -> None:
     case = json.loads(case_file.read_text())
@@ -204,7 +217,11 @@ async def test_case(case_file: Path) -> None:
         pytest.skip(f"pending: {case['pending']}")
     async with serve([*SERVE_ARGS, *case.get("server_args", [])]) as url:
         await apply(url, case_file)
-        nc = await nats.connect(url, name=f"mesh-provisioner conformance {case_file.stem}")
+        inbox = asker_inbox(case)
+        if inbox is None:
+            nc = await nats.connect(url, name=f"mesh-provisioner conformance {case_file.stem}")
+        else:
+            nc = await nats.connect(url, name=f"mesh-provisioner conformance {case_file.stem}", inbox_prefix=inbox)
         try:
             if "body" in case:
                 await run_raw(nc, case)

@@ -6,6 +6,7 @@
  */
 import { clone, create, fromBinary, fromJson, ScalarType, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import {
+  createInbox,
   Empty,
   errors,
   headers,
@@ -876,6 +877,15 @@ export class ProvisionerClient {
     return this.#composeSubject;
   }
 
+  /**
+   * The identity a read verb asks as: the node, with the `node` option,
+   * whose own subjects it asks and whose inbox it is answered on; none, on
+   * the verbs' bare subjects.
+   */
+  #asNode(): [role: Role, name: string] | undefined {
+    return this.#node === undefined ? undefined : ["node", this.#node];
+  }
+
   /** A verb's subject as this client asks it: the node's own with the `node` option. */
   #addressed(subject: string): string {
     return this.#node === undefined ? subject : nodeSubject(subject, this.#node);
@@ -893,7 +903,7 @@ export class ProvisionerClient {
     request: MessageInitShape<typeof ProvisioningRequestSchema> = {},
     opts: RequestOptions = {},
   ): Promise<ProvisioningResponse> {
-    return this.#call(this.#subject, ProvisioningRequestSchema, ProvisioningResponseSchema, request, opts);
+    return this.#call(this.#subject, ProvisioningRequestSchema, ProvisioningResponseSchema, request, opts, this.#asNode());
   }
 
   /**
@@ -916,7 +926,7 @@ export class ProvisionerClient {
     request: MessageInitShape<typeof ComposeRequestSchema>,
     opts: RequestOptions = {},
   ): Promise<ComposeResponse> {
-    return this.#call(this.#composeSubject, ComposeRequestSchema, ComposeResponseSchema, request, opts);
+    return this.#call(this.#composeSubject, ComposeRequestSchema, ComposeResponseSchema, request, opts, this.#asNode());
   }
 
   /**
@@ -939,7 +949,7 @@ export class ProvisionerClient {
     if (provider === "") {
       return Promise.reject(new TypeError("provisions: the request's provider is required: it names the subject asked"));
     }
-    return this.#call(`${this.#provisionsSubject}.${provider}`, ProvisionsRequestSchema, ProvisionsResponseSchema, request, opts);
+    return this.#call(`${this.#provisionsSubject}.${provider}`, ProvisionsRequestSchema, ProvisionsResponseSchema, request, opts, ["provider", provider]);
   }
 
   /**
@@ -1216,7 +1226,7 @@ export class ProvisionerClient {
       key: needKey(node, module, kind, name),
       value: encodeDeterministic(NeedSchema, need),
     }));
-    return this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records }, opts);
+    return this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records }, opts, ["node", node]);
   }
 
   /**
@@ -1280,7 +1290,7 @@ export class ProvisionerClient {
     const node = this.#writer("putManifest");
     manifestKey(node, provider); // a TypeError for a provider that no key may name
     const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema,
-      { manifest: encodeDeterministic(ManifestSchema, manifest) }, opts);
+      { manifest: encodeDeterministic(ManifestSchema, manifest) }, opts, ["node", node]);
     return { digest: answer.digest, revision: answer.revision };
   }
 
@@ -1293,7 +1303,7 @@ export class ProvisionerClient {
   async deleteManifest(provider: string, opts: RequestOptions = {}): Promise<bigint> {
     const node = this.#writer("deleteManifest");
     manifestKey(node, provider); // a TypeError for a provider that no key may name
-    const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema, { withdraw: true }, opts);
+    const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema, { withdraw: true }, opts, ["node", node]);
     return answer.revision;
   }
 
@@ -1315,7 +1325,7 @@ export class ProvisionerClient {
    */
   async bind(key: string, value: Uint8Array, opts: RequestOptions = {}): Promise<bigint> {
     const provider = this.#binder("bind");
-    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, value }, opts);
+    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, value }, opts, ["provider", provider]);
     return answer.revision;
   }
 
@@ -1327,7 +1337,7 @@ export class ProvisionerClient {
    */
   async unbind(key: string, opts: RequestOptions = {}): Promise<bigint> {
     const provider = this.#binder("unbind");
-    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, unbind: true }, opts);
+    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, unbind: true }, opts, ["provider", provider]);
     return answer.revision;
   }
 
@@ -1349,29 +1359,37 @@ export class ProvisionerClient {
 
   /** Puts one record of the client's node and resolves to its revision. */
   async #put(what: What, key: string, value: Uint8Array, opts: RequestOptions): Promise<bigint> {
-    const answer = await this.#call(nodeSubject(PUT_SUBJECT, this.#node!), PutRequestSchema, WriteResponseSchema, { record: { what, key, value } }, opts);
+    const answer = await this.#call(nodeSubject(PUT_SUBJECT, this.#node!), PutRequestSchema, WriteResponseSchema, { record: { what, key, value } }, opts, ["node", this.#node!]);
     return answer.revision;
   }
 
   /** Deletes one record of the client's node and resolves to the revision of its marker. */
   async #delete(what: What, key: string, opts: RequestOptions): Promise<bigint> {
-    const answer = await this.#call(nodeSubject(DELETE_SUBJECT, this.#node!), DeleteRequestSchema, WriteResponseSchema, { what, key }, opts);
+    const answer = await this.#call(nodeSubject(DELETE_SUBJECT, this.#node!), DeleteRequestSchema, WriteResponseSchema, { what, key }, opts, ["node", this.#node!]);
     return answer.revision;
   }
 
-  /** Sends a request in protobuf binary and decodes the answer. */
+  /**
+   * Sends a request in protobuf binary and decodes the answer. A request on
+   * an identity's own subject (asker: a node's or a provider's) is answered
+   * only on that identity's inbox, so its reply is one of
+   * {@link inboxPrefix}(role, name), whatever the connection's own prefix
+   * (a test's or a simulation's connection asks for many).
+   */
   async #call<Req extends DescMessage, Res extends DescMessage>(
     subject: string,
     requestSchema: Req,
     responseSchema: Res,
     request: MessageInitShape<Req>,
     opts: RequestOptions,
+    asker?: [role: Role, name: string],
   ): Promise<MessageShape<Res>> {
     const h = headers();
     h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
     const reply = await this.#nc.request(subject, toBinary(requestSchema, create(requestSchema, request)), {
       timeout: opts.timeout ?? this.#timeout,
       headers: h,
+      ...(asker === undefined ? {} : { noMux: true, reply: createInbox(inboxPrefix(...asker)) }),
     });
     const refusal = errorOf(reply);
     if (refusal) {

@@ -24,6 +24,7 @@ import {
   ComposeResponseSchema,
   EndpointStatsDataSchema,
   errorOf,
+  inboxPrefix,
   joinComposePages,
   joinProvisioningPages,
   joinProvisionsPages,
@@ -311,6 +312,19 @@ async function checkStats(nc: NatsConnection): Promise<void> {
   }
 }
 
+/**
+ * The inbox prefix of the identity an addressed case asks as (the provider
+ * for provisions and bind, else the node): the service answers a request on
+ * an identity's own subject only on that identity's inbox. Undefined for a
+ * bare subject: nats.js's own.
+ */
+function askerInbox(c: Case): string | undefined {
+  if (c.address === undefined) {
+    return undefined;
+  }
+  return c.verb === "provisions" || c.verb === "bind" ? inboxPrefix("provider", c.address) : inboxPrefix("node", c.address.split(".")[0]!);
+}
+
 describe("conformance", () => {
   it("has at least 40 cases", () => assert.ok(cases.length >= 40, `${cases.length} cases`));
 
@@ -321,7 +335,8 @@ describe("conformance", () => {
       let nc: NatsConnection | undefined;
       try {
         await promisify(execFile)(fromMake("MESH_PROVISIONER_APPLY_BIN"), ["--nats-url", server.url, path], { timeout: 60_000 });
-        nc = await connect({ servers: server.url, name: `mesh-provisioner conformance ${name}` });
+        const inbox = askerInbox(c);
+        nc = await connect({ servers: server.url, name: `mesh-provisioner conformance ${name}`, ...(inbox === undefined ? {} : { inboxPrefix: inbox }) });
         if (c.body !== undefined) {
           await runRaw(nc, c);
         } else {

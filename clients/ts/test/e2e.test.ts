@@ -22,7 +22,7 @@ import { promisify } from "node:util";
 
 import { create, equals, fromBinary, fromJson, toBinary, type DescMessage, type JsonValue, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { timestampFromDate } from "@bufbuild/protobuf/wkt";
-import { Empty, headers, type NatsConnection } from "@nats-io/nats-core";
+import { createInbox, Empty, headers, type NatsConnection } from "@nats-io/nats-core";
 import { connect } from "@nats-io/transport-node";
 
 import {
@@ -1054,18 +1054,23 @@ describe("as a node", () => {
       }, (err) => err instanceof ProvisionerError && err.code === 403);
     }));
 
+  /** A compose request on node's own subject, answered (or not) on the connection's own inbox. */
+  const composeOn = (conn: NatsConnection, node: string) =>
+    conn.request(nodeSubject(COMPOSE_SUBJECT, node), toBinary(ComposeRequestSchema, create(ComposeRequestSchema, { node })), { timeout: 500 });
+
   it("a request on ace's subject with another node's inbox gets no answer", () =>
     asIdentity(inboxPrefix("node", "bob"), async (conn) => {
-      await assert.rejects(new ProvisionerClient(conn, { node: "ace", timeout: 500 }).compose({ node: "ace" }), (err) =>
+      await assert.rejects(composeOn(conn, "ace"), (err) =>
         !(err instanceof ProvisionerError) && err instanceof Error && /timeout/iu.test(`${err.name} ${err.message}`));
     }));
 
-  it("an operator asks the unscoped subjects with its own inbox, and may ask on a node's", () =>
+  it("an operator asks the unscoped subjects with its own inbox, and gets no answer on a node's", () =>
     asIdentity(inboxPrefix("operator", "alice"), async (conn) => {
       const operator = new ProvisionerClient(conn);
       const needs = await operator.provisioning({ what: What.NEEDS });
       assert.deepStrictEqual(new Set(needs.needs.map((r) => r.node)), new Set(["ace", "novox"]));
-      assert.equal((await new ProvisionerClient(conn, { node: "novox" }).compose({ node: "novox" })).node, "novox");
+      assert.equal((await operator.compose({ node: "novox" })).node, "novox");
+      await assert.rejects(composeOn(conn, "novox"), (err) => !(err instanceof ProvisionerError));
     }));
 });
 
@@ -1146,7 +1151,8 @@ describe("provisions", () => {
       assert.ok(answer.revisions!.registry > 0n && answer.revisions!.needs >= seeded[NEEDS]!);
       // A provider no need binds: none. Asked with postgres's inbox, it gets no answer at all.
       assert.deepStrictEqual((await client.provisions({ provider: "redis" })).provisions, []);
-      await assert.rejects(provider.provisions({ provider: "redis" }, { timeout: 500 }), (err) => !(err instanceof ProvisionerError));
+      await assert.rejects(conn.request(providerSubject("redis"), toBinary(ProvisionsRequestSchema, create(ProvisionsRequestSchema, { provider: "redis" })), { timeout: 500 }),
+        (err) => !(err instanceof ProvisionerError));
     }));
 
   it("page by page, and joined, in the order of the needs' keys", async () => {
@@ -1178,8 +1184,9 @@ describe("provisions", () => {
   it("another provider's provisions on a provider's subject are a 403", async () => {
     const h = headers();
     h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
+    // On postgres's subject, answered on postgres's inbox only.
     const reply = await nc!.request(providerSubject("postgres"), toBinary(ProvisionsRequestSchema, create(ProvisionsRequestSchema, { provider: "redis" })),
-      { timeout: 5000, headers: h });
+      { timeout: 5000, headers: h, noMux: true, reply: createInbox(inboxPrefix("provider", "postgres")) });
     assert.deepStrictEqual(errorOf(reply), new ProvisionerError(403,
       `mesh-provisioner.provisions.postgres lists provider "postgres"'s provisions only, and the request names provider "redis"; ask mesh-provisioner.provisions.<provider> as that provider`));
   });

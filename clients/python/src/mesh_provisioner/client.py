@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError, Message
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import ConnectionReconnectingError, NoRespondersError, OutboundBufferLimitError
+from nats.nuid import NUID
 
 from mesh.provisioner.v1.compose_pb2 import (
     ComposeRequest,
@@ -506,7 +507,7 @@ class ProvisionerClient:
         nats-py's errors otherwise (NoRespondersError when no instance runs,
         TimeoutError).
         """
-        return await self._call(self._subject, request or ProvisioningRequest(), ProvisioningResponse(), timeout)
+        return await self._call(self._subject, request or ProvisioningRequest(), ProvisioningResponse(), timeout, self._as_node())
 
     async def compose(self, request: ComposeRequest, *, timeout: float | None = None) -> ComposeResponse:
         """Asks the compose verb once for the composition of a node (node is
@@ -518,7 +519,7 @@ class ProvisionerClient:
         the provider bound a key at revision 7. The answer's revisions says
         the same of the copy it read. A module of builds answers its plan at
         each (plan_at); a provision's state is is_bound."""
-        return await self._call(self._compose_subject, request, ComposeResponse(), timeout)
+        return await self._call(self._compose_subject, request, ComposeResponse(), timeout, self._as_node())
 
     async def provisions(self, request: ProvisionsRequest, *, timeout: float | None = None) -> ProvisionsResponse:
         """Asks the provisions verb of a provider, on
@@ -532,7 +533,8 @@ class ProvisionerClient:
         if not request.provider:
             raise ValueError("provisions: request.provider is required: it names the subject asked")
         return await self._call(
-            f"{self._provisions_subject}.{request.provider}", request, ProvisionsResponse(), timeout
+            f"{self._provisions_subject}.{request.provider}", request, ProvisionsResponse(), timeout,
+            ("provider", request.provider),
         )
 
     async def provisions_pages(
@@ -765,7 +767,7 @@ class ProvisionerClient:
         request = ApplyRequest(module=module)
         for kind, name, need in needs:
             request.needs.append(Record(what=What.WHAT_NEEDS, key=need_key(node, module, kind, name), value=_encode(need)))
-        return await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout)
+        return await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node))
 
     async def put_applied(self, module: str, applied: Applied, *, timeout: float | None = None) -> int:
         """Writes what is applied of module (key <node>.<module>) through the
@@ -815,7 +817,7 @@ class ProvisionerClient:
         node = self._writer("put_manifest")
         manifest_key(node, provider)  # a ValueError for a provider no key may name
         request = DeclareRequest(manifest=_encode(manifest))
-        answer = await self._call(declare_subject(node, provider), request, WriteResponse(), timeout)
+        answer = await self._call(declare_subject(node, provider), request, WriteResponse(), timeout, ("node", node))
         return DeclaredManifest(answer.digest, answer.revision)
 
     async def delete_manifest(self, provider: str, *, timeout: float | None = None) -> int:
@@ -825,7 +827,7 @@ class ProvisionerClient:
         node = self._writer("delete_manifest")
         manifest_key(node, provider)
         request = DeclareRequest(withdraw=True)
-        return (await self._call(declare_subject(node, provider), request, WriteResponse(), timeout)).revision
+        return (await self._call(declare_subject(node, provider), request, WriteResponse(), timeout, ("node", node))).revision
 
     async def bind(self, key: str, value: bytes, *, timeout: float | None = None) -> int:
         """Writes key of the provider's bucket <provider>_bound through the
@@ -841,7 +843,7 @@ class ProvisionerClient:
         value over the bucket's largest), 503; nats-py's errors otherwise."""
         provider = self._binder("bind")
         request = BindRequest(key=key, value=value)
-        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout)).revision
+        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout, ("provider", provider))).revision
 
     async def unbind(self, key: str, *, timeout: float | None = None) -> int:
         """Removes key of the provider's bucket through the bind verb (kept as
@@ -849,7 +851,7 @@ class ProvisionerClient:
         bind does."""
         provider = self._binder("unbind")
         request = BindRequest(key=key, unbind=True)
-        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout)).revision
+        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout, ("provider", provider))).revision
 
     def _writer(self, method: str) -> str:
         """The node a write is for; a ValueError naming method when the client has none."""
@@ -871,25 +873,58 @@ class ProvisionerClient:
     async def _put(self, what: What, key: str, value: Message, timeout: float | None) -> int:
         node = self._writer("put")
         request = PutRequest(record=Record(what=what, key=key, value=_encode(value)))
-        return (await self._call(node_subject(PUT_SUBJECT, node), request, WriteResponse(), timeout)).revision
+        return (await self._call(node_subject(PUT_SUBJECT, node), request, WriteResponse(), timeout, ("node", node))).revision
 
     async def _delete(self, what: What, key: str, timeout: float | None) -> int:
         node = self._writer("delete")
         request = DeleteRequest(what=what, key=key)
-        return (await self._call(node_subject(DELETE_SUBJECT, node), request, WriteResponse(), timeout)).revision
+        return (await self._call(node_subject(DELETE_SUBJECT, node), request, WriteResponse(), timeout, ("node", node))).revision
 
-    async def _call(self, subject: str, request: Message, answer: _Answer, timeout: float | None) -> _Answer:
-        reply = await self._nc.request(
-            subject,
-            request.SerializeToString(deterministic=True),
-            timeout=self._timeout if timeout is None else timeout,
-            headers={"Content-Type": CONTENT_TYPE_PROTOBUF},
-        )
+    def _as_node(self) -> tuple[Role, str] | None:
+        """The identity a read verb asks as: the client's node, whose own
+        subjects it asks, or none (the verbs' bare subjects)."""
+        return None if self._node is None else ("node", self._node)
+
+    async def _call(
+        self, subject: str, request: Message, answer: _Answer, timeout: float | None, asker: tuple[Role, str] | None = None
+    ) -> _Answer:
+        """Sends request in protobuf binary and decodes the answer into
+        answer. A request on an identity's own subject (asker: a node's or a
+        provider's) is answered only on that identity's inbox, so its reply
+        is one of inbox_prefix(*asker), whatever the connection's own prefix
+        (a test's or a simulation's connection asks for many)."""
+        data = request.SerializeToString(deterministic=True)
+        headers = {"Content-Type": CONTENT_TYPE_PROTOBUF}
+        wait = self._timeout if timeout is None else timeout
+        if asker is None:
+            reply = await self._nc.request(subject, data, timeout=wait, headers=headers)
+        else:
+            reply = await self._request_as(asker, subject, data, wait, headers)
         refusal = error_of(reply.headers)
         if refusal is not None:
             raise refusal
         answer.ParseFromString(reply.data)
         return answer
+
+    async def _request_as(
+        self, asker: tuple[Role, str], subject: str, data: bytes, timeout: float, headers: dict[str, str]
+    ) -> Msg:
+        """A request answered on an inbox of asker's: a subscription to it
+        for this request alone, as nats-py's old-style request does with the
+        connection's own prefix."""
+        inbox = f"{inbox_prefix(*asker)}.{NUID().next().decode()}"
+        sub = await self._nc.subscribe(inbox, max_msgs=1)
+        try:
+            await self._nc.publish(subject, data, reply=inbox, headers=headers)
+            reply = await sub.next_msg(timeout=timeout)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        # As nats-py's request: a 503 status without a body is nats-server
+        # saying no one subscribes to the subject.
+        if not reply.data and (reply.headers or {}).get("Status") == "503":
+            raise NoRespondersError
+        return reply
 
     async def ping(self, *, id: str | None = None, max_wait: float = 2.0) -> list[ServiceIdentity]:
         """The running instances of the service, each as it answers PING."""
