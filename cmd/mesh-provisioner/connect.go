@@ -132,8 +132,8 @@ type connectEvents struct {
 	// is logged at debug when set (its owner says what it means), else at
 	// error.
 	onViolation func(error)
-	// onRefused counts each permission violation logged (at most once a
-	// minute) rather than handed to onViolation.
+	// onRefused counts each permission violation that is logged (at most
+	// once a minute) rather than handed to onViolation: serve's metric.
 	onRefused func()
 	// onClosed runs once the connection is closed for good.
 	onClosed func()

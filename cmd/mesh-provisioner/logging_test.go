@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -99,10 +102,13 @@ func TestMadeUpProvidersAreAFewLogLines(t *testing.T) {
 	t.Parallel()
 	s := authorizedServer(t)
 	host := strings.TrimPrefix(s.ClientURL(), "nats://")
+	tokenFile, token := writeTokenFile(t)
+	page := statusPage{base: "http://127.0.0.1:" + strconv.Itoa(freePort(t)), token: token}
 	sv := serveInProcess(t, []string{
 		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@" + host,
 		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@" + host,
 		"--state-dir", t.TempDir(), "--log-format", "json",
+		"--http", strings.TrimPrefix(page.base, "http://"), "--http-token-file", tokenFile,
 	}, nil)
 	sv.log.waitFor(t, `"msg":"serving"`, 20*time.Second)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -155,4 +161,17 @@ func TestMadeUpProvidersAreAFewLogLines(t *testing.T) {
 		t.Errorf("%d warnings and errors logged for 1,000 made-up providers, want at most 10:\n%s", len(lines), strings.Join(lines[:10], "\n"))
 	}
 	t.Logf("%d warnings and errors for 1,000 made-up providers:\n%s", len(lines), strings.Join(lines, "\n"))
+
+	// Each refused look-up is counted instead, by identity.
+	code, metrics := page.get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", code, metrics)
+	}
+	counted := regexp.MustCompile(`mesh_provisioner_permission_violations_total\{identity="` + wire.WriterIdentity + `"\} (\d+)`).FindStringSubmatch(metrics)
+	if len(counted) < 2 {
+		t.Fatalf("no mesh_provisioner_permission_violations_total of the writer in /metrics")
+	}
+	if n, _ := strconv.Atoi(counted[1]); n < 300 {
+		t.Errorf("the writer's refused look-ups counted %d, want at least 300", n)
+	}
 }

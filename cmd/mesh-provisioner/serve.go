@@ -225,9 +225,9 @@ func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
 
 // dial opens one of serve's connections, as c's identity, and waits until it
 // is connected; drain finishes what is in flight, then closes it.
-func dial(ctx context.Context, c connectFlags, url, name string, logger *slog.Logger, retry bool, opts []nats.Option) (nc *nats.Conn, drain func(), err error) {
+func dial(ctx context.Context, c connectFlags, url, name string, logger *slog.Logger, retry bool, onRefused func(), opts []nats.Option) (nc *nats.Conn, drain func(), err error) {
 	closed := make(chan struct{})
-	nc, err = c.connect(ctx, url, name, logger, connectEvents{onClosed: func() { close(closed) }, retry: retry}, opts...)
+	nc, err = c.connect(ctx, url, name, logger, connectEvents{onClosed: func() { close(closed) }, onRefused: onRefused, retry: retry}, opts...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -259,7 +259,7 @@ type serveConns struct {
 
 // dialAll opens serve's connections to url (the writer's to
 // --writer-nats-url, if given).
-func (f *serveFlags) dialAll(ctx context.Context, url string, logger *slog.Logger, opts []nats.Option) (*serveConns, error) {
+func (f *serveFlags) dialAll(ctx context.Context, url string, logger *slog.Logger, httpServer *ops.Server, opts []nats.Option) (*serveConns, error) {
 	c := &serveConns{}
 	retry := f.connect.url != "" && f.connectRetry
 	writer, writerURL := f.writerConnect(url)
@@ -276,7 +276,8 @@ func (f *serveFlags) dialAll(ctx context.Context, url string, logger *slog.Logge
 		{&c.writer, writer, writerURL, wire.WriterIdentity,
 			append(slices.Clone(opts), nats.CustomInboxPrefix(wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity)))},
 	} {
-		conn, drain, err := dial(ctx, d.flags, d.url, d.name, logger, retry, d.opts)
+		identity := d.name
+		conn, drain, err := dial(ctx, d.flags, d.url, d.name, logger, retry, func() { httpServer.CountRefusal(identity) }, d.opts)
 		if err != nil {
 			c.drain()
 			return nil, err
@@ -333,7 +334,7 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	defer stopEmbedded() // after the connections drained
-	conns, err := f.dialAll(ctx, url, logger, opts)
+	conns, err := f.dialAll(ctx, url, logger, httpServer, opts)
 	if err != nil {
 		return err
 	}

@@ -63,12 +63,27 @@ func (s *Server) initMetrics() {
 		Help:      "Time from a request's arrival to its answer or error being sent, by endpoint and code (200 for an answer).",
 		Buckets:   []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 	}, []string{"endpoint", "code"})
+	s.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: namespace,
+		Name:      "permission_violations_total",
+		Help:      "Publishes and subscriptions of the service's connections that NATS refused, by identity: a look-up its grant does not allow (a provider's bucket a need names that the writer may not read), each logged at most once a minute.",
+	}, []string{"identity"})
 	s.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		s.latency,
+		s.refused,
 		&serviceCollector{s: s},
 	)
+}
+
+// CountRefusal counts a publish or subscription of identity's connection
+// that NATS refused. Nil-safe: without --http there is nothing to count in.
+func (s *Server) CountRefusal(identity string) {
+	if s == nil {
+		return
+	}
+	s.refused.WithLabelValues(identity).Inc()
 }
 
 // observe is the service's Observer.

@@ -86,6 +86,7 @@ type Server struct {
 
 	registry *prometheus.Registry
 	latency  *prometheus.HistogramVec
+	refused  *prometheus.CounterVec // permission violations, by identity
 
 	mu       sync.RWMutex
 	target   *Target
