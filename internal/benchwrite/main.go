@@ -12,9 +12,13 @@
 //
 //   - -nodes nodes applying -modules x -needs at once, each node its
 //     modules one after another: records a second against the same
-//     records as async KV puts from the same connections.
+//     records as each node's async KV puts (100 nodes' at once: more
+//     overrun the stream's ingest queue).
 //
-//     go run ./internal/benchwrite -nodes 1000 -modules 30 -needs 10
+// Each node has a connection of its own, with its inbox prefix, as its
+// grant requires in a mesh.
+//
+//	go run ./internal/benchwrite -nodes 1000 -modules 30 -needs 10
 //
 // The nats-server runs in a process of its own. Machines are small and
 // noisy: read the ratios, not the absolute figures.
@@ -36,6 +40,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/benchnats"
 	"github.com/novox/mesh-provisioner/keys"
@@ -46,7 +51,6 @@ import (
 
 type config struct {
 	nodes, modules, needs int
-	conns                 int
 	puts, rounds          int
 }
 
@@ -55,7 +59,6 @@ func main() {
 	flag.IntVar(&cfg.nodes, "nodes", 1000, "nodes applying at once in the mesh figure")
 	flag.IntVar(&cfg.modules, "modules", 30, "modules a node applies")
 	flag.IntVar(&cfg.needs, "needs", 10, "needs a module holds")
-	flag.IntVar(&cfg.conns, "conns", 16, "client connections the nodes' requests and the direct puts share")
 	flag.IntVar(&cfg.puts, "puts", 2000, "puts of a latency round")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of each side (verb and direct) of each figure")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
@@ -73,12 +76,20 @@ func main() {
 	}
 }
 
-// bench is the run's nats-server, service and client connections.
+// bench is the run's nats-server and service, and how a node connects.
 type bench struct {
-	cfg   config
-	conns []*nats.Conn
-	js    []jetstream.JetStream // one a connection: the direct puts
-	needs jetstream.KeyValue    // on conns[0]
+	cfg config
+	// connectAs opens a node's connection, with its inbox prefix as a
+	// node's grant requires: its verbs and its direct puts share it.
+	connectAs func(node string) (*nodeConn, error)
+}
+
+// nodeConn is a node's connection: its client of the write verbs, and the
+// JetStream its direct puts go through.
+type nodeConn struct {
+	nc     *nats.Conn
+	client *nodeclient.Client
+	js     jetstream.JetStream
 }
 
 func run(cfg config) error {
@@ -99,8 +110,8 @@ func run(cfg config) error {
 			nc.Close()
 		}
 	}()
-	connect := func() (*nats.Conn, error) {
-		nc, err := nats.Connect(url)
+	connect := func(opts ...nats.Option) (*nats.Conn, error) {
+		nc, err := nats.Connect(url, opts...)
 		if err == nil {
 			opened = append(opened, nc)
 		}
@@ -149,22 +160,22 @@ func run(cfg config) error {
 	}); err != nil {
 		return err
 	}
-	b := &bench{cfg: cfg}
-	for range cfg.conns {
-		nc, err := connect()
+	b := &bench{cfg: cfg, connectAs: func(node string) (*nodeConn, error) {
+		nc, err := connect(client.Inbox(wire.RoleNode, node))
 		if err != nil {
-			return err
+			return nil, err
+		}
+		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
+		if err != nil {
+			return nil, err
 		}
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1<<16))
 		if err != nil {
-			return err
+			return nil, err
 		}
-		b.conns, b.js = append(b.conns, nc), append(b.js, js)
-	}
-	if b.needs, err = b.js[0].KeyValue(ctx, keys.NeedsBucket); err != nil {
-		return err
-	}
-	fmt.Printf("benchwrite: %d nodes x %d modules x %d needs, %d client connections, %d rounds a side\n\n", cfg.nodes, cfg.modules, cfg.needs, cfg.conns, cfg.rounds)
+		return &nodeConn{nc: nc, client: c, js: js}, nil
+	}}
+	fmt.Printf("benchwrite: %d nodes x %d modules x %d needs, a connection a node, %d rounds a side\n\n", cfg.nodes, cfg.modules, cfg.needs, cfg.rounds)
 	if err := b.latency(ctx); err != nil {
 		return err
 	}
@@ -180,6 +191,10 @@ func need(r, i int) *provisionerv1.Need {
 	return &provisionerv1.Need{Placeholder: fmt.Sprintf("${port:n%d}", i), Local: fmt.Sprintf("r%d", r)}
 }
 
+// directNodes is how many nodes put their records directly at once, in the
+// mesh figure's baseline.
+const directNodes = 100
+
 // floorSubject is the bare subscription's, under which a need's key follows.
 const floorSubject = "benchwrite.floor"
 
@@ -190,7 +205,11 @@ func needName(i int) string { return fmt.Sprintf("n%d", i) }
 // latency times puts of one need, one at a time, through the verb and
 // directly, in alternating rounds.
 func (b *bench) latency(ctx context.Context) error {
-	node, err := nodeclient.New(ctx, nodeclient.Config{Conn: b.conns[0], Node: "latency"})
+	node, err := b.connectAs("latency")
+	if err != nil {
+		return err
+	}
+	needs, err := node.js.KeyValue(ctx, keys.NeedsBucket)
 	if err != nil {
 		return err
 	}
@@ -200,7 +219,7 @@ func (b *bench) latency(ctx context.Context) error {
 			key, _ := keys.NeedKey{Node: "floor", Module: "web", Kind: "port", Name: needName(i % 100)}.Key()
 			value, _ := proto.Marshal(need(r, i))
 			start := time.Now()
-			answer, err := b.conns[0].Request(floorSubject+"."+key, value, 5*time.Second)
+			answer, err := node.nc.Request(floorSubject+"."+key, value, 5*time.Second)
 			if err != nil {
 				return err
 			}
@@ -212,7 +231,7 @@ func (b *bench) latency(ctx context.Context) error {
 		for i := range b.cfg.puts {
 			v := need(r, i)
 			start := time.Now()
-			if _, err := node.PutNeed(ctx, "web", "port", needName(i%100), v); err != nil {
+			if _, err := node.client.PutNeed(ctx, "web", "port", needName(i%100), v); err != nil {
 				return err
 			}
 			verb = append(verb, time.Since(start))
@@ -224,7 +243,7 @@ func (b *bench) latency(ctx context.Context) error {
 				return err
 			}
 			start := time.Now()
-			if _, err := b.needs.Put(ctx, key, value); err != nil {
+			if _, err := needs.Put(ctx, key, value); err != nil {
 				return err
 			}
 			direct = append(direct, time.Since(start))
@@ -241,7 +260,7 @@ func (b *bench) latency(ctx context.Context) error {
 // oneNode times a node applying all its modules at once, against async puts
 // of the same records.
 func (b *bench) oneNode(ctx context.Context) error {
-	node, err := nodeclient.New(ctx, nodeclient.Config{Conn: b.conns[0], Node: "one"})
+	node, err := b.connectAs("one")
 	if err != nil {
 		return err
 	}
@@ -250,14 +269,14 @@ func (b *bench) oneNode(ctx context.Context) error {
 		start := time.Now()
 		var g errgroup.Group
 		for m := range b.cfg.modules {
-			g.Go(func() error { return b.apply(ctx, node, r, m) })
+			g.Go(func() error { return b.apply(ctx, node.client, r, m) })
 		}
 		if err := g.Wait(); err != nil {
 			return err
 		}
 		verb = append(verb, time.Since(start))
 		start = time.Now()
-		if err := b.publish(ctx, b.js[0], "one", r); err != nil {
+		if err := b.publish(ctx, node.js, "one", r); err != nil {
 			return err
 		}
 		direct = append(direct, time.Since(start))
@@ -269,13 +288,13 @@ func (b *bench) oneNode(ctx context.Context) error {
 }
 
 // mesh times every node applying its modules, one after another, all nodes
-// at once, against async puts of the same records from the same
-// connections.
+// at once, against each node's async puts of the same records on its own
+// connection.
 func (b *bench) mesh(ctx context.Context) error {
-	nodes := make([]*nodeclient.Client, b.cfg.nodes)
+	nodes := make([]*nodeConn, b.cfg.nodes)
 	for i := range nodes {
 		var err error
-		if nodes[i], err = nodeclient.New(ctx, nodeclient.Config{Conn: b.conns[i%len(b.conns)], Node: fmt.Sprintf("n%05d", i)}); err != nil {
+		if nodes[i], err = b.connectAs(fmt.Sprintf("n%05d", i)); err != nil {
 			return err
 		}
 	}
@@ -287,7 +306,7 @@ func (b *bench) mesh(ctx context.Context) error {
 		for _, node := range nodes {
 			g.Go(func() error {
 				for m := range b.cfg.modules {
-					if err := b.apply(ctx, node, r, m); err != nil {
+					if err := b.apply(ctx, node.client, r, m); err != nil {
 						return err
 					}
 				}
@@ -299,16 +318,13 @@ func (b *bench) mesh(ctx context.Context) error {
 		}
 		verb = append(verb, float64(records)/time.Since(start).Seconds())
 		start = time.Now()
+		// At most directNodes nodes' puts in flight: all 1,000 nodes' 300
+		// at once overrun the stream's ingest queue (100,000 messages in
+		// nats-server), which refuses them with a 429.
 		g = errgroup.Group{}
-		for c, js := range b.js {
-			g.Go(func() error {
-				for i := c; i < len(nodes); i += len(b.js) {
-					if err := b.publish(ctx, js, nodes[i].Node(), r); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
+		g.SetLimit(directNodes)
+		for _, node := range nodes {
+			g.Go(func() error { return b.publish(ctx, node.js, node.client.Node(), r) })
 		}
 		if err := g.Wait(); err != nil {
 			return err
