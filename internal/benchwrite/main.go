@@ -52,6 +52,7 @@ import (
 type config struct {
 	nodes, modules, needs int
 	puts, rounds          int
+	applyRounds           int
 }
 
 func main() {
@@ -60,7 +61,8 @@ func main() {
 	flag.IntVar(&cfg.modules, "modules", 30, "modules a node applies")
 	flag.IntVar(&cfg.needs, "needs", 10, "needs a module holds")
 	flag.IntVar(&cfg.puts, "puts", 2000, "puts of a latency round")
-	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of each side (verb and direct) of each figure")
+	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds of each side (verb and direct) of the latency and mesh figures")
+	flag.IntVar(&cfg.applyRounds, "apply-rounds", 21, "rounds of each side of the one node's figure (each some milliseconds: many, for a steady median)")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {
@@ -265,7 +267,7 @@ func (b *bench) oneNode(ctx context.Context) error {
 		return err
 	}
 	var verb, direct []time.Duration
-	for r := range b.cfg.rounds {
+	for r := range b.cfg.applyRounds {
 		start := time.Now()
 		var g errgroup.Group
 		for m := range b.cfg.modules {
@@ -282,7 +284,7 @@ func (b *bench) oneNode(ctx context.Context) error {
 		direct = append(direct, time.Since(start))
 	}
 	records := b.cfg.modules * b.cfg.needs
-	fmt.Printf("a node applying %d modules x %d needs, its applies at once (median of %d)\n", b.cfg.modules, b.cfg.needs, b.cfg.rounds)
+	fmt.Printf("a node applying %d modules x %d needs, its applies at once (median of %d)\n", b.cfg.modules, b.cfg.needs, b.cfg.applyRounds)
 	fmt.Printf("  verb %s, %d direct async KV puts %s, ratio %.2f (target <= 1.5)\n\n", ms(quantile(verb, 50)), records, ms(quantile(direct, 50)), ratio(quantile(verb, 50), quantile(direct, 50)))
 	return nil
 }
