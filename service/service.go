@@ -365,11 +365,10 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if s.followers, err = s.mirror.Open(ctx, js, s.logger); err != nil {
 		return nil, err
 	}
-	s.stopping, s.stop = context.WithCancel(context.Background())
-	if s.store, err = openWriteStore(ctx, s.stopping, js, s.mirror); err != nil {
-		s.stop()
+	if s.store, err = openWriteStore(ctx, js, s.mirror); err != nil {
 		return nil, err
 	}
+	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.watchers.Go(func() { s.followers.Run(s.stopping) })
 	for range cfg.Concurrency {
 		s.workers.Go(s.work)

@@ -183,8 +183,6 @@ type stateBucket struct {
 	maxValue int
 	// held is the bucket's copy, whose budget a put must fit.
 	held heldCopy
-	// newest reads a node's newest write in the bucket, for the applies.
-	newest *lastWrites
 }
 
 // heldCopy is what the write verbs read of a state bucket's copy: its
@@ -211,9 +209,8 @@ type writeStore struct {
 }
 
 // openWriteStore binds the state buckets through js, which is the writing
-// identity's; base bounds the reads it sends on its own (the service's
-// life).
-func openWriteStore(ctx, base context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
+// identity's.
+func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
 	w := &writeStore{js: js, buckets: map[string]*stateBucket{}, bound: map[string]jetstream.KeyValue{}}
 	for _, b := range []struct {
 		bucket string
@@ -231,9 +228,7 @@ func openWriteStore(ctx, base context.Context, js jetstream.JetStream, m *mirror
 		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 			maxValue = int(max(bs.StreamInfo().Config.MaxMsgSize, 0))
 		}
-		bucket := b.bucket
-		w.buckets[bucket] = &stateBucket{bucket: bucket, kv: kv, maxValue: maxValue, held: b.held,
-			newest: newLastWrites(base, func(ctx context.Context, prefix string) (uint64, error) { return w.lastUnder(ctx, bucket, prefix) })}
+		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held}
 	}
 	return w, nil
 }
@@ -401,12 +396,12 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		size += len(rec.GetValue())
 	}
 	// Compared with the module's keys as they are now: the copy is first
-	// brought to the node's newest write, so that no write made meanwhile
-	// is taken for unchanged, nor a key written meanwhile left undeleted.
-	// Only the node's own writes are waited for: under a mesh's writes the
-	// copy may trail the stream's last revision by more than an apply may
-	// wait. The node's applies at once share the read (lastWrites).
-	last, err := b.newest.get(ctx, node+".")
+	// brought to the newest write of any of them, so that no write made
+	// meanwhile is taken for unchanged, nor a key written meanwhile left
+	// undeleted. Only the module's own writes are waited for: under a
+	// mesh's writes the copy may trail the stream's last revision by more
+	// than an apply may wait.
+	last, err := s.store.lastUnder(ctx, b.bucket, prefix)
 	if err != nil {
 		return nil, stored("the apply of "+module, err)
 	}
