@@ -122,7 +122,7 @@ func putNeed(ctx context.Context, nc *nats.Conn, node, key string) (uint64, erro
 	if err != nil {
 		return 0, err
 	}
-	reply, err := nc.RequestWithContext(ctx, wire.NodeSubject(wire.PutSubject, node), body)
+	reply, err := wire.Request(ctx, nc, wire.RoleNode, node, &nats.Msg{Subject: wire.NodeSubject(wire.PutSubject, node), Data: body})
 	if err != nil {
 		return 0, err
 	}
