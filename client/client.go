@@ -191,28 +191,10 @@ func pages[Req proto.Message, Res paged](ctx context.Context, req Req, ask func(
 	}
 }
 
-// call sends req in protobuf binary to subject, an identity's own (role
-// and name; no name: a bare subject), answered on that identity's inbox
-// (wire.Request), and decodes the answer into answer.
+// call sends req to subject, an identity's own (role and name; no name: a
+// bare subject), answered on that identity's inbox (wire.Call).
 func (c *Client) call(ctx context.Context, subject string, role wire.Role, name string, req, answer proto.Message) error {
-	data, err := proto.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("encode request: %w", err)
-	}
-	msg := nats.NewMsg(subject)
-	msg.Data = data
-	msg.Header.Set("Content-Type", wire.ContentTypeProtobuf)
-	reply, err := wire.Request(ctx, c.nc, role, name, msg)
-	if err != nil {
-		return err
-	}
-	if err := wire.ErrorOf(reply); err != nil {
-		return err
-	}
-	if err := proto.Unmarshal(reply.Data, answer); err != nil {
-		return fmt.Errorf("decode answer: %w", err)
-	}
-	return nil
+	return wire.Call(ctx, c.nc, role, name, subject, req, answer)
 }
 
 // Bind writes key of provider's bucket <provider>_bound through the

@@ -209,30 +209,13 @@ func encode(key string, value proto.Message) ([]byte, error) {
 	return data, nil
 }
 
-// call sends req in protobuf binary to subject and decodes the answer into
-// answer; a refusal is a *wire.Error.
+// call sends req to subject, a verb of the client's node, with
+// DefaultTimeout when ctx has no deadline (wire.Call).
 func (c *Client) call(ctx context.Context, subject string, req, answer proto.Message) error {
-	data, err := proto.Marshal(req)
-	if err != nil {
-		return fmt.Errorf("encode request: %w", err)
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
 		defer cancel()
 	}
-	msg := nats.NewMsg(subject)
-	msg.Data = data
-	msg.Header.Set("Content-Type", wire.ContentTypeProtobuf)
-	reply, err := wire.Request(ctx, c.nc, wire.RoleNode, c.node, msg)
-	if err != nil {
-		return err
-	}
-	if err := wire.ErrorOf(reply); err != nil {
-		return err
-	}
-	if err := proto.Unmarshal(reply.Data, answer); err != nil {
-		return fmt.Errorf("decode answer: %w", err)
-	}
-	return nil
+	return wire.Call(ctx, c.nc, wire.RoleNode, c.node, subject, req, answer)
 }

@@ -2,10 +2,36 @@ package wire
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"google.golang.org/protobuf/proto"
 )
+
+// Call sends req in protobuf binary to subject, an identity's own (role and
+// name; no name: a verb's bare subject), answered on that identity's inbox
+// (Request), and decodes the answer into answer; a refusal is an *Error.
+func Call(ctx context.Context, nc *nats.Conn, role Role, name, subject string, req, answer proto.Message) error {
+	data, err := proto.Marshal(req)
+	if err != nil {
+		return fmt.Errorf("encode request: %w", err)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	msg.Header.Set("Content-Type", ContentTypeProtobuf)
+	reply, err := Request(ctx, nc, role, name, msg)
+	if err != nil {
+		return err
+	}
+	if err := ErrorOf(reply); err != nil {
+		return err
+	}
+	if err := proto.Unmarshal(reply.Data, answer); err != nil {
+		return fmt.Errorf("decode answer: %w", err)
+	}
+	return nil
+}
 
 // Request sends msg, a request on an identity's own subject, and waits for
 // its answer on an inbox of that identity's (InboxPrefix(role, name)): the
