@@ -216,6 +216,10 @@ bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requester
 bench-write: ## The write verbs against direct KV puts of the same records: one put's p50, a node's 30 x 10 apply, 1,000 nodes applying at once (BENCHWRITE_ARGS="-nodes 1000 ...")
 	go run ./internal/benchwrite $(BENCHWRITE_ARGS)
 
+.PHONY: bench-fair
+bench-fair: build ## One node against another with its own grant: bob's compose and plan push while ace floods its compose subject or churns its records, against quiet, in one run (BENCHFAIR_ARGS="-asks 50 ...")
+	go run ./internal/benchfair -bin $(BIN)/mesh-provisioner $(BENCHFAIR_ARGS)
+
 .PHONY: bench-scale
 bench-scale: build ## One instance against meshes of 1k, 4k and 10k nodes (x 30 x 10) on a nats-server of its own: RSS a key, start, compose p50/p99, verb throughput; a table, and a plot in build/bench-scale.svg (BENCHSCALE_ARGS="-nodes 1000,4000 ...")
 	go run ./internal/benchscale -bin $(BIN)/mesh-provisioner -plot build/bench-scale.svg $(BENCHSCALE_ARGS)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -21,13 +22,25 @@ import (
 // nats-server with its store in the directory given (Serve).
 const Flag = "nats-server"
 
+// ConfigFile is the configuration Serve reads in its directory, if there
+// is one (StartWith writes it): the bench's users and their permissions.
+const ConfigFile = "nats-server.conf"
+
 // Serve runs a nats-server with JetStream on a free loopback port, its
 // store in dir, prints its URL on stdout, and serves until stdin closes.
 // JetStream may use 8 GiB of memory and 64 GiB of disk: the largest
 // benches' meshes.
 func Serve(dir string) error {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
-		JetStreamMaxMemory: 8 << 30, JetStreamMaxStore: 64 << 30})
+	opts := &server.Options{}
+	if file := filepath.Join(dir, ConfigFile); fileExists(file) {
+		var err error
+		if opts, err = server.ProcessConfigFile(file); err != nil {
+			return err
+		}
+	}
+	opts.Host, opts.Port, opts.JetStream, opts.StoreDir, opts.NoLog, opts.NoSigs = "127.0.0.1", -1, true, dir, true, true
+	opts.JetStreamMaxMemory, opts.JetStreamMaxStore = 8<<30, 64<<30
+	ns, err := server.NewServer(opts)
 	if err != nil {
 		return err
 	}
@@ -39,6 +52,20 @@ func Serve(dir string) error {
 	fmt.Println(ns.ClientURL())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return nil
+}
+
+func fileExists(file string) bool {
+	_, err := os.Stat(file)
+	return err == nil
+}
+
+// StartWith is Start with config, a nats-server configuration (its users and
+// their permissions, say), written to dir's ConfigFile first.
+func StartWith(dir, config string) (url string, stop func(), err error) {
+	if err := os.WriteFile(filepath.Join(dir, ConfigFile), []byte(config), 0o600); err != nil {
+		return "", nil, err
+	}
+	return Start(dir)
 }
 
 // Start starts this program as a nats-server (-nats-server dir) in a child
