@@ -120,7 +120,8 @@ func (ep endpoint[Req, Res]) register(s *Service) error {
 	req := ep.newRequest()
 	var res Res                  // a typed nil: its descriptor is all that is read
 	count := s.counters[ep.name] // made by Start before the stats handler was live
-	err := s.micro.AddEndpoint(ep.name, micro.HandlerFunc(func(r micro.Request) { ep.handle(s, count, r) }),
+	serve := func(r micro.Request) { ep.handle(s, count, r) }
+	err := s.micro.AddEndpoint(ep.name, s.handlerOf(ep.name, ep.subject, ep.owner, s.maxRatePerAsker, count, serve),
 		micro.WithEndpointSubject(ep.subjectOf()),
 		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
 		micro.WithEndpointMetadata(map[string]string{
@@ -684,12 +685,13 @@ func headerLen(h nats.Header) int {
 
 // refuse answers an error from the micro callback. On Config.Conn, micro
 // sends it and counts it (num_errors); on a connection of its own
-// (Config.AnswerConn), the service sends it and counts it in its stats data
-// (refused).
+// (Config.AnswerConn), or past a door (whose requests are handled after
+// the callback returned), the service sends it and counts it in its stats
+// data (refused).
 func (s *Service) refuse(r micro.Request, enc encoding, count *counters, werr *wire.Error) {
 	s.logFailure(r, werr)
 	s.observeAnswer(r, werr)
-	if s.answer == s.conn {
+	if s.answer == s.conn && count.door == nil {
 		if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
 			s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
 		}

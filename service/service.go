@@ -85,6 +85,16 @@ type Config struct {
 	// places of the others. Operators' unscoped subjects are not bounded by
 	// it. Zero means DefaultMaxPerAsker; negative (NoLimit) means no limit.
 	MaxPerAsker int
+	// MaxRatePerAsker bounds the requests a second that one node or
+	// provider makes on each of its own subjects, as many at once: more
+	// are dropped unanswered where they arrive, counted by asker, so that
+	// a flood costs the service as little as reading it. Zero means
+	// DefaultMaxRatePerAsker; negative (NoLimit) means no limit.
+	MaxRatePerAsker int
+	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose
+	// every request JetStream stores. Zero means
+	// DefaultMaxWriteRatePerAsker; negative (NoLimit) means no limit.
+	MaxWriteRatePerAsker int
 	// NodeMaxKeys and NodeMaxBytes are the most keys and value bytes the
 	// copy holds of one node in one state bucket: keys beyond them are not
 	// decoded nor held, and are reported as malformed with a reason that
@@ -143,6 +153,16 @@ const (
 	// requests at once. 64 is an eighth of the queue on 2 cores (4
 	// workers, QueuePerWorker each) and a sixteenth of DefaultMaxWaiting.
 	DefaultMaxPerAsker = 64
+	// A node asks a few times for each change of its plan, and writes its
+	// records one at a time, at most a few thousand a second: 10,000 a
+	// second is well above that, and a few percent of a core answered
+	// from the cache, for a node that floods.
+	DefaultMaxRatePerAsker = 10_000
+	// A node writes a record for each of its needs as they change, a
+	// module's at once with apply: 1,000 writes a second on one verb is
+	// far above that, and keeps another node's compose p99 within 2x of
+	// quiet while one writes as fast as it can (make bench-fair).
+	DefaultMaxWriteRatePerAsker = 1_000
 	// A node of a real mesh has tens of modules with tens of needs each:
 	// 10,000 keys and 4 MiB of values a bucket leave it ample room.
 	DefaultNodeMaxKeys  = 10_000
@@ -197,7 +217,13 @@ type Service struct {
 	// places bounds what one asker holds of the queue and the waiting
 	// requests' places (MaxPerAsker).
 	places *places
-	logger *slog.Logger
+	// doors are the addressed endpoints' (handlerOf), closed by Stop.
+	// maxRatePerAsker and maxWriteRatePerAsker are the doors' rates
+	// (handlerOf): no bound when zero.
+	maxRatePerAsker, maxWriteRatePerAsker int
+	doorsMu                               sync.Mutex
+	doors                                 []*door[micro.Request]
+	logger                                *slog.Logger
 
 	revisionWait time.Duration
 	slowCompose  time.Duration
@@ -294,6 +320,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = DefaultMaxWaiting
 	}
+	if cfg.MaxRatePerAsker == 0 {
+		cfg.MaxRatePerAsker = DefaultMaxRatePerAsker
+	}
+	if cfg.MaxWriteRatePerAsker == 0 {
+		cfg.MaxWriteRatePerAsker = DefaultMaxWriteRatePerAsker
+	}
 	if cfg.MaxPerAsker == 0 {
 		cfg.MaxPerAsker = DefaultMaxPerAsker
 	}
@@ -333,22 +365,24 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		conn:         cfg.Conn,
-		answer:       cmp.Or(cfg.AnswerConn, cfg.Conn),
-		mirror:       mirror.New(),
-		earlyReads:   newEarlyBound(cfg.earlyReadsPerSecond, earlyReadsPerNode),
-		logger:       cfg.Logger,
-		queue:        make(chan job, QueuePerWorker*cfg.Concurrency),
-		maxQueueWait: cfg.MaxQueueWait,
-		waiting:      make(chan struct{}, cfg.MaxWaiting),
-		places:       newPlaces(max(cfg.MaxPerAsker, 0)),
-		writing:      make(chan struct{}, MaxConcurrentWrites),
-		revisionWait: cfg.RevisionWait,
-		slowCompose:  cfg.SlowCompose,
-		counters:     map[string]*counters{},
-		cache:        newAnswerCache(cfg.AnswerCacheMaxBytes),
-		seat:         cfg.Seat,
-		observe:      cfg.Observe,
+		conn:                 cfg.Conn,
+		answer:               cmp.Or(cfg.AnswerConn, cfg.Conn),
+		mirror:               mirror.New(),
+		earlyReads:           newEarlyBound(cfg.earlyReadsPerSecond, earlyReadsPerNode),
+		logger:               cfg.Logger,
+		queue:                make(chan job, QueuePerWorker*cfg.Concurrency),
+		maxQueueWait:         cfg.MaxQueueWait,
+		waiting:              make(chan struct{}, cfg.MaxWaiting),
+		places:               newPlaces(max(cfg.MaxPerAsker, 0)),
+		maxRatePerAsker:      max(cfg.MaxRatePerAsker, 0),
+		maxWriteRatePerAsker: max(cfg.MaxWriteRatePerAsker, 0),
+		writing:              make(chan struct{}, MaxConcurrentWrites),
+		revisionWait:         cfg.RevisionWait,
+		slowCompose:          cfg.SlowCompose,
+		counters:             map[string]*counters{},
+		cache:                newAnswerCache(cfg.AnswerCacheMaxBytes),
+		seat:                 cfg.Seat,
+		observe:              cfg.Observe,
 
 		replyPrefixes: slices.Clone(cfg.ReplyPrefixes),
 		warnings:      ratelog.New(cfg.Logger, ratelog.Period),
@@ -551,7 +585,8 @@ func (s *Service) Stop() {
 		if err := s.micro.Stop(); err != nil {
 			s.logger.Warn("stopping micro service", "err", err)
 		}
-		s.stop() // requests waiting for revisions are refused now
+		s.closeDoors() // what they let in is answered, or refused as stopping
+		s.stop()       // requests waiting for revisions are refused now
 		s.gate.Lock()
 		s.closed = true
 		s.gate.Unlock()
@@ -567,6 +602,7 @@ func (s *Service) Stop() {
 // stopWatchers ends the watchers and workers of a service that never
 // served.
 func (s *Service) stopWatchers() {
+	s.closeDoors()
 	s.stop()
 	close(s.queue)
 	s.workers.Wait()
@@ -593,6 +629,9 @@ type counters struct {
 	// refusedReplies are requests left unanswered because their reply
 	// subject is not an inbox (Config.ReplyPrefixes).
 	refusedReplies atomic.Uint64
+	// door, on an endpoint whose subject names its asker, lets requests
+	// in by asker (handlerOf); set before the endpoint is added.
+	door *door[micro.Request]
 }
 
 // counterOf returns the counters of the endpoint on subject, or nil.
@@ -620,6 +659,8 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		RefusedReplies: c.refusedReplies.Load(),
 		LargeShed:      c.largeShed.Load(),
 		Refused:        c.refused.Load(),
+		Dropped:        c.dropped(),
+		DroppedByAsker: c.droppedByAsker(),
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.cache.stats(),

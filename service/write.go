@@ -65,7 +65,8 @@ func (v writeVerb[Req]) names() (name, subject string) { return v.name, v.subjec
 
 func (v writeVerb[Req]) register(s *Service) error {
 	count := s.counters[v.name]
-	err := s.micro.AddEndpoint(v.name, micro.HandlerFunc(func(r micro.Request) { v.handle(s, count, r) }),
+	serve := func(r micro.Request) { v.handle(s, count, r) }
+	err := s.micro.AddEndpoint(v.name, s.handlerOf(v.name, v.subject, v.owner, s.maxWriteRatePerAsker, count, serve),
 		micro.WithEndpointSubject(v.subjectOf()),
 		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
 		micro.WithEndpointMetadata(map[string]string{

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/keys"
@@ -128,17 +127,8 @@ type verbStats struct {
 
 func statsOf(t *testing.T, asker *nats.Conn) verbStats {
 	t.Helper()
-	subject, _ := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")
-	reply, err := asker.Request(subject, nil, 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stats micro.Stats
-	if err := json.Unmarshal(reply.Data, &stats); err != nil {
-		t.Fatal(err)
-	}
 	var sum verbStats
-	for _, ep := range stats.Endpoints {
+	for _, ep := range endpointStats(t, asker) {
 		var data struct {
 			RefusedReplies uint64 `json:"refused_replies"`
 			Answered       uint64 `json:"answered"`

@@ -599,14 +599,21 @@ func TestANodeOnARealServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		const needs = 5000
+		// 50 modules of 100 needs, each module's written at once as a
+		// node writes many (a put each is past the write rate).
+		const modules, needs = 50, 100
 		padding := strings.Repeat("x", 1100)
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(8)
-		revisions := make([]uint64, needs)
-		for i := range needs {
-			g.Go(func() (err error) {
-				revisions[i], err = nodeClient.PutNeed(gctx, fmt.Sprintf("m%02d", i%50), "config", fmt.Sprintf("n%04d", i), &provisionerv1.Need{Placeholder: "${config:" + padding + "}"})
+		revisions := make([]uint64, modules)
+		for m := range modules {
+			g.Go(func() error {
+				set := make([]nodeclient.ModuleNeed, needs)
+				for i := range set {
+					set[i] = nodeclient.ModuleNeed{Kind: "config", Name: fmt.Sprintf("n%04d", m*needs+i), Need: &provisionerv1.Need{Placeholder: "${config:" + padding + "}"}}
+				}
+				applied, err := nodeClient.ApplyNeeds(gctx, fmt.Sprintf("m%02d", m), set)
+				revisions[m] = applied.GetRevision()
 				return err
 			})
 		}
@@ -625,8 +632,8 @@ func TestANodeOnARealServer(t *testing.T) {
 		if err := protojson.Unmarshal(out.Bytes(), &answer); err != nil {
 			t.Fatal(err)
 		}
-		if got := len(answer.GetNeeds()); got != needs+1 { // and port:http
-			t.Errorf("query answered %d needs, want %d", got, needs+1)
+		if got := len(answer.GetNeeds()); got != modules*needs+1 { // and port:http
+			t.Errorf("query answered %d needs, want %d", got, modules*needs+1)
 		}
 		if size := proto.Size(&answer); size < 5<<20 || int64(size) < 4*ace.nc.MaxPayload() {
 			t.Errorf("the answer is %d bytes, want over 5 MB and several times max_payload (%d) so that it took pages", size, ace.nc.MaxPayload())

@@ -68,6 +68,8 @@ type serveFlags struct {
 	connectRetry     bool
 	maxQueueWait     time.Duration
 	maxPerAsker      int
+	maxRatePerAsker  int
+	maxWriteRate     int
 	http             string
 	httpTokenFile    string
 	httpHosts        string
@@ -96,6 +98,8 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
 	fs.IntVar(&f.providerMaxKeys, "provider-max-keys", service.DefaultProviderMaxKeys, "most keys the server holds of one provider's bucket; one holding more is not followed, its provisions pending, until it holds fewer (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
+	fs.IntVar(&f.maxRatePerAsker, "max-rate-per-asker", service.DefaultMaxRatePerAsker, "most requests a second of one node or provider on each of its own subjects, as many at once; more are dropped unanswered where they arrive, counted by asker in the stats and metrics (-1: no limit)")
+	fs.IntVar(&f.maxWriteRate, "max-write-rate-per-asker", service.DefaultMaxWriteRatePerAsker, "--max-rate-per-asker for the write verbs (put, delete, apply, declare, bind), each of which JetStream stores (-1: no limit)")
 	fs.IntVar(&f.maxPerAsker, "max-per-asker", service.DefaultMaxPerAsker, "most requests of one node or provider, on its own subjects, that wait for revisions, queue or are being answered at once; more get a 503, so that one cannot take the others' places (-1: no limit)")
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
 	fs.StringVar(&f.page.creds, "http-creds", "", "with --http, credentials of the operator's identity the status page reads the mesh as; with none of the --http-* identity flags the page reads on the answering connection, which the generated server permissions do not let read")
@@ -117,8 +121,8 @@ func defineServe(fs *flag.FlagSet) action {
 		if f.maxValueSize < 1 || f.maxValueSize > 64<<20 || f.bucketMaxBytes < int64(f.maxValueSize) {
 			return fmt.Errorf("--max-value-size %d and --bucket-max-bytes %d: the value size is 1 byte to 64 MiB, and a bucket holds at least one value", f.maxValueSize, f.bucketMaxBytes)
 		}
-		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 || f.providerMaxKeys == 0 || f.maxPerAsker == 0 {
-			return fmt.Errorf("--node-max-keys, --node-max-bytes, --provider-max-keys and --max-per-asker must be positive, or -1 for no limit")
+		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 || f.providerMaxKeys == 0 || f.maxPerAsker == 0 || f.maxRatePerAsker == 0 || f.maxWriteRate == 0 {
+			return fmt.Errorf("--node-max-keys, --node-max-bytes, --provider-max-keys, --max-per-asker, --max-rate-per-asker and --max-write-rate-per-asker must be positive, or -1 for no limit")
 		}
 		if err := service.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
 			return fmt.Errorf("--reply-prefixes %q: %w", f.replyPrefixes, err)
@@ -391,10 +395,12 @@ func (f *serveFlags) startService(ctx context.Context, conns *serveConns, provis
 				st := provisionerSeat.Status()
 				return st.Held, st.Since, st.Holder
 			},
-			MaxQueueWait:  f.maxQueueWait,
-			MaxPerAsker:   f.maxPerAsker,
-			ReplyPrefixes: splitList(f.replyPrefixes),
-			Observe:       httpServer.Observer(),
+			MaxQueueWait:         f.maxQueueWait,
+			MaxPerAsker:          f.maxPerAsker,
+			MaxRatePerAsker:      f.maxRatePerAsker,
+			MaxWriteRatePerAsker: f.maxWriteRate,
+			ReplyPrefixes:        splitList(f.replyPrefixes),
+			Observe:              httpServer.Observer(),
 		})
 		return err
 	})

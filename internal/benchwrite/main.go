@@ -134,7 +134,9 @@ func run(cfg config) error {
 	if err := buckets.Ensure(ctx, js, buckets.Config{MaxBytes: 8 << 30}); err != nil {
 		return err
 	}
-	svc, err := service.Start(ctx, service.Config{Conn: answering, WatchConn: writer, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: service.NoLimit, NodeMaxBytes: service.NoLimit})
+	svc, err := service.Start(ctx, service.Config{Conn: answering, WatchConn: writer, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: service.NoLimit, NodeMaxBytes: service.NoLimit,
+		// Speed, not fairness: one node puts faster than its default write rate.
+		MaxWriteRatePerAsker: service.NoLimit})
 	if err != nil {
 		return err
 	}

@@ -44,6 +44,8 @@ var endpointCounters = []struct {
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetQueueFull()) }},
 	{"asker_full_total", "Requests answered 503 because the node or provider that asked on its own subject already held as many requests at once as one asker may, --max-per-asker (stats data asker_full).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAskerFull()) }},
+	{"dropped_total", "Requests of nodes and providers dropped unanswered where they arrived: their asker asked faster than --max-rate-per-asker, or than its requests were read (stats data dropped).",
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetDropped()) }},
 	{"slow_consumer_total", "Times requests were dropped because the endpoint's pending buffer was full (stats data slow_consumer).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetSlowConsumer()) }},
 	{"refused_replies_total", "Requests whose reply subject was refused, so no answer was sent (stats data refused_replies; 0 when the service does not report it).",
@@ -123,6 +125,9 @@ var (
 		"Since when this instance holds the seat or stands by, in Unix seconds.", nil, nil)
 	descReady = prometheus.NewDesc(namespace+"_ready",
 		"1 while /readyz answers 200.", nil, nil)
+	descDroppedBy = prometheus.NewDesc(namespace+"_asker_dropped_total",
+		"Requests of one node or provider dropped unanswered where they arrived, for the ten askers with the most on each endpoint (stats data dropped_by_asker).",
+		[]string{"endpoint", "role", "name"}, nil)
 )
 
 func descOf(name, help string) *prometheus.Desc {
@@ -133,7 +138,7 @@ func (c *serviceCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range endpointCounters {
 		ch <- descOf(m.name, m.help)
 	}
-	for _, d := range []*prometheus.Desc{descReused, descRevision, descLag, descLoaded, descBehind, descMalformed, descOverBudget, descSeatHeld, descSeatSince, descReady} {
+	for _, d := range []*prometheus.Desc{descReused, descRevision, descLag, descLoaded, descBehind, descMalformed, descOverBudget, descSeatHeld, descSeatSince, descReady, descDroppedBy} {
 		ch <- d
 	}
 }
@@ -160,6 +165,9 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, m := range endpointCounters {
 			ch <- prometheus.MustNewConstMetric(descOf(m.name, m.help), prometheus.CounterValue, m.read(e, d), e.Name)
+		}
+		for _, x := range d.GetDroppedByAsker() {
+			ch <- prometheus.MustNewConstMetric(descDroppedBy, prometheus.CounterValue, float64(x.GetDropped()), e.Name, x.GetRole(), x.GetName())
 		}
 	}
 	overBudget := map[string]int{}

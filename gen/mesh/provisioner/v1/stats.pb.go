@@ -85,9 +85,18 @@ type EndpointStatsData struct {
 	// Requests answered 503 because the node or provider that asked, on its
 	// own subject, already had as many requests waiting for revisions, queued
 	// or being answered as one asker may (serve --max-per-asker).
-	AskerFull     uint64 `protobuf:"varint,19,opt,name=asker_full,json=askerFull,proto3" json:"asker_full,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AskerFull uint64 `protobuf:"varint,19,opt,name=asker_full,json=askerFull,proto3" json:"asker_full,omitempty"`
+	// Requests dropped unanswered at the endpoint's door, before they were
+	// read: their asker's line already held serve --max-per-asker requests,
+	// or every asker's lines together held as many as they may. Only the
+	// endpoints that nodes and providers ask on their own subjects have a
+	// door.
+	Dropped uint64 `protobuf:"varint,20,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// The askers with the most requests dropped at the door, the most first;
+	// at most 10.
+	DroppedByAsker []*AskerDrops `protobuf:"bytes,21,rep,name=dropped_by_asker,json=droppedByAsker,proto3" json:"dropped_by_asker,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EndpointStatsData) Reset() {
@@ -253,6 +262,84 @@ func (x *EndpointStatsData) GetAskerFull() uint64 {
 	return 0
 }
 
+func (x *EndpointStatsData) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *EndpointStatsData) GetDroppedByAsker() []*AskerDrops {
+	if x != nil {
+		return x.DroppedByAsker
+	}
+	return nil
+}
+
+// AskerDrops counts one asker's requests dropped at an endpoint's door.
+type AskerDrops struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "node" or "provider".
+	Role string `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// The node's or provider's name, as its subject names it.
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Its requests dropped since the instance started.
+	Dropped       uint64 `protobuf:"varint,3,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AskerDrops) Reset() {
+	*x = AskerDrops{}
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AskerDrops) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AskerDrops) ProtoMessage() {}
+
+func (x *AskerDrops) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AskerDrops.ProtoReflect.Descriptor instead.
+func (*AskerDrops) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AskerDrops) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AskerDrops) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AskerDrops) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
 // PlansStats is what the seat's holder has done of mesh-provisioner_plans.
 type PlansStats struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -283,7 +370,7 @@ type PlansStats struct {
 
 func (x *PlansStats) Reset() {
 	*x = PlansStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -295,7 +382,7 @@ func (x *PlansStats) String() string {
 func (*PlansStats) ProtoMessage() {}
 
 func (x *PlansStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -308,7 +395,7 @@ func (x *PlansStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlansStats.ProtoReflect.Descriptor instead.
 func (*PlansStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{1}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PlansStats) GetWritten() uint64 {
@@ -380,7 +467,7 @@ type OverBudget struct {
 
 func (x *OverBudget) Reset() {
 	*x = OverBudget{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +479,7 @@ func (x *OverBudget) String() string {
 func (*OverBudget) ProtoMessage() {}
 
 func (x *OverBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +492,7 @@ func (x *OverBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverBudget.ProtoReflect.Descriptor instead.
 func (*OverBudget) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{2}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OverBudget) GetBucket() string {
@@ -462,7 +549,7 @@ type AnswerCacheStats struct {
 
 func (x *AnswerCacheStats) Reset() {
 	*x = AnswerCacheStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +561,7 @@ func (x *AnswerCacheStats) String() string {
 func (*AnswerCacheStats) ProtoMessage() {}
 
 func (x *AnswerCacheStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +574,7 @@ func (x *AnswerCacheStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerCacheStats.ProtoReflect.Descriptor instead.
 func (*AnswerCacheStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{3}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AnswerCacheStats) GetEntries() uint64 {
@@ -548,7 +635,7 @@ type BucketStats struct {
 
 func (x *BucketStats) Reset() {
 	*x = BucketStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +647,7 @@ func (x *BucketStats) String() string {
 func (*BucketStats) ProtoMessage() {}
 
 func (x *BucketStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +660,7 @@ func (x *BucketStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketStats.ProtoReflect.Descriptor instead.
 func (*BucketStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{4}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *BucketStats) GetBucket() string {
@@ -615,7 +702,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xd9\x05\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xbe\x06\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -642,7 +729,14 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\x05plans\x18\x11 \x01(\v2\x1f.mesh.provisioner.v1.PlansStatsR\x05plans\x12%\n" +
 	"\x0eanswered_early\x18\x12 \x01(\x04R\ransweredEarly\x12\x1d\n" +
 	"\n" +
-	"asker_full\x18\x13 \x01(\x04R\taskerFull\"\xd5\x01\n" +
+	"asker_full\x18\x13 \x01(\x04R\taskerFull\x12\x18\n" +
+	"\adropped\x18\x14 \x01(\x04R\adropped\x12I\n" +
+	"\x10dropped_by_asker\x18\x15 \x03(\v2\x1f.mesh.provisioner.v1.AskerDropsR\x0edroppedByAsker\"N\n" +
+	"\n" +
+	"AskerDrops\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x18\n" +
+	"\adropped\x18\x03 \x01(\x04R\adropped\"\xd5\x01\n" +
 	"\n" +
 	"PlansStats\x12\x18\n" +
 	"\awritten\x18\x01 \x01(\x04R\awritten\x12\x1a\n" +
@@ -687,24 +781,26 @@ func file_mesh_provisioner_v1_stats_proto_rawDescGZIP() []byte {
 	return file_mesh_provisioner_v1_stats_proto_rawDescData
 }
 
-var file_mesh_provisioner_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_mesh_provisioner_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_mesh_provisioner_v1_stats_proto_goTypes = []any{
 	(*EndpointStatsData)(nil), // 0: mesh.provisioner.v1.EndpointStatsData
-	(*PlansStats)(nil),        // 1: mesh.provisioner.v1.PlansStats
-	(*OverBudget)(nil),        // 2: mesh.provisioner.v1.OverBudget
-	(*AnswerCacheStats)(nil),  // 3: mesh.provisioner.v1.AnswerCacheStats
-	(*BucketStats)(nil),       // 4: mesh.provisioner.v1.BucketStats
+	(*AskerDrops)(nil),        // 1: mesh.provisioner.v1.AskerDrops
+	(*PlansStats)(nil),        // 2: mesh.provisioner.v1.PlansStats
+	(*OverBudget)(nil),        // 3: mesh.provisioner.v1.OverBudget
+	(*AnswerCacheStats)(nil),  // 4: mesh.provisioner.v1.AnswerCacheStats
+	(*BucketStats)(nil),       // 5: mesh.provisioner.v1.BucketStats
 }
 var file_mesh_provisioner_v1_stats_proto_depIdxs = []int32{
-	2, // 0: mesh.provisioner.v1.EndpointStatsData.over_budget:type_name -> mesh.provisioner.v1.OverBudget
-	3, // 1: mesh.provisioner.v1.EndpointStatsData.answer_cache:type_name -> mesh.provisioner.v1.AnswerCacheStats
-	4, // 2: mesh.provisioner.v1.EndpointStatsData.buckets:type_name -> mesh.provisioner.v1.BucketStats
-	1, // 3: mesh.provisioner.v1.EndpointStatsData.plans:type_name -> mesh.provisioner.v1.PlansStats
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	3, // 0: mesh.provisioner.v1.EndpointStatsData.over_budget:type_name -> mesh.provisioner.v1.OverBudget
+	4, // 1: mesh.provisioner.v1.EndpointStatsData.answer_cache:type_name -> mesh.provisioner.v1.AnswerCacheStats
+	5, // 2: mesh.provisioner.v1.EndpointStatsData.buckets:type_name -> mesh.provisioner.v1.BucketStats
+	2, // 3: mesh.provisioner.v1.EndpointStatsData.plans:type_name -> mesh.provisioner.v1.PlansStats
+	1, // 4: mesh.provisioner.v1.EndpointStatsData.dropped_by_asker:type_name -> mesh.provisioner.v1.AskerDrops
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_stats_proto_init() }
@@ -718,7 +814,7 @@ func file_mesh_provisioner_v1_stats_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_stats_proto_rawDesc), len(file_mesh_provisioner_v1_stats_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

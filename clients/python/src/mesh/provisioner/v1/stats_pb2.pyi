@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EndpointStatsData(_message.Message):
-    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused", "plans", "answered_early", "asker_full")
+    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused", "plans", "answered_early", "asker_full", "dropped", "dropped_by_asker")
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_ERRORS_FIELD_NUMBER: _ClassVar[int]
     SHED_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class EndpointStatsData(_message.Message):
     PLANS_FIELD_NUMBER: _ClassVar[int]
     ANSWERED_EARLY_FIELD_NUMBER: _ClassVar[int]
     ASKER_FULL_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BY_ASKER_FIELD_NUMBER: _ClassVar[int]
     answered: int
     answer_errors: int
     shed: int
@@ -46,7 +48,19 @@ class EndpointStatsData(_message.Message):
     plans: PlansStats
     answered_early: int
     asker_full: int
-    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ..., plans: _Optional[_Union[PlansStats, _Mapping]] = ..., answered_early: _Optional[int] = ..., asker_full: _Optional[int] = ...) -> None: ...
+    dropped: int
+    dropped_by_asker: _containers.RepeatedCompositeFieldContainer[AskerDrops]
+    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ..., plans: _Optional[_Union[PlansStats, _Mapping]] = ..., answered_early: _Optional[int] = ..., asker_full: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_by_asker: _Optional[_Iterable[_Union[AskerDrops, _Mapping]]] = ...) -> None: ...
+
+class AskerDrops(_message.Message):
+    __slots__ = ("role", "name", "dropped")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    name: str
+    dropped: int
+    def __init__(self, role: _Optional[str] = ..., name: _Optional[str] = ..., dropped: _Optional[int] = ...) -> None: ...
 
 class PlansStats(_message.Message):
     __slots__ = ("written", "composed", "last_written", "pending", "last_pass_ms", "failed", "deferred")

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// A node that floods its own subject, with exactly its grant on a server
+// whose users are the generated permission sets, loses its excess where it
+// arrives: the service answers another node's every request meanwhile, and
+// names the flooding node in its stats, its metrics and one log line.
+// Before the door, every asker's requests waited in one buffer, and the
+// flood's drops were nobody's (stats data had no dropped).
+func TestAFloodingNodeLosesItsOwnExcess(t *testing.T) {
+	t.Parallel()
+	s := authorizedServer(t)
+	host := strings.TrimPrefix(s.ClientURL(), "nats://")
+	tokenFile, token := writeTokenFile(t)
+	page := statusPage{base: "http://127.0.0.1:" + strconv.Itoa(freePort(t)), token: token}
+	const rate = 200 // a second: ace's flood is far past it
+	sv := serveInProcess(t, []string{
+		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@" + host,
+		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@" + host,
+		"--state-dir", t.TempDir(), "--log-format", "json", "--max-rate-per-asker", strconv.Itoa(rate),
+		"--http", strings.TrimPrefix(page.base, "http://"), "--http-token-file", tokenFile,
+	}, nil)
+	sv.log.waitFor(t, `"msg":"serving"`, 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	const flood = 5_000
+	body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: "ace"})
+	for i := range flood {
+		// Its own subject, and a reply in its own inbox that it does
+		// not read: every check but the door's passes.
+		if err := ace.nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "ace"), fmt.Sprintf("%s.gone.%d", wire.InboxPrefix(wire.RoleNode, "ace"), i), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ace.nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	novox := client.New(connectAs(t, s, wire.RoleNode, "novox").nc, client.AsNode("novox"))
+	for i := range 20 {
+		if _, err := novox.Compose(ctx, &provisionerv1.ComposeRequest{Node: "novox"}); err != nil {
+			t.Fatalf("novox's compose %d: %v", i, err)
+		}
+	}
+
+	ops := connectAs(t, s, wire.RoleOperator, "ops")
+	var data *provisionerv1.EndpointStatsData
+	for _, e := range endpointStats(t, ops.nc) {
+		if e.Name == wire.ComposeNodeEndpoint {
+			if data, _ = wire.DecodeStatsData(e.Data); data == nil {
+				t.Fatalf("the %s endpoint's stats data %s does not decode", e.Name, e.Data)
+			}
+		}
+	}
+	// ace's first second's worth passes (the burst), and a few refills
+	// while the flood is read: the rest is dropped.
+	if data.GetDropped() < flood-5*rate {
+		t.Errorf("%d of ace's %d requests dropped, want at least %d", data.GetDropped(), flood, flood-5*rate)
+	}
+	if got := data.GetDroppedByAsker(); len(got) != 1 || got[0].GetName() != "ace" || got[0].GetRole() != "node" || got[0].GetDropped() != data.GetDropped() {
+		t.Errorf("dropped by asker %v, want ace's %d alone", got, data.GetDropped())
+	}
+	code, metrics := page.get(t, "/metrics")
+	want := fmt.Sprintf(`mesh_provisioner_asker_dropped_total{endpoint=%q,name="ace",role="node"} %d`, wire.ComposeNodeEndpoint, data.GetDropped())
+	if code != 200 || !strings.Contains(metrics, want) {
+		t.Errorf("/metrics (%d) has no line %s", code, want)
+	}
+	if n := strings.Count(sv.log.String(), "dropped unanswered"); n != 1 {
+		t.Errorf("%d log lines of dropped requests, want 1:\n%s", n, sv.log.String())
+	}
+}
+
+// endpointStats asks the service's $SRV.STATS as asker's identity.
+func endpointStats(t *testing.T, asker *nats.Conn) []*micro.EndpointStats {
+	t.Helper()
+	subject, _ := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")
+	reply, err := asker.Request(subject, nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats micro.Stats
+	if err := json.Unmarshal(reply.Data, &stats); err != nil {
+		t.Fatal(err)
+	}
+	return stats.Endpoints
+}
