@@ -279,6 +279,15 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 	})
 }
 
+// pendingLimits bounds the pending buffer of an endpoint whose asker its
+// subject names (owner set: it has a door) or not.
+func pendingLimits(owner wire.Role) micro.EndpointOpt {
+	if owner == "" {
+		return micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit)
+	}
+	return micro.WithEndpointPendingLimits(DoorPendingMsgsLimit, PendingBytesLimit)
+}
+
 // askerToken is the token of subject after prefix and its dot.
 func askerToken(subject, prefix string) string {
 	name := subject[min(len(prefix)+1, len(subject)):]

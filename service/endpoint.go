@@ -123,7 +123,7 @@ func (ep endpoint[Req, Res]) register(s *Service) error {
 	serve := func(r micro.Request) { ep.handle(s, count, r) }
 	err := s.micro.AddEndpoint(ep.name, s.handlerOf(ep.name, ep.subject, ep.owner, s.maxRatePerAsker, count, serve),
 		micro.WithEndpointSubject(ep.subjectOf()),
-		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
+		pendingLimits(ep.owner),
 		micro.WithEndpointMetadata(map[string]string{
 			"request":       string(req.ProtoReflect().Descriptor().FullName()),
 			"response":      string(res.ProtoReflect().Descriptor().FullName()),

@@ -191,6 +191,14 @@ const (
 	// buffer (nats.go's defaults are 512Ki messages and 64MiB).
 	PendingMsgsLimit  = 4096
 	PendingBytesLimit = 16 << 20
+	// DoorPendingMsgsLimit bounds the pending buffer of an endpoint with a
+	// door (handlerOf), whose callback only classifies and counts: a
+	// node's flood is read whole and dropped at its door, and the buffer
+	// absorbs the moments the callback is not scheduled. With 4,096, a
+	// flood of 650,000 requests a second overflowed it in those moments
+	// and lost another node's requests with the flood's (make bench-fair:
+	// 9 of 50; with 65,536, none). It holds some 20 MiB when full.
+	DoorPendingMsgsLimit = 16 * PendingMsgsLimit
 	// QueuePerWorker is the length of the queue for workers, per worker.
 	QueuePerWorker = 128
 	// flightWaiters bounds the requests that wait for an identical

@@ -68,7 +68,7 @@ func (v writeVerb[Req]) register(s *Service) error {
 	serve := func(r micro.Request) { v.handle(s, count, r) }
 	err := s.micro.AddEndpoint(v.name, s.handlerOf(v.name, v.subject, v.owner, s.maxWriteRatePerAsker, count, serve),
 		micro.WithEndpointSubject(v.subjectOf()),
-		micro.WithEndpointPendingLimits(PendingMsgsLimit, PendingBytesLimit),
+		pendingLimits(v.owner),
 		micro.WithEndpointMetadata(map[string]string{
 			"request":       string(v.newRequest().ProtoReflect().Descriptor().FullName()),
 			"response":      string(v.response.ProtoReflect().Descriptor().FullName()),
