@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/nats-io/jsm.go/natscontext"
 	"github.com/nats-io/nats.go"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -18,31 +20,130 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// connectFlags say how to reach an existing NATS.
+// connectFlags say how to reach an existing NATS, and as whom.
 type connectFlags struct {
 	url   string
 	creds string
+	// nkey is a file holding the identity's nkey seed.
+	nkey  string
 	inbox string
 	// apiPrefix is where a node reaches the provisioner's JetStream
 	// (wire.RunsAsAPIPrefix in a runs-as mesh); empty: its own account.
 	apiPrefix string
+	// context is a natscli context: its name, looked up where natscli
+	// keeps them, or a file's path.
+	context string
+	// contextOptions are the context's credentials and TLS settings, as
+	// natscli's own library reads them (resolve).
+	contextOptions []nats.Option
+	resolved       bool
 }
 
 // defaultClientURL is where the commands that are clients of a mesh look for
-// it: where make run serves.
+// it when nothing names one: where make run serves.
 const defaultClientURL = "nats://127.0.0.1:4222"
 
-func (c *connectFlags) register(fs *flag.FlagSet, defaultURL, urlUsage string) {
-	fs.StringVar(&c.url, "nats-url", defaultURL, urlUsage)
-	fs.StringVar(&c.creds, "creds", "", "NATS credentials file (user JWT and seed) for --nats-url")
+// The variables natscli reads, which every command reads too, after its own
+// flags and variables (resolve).
+const (
+	envNATSContext = "NATS_CONTEXT"
+	envNATSURL     = "NATS_URL"
+	envNATSCreds   = "NATS_CREDS"
+	envNATSNkey    = "NATS_NKEY"
+)
+
+func (c *connectFlags) register(fs *flag.FlagSet, urlUsage string) {
+	fs.StringVar(&c.url, "nats-url", "", urlUsage)
+	fs.StringVar(&c.creds, "creds", "", "NATS credentials file (user JWT and seed); empty: the context's, then $NATS_CREDS")
+	fs.StringVar(&c.nkey, "nkey", "", "file holding the identity's nkey seed; empty: the context's, then $NATS_NKEY")
+	fs.StringVar(&c.context, "context", "", "natscli context to connect with: a name, looked up where natscli keeps contexts, or a file's path (mesh-provisioner init writes one per identity); its URL, credentials and inbox prefix count where the flags above are empty; empty: $NATS_CONTEXT")
 }
 
 // registerClient registers the flags of a command that is a client of a
 // mesh: its URL, credentials, and the inbox prefix of the identity it
 // connects as.
 func (c *connectFlags) registerClient(fs *flag.FlagSet) {
-	c.register(fs, defaultClientURL, "URL of the mesh's NATS (a comma-separated list tries each)")
-	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty uses nats.go's _INBOX")
+	c.register(fs, "URL of the mesh's NATS (a comma-separated list tries each); empty: the context's, then $NATS_URL, then "+defaultClientURL)
+	fs.StringVar(&c.inbox, "inbox-prefix", "", "inbox prefix of the identity connecting, the one its permissions grant: _INBOX_MESH.node.<node> for node <node>'s credentials, _INBOX_MESH.provider.<module> for a provider's; empty: the context's, else nats.go's _INBOX")
+}
+
+// resolve completes what the flags and the command's own variables left
+// empty, as natscli does: from the context (--context, else
+// $NATS_CONTEXT), then $NATS_URL, $NATS_CREDS and $NATS_NKEY; a URL still
+// empty is defaultURL ("" for serve: it embeds a nats-server).
+func (c *connectFlags) resolve(lookupEnv func(string) (string, bool), defaultURL string) error {
+	if c.resolved {
+		return nil
+	}
+	c.resolved = true
+	if c.context == "" {
+		c.context, _ = lookupEnv(envNATSContext)
+	}
+	if c.context != "" {
+		if err := c.applyContext(); err != nil {
+			return err
+		}
+	}
+	if c.url == "" {
+		c.url, _ = lookupEnv(envNATSURL)
+	}
+	if c.creds == "" && c.nkey == "" && c.contextOptions == nil {
+		c.creds, _ = lookupEnv(envNATSCreds)
+		if c.creds == "" {
+			c.nkey, _ = lookupEnv(envNATSNkey)
+		}
+	}
+	if c.url == "" {
+		c.url = defaultURL
+	}
+	return nil
+}
+
+// applyContext reads c.context with natscli's own library and takes from it
+// what the flags left empty: the URL, the inbox prefix, the JetStream API
+// prefix, and (unless --creds or --nkey is given) its credentials and TLS.
+func (c *connectFlags) applyContext() error {
+	nctx, err := loadContext(c.context)
+	if err != nil {
+		return err
+	}
+	if c.url == "" {
+		c.url = nctx.ServerURL()
+	}
+	if c.inbox == "" {
+		c.inbox = nctx.InboxPrefix()
+	}
+	if c.apiPrefix == "" {
+		c.apiPrefix = nctx.JSAPIPrefix()
+	}
+	if c.creds == "" && c.nkey == "" {
+		// The context's inbox prefix is among its options; an explicit
+		// --inbox-prefix, added after them, wins.
+		if c.contextOptions, err = nctx.NATSOptions(); err != nil {
+			return fmt.Errorf("--context %s: %w", c.context, err)
+		}
+	}
+	return nil
+}
+
+// loadContext reads a natscli context: a path to its file when name holds a
+// path separator or ends in .json, else the context natscli knows by name.
+func loadContext(name string) (*natscontext.Context, error) {
+	if strings.ContainsRune(name, filepath.Separator) || strings.HasSuffix(name, ".json") {
+		nctx, err := natscontext.NewFromFile(name)
+		if err != nil {
+			return nil, fmt.Errorf("--context %s: %w", name, err)
+		}
+		return nctx, nil
+	}
+	if !natscontext.IsKnown(name) {
+		return nil, fmt.Errorf("--context %s: natscli knows no context of that name (nats context ls lists them); give a context file's path instead", name)
+	}
+	nctx, err := natscontext.New(name, true)
+	if err != nil {
+		return nil, fmt.Errorf("--context %s: %w", name, err)
+	}
+	return nctx, nil
 }
 
 // registerAPIPrefix registers the flag of a command that reaches the
@@ -91,6 +192,9 @@ func openClient(ctx context.Context, inv invocation, logs *logFlags, conn *conne
 		return nil, nil, nil, err
 	}
 	warnAll(logger, inv.warnings)
+	if err := conn.resolve(inv.lookupEnv, defaultClientURL); err != nil {
+		return nil, nil, nil, err
+	}
 	nc, err := conn.connectClient(ctx, name, logger)
 	if err != nil {
 		return nil, nil, nil, err
@@ -235,8 +339,16 @@ func (c *connectFlags) connect(ctx context.Context, url, name string, logger *sl
 			}
 		}),
 	}, extra...)
+	opts = append(opts, c.contextOptions...)
 	if c.creds != "" {
 		opts = append(opts, nats.UserCredentials(c.creds))
+	}
+	if c.nkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(c.nkey)
+		if err != nil {
+			return nil, fmt.Errorf("--nkey %s: %w", c.nkey, err)
+		}
+		opts = append(opts, opt)
 	}
 	if c.inbox != "" {
 		opts = append(opts, nats.CustomInboxPrefix(c.inbox))

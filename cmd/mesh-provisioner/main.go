@@ -58,6 +58,9 @@ type invocation struct {
 	// warnings are about the environment (variables no longer read), for
 	// the command to log once its logger is built.
 	warnings []string
+	// lookupEnv reads the environment (os.LookupEnv but in tests): for the
+	// variables natscli reads too, after the command's own (resolve).
+	lookupEnv func(string) (string, bool)
 }
 
 // commands are the subcommands; the first argument picks one, and anything
@@ -96,7 +99,7 @@ func runWithEnv(ctx context.Context, args []string, lookupEnv func(string) (stri
 	if !ok {
 		return fmt.Errorf("unknown command %q; run mesh-provisioner --help", name)
 	}
-	inv := invocation{stdout: stdout, stderr: stderr}
+	inv := invocation{stdout: stdout, stderr: stderr, lookupEnv: lookupEnv}
 	if cmd.word && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		inv.word, args = args[0], args[1:]
 	}

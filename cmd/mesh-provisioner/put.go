@@ -152,6 +152,9 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 	if err != nil {
 		return err
 	}
+	if err := f.conn.resolve(inv.lookupEnv, defaultClientURL); err != nil {
+		return err
+	}
 	if f.conn.inbox == "" {
 		f.conn.inbox = nodeclient.InboxPrefix(f.node)
 	}

@@ -77,9 +77,11 @@ type serveFlags struct {
 
 func defineServe(fs *flag.FlagSet) action {
 	var f serveFlags
-	f.connect.register(fs, "", "URL of an existing NATS to join (a comma-separated list: any of them); empty embeds a nats-server")
-	fs.StringVar(&f.writer.url, "writer-nats-url", "", "URL the writing connection (watchers, seat, registry writes) joins, as the identity `permissions --server-writer` prints; empty: --nats-url")
-	fs.StringVar(&f.writer.creds, "writer-creds", "", "credentials file of the writing identity; empty: --creds (one identity for both connections)")
+	f.connect.register(fs, "URL of an existing NATS to join (a comma-separated list: any of them), as the answering identity `permissions --server` prints; empty: the context's, then $NATS_URL, and with none embeds a nats-server")
+	fs.StringVar(&f.writer.url, "writer-nats-url", "", "URL the writing connection (watchers, seat, registry writes) joins, as the identity `permissions --server-writer` prints; empty: --writer-context's, then --nats-url")
+	fs.StringVar(&f.writer.creds, "writer-creds", "", "credentials file of the writing identity; empty: --writer-context's, then the answering identity's (one identity for both connections)")
+	fs.StringVar(&f.writer.nkey, "writer-nkey", "", "file holding the writing identity's nkey seed; empty: as --writer-creds")
+	fs.StringVar(&f.writer.context, "writer-context", "", "natscli context of the writing identity, a name or a file's path (mesh-provisioner init writes server-writer.json); its URL and credentials count where --writer-nats-url and --writer-creds are empty")
 	fs.StringVar(&f.replyPrefixes, "reply-prefixes", strings.Join(wire.ReplyPrefixes(), ","), "comma-separated subject prefixes the service answers to; a request whose reply subject is under none of them is not answered (each ends with '.', none starts with '$')")
 	f.log.register(fs, slog.LevelInfo)
 	fs.StringVar(&f.listen, "listen", "127.0.0.1:4222", "host:port the embedded nats-server listens on (port 0 picks a free one)")
@@ -135,6 +137,14 @@ func defineServe(fs *flag.FlagSet) action {
 			return err
 		}
 		warnAll(logger, inv.warnings)
+		if err := f.connect.resolve(inv.lookupEnv, ""); err != nil {
+			return err
+		}
+		if f.writer.context != "" {
+			if err := f.writer.applyContext(); err != nil {
+				return fmt.Errorf("writer: %w", err)
+			}
+		}
 		return f.run(ctx, logger)
 	}
 }
@@ -214,15 +224,16 @@ func jetStreamEnabled(ctx context.Context, js jetstream.JetStream, url string) e
 }
 
 // writerConnect returns how the writing connection connects: --writer-nats-url
-// and --writer-creds, each empty one as the answering connection's (url, the
-// embedded server's when nothing is joined).
+// and its credentials (--writer-creds, --writer-nkey or --writer-context's),
+// each empty one as the answering connection's (url, the embedded server's
+// when nothing is joined).
 func (f *serveFlags) writerConnect(url string) (connectFlags, string) {
 	writer := f.writer
 	if writer.url == "" {
 		writer.url = url
 	}
-	if writer.creds == "" {
-		writer.creds = f.connect.creds
+	if writer.creds == "" && writer.nkey == "" && writer.contextOptions == nil {
+		writer.creds, writer.nkey, writer.contextOptions = f.connect.creds, f.connect.nkey, f.connect.contextOptions
 	}
 	return writer, writer.url
 }

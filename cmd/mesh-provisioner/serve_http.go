@@ -46,7 +46,7 @@ func attachHTTP(srv *ops.Server, svc *service.Service, nc, watchNC, ask *nats.Co
 // identity, which under the generated permissions may not read (the page
 // says so), but which an embedded or single-identity mesh allows.
 func (f *serveFlags) connectPage(ctx context.Context, url string, nc *nats.Conn, logger *slog.Logger, opts []nats.Option) (*nats.Conn, func(), error) {
-	if f.http == "" || f.page == (connectFlags{}) {
+	if f.http == "" || (f.page.url == "" && f.page.creds == "" && f.page.inbox == "") {
 		return nc, func() {}, nil
 	}
 	page := f.page
