@@ -101,8 +101,8 @@ breaking: tools ## buf breaking against main and against the parent commit
 test: test-go test-browser test-ts test-python ## Run every test: Go, the status page in a headless browser, then the TypeScript and Python clients against the real binary
 
 .PHONY: test-go
-test-go: ## Run the Go tests (race detector on); the conformance suite's cases by name
-	go test -race -count=1 $$(go list ./... | grep -v '/internal/conformance$$')
+test-go: nats ## Run the Go tests (race detector on; natscli too, reading init's contexts); the conformance suite's cases by name
+	MESH_PROVISIONER_NATS_BIN=$(CURDIR)/$(BIN)/nats go test -race -count=1 $$(go list ./... | grep -v '/internal/conformance$$')
 	go test -race -count=1 -v -run '^TestConformance$$' ./internal/conformance \
 		| grep -E '^(    --- |ok|FAIL|panic|PASS)|^\s+conformance_test' | grep -vE '^        --- '
 

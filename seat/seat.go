@@ -523,3 +523,18 @@ func isWrongLastSequence(err error) bool {
 	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
+
+// Current reads the seat's lease in stream (the registry bucket's, where
+// New keeps it, under wire.SeatSubject) without campaigning: its holder
+// and since when, or an empty holder when the seat is vacant.
+func Current(ctx context.Context, stream jetstream.Stream) (holder string, since time.Time, err error) {
+	msg, err := stream.GetLastMsgForSubject(ctx, wire.SeatSubject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", time.Time{}, nil
+	}
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	l, _ := liveLease(msg)
+	return l.Holder, l.Since, nil
+}

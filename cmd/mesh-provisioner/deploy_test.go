@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/novox/mesh-provisioner/internal/natstest"
 )
 
 // unitOfDeployDoc returns the systemd unit docs/deploy.md gives.
@@ -99,8 +97,10 @@ func TestDeployUnit(t *testing.T) {
 		}
 	}()
 
-	nats := natstest.Start(t)
-	env["MESH_PROVISIONER_SERVE_NATS_URL"] = nats.ClientURL()
+	// The unit's contexts are init's: the test's own mesh, written so.
+	mesh := initMesh(t)
+	env["MESH_PROVISIONER_SERVE_CONTEXT"] = filepath.Join(mesh, "contexts", "server.json")
+	env["MESH_PROVISIONER_SERVE_WRITER_CONTEXT"] = filepath.Join(mesh, "contexts", "server-writer.json")
 	base := "127.0.0.1:" + strconv.Itoa(freePort(t))
 	env["MESH_PROVISIONER_SERVE_HTTP"] = base
 	env["MESH_PROVISIONER_SERVE_STATE_DIR"] = t.TempDir()

@@ -74,6 +74,8 @@ var commands = map[string]command{
 	"simulate":    {synopsis: simulateSynopsis, define: defineSimulate},
 	"put":         {synopsis: putSynopsis, define: definePut, word: true},
 	"delete":      {synopsis: deleteSynopsis, define: defineDelete, word: true},
+	"init":        {synopsis: initSynopsis, define: defineInit, word: true},
+	"check":       {synopsis: checkSynopsis, define: defineCheck},
 	"version": {synopsis: "Usage: mesh-provisioner version\n\nPrints the version micro discovery shows.", define: func(*flag.FlagSet) action {
 		return func(_ context.Context, inv invocation) error {
 			_, err := fmt.Fprintln(inv.stdout, buildVersion())
