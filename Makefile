@@ -17,8 +17,8 @@ GEN_GO    := gen
 GEN_TS    := clients/ts/src/gen
 GEN_PY    := $(PY_DIR)/src/mesh
 GENERATED := $(GEN_GO) $(GEN_TS) $(GEN_PY)
-# Each generate-* target writes to a scratch folder here and only then
-# replaces the folder it owns: a failed run leaves the committed code as it was.
+# make generate writes to a scratch folder here and only then replaces the
+# three folders: a failed run leaves the committed code as it was.
 GEN_TMP   := $(BIN)/generate
 # Arguments for `make run`, such as RUN_ARGS="--listen 127.0.0.1:4333".
 RUN_ARGS ?=
@@ -47,29 +47,12 @@ nats: ## Install the nats CLI (natscli v0.5.0) as bin/nats
 	GOBIN=$(CURDIR)/$(BIN) go install github.com/nats-io/natscli/nats@v0.5.0
 
 .PHONY: generate
-generate: generate-go generate-ts generate-python ## Write the generated code of all three languages from proto/
-
-.PHONY: generate-go
-generate-go: tools ## Write gen/ from proto/ (buf with buf.gen.go.yaml, protoc-gen-go)
-	rm -rf $(GEN_TMP)/go && mkdir -p $(GEN_TMP)/go
-	$(BUF) generate --template buf.gen.go.yaml -o $(GEN_TMP)/go
-	rm -rf $(GEN_GO) && mv $(GEN_TMP)/go/$(GEN_GO) $(GEN_GO)
-	rm -rf $(GEN_TMP)/go
-
-.PHONY: generate-ts
-generate-ts: tools ## Write clients/ts/src/gen from proto/ (buf with buf.gen.ts.yaml, protoc-gen-es)
-	rm -rf $(GEN_TMP)/ts && mkdir -p $(GEN_TMP)/ts
-	$(BUF) generate --template buf.gen.ts.yaml -o $(GEN_TMP)/ts
-	rm -rf $(GEN_TS) && mv $(GEN_TMP)/ts/$(GEN_TS) $(GEN_TS)
-	rm -rf $(GEN_TMP)/ts
-
-.PHONY: generate-python
-generate-python: python-venv ## Write clients/python/src/mesh from proto/ (protoc of the pinned grpcio-tools)
-	rm -rf $(GEN_TMP)/python && mkdir -p $(GEN_TMP)/python
-	$(PY_VENV)/bin/python -m grpc_tools.protoc -I proto --python_out=$(GEN_TMP)/python --pyi_out=$(GEN_TMP)/python $$(find proto -name '*.proto' | sort)
-	touch $(GEN_TMP)/python/mesh/provisioner/v1/py.typed
-	rm -rf $(GEN_PY) && mv $(GEN_TMP)/python/mesh $(GEN_PY)
-	rm -rf $(GEN_TMP)/python
+generate: tools python-venv ## Write the generated code of all three languages from proto/ (one buf generate with buf.gen.yaml: protoc-gen-go, protoc-gen-es, the protoc of the pinned grpcio-tools)
+	rm -rf $(GEN_TMP) && mkdir -p $(GEN_TMP)
+	$(BUF) generate --template buf.gen.yaml -o $(GEN_TMP)
+	touch $(GEN_TMP)/$(GEN_PY)/provisioner/v1/py.typed
+	for dir in $(GENERATED); do rm -rf $$dir && mv $(GEN_TMP)/$$dir $$dir; done
+	rm -rf $(GEN_TMP)
 
 .PHONY: checkgenerate
 checkgenerate: generate ## Fail if generated code differs from what is committed
