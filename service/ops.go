@@ -36,6 +36,7 @@ func (s *Service) Copies() []CopyState {
 	return []CopyState{
 		copyState(s.mirror.Registry), copyState(s.mirror.Needs),
 		copyState(s.mirror.Applied), copyState(s.mirror.Collect),
+		copyState(s.mirror.Manifests),
 	}
 }
 

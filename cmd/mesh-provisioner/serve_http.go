@@ -22,7 +22,7 @@ func (f *serveFlags) startHTTP(ctx context.Context, logger *slog.Logger) (*ops.S
 	if f.http == "" {
 		return nil, nil
 	}
-	cfg := ops.Config{Addr: f.http, Logger: logger, Hosts: splitList(f.httpHosts)}
+	cfg := ops.Config{Addr: f.http, Logger: logger, Hosts: splitList(f.httpHosts), Version: buildVersion()}
 	if f.httpTokenFile != "" {
 		token, err := ops.ReadTokenFile(f.httpTokenFile)
 		if err != nil {

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"runtime"
+	"runtime/debug"
+	"slices"
 	"strconv"
 	"time"
 
@@ -15,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -46,6 +51,8 @@ var endpointCounters = []struct {
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAskerFull()) }},
 	{"dropped_total", "Requests of nodes and providers dropped unanswered where they arrived: their asker asked faster than --max-rate-per-asker, or than its requests were read (stats data dropped).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetDropped()) }},
+	{"large_shed_total", "Answers over 64 KiB refused with a 503 because the bytes already queued for their asker, or for all askers, were at their bound (stats data large_shed); counted in answer_errors_total too.",
+		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetLargeShed()) }},
 	{"slow_consumer_total", "Times requests were dropped because the endpoint's pending buffer was full (stats data slow_consumer).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetSlowConsumer()) }},
 	{"refused_replies_total", "Requests whose reply subject was refused, so no answer was sent (stats data refused_replies; 0 when the service does not report it).",
@@ -56,7 +63,7 @@ var endpointCounters = []struct {
 type endpointData = *provisionerv1.EndpointStatsData
 
 // initMetrics makes the registry: the Go runtime's and the process's
-// collectors, the latency histograms and the service's own.
+// collectors, the build's, the latency histograms and the service's own.
 func (s *Server) initMetrics() {
 	s.registry = prometheus.NewRegistry()
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -73,6 +80,7 @@ func (s *Server) initMetrics() {
 	s.registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo(s.cfg.Version),
 		s.latency,
 		s.refused,
 		&serviceCollector{s: s},
@@ -93,6 +101,58 @@ func (s *Server) observe(endpoint string, code int, took time.Duration) {
 	s.latency.WithLabelValues(endpoint, strconv.Itoa(code)).Observe(took.Seconds())
 }
 
+// buildInfo is mesh_provisioner_build_info: always 1, the build in its
+// labels, as Prometheus's own programs report theirs (<program>_build_info,
+// prometheus/common/version), so that a query can join it to any series.
+// The version is the one micro discovery and mesh-provisioner version show
+// (Config.Version, serve's buildVersion); the revision and the Go version
+// are the binary's own build information. collectors.NewBuildInfoCollector
+// (go_build_info) is not used: its version is the main module's as the go
+// command stamped it, which ignores -ldflags -X main.version and so would
+// disagree with the version discovery shows, and it has no revision.
+func buildInfo(version string) prometheus.Collector {
+	if version == "" {
+		version = "unknown"
+	}
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace,
+		Name:      "build_info",
+		Help:      "Always 1; its labels say the build: version (as micro discovery and mesh-provisioner version show it), revision (the VCS commit built, -modified when the tree had changes; unknown when not recorded) and goversion (the Go toolchain).",
+		ConstLabels: prometheus.Labels{
+			"version":   version,
+			"revision":  vcsRevision(),
+			"goversion": runtime.Version(),
+		},
+	}, func() float64 { return 1 })
+}
+
+// vcsRevision returns the commit the binary was built from, as the go
+// command records it (vcs.revision), with "-modified" when the tree had
+// changes (vcs.modified), as prometheus/common/version says it; "unknown"
+// when none is recorded (go test, -buildvcs=false, no checkout).
+func vcsRevision() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	revision, modified := "", false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if revision == "" {
+		return "unknown"
+	}
+	if modified {
+		revision += "-modified"
+	}
+	return revision
+}
+
 func (s *Server) metricsHandler() http.Handler {
 	return promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
@@ -108,17 +168,21 @@ var (
 	descReused = prometheus.NewDesc(namespace+"_answers_reused_total",
 		"Answers reused from the answer cache rather than built again (stats data answer_cache.hits).", nil, nil)
 	descRevision = prometheus.NewDesc(namespace+"_copy_revision",
-		"The revision the service's copy of the bucket has reached.", []string{"bucket"}, nil)
+		"The revision the service's copy of the bucket has reached (stats data buckets[].revision).", []string{"bucket"}, nil)
 	descLag = prometheus.NewDesc(namespace+"_copy_lag_revisions",
 		"The bucket's last write's revision minus the copy's revision; absent while NATS cannot be asked.", []string{"bucket"}, nil)
 	descLoaded = prometheus.NewDesc(namespace+"_copy_loaded",
-		"1 once the copy holds the bucket's initial values.", []string{"bucket"}, nil)
+		"1 once the copy holds the bucket's initial values (the bucket is not in stats data loading).", []string{"bucket"}, nil)
 	descBehind = prometheus.NewDesc(namespace+"_copy_behind",
-		"1 while the copy is known to lag the bucket (its watcher is catching up).", []string{"bucket"}, nil)
+		"1 while the copy is known to lag the bucket: its watcher is catching up (stats data behind).", []string{"bucket"}, nil)
+	descRecords = prometheus.NewDesc(namespace+"_copy_records",
+		"Records the copy holds of the bucket: its keys whose value decodes (stats data buckets[].records).", []string{"bucket"}, nil)
+	descNodes = prometheus.NewDesc(namespace+"_copy_nodes",
+		"Nodes in the copy of the bucket: the first tokens of its keys held or listed as malformed, which for the registry are its kinds (stats data buckets[].nodes).", []string{"bucket"}, nil)
 	descMalformed = prometheus.NewDesc(namespace+"_malformed_keys",
-		"Keys of the bucket out of its shape, or over their node's budget, in the copy.", []string{"bucket"}, nil)
+		"Keys of the bucket out of its shape, or over their node's budget, in the copy (stats data buckets[].malformed).", []string{"bucket"}, nil)
 	descOverBudget = prometheus.NewDesc(namespace+"_nodes_over_budget",
-		"Nodes over their budget (--node-max-keys, --node-max-bytes) in the bucket.", []string{"bucket"}, nil)
+		"Nodes over their budget (--node-max-keys, --node-max-bytes) in the bucket; not reported for the registry.", []string{"bucket"}, nil)
 	descSeatHeld = prometheus.NewDesc(namespace+"_seat_held",
 		"1 while this instance holds the provisioner seat, 0 while it stands by.", nil, nil)
 	descSeatSince = prometheus.NewDesc(namespace+"_seat_since_timestamp_seconds",
@@ -128,7 +192,31 @@ var (
 	descDroppedBy = prometheus.NewDesc(namespace+"_asker_dropped_total",
 		"Requests of one node or provider dropped unanswered where they arrived, for the ten askers with the most on each endpoint (stats data dropped_by_asker).",
 		[]string{"endpoint", "role", "name"}, nil)
+
+	// The plans writer: what this instance did of mesh-provisioner_plans
+	// while it held the seat, counted since it started (stats data plans).
+	descPlansWritten = prometheus.NewDesc(namespace+"_plans_written_total",
+		"Plan digests written to mesh-provisioner_plans because a node's plan changed or it had none, while this instance held the seat (stats data plans.written).", nil, nil)
+	descPlansComposed = prometheus.NewDesc(namespace+"_plans_composed_total",
+		"Compositions the plans writer made to learn whether a node's plan changed (stats data plans.composed).", nil, nil)
+	descPlansFailed = prometheus.NewDesc(namespace+"_plans_failed_total",
+		"Plan digest writes that failed, the bucket unreachable or written by another, each retried on the writer's next pass (stats data plans.failed).", nil, nil)
+	descPlansPending = prometheus.NewDesc(namespace+"_plans_pending",
+		"Nodes whose plan may have changed and is not composed yet: how far behind the plans writer is (stats data plans.pending).", nil, nil)
+	descPlansDeferred = prometheus.NewDesc(namespace+"_plans_deferred",
+		"Nodes with a change whose composition the plans writer puts off, at its last look: a node of thousands of records is composed again no sooner than nine times its composition's cost (stats data plans.deferred).", nil, nil)
+	descPlansLastPass = prometheus.NewDesc(namespace+"_plans_last_pass_duration_seconds",
+		"How long the plans writer's last pass took, from the changes it saw to their digests written (stats data plans.last_pass_ms).", nil, nil)
+	descPlansLastWritten = prometheus.NewDesc(namespace+"_plans_last_written_timestamp_seconds",
+		"When the plans writer last wrote a digest, in Unix seconds; absent until it has (stats data plans.last_written).", nil, nil)
 )
+
+// serviceDescs are the collector's descriptions but the endpoints' counters.
+var serviceDescs = []*prometheus.Desc{
+	descReused, descRevision, descLag, descLoaded, descBehind, descRecords, descNodes, descMalformed, descOverBudget,
+	descSeatHeld, descSeatSince, descReady, descDroppedBy,
+	descPlansWritten, descPlansComposed, descPlansFailed, descPlansPending, descPlansDeferred, descPlansLastPass, descPlansLastWritten,
+}
 
 func descOf(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc(namespace+"_"+name, help, []string{"endpoint"}, nil)
@@ -138,7 +226,7 @@ func (c *serviceCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, m := range endpointCounters {
 		ch <- descOf(m.name, m.help)
 	}
-	for _, d := range []*prometheus.Desc{descReused, descRevision, descLag, descLoaded, descBehind, descMalformed, descOverBudget, descSeatHeld, descSeatSince, descReady, descDroppedBy} {
+	for _, d := range serviceDescs {
 		ch <- d
 	}
 }
@@ -172,8 +260,8 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	overBudget := map[string]int{}
 	if first != nil {
-		// The cache and the copy are the service's, whichever endpoint
-		// reports them.
+		// The cache, the seat, the plans writer and the copy are the
+		// service's, whichever endpoint reports them.
 		ch <- prometheus.MustNewConstMetric(descReused, prometheus.CounterValue, float64(first.GetAnswerCache().GetHits()))
 		for _, x := range first.GetOverBudget() {
 			overBudget[x.GetBucket()]++
@@ -188,31 +276,93 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(descSeatSince, prometheus.GaugeValue, float64(since.Unix()))
 			}
 		}
+		collectPlans(ch, first.GetPlans())
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.s.cfg.Timeout, 2*time.Second))
 	defer cancel()
-	for _, cp := range t.Service.Copies() {
-		ch <- prometheus.MustNewConstMetric(descRevision, prometheus.GaugeValue, float64(cp.Revision), cp.Bucket)
-		ch <- prometheus.MustNewConstMetric(descLoaded, prometheus.GaugeValue, boolValue(cp.Loaded), cp.Bucket)
-		ch <- prometheus.MustNewConstMetric(descBehind, prometheus.GaugeValue, boolValue(cp.Behind), cp.Bucket)
-		ch <- prometheus.MustNewConstMetric(descMalformed, prometheus.GaugeValue, float64(cp.Malformed), cp.Bucket)
-		if cp.Bucket != "mesh-provisioner_registry" {
-			ch <- prometheus.MustNewConstMetric(descOverBudget, prometheus.GaugeValue, float64(overBudget[cp.Bucket]), cp.Bucket)
+	for _, b := range bucketsOf(first, t.Service.Copies()) {
+		ch <- prometheus.MustNewConstMetric(descRevision, prometheus.GaugeValue, float64(b.revision), b.bucket)
+		ch <- prometheus.MustNewConstMetric(descLoaded, prometheus.GaugeValue, boolValue(b.loaded), b.bucket)
+		ch <- prometheus.MustNewConstMetric(descBehind, prometheus.GaugeValue, boolValue(b.behind), b.bucket)
+		ch <- prometheus.MustNewConstMetric(descMalformed, prometheus.GaugeValue, float64(b.malformed), b.bucket)
+		if b.counted {
+			ch <- prometheus.MustNewConstMetric(descRecords, prometheus.GaugeValue, float64(b.records), b.bucket)
+			ch <- prometheus.MustNewConstMetric(descNodes, prometheus.GaugeValue, float64(b.nodes), b.bucket)
+		}
+		if b.bucket != keys.RegistryBucket {
+			ch <- prometheus.MustNewConstMetric(descOverBudget, prometheus.GaugeValue, float64(overBudget[b.bucket]), b.bucket)
 		}
 		if t.Read == nil || !t.Read.IsConnected() {
 			continue
 		}
-		last, err := LastRevision(ctx, t.Read, cp.Bucket)
+		last, err := LastRevision(ctx, t.Read, b.bucket)
 		if err != nil {
-			c.s.logger.Debug("reading a bucket's last revision for /metrics", "bucket", cp.Bucket, "err", err)
+			c.s.logger.Debug("reading a bucket's last revision for /metrics", "bucket", b.bucket, "err", err)
 			continue
 		}
 		lag := 0.0
-		if last > cp.Revision {
-			lag = float64(last - cp.Revision)
+		if last > b.revision {
+			lag = float64(last - b.revision)
 		}
-		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, lag, cp.Bucket)
+		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, lag, b.bucket)
 	}
+}
+
+// collectPlans reports the plans writer's stats data; nothing when the
+// service reports none.
+func collectPlans(ch chan<- prometheus.Metric, p *provisionerv1.PlansStats) {
+	if p == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descPlansWritten, prometheus.CounterValue, float64(p.GetWritten()))
+	ch <- prometheus.MustNewConstMetric(descPlansComposed, prometheus.CounterValue, float64(p.GetComposed()))
+	ch <- prometheus.MustNewConstMetric(descPlansFailed, prometheus.CounterValue, float64(p.GetFailed()))
+	ch <- prometheus.MustNewConstMetric(descPlansPending, prometheus.GaugeValue, float64(p.GetPending()))
+	ch <- prometheus.MustNewConstMetric(descPlansDeferred, prometheus.GaugeValue, float64(p.GetDeferred()))
+	ch <- prometheus.MustNewConstMetric(descPlansLastPass, prometheus.GaugeValue, float64(p.GetLastPassMs())/1000)
+	if at, err := time.Parse(time.RFC3339Nano, p.GetLastWritten()); err == nil {
+		ch <- prometheus.MustNewConstMetric(descPlansLastWritten, prometheus.GaugeValue, float64(at.UnixNano())/1e9)
+	}
+}
+
+// bucketState is one bucket's copy as a scrape reports it.
+type bucketState struct {
+	bucket         string
+	revision       uint64
+	loaded, behind bool
+	malformed      uint64
+	// counted says records and nodes are known: the stats data lists the
+	// bucket.
+	counted        bool
+	records, nodes uint64
+}
+
+// bucketsOf returns every bucket the copy holds: those the stats data lists
+// (the five provisioning buckets, the registry first), as $SRV.STATS
+// reports them, then any other the service's Copies name. d may be nil.
+func bucketsOf(d endpointData, copies []service.CopyState) []bucketState {
+	var out []bucketState
+	listed := map[string]bool{}
+	for _, b := range d.GetBuckets() {
+		listed[b.GetBucket()] = true
+		out = append(out, bucketState{
+			bucket:    b.GetBucket(),
+			revision:  b.GetRevision(),
+			loaded:    !slices.Contains(d.GetLoading(), b.GetBucket()),
+			behind:    slices.Contains(d.GetBehind(), b.GetBucket()),
+			malformed: b.GetMalformed(),
+			counted:   true,
+			records:   b.GetRecords(),
+			nodes:     b.GetNodes(),
+		})
+	}
+	for _, cp := range copies {
+		if listed[cp.Bucket] {
+			continue
+		}
+		out = append(out, bucketState{bucket: cp.Bucket, revision: cp.Revision, loaded: cp.Loaded, behind: cp.Behind, malformed: uint64(max(cp.Malformed, 0))})
+	}
+	return out
 }
 
 func boolValue(b bool) float64 {

@@ -48,6 +48,10 @@ type Config struct {
 	// Timeout bounds what a page, a composition or a scrape asks of NATS;
 	// zero means 5s.
 	Timeout time.Duration
+	// Version is the version micro discovery shows (serve's buildVersion),
+	// which /metrics reports in mesh_provisioner_build_info; empty reports
+	// "unknown".
+	Version string
 }
 
 // Service is what the server reports on: *service.Service satisfies it.
