@@ -101,8 +101,8 @@ func (v *violations) explain(err error) error {
 			if v.inbox != "" {
 				given = "its permissions do not grant --inbox-prefix " + v.inbox
 			}
-			return fmt.Errorf("%w %s (%s); connect with --inbox-prefix %s (the prefix a node's permissions grant; %s for a provider's)",
-				ErrInboxRefused, subject, given, wire.InboxPrefix(wire.RoleNode, "<node>"), wire.InboxPrefix(wire.RoleProvider, "<module>"))
+			return fmt.Errorf("%w %s (%s); connect with the identity's context (--context: mesh-provisioner init writes one that names its prefix) or with the --inbox-prefix its permissions grant: %s for a node, %s for a provider, %s for an operator",
+				ErrInboxRefused, subject, given, wire.InboxPrefix(wire.RoleNode, "<node>"), wire.InboxPrefix(wire.RoleProvider, "<module>"), wire.InboxPrefix(wire.RoleOperator, "<name>"))
 		case verb == "Publish" && (subject == wire.ProvisioningSubject || subject == wire.ComposeSubject):
 			return fmt.Errorf("%w %s: its permissions do not grant the verb (mesh-provisioner permissions --node <node> prints a set that does)", ErrVerbRefused, subject)
 		case verb == "Publish":

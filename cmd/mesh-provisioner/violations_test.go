@@ -23,7 +23,7 @@ func TestViolationsExplainARefusedRequest(t *testing.T) {
 		wantSay string
 	}{
 		{"inbox refused, no prefix", "", []error{violation("Subscription", "_INBOX.abc.*")}, context.Canceled, ErrInboxRefused,
-			"reply inbox _INBOX.abc.* (nats.go's default, as no --inbox-prefix was given); connect with --inbox-prefix _INBOX_MESH.node.<node>"},
+			"reply inbox _INBOX.abc.* (nats.go's default, as no --inbox-prefix was given); connect with the identity's context (--context: mesh-provisioner init writes one that names its prefix) or with the --inbox-prefix its permissions grant: _INBOX_MESH.node.<node> for a node, _INBOX_MESH.provider.<module> for a provider, _INBOX_MESH.operator.<name> for an operator"},
 		{"inbox refused, wrong prefix", "_INBOX_MESH.node.novox", []error{violation("Subscription", "_INBOX_MESH.node.novox.abc.*")}, context.DeadlineExceeded, ErrInboxRefused,
 			"its permissions do not grant --inbox-prefix _INBOX_MESH.node.novox"},
 		{"a prefix outside _INBOX", "MINE", []error{violation("Subscription", "MINE.abc.*")}, context.Canceled, ErrInboxRefused, "reply inbox MINE.abc.*"},
