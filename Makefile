@@ -46,6 +46,11 @@ run: build ## Build and serve on an embedded NATS at 127.0.0.1:4222
 nats: ## Install the nats CLI (natscli v0.5.0) as bin/nats
 	GOBIN=$(CURDIR)/$(BIN) go install github.com/nats-io/natscli/nats@v0.5.0
 
+.PHONY: image
+image: ## Build the OCI image without a container daemon: build/image (an OCI layout) and build/mesh-provisioner-image.tar (docker load, podman load), tag mesh-provisioner:$(VERSION)
+	CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/linux/mesh-provisioner ./cmd/mesh-provisioner
+	go run ./internal/ociimage -binary $(BIN)/linux/mesh-provisioner -tag mesh-provisioner:$(VERSION) -version $(VERSION) -layout build/image -out build/mesh-provisioner-image.tar
+
 .PHONY: generate
 generate: tools python-venv ## Write the generated code of all three languages from proto/ (one buf generate with buf.gen.yaml: protoc-gen-go, protoc-gen-es, the protoc of the pinned grpcio-tools)
 	rm -rf $(GEN_TMP) && mkdir -p $(GEN_TMP)
@@ -208,7 +213,7 @@ bench-scale: build ## One instance against meshes of 1k, 4k and 10k nodes (x 30 
 	go run ./internal/benchscale -bin $(BIN)/mesh-provisioner -plot build/bench-scale.svg $(BENCHSCALE_ARGS)
 
 .PHONY: ci
-ci: test test-faults checkgenerate lint breaking ## What .ci/run runs
+ci: test test-faults checkgenerate lint breaking image ## What .ci/run runs
 
 .PHONY: clean
 clean: ## Remove built binaries and the browser test's screenshot
