@@ -116,11 +116,23 @@ func (r *refusals) count() int {
 	return len(r.seen)
 }
 
-// connect opens a connection for check, its refusals recorded.
-func (c *checker) connect(ctx context.Context, flags connectFlags, name string) (*nats.Conn, *refusals, error) {
-	r := &refusals{}
-	nc, err := flags.connect(ctx, flags.url, name, c.logger, connectEvents{onViolation: r.record})
-	return nc, r, err
+// connect opens a connection for check, its refusals recorded; closeConn
+// closes it and waits for nats.go's last event, so that no log line
+// follows the command's end.
+func (c *checker) connect(ctx context.Context, flags connectFlags, name string) (nc *nats.Conn, r *refusals, closeConn func(), err error) {
+	r = &refusals{}
+	closed := make(chan struct{})
+	nc, err = flags.connect(ctx, flags.url, name, c.logger, connectEvents{onViolation: r.record, onClosed: func() { close(closed) }})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return nc, r, func() {
+		nc.Close()
+		select {
+		case <-closed:
+		case <-time.After(time.Second):
+		}
+	}, nil
 }
 
 // settle waits for what NATS says of the requests sent so far: a
@@ -135,21 +147,21 @@ func settle(nc *nats.Conn, r *refusals, before int, timeout time.Duration) []str
 }
 
 func (c *checker) run(ctx context.Context, answering, writer connectFlags) {
-	nc, r, err := c.connect(ctx, answering, "mesh-provisioner check")
+	nc, r, closeConn, err := c.connect(ctx, answering, "mesh-provisioner check")
 	if err != nil {
 		c.fail("the answering identity cannot connect: %v; check --nats-url, --context and its credentials", err)
 		return
 	}
-	defer nc.Close()
+	defer closeConn()
 	c.ok("the answering identity connected to %s", nc.ConnectedUrlRedacted())
 	c.checkAnswering(nc, r)
 
-	wnc, wr, err := c.connect(ctx, writer, "mesh-provisioner check writer")
+	wnc, wr, closeWriter, err := c.connect(ctx, writer, "mesh-provisioner check writer")
 	if err != nil {
 		c.fail("the writing identity cannot connect: %v; check --writer-nats-url, --writer-context and its credentials", err)
 		return
 	}
-	defer wnc.Close()
+	defer closeWriter()
 	c.ok("the writing identity connected to %s", wnc.ConnectedUrlRedacted())
 	c.checkWriter(ctx, wnc, wr)
 }

@@ -31,7 +31,8 @@ func TestInitWritesAMeshThatServes(t *testing.T) {
 	natsURL := "nats://127.0.0.1:" + strconv.Itoa(freePort(t))
 	cli := func(t *testing.T, env map[string]string, args ...string) (string, error) {
 		t.Helper()
-		var out, errOut bytes.Buffer
+		// Its own log's writes may outlive it a moment (nats.go's events).
+		var out, errOut syncBuffer
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
 		err := runWithEnv(ctx, args, envOf(env), &out, &errOut)

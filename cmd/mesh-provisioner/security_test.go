@@ -578,8 +578,8 @@ func TestANodeOnARealServer(t *testing.T) {
 				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 				defer cancel()
 				err := run(ctx, append(append(tt.args, "--nats-url", aceURL), tt.inbox...), &bytes.Buffer{}, &bytes.Buffer{})
-				if !errors.Is(err, ErrInboxRefused) || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "--inbox-prefix _INBOX_MESH.node.<node>") {
-					t.Errorf("error %v, want ErrInboxRefused saying %q and naming --inbox-prefix _INBOX_MESH.node.<node>", err, tt.says)
+				if !errors.Is(err, ErrInboxRefused) || !strings.Contains(err.Error(), tt.says) || !strings.Contains(err.Error(), "--context") || !strings.Contains(err.Error(), "_INBOX_MESH.node.<node> for a node") {
+					t.Errorf("error %v, want ErrInboxRefused saying %q and naming --context and a node's _INBOX_MESH.node.<node>", err, tt.says)
 				}
 				// The bound is the point (no waiting out the 20s for an
 				// answer that cannot come) and robust: NATS refuses at once.
