@@ -39,8 +39,8 @@ build: ## Build bin/mesh-provisioner
 	go build -ldflags '$(LDFLAGS)' -o $(BIN)/mesh-provisioner ./cmd/mesh-provisioner
 
 .PHONY: run
-run: build ## Build and serve on an embedded NATS at 127.0.0.1:4222
-	$(BIN)/mesh-provisioner $(RUN_ARGS)
+run: build ## Build and serve on an embedded NATS at 127.0.0.1:4222 (natscli's NATS_URL and NATS_CONTEXT, which serve reads, are left out)
+	env -u NATS_URL -u NATS_CONTEXT -u NATS_CREDS -u NATS_NKEY $(BIN)/mesh-provisioner $(RUN_ARGS)
 
 .PHONY: nats
 nats: ## Install the nats CLI (natscli v0.5.0) as bin/nats

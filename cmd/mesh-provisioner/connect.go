@@ -37,6 +37,9 @@ type connectFlags struct {
 	// natscli's own library reads them (resolve).
 	contextOptions []nats.Option
 	resolved       bool
+	// urlFrom says where url came from, for the log: "--nats-url", the
+	// context, "$NATS_URL" or "the default".
+	urlFrom string
 }
 
 // defaultClientURL is where the commands that are clients of a mesh look for
@@ -76,6 +79,9 @@ func (c *connectFlags) resolve(lookupEnv func(string) (string, bool), defaultURL
 		return nil
 	}
 	c.resolved = true
+	if c.url != "" {
+		c.urlFrom = "--nats-url"
+	}
 	if c.context == "" {
 		c.context, _ = lookupEnv(envNATSContext)
 	}
@@ -83,9 +89,14 @@ func (c *connectFlags) resolve(lookupEnv func(string) (string, bool), defaultURL
 		if err := c.applyContext(); err != nil {
 			return err
 		}
+		if c.urlFrom == "" && c.url != "" {
+			c.urlFrom = "context " + c.context
+		}
 	}
 	if c.url == "" {
-		c.url, _ = lookupEnv(envNATSURL)
+		if c.url, _ = lookupEnv(envNATSURL); c.url != "" {
+			c.urlFrom = "$" + envNATSURL
+		}
 	}
 	if c.creds == "" && c.nkey == "" && c.contextOptions == nil {
 		c.creds, _ = lookupEnv(envNATSCreds)
@@ -93,8 +104,8 @@ func (c *connectFlags) resolve(lookupEnv func(string) (string, bool), defaultURL
 			c.nkey, _ = lookupEnv(envNATSNkey)
 		}
 	}
-	if c.url == "" {
-		c.url = defaultURL
+	if c.url == "" && defaultURL != "" {
+		c.url, c.urlFrom = defaultURL, "the default"
 	}
 	return nil
 }

@@ -327,6 +327,7 @@ func (c *serveConns) close() {
 // embeds (stopped by stop) and the option that reaches it in-process.
 func (f *serveFlags) joinNATS(ctx context.Context, logger *slog.Logger) (url string, opts []nats.Option, stop func(), err error) {
 	if f.connect.url != "" {
+		logger.Info("joining NATS", "url", redactURL(f.connect.url), "from", f.connect.urlFrom)
 		return f.connect.url, nil, func() {}, nil
 	}
 	embedded, err := startEmbedded(ctx, f.listen, f.stateDir, logger)
