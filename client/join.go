@@ -22,6 +22,7 @@ func JoinProvisioningPages(pages []*provisionerv1.ProvisioningResponse) *provisi
 		whole.Needs = append(whole.Needs, page.GetNeeds()...)
 		whole.Applied = append(whole.Applied, page.GetApplied()...)
 		whole.Collect = append(whole.Collect, page.GetCollect()...)
+		whole.Manifests = append(whole.Manifests, page.GetManifests()...)
 		whole.Malformed = append(whole.Malformed, page.GetMalformed()...)
 		whole.Behind = union(whole.GetBehind(), page.GetBehind())
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -149,5 +150,27 @@ func TestProvisioningAllJoinsThePagesToTheWholeAnswer(t *testing.T) {
 				t.Errorf("%s joined, against %s (-want +got):\n%s", tc.paged, tc.whole, diff)
 			}
 		})
+	}
+}
+
+// Every list of records a provisioning page holds is joined: a list added
+// to the answer and forgotten here (as the manifests once were) fails.
+func TestJoinProvisioningPagesKeepsEveryList(t *testing.T) {
+	t.Parallel()
+	page := &provisionerv1.ProvisioningResponse{}
+	fields := page.ProtoReflect().Descriptor().Fields()
+	var lists []protoreflect.FieldDescriptor
+	for i := range fields.Len() {
+		if fd := fields.Get(i); fd.IsList() && fd.Message() != nil {
+			lists = append(lists, fd)
+			list := page.ProtoReflect().Mutable(fd).List()
+			list.Append(list.NewElement())
+		}
+	}
+	whole := client.JoinProvisioningPages([]*provisionerv1.ProvisioningResponse{page, page})
+	for _, fd := range lists {
+		if n := whole.ProtoReflect().Get(fd).List().Len(); n != 2 {
+			t.Errorf("%s: %d records joined from two pages of one each, want 2", fd.Name(), n)
+		}
 	}
 }

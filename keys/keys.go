@@ -35,7 +35,7 @@ type part struct{ name, value string }
 func format(parts ...part) (string, error) {
 	for _, p := range parts {
 		if err := CheckToken(p.value); err != nil {
-			return "", fmt.Errorf("%w: %s %q %w", ErrInvalidPart, p.name, p.value, err)
+			return "", fmt.Errorf("%w: %s %q %w", ErrInvalidPart, p.name, Echo(p.value), err)
 		}
 	}
 	var b strings.Builder
@@ -66,11 +66,11 @@ func split(key string, names ...string) ([4]string, error) {
 		rest = after
 	}
 	if n != len(names) {
-		return tokens, fmt.Errorf("%w: %q has %d tokens, want %d (<%s>)", ErrMalformedKey, key, n, len(names), strings.Join(names, ">.<"))
+		return tokens, fmt.Errorf("%w: %q has %d tokens, want %d (<%s>)", ErrMalformedKey, Echo(key), n, len(names), strings.Join(names, ">.<"))
 	}
 	for i, tok := range tokens[:n] {
 		if err := CheckToken(tok); err != nil {
-			return tokens, fmt.Errorf("%w: %q: token %d (<%s>) %w", ErrMalformedKey, key, i+1, names[i], err)
+			return tokens, fmt.Errorf("%w: %q: token %d (<%s>) %w", ErrMalformedKey, Echo(key), i+1, names[i], err)
 		}
 	}
 	return tokens, nil
@@ -93,7 +93,7 @@ func ParseNeedKey(key string) (NeedKey, error) {
 	}
 	name, err := Unescape(t[3])
 	if err != nil {
-		return NeedKey{}, fmt.Errorf("%w: %q: token 4 (<name>) %w", ErrMalformedKey, key, err)
+		return NeedKey{}, fmt.Errorf("%w: %q: token 4 (<name>) %w", ErrMalformedKey, Echo(key), err)
 	}
 	return NeedKey{Node: t[0], Module: t[1], Kind: t[2], Name: name}, nil
 }
@@ -145,7 +145,7 @@ func ParseCollectKey(key string) (CollectKey, error) {
 	}
 	collection, err := Unescape(t[1])
 	if err != nil {
-		return CollectKey{}, fmt.Errorf("%w: %q: token 2 (<collection>) %w", ErrMalformedKey, key, err)
+		return CollectKey{}, fmt.Errorf("%w: %q: token 2 (<collection>) %w", ErrMalformedKey, Echo(key), err)
 	}
 	return CollectKey{Node: t[0], Collection: collection, Contributor: t[2]}, nil
 }
@@ -166,10 +166,13 @@ func ParseRegistryKey(key string) (string, error) {
 }
 
 // NodeFilter returns the key filter that matches every key of node in a state
-// bucket: "<node>.>".
+// bucket: "<node>.>". The node is a token of at most MaxNameLen bytes.
 func NodeFilter(node string) (string, error) {
+	if err := CheckLength("node", node); err != nil {
+		return "", fmt.Errorf("%w: %w", ErrInvalidPart, err)
+	}
 	if err := CheckToken(node); err != nil {
-		return "", fmt.Errorf("%w: node %q %w", ErrInvalidPart, node, err)
+		return "", fmt.Errorf("%w: node %q %w", ErrInvalidPart, Echo(node), err)
 	}
 	return node + ".>", nil
 }
@@ -179,11 +182,11 @@ func NodeFilter(node string) (string, error) {
 func CheckBoundKey(key string) error {
 	parts := strings.Split(key, ".")
 	if len(parts) < 3 || len(parts) > 4 {
-		return fmt.Errorf("%w: %q has %d tokens; a provider's key is <node>.<module>.<provision>[.<local>]", ErrMalformedKey, key, len(parts))
+		return fmt.Errorf("%w: %q has %d tokens; a provider's key is <node>.<module>.<provision>[.<local>]", ErrMalformedKey, Echo(key), len(parts))
 	}
 	for i, p := range parts {
 		if err := CheckToken(p); err != nil {
-			return fmt.Errorf("%w: %s %q %w", ErrMalformedKey, [...]string{"node", "module", "provision", "local"}[i], p, err)
+			return fmt.Errorf("%w: %s %q %w", ErrMalformedKey, [...]string{"node", "module", "provision", "local"}[i], Echo(p), err)
 		}
 	}
 	return nil

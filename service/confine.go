@@ -9,17 +9,18 @@ import (
 )
 
 // checkName refuses a name a request gives that is longer than
-// wire.MaxNameLen (it would only be echoed back, at any size) or, if it is a
-// key token, one that no key could hold. label names it in the sentence.
+// wire.MaxNameLen (keys.CheckLength: the sentence echoes its first
+// keys.MaxEchoed characters only) or, if it is a key token, one that no key
+// could hold. label names it in the sentence.
 func checkName(label, value string, token bool) *wire.Error {
-	if len(value) > wire.MaxNameLen {
-		return wire.Errorf(wire.CodeBadRequest, "%s is %d bytes, more than the %d a name may take", label, len(value), wire.MaxNameLen)
+	if err := keys.CheckLength(label, value); err != nil {
+		return wire.NewError(wire.CodeBadRequest, err.Error())
 	}
 	if !token || value == "" {
 		return nil
 	}
 	if err := keys.CheckToken(value); err != nil {
-		return wire.Errorf(wire.CodeBadRequest, "%s %q can match no key: it %v", label, value, err)
+		return wire.Errorf(wire.CodeBadRequest, "%s %q can match no key: it %v", label, keys.Echo(value), err)
 	}
 	return nil
 }
@@ -48,7 +49,7 @@ func confineProvisioning(node string, in *provisionerv1.ProvisioningRequest) *wi
 	if what == provisionerv1.What_WHAT_REGISTRY || in.GetNode() == node {
 		return nil
 	}
-	return wire.Errorf(wire.CodeForbidden, "%s on %s: %s", what, wire.NodeSubject(wire.ProvisioningSubject, node), whoseRecords(node, in.GetNode()))
+	return wire.Errorf(wire.CodeForbidden, "%s on %s: %s", what, wire.NodeSubject(wire.ProvisioningSubject, keys.Echo(node)), whoseRecords(node, in.GetNode()))
 }
 
 // confineCompose refuses, on mesh-provisioner.compose.<node>, the
@@ -61,14 +62,14 @@ func confineCompose(node string, in *provisionerv1.ComposeRequest) *wire.Error {
 		return nil
 	}
 	return wire.Errorf(wire.CodeForbidden, "compose on %s composes node %q only, and the request names node %q; ask %s as that node",
-		wire.NodeSubject(wire.ComposeSubject, node), node, in.GetNode(), wire.NodeSubject(wire.ComposeSubject, "<node>"))
+		wire.NodeSubject(wire.ComposeSubject, keys.Echo(node)), keys.Echo(node), keys.Echo(in.GetNode()), wire.NodeSubject(wire.ComposeSubject, "<node>"))
 }
 
 // whoseRecords is the sentence of a provisioning request for records that
 // are not the addressed node's.
 func whoseRecords(node, asked string) string {
 	if asked == "" {
-		return fmt.Sprintf("a node reads its own records only: set node to %q (every node's records are for operators, on %s)", node, wire.ProvisioningSubject)
+		return fmt.Sprintf("a node reads its own records only: set node to %q (every node's records are for operators, on %s)", keys.Echo(node), wire.ProvisioningSubject)
 	}
-	return fmt.Sprintf("node %q reads its own records only, and the request names node %q; ask %s as that node", node, asked, wire.NodeSubject(wire.ProvisioningSubject, "<node>"))
+	return fmt.Sprintf("node %q reads its own records only, and the request names node %q; ask %s as that node", keys.Echo(node), keys.Echo(asked), wire.NodeSubject(wire.ProvisioningSubject, "<node>"))
 }

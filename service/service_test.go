@@ -372,8 +372,8 @@ func TestProvisioningRefusesBadRequests(t *testing.T) {
 		{"module filter on collect", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Module: "web"}), "filter module does not apply to WHAT_COLLECT, which is narrowed by node, contributor, collection"},
 		{"node that no key can hold", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace.web"}), `filter node "ace.web" can match no key`},
 		{"wildcard module", "", []byte(`{"what":"WHAT_NEEDS","module":">"}`), `filter module ">" can match no key`},
-		{"a node name longer than a name may be", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: strings.Repeat("a", 900_000)}), "filter node is 900000 bytes, more than the 256 a name may take"},
-		{"a collection longer than a name may be", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Collection: strings.Repeat("a", 257)}), "filter collection is 257 bytes, more than the 256"},
+		{"a node name longer than a name may be", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: strings.Repeat("a", 900_000)}), `filter node "` + strings.Repeat("a", 64) + `…" is 900000 bytes, more than the 256 a name may take: shorten it`},
+		{"a collection longer than a name may be", "", binary(&provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_COLLECT, Collection: strings.Repeat("a", 257)}), " is 257 bytes, more than the 256"},
 	}
 	// The group returns once its parallel subtests have all finished.
 	t.Run("refused", func(t *testing.T) {

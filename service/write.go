@@ -283,10 +283,11 @@ func ownKey(b *stateBucket, node, key string) *wire.Error {
 	}
 	owner, err := mirror.CheckKey(b.bucket, key)
 	if err != nil {
-		return wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", key, b.bucket, err)
+		return wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", keys.Echo(key), b.bucket, err)
 	}
 	if owner != node {
-		return wire.Errorf(wire.CodeForbidden, "key %q is node %s's: on mesh-provisioner.*.%s, node %s writes only keys that start with %q", key, owner, node, node, node+".")
+		node := keys.Echo(node)
+		return wire.Errorf(wire.CodeForbidden, "key %q is node %s's: on mesh-provisioner.*.%s, node %s writes only keys that start with %q", keys.Echo(key), keys.Echo(owner), node, node, node+".")
 	}
 	return nil
 }
@@ -295,15 +296,25 @@ func ownKey(b *stateBucket, node, key string) *wire.Error {
 // decode as the copy would, and one its node's budget has no room for.
 func checkValue(b *stateBucket, node, key string, value []byte) *wire.Error {
 	if b.maxValue > 0 && len(value) > b.maxValue {
-		return wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, over %s's largest value of %d bytes (max_value_size): write a smaller one", key, len(value), b.bucket, b.maxValue)
+		return wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, more than the %s %s takes of one value: write a smaller one, or have the operator raise it (serve --max-value-size)",
+			keys.Echo(key), len(value), byteSize(b.maxValue), b.bucket)
 	}
 	if _, err := mirror.CheckRecord(b.bucket, key, value); err != nil {
-		return wire.Errorf(wire.CodeBadRequest, "the value of %s: %v", key, err)
+		return wire.Errorf(wire.CodeBadRequest, "the value of %s: %v", keys.Echo(key), err)
 	}
 	if !b.held.Fits(node, key, len(value)) {
-		return wire.Errorf(wire.CodeTooLarge, "node %s has no room for %s in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", node, key, b.bucket, b.held.Budget())
+		return wire.Errorf(wire.CodeTooLarge, "node %s has no room for %s in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", keys.Echo(node), keys.Echo(key), b.bucket, b.held.Budget())
 	}
 	return nil
+}
+
+// byteSize says a size limit as a refusal names it: "64 KiB (65536 bytes)",
+// or "100 bytes" for one that is no whole number of KiB.
+func byteSize(n int) string {
+	if n >= 1<<10 && n%(1<<10) == 0 {
+		return fmt.Sprintf("%d KiB (%d bytes)", n>>10, n)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 // stored returns the refusal of a write JetStream did not acknowledge.
@@ -328,7 +339,7 @@ func (s *Service) putRecord(ctx context.Context, names []string, in *provisioner
 	}
 	revision, err := b.kv.Put(ctx, rec.GetKey(), rec.GetValue())
 	if err != nil {
-		return nil, stored(rec.GetKey(), err)
+		return nil, stored(keys.Echo(rec.GetKey()), err)
 	}
 	return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: rec.GetKey(), Revision: revision}, nil
 }
@@ -344,7 +355,7 @@ func (s *Service) deleteRecord(ctx context.Context, names []string, in *provisio
 	}
 	revision, err := deleteKey(ctx, s.store.js, b.bucket, in.GetKey())
 	if err != nil {
-		return nil, stored("the delete of "+in.GetKey(), err)
+		return nil, stored("the delete of "+keys.Echo(in.GetKey()), err)
 	}
 	return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: in.GetKey(), Revision: revision}, nil
 }
@@ -379,16 +390,17 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	size := 0
 	for _, rec := range in.GetNeeds() {
 		if what := rec.GetWhat(); what != provisionerv1.What_WHAT_UNSPECIFIED && what != provisionerv1.What_WHAT_NEEDS {
-			return nil, wire.Errorf(wire.CodeBadRequest, "an apply holds needs only; record %q is of %s", rec.GetKey(), what)
+			return nil, wire.Errorf(wire.CodeBadRequest, "an apply holds needs only; record %q is of %s", keys.Echo(rec.GetKey()), what)
 		}
 		if werr := ownKey(b, node, rec.GetKey()); werr != nil {
 			return nil, werr
 		}
 		if !strings.HasPrefix(rec.GetKey(), prefix) {
-			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is not of module %s: an apply of module %s holds keys that start with %q", rec.GetKey(), module, module, prefix)
+			module := keys.Echo(module)
+			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is not of module %s: an apply of module %s holds keys that start with %q", keys.Echo(rec.GetKey()), module, module, keys.Echo(prefix))
 		}
 		if _, dup := want[rec.GetKey()]; dup {
-			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is twice in the set: each key once", rec.GetKey())
+			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is twice in the set: each key once", keys.Echo(rec.GetKey()))
 		}
 		if werr := checkValue(b, node, rec.GetKey(), rec.GetValue()); werr != nil {
 			return nil, werr
@@ -404,7 +416,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	// than an apply may wait.
 	last, err := s.store.lastUnder(ctx, b.bucket, prefix)
 	if err != nil {
-		return nil, stored("the apply of "+module, err)
+		return nil, stored("the apply of "+keys.Echo(module), err)
 	}
 	if !b.held.WaitFor(ctx, last) {
 		return nil, wire.Errorf(wire.CodeUnavailable, "the server's copy of %s has not reached revision %d yet; apply again shortly", b.bucket, last)
@@ -421,7 +433,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		}
 	})
 	if !b.held.FitsReplacing(node, prefix, len(want), size) {
-		return nil, wire.Errorf(wire.CodeTooLarge, "node %s has no room for module %s's %d needs in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", node, module, len(want), b.bucket, b.held.Budget())
+		return nil, wire.Errorf(wire.CodeTooLarge, "node %s has no room for module %s's %d needs in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", keys.Echo(node), keys.Echo(module), len(want), b.bucket, b.held.Budget())
 	}
 	out := &provisionerv1.ApplyResponse{Revision: max(last, b.held.Revision()), Unchanged: uint32(len(unchanged))}
 	var acks []jetstream.PubAckFuture
@@ -431,7 +443,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		}
 		ack, err := s.store.js.PublishAsync(wire.KVSubject(b.bucket, key), value)
 		if err != nil {
-			return nil, stored(key, err)
+			return nil, stored(keys.Echo(key), err)
 		}
 		acks = append(acks, ack)
 		out.Written++
@@ -442,7 +454,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		}
 		ack, err := s.store.js.PublishMsgAsync(wireDelete(b.bucket, key))
 		if err != nil {
-			return nil, stored("the delete of "+key, err)
+			return nil, stored("the delete of "+keys.Echo(key), err)
 		}
 		acks = append(acks, ack)
 		out.Deleted++
@@ -452,9 +464,9 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		case pa := <-ack.Ok():
 			out.Revision = max(out.GetRevision(), pa.Sequence)
 		case err := <-ack.Err():
-			return nil, stored("the apply of "+module, err)
+			return nil, stored("the apply of "+keys.Echo(module), err)
 		case <-ctx.Done():
-			return nil, stored("the apply of "+module, ctx.Err())
+			return nil, stored("the apply of "+keys.Echo(module), ctx.Err())
 		}
 	}
 	return out, nil
@@ -470,7 +482,7 @@ func (s *Service) declareManifest(ctx context.Context, names []string, in *provi
 	if in.GetWithdraw() {
 		revision, err := deleteKey(ctx, s.store.js, b.bucket, key)
 		if err != nil {
-			return nil, stored("the withdrawal of "+key, err)
+			return nil, stored("the withdrawal of "+keys.Echo(key), err)
 		}
 		return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: key, Revision: revision}, nil
 	}
@@ -479,7 +491,7 @@ func (s *Service) declareManifest(ctx context.Context, names []string, in *provi
 	}
 	revision, err := b.kv.Put(ctx, key, in.GetManifest())
 	if err != nil {
-		return nil, stored(key, err)
+		return nil, stored(keys.Echo(key), err)
 	}
 	return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: key, Revision: revision, Digest: wire.ManifestDigest(in.GetManifest())}, nil
 }
@@ -494,14 +506,14 @@ func (s *Service) bindKey(ctx context.Context, names []string, in *provisionerv1
 		return nil, werr
 	}
 	if err := keys.CheckBoundKey(key); err != nil {
-		return nil, wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", key, wire.BoundBucket(provider), err)
+		return nil, wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", keys.Echo(key), wire.BoundBucket(keys.Echo(provider)), err)
 	}
 	if len(in.GetValue()) > MaxBoundValue {
-		return nil, wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, over the largest a provider binds, %d bytes: bind a smaller one", key, len(in.GetValue()), MaxBoundValue)
+		return nil, wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, more than the %s a provider binds of one value: bind a smaller one", keys.Echo(key), len(in.GetValue()), byteSize(MaxBoundValue))
 	}
 	kv, err := s.store.boundOf(ctx, provider)
 	if err != nil {
-		return nil, stored(wire.BoundBucket(provider), err)
+		return nil, stored(wire.BoundBucket(keys.Echo(provider)), err)
 	}
 	var revision uint64
 	if in.GetUnbind() {
@@ -510,7 +522,7 @@ func (s *Service) bindKey(ctx context.Context, names []string, in *provisionerv1
 		revision, err = kv.Put(ctx, key, in.GetValue())
 	}
 	if err != nil {
-		return nil, stored(key, err)
+		return nil, stored(keys.Echo(key), err)
 	}
 	return &provisionerv1.WriteResponse{Bucket: kv.Bucket(), Key: key, Revision: revision}, nil
 }

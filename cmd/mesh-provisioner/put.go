@@ -5,12 +5,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
@@ -32,7 +36,10 @@ It runs under the node's own permissions (mesh-provisioner permissions
 the node's own, _INBOX_MESH.node.NODE. A manifest is declared only by a node
 whose permissions name the provider (permissions --node NODE --hosts P). It
 prints the key and the revision written (and a manifest's digest): ask with
-min_revision that revision to see the write.`
+min_revision that revision to see the write. A need whose kind no registry
+entry answers, or whose provider is one edit from a provider with a manifest
+the identity may read, is written all the same, and a warning on stderr says
+so, with "did you mean" the known names one edit away.`
 
 const deleteSynopsis = `Usage: mesh-provisioner delete need|applied|collect|manifest --node NODE [flags]
 
@@ -114,13 +121,13 @@ func kindAndName(placeholder string) (string, string, error) {
 			return kind, name, nil
 		}
 	}
-	return "", "", fmt.Errorf("--placeholder %q: write it as ${kind:name}, such as ${port:http}", placeholder)
+	return "", "", fmt.Errorf("--placeholder %q: write it as ${kind:name}, such as ${port:http}", keys.Echo(placeholder))
 }
 
 func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) error {
 	what := inv.word
 	if what != "need" && what != "applied" && what != "collect" && what != "manifest" {
-		return fmt.Errorf("%s %q: %s need, applied, collect or manifest", verb, what, verb)
+		return fmt.Errorf("%s %q: %s need, applied, collect or manifest", verb, keys.Echo(what), verb)
 	}
 	if f.node == "" {
 		return fmt.Errorf("%s %s: --node is required: the node whose state it is", verb, what)
@@ -146,6 +153,17 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 	case "manifest":
 		if f.need.GetProvider() == "" {
 			return fmt.Errorf("%s manifest: --provider is required: the provider module whose manifest it is", verb)
+		}
+	}
+	// A name the service would refuse for its length is refused here, before
+	// anything is sent: a node's is its subject's last token, and a subject
+	// of more than the NATS server's max_control_line closes the connection.
+	for _, n := range []struct{ label, value string }{
+		{"--node", f.node}, {"--module", f.module}, {"the placeholder's kind", kind}, {"the placeholder's name", name},
+		{"--collection", f.collection}, {"--contributor", f.contributor}, {"--provider", f.need.GetProvider()},
+	} {
+		if err := keys.CheckLength(n.label, n.value); err != nil {
+			return fmt.Errorf("%s %s: %w", verb, what, err)
 		}
 	}
 	attributes, err := attributesOf(f.attributes)
@@ -221,7 +239,89 @@ func (f *nodeWriteFlags) run(ctx context.Context, inv invocation, verb string) e
 	} else {
 		_, err = fmt.Fprintf(inv.stdout, "deleted %s %s at revision %d\n", bucket, key, revision)
 	}
+	if err == nil && verb == "put" && what == "need" {
+		f.warnUnknown(ctx, inv.stderr, nc.Conn, kind)
+	}
 	return err
+}
+
+// warnUnknown writes a warning, once a need is written, when its kind is
+// one no registry entry answers (compositions refuse such a need), and
+// when its provider is one no manifest names while a known provider is one
+// edit away: each says "did you mean" with the known names one edit away.
+// The service stores both, since a kind or a provider may appear later, and
+// its answer (a WriteResponse) has no field for a warning; so the command
+// reads the registry and the manifests itself, as its identity may: a
+// node's, the registry and the node's own manifests; an operator's, every
+// manifest. A read that fails leaves the warning out: the need is written.
+func (f *nodeWriteFlags) warnUnknown(ctx context.Context, w io.Writer, nc *nats.Conn, kind string) {
+	c := client.New(nc, f.conn.clientOptions()...)
+	if registry, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_REGISTRY}); err == nil {
+		var kinds []string
+		for _, r := range registry.GetRegistry() {
+			kinds = append(kinds, r.GetKind())
+		}
+		if !slices.Contains(kinds, kind) {
+			fmt.Fprintf(w, "warning: no registry entry answers kind %q%s The need is written, and compositions refuse it until an entry answers %q (query registry lists the kinds).\n",
+				keys.Echo(kind), didYouMean(kind, kinds), keys.Echo(kind))
+		}
+	}
+	provider := f.need.GetProvider()
+	if provider == "" {
+		return
+	}
+	manifests, err := c.ProvisioningAll(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_MANIFESTS, Node: f.conn.node()})
+	if err != nil {
+		return
+	}
+	var providers []string
+	for _, m := range manifests.GetManifests() {
+		providers = append(providers, m.GetProvider())
+	}
+	if hint := didYouMean(provider, providers); hint != "." && !slices.Contains(providers, provider) {
+		fmt.Fprintf(w, "warning: no manifest names provider %q%s The need is written, and its provision stays pending until provider %q binds it.\n",
+			keys.Echo(provider), hint, keys.Echo(provider))
+	}
+}
+
+// didYouMean ends a sentence about word: ": did you mean "port"?" when
+// known holds names one edit (Levenshtein distance 1) from it, each once,
+// sorted; else ".".
+func didYouMean(word string, known []string) string {
+	var near []string
+	for _, k := range known {
+		if oneEdit(word, k) && !slices.Contains(near, k) {
+			near = append(near, k)
+		}
+	}
+	if len(near) == 0 {
+		return "."
+	}
+	slices.Sort(near)
+	quoted := make([]string, len(near))
+	for i, k := range near {
+		quoted[i] = fmt.Sprintf("%q", keys.Echo(k))
+	}
+	return ": did you mean " + strings.Join(quoted, " or ") + "?"
+}
+
+// oneEdit reports whether a and b are one insertion, deletion or
+// substitution of a byte apart (Levenshtein distance exactly 1).
+func oneEdit(a, b string) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	if len(b)-len(a) > 1 || a == b {
+		return false
+	}
+	i := 0
+	for i < len(a) && a[i] == b[i] {
+		i++
+	}
+	if len(a) == len(b) {
+		return a[i+1:] == b[i+1:] // one substitution at i
+	}
+	return a[i:] == b[i+1:] // one insertion into a at i
 }
 
 // attributesOf reads --attributes: comma-separated key=value pairs.
@@ -241,6 +341,10 @@ func attributesOf(list string) (map[string]string, error) {
 func (f *nodeWriteFlags) explain(nc *clientConn, err error) error {
 	if errors.Is(err, keys.ErrInvalidPart) {
 		return err
+	}
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return fmt.Errorf("the write is more than the NATS at %s carries in one message (max_payload, %d bytes), and the service takes far less of one value (64 KiB unless serve --max-value-size says otherwise): write a smaller value",
+			redactURL(f.conn.url), nc.MaxPayload())
 	}
 	return requestError(err, nc.violations, f.conn.url)
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -67,13 +68,20 @@ func defineQuery(fs *flag.FlagSet) action {
 		}
 		what, ok := whats[word]
 		if !ok && word != "compose" {
-			return fmt.Errorf("query %q: ask registry, needs, applied, collect, manifests or compose", word)
+			return fmt.Errorf("query %q: ask registry, needs, applied, collect, manifests or compose", keys.Echo(word))
 		}
 		if *watchPlan && (word != "compose" || req.GetModule() != "") {
 			return fmt.Errorf("query: --watch watches a node's whole plan: query compose --node NODE --watch")
 		}
 		if word == "compose" && (req.GetContributor() != "" || req.GetCollection() != "") {
 			return fmt.Errorf("query compose: --contributor and --collection do not apply; compose takes --node and --module")
+		}
+		for _, n := range []struct{ label, value string }{
+			{"--node", req.GetNode()}, {"--module", req.GetModule()}, {"--contributor", req.GetContributor()}, {"--collection", req.GetCollection()},
+		} {
+			if err := keys.CheckLength(n.label, n.value); err != nil {
+				return fmt.Errorf("query %s: %w", word, err) // as the service would; a node's plan is watched on a subject that ends with it
+			}
 		}
 		req.What = what
 		if *watchPlan {
@@ -128,7 +136,8 @@ func printAnswer(w io.Writer, answer proto.Message, asJSON bool, show func() err
 
 // requestError says why a request of a client command failed, in one
 // sentence: the service's refusal, NATS's refusal of this identity, or no
-// instance answering.
+// instance answering (the service not started yet, most often: say so,
+// with the URL tried).
 func requestError(err error, watch *violations, url string) error {
 	if err == nil {
 		return nil
@@ -140,7 +149,7 @@ func requestError(err error, watch *violations, url string) error {
 		return explained
 	}
 	if errors.Is(err, nats.ErrNoResponders) {
-		return fmt.Errorf("no mesh-provisioner service answers at %s", redactURL(url))
+		return fmt.Errorf("no mesh-provisioner service answers on the NATS at %s: start the service first (mesh-provisioner serve, with --nats-url naming that NATS), then run this again", redactURL(url))
 	}
 	return err
 }

@@ -149,3 +149,42 @@ func TestQueryJSONAndErrors(t *testing.T) {
 		}
 	}
 }
+
+// query's errors say what to do: start the service when none answers, with
+// the URL tried, and the limit a name broke, the name cut to 64 characters.
+func TestQuerySaysWhatToDo(t *testing.T) {
+	t.Parallel()
+	bare := natstest.Start(t) // a NATS where no service ran
+	served := natstest.Start(t)
+	servicetest.Start(t, natstest.Connect(t, served))
+	long := strings.Repeat("a", 70_000)
+	cut := `"` + long[:64] + `…"`
+	noService := func(url string) string {
+		return "no mesh-provisioner service answers on the NATS at " + url + ": start the service first (mesh-provisioner serve, with --nats-url naming that NATS), then run this again"
+	}
+	authed := "nats://ace:ace-secret@" + strings.TrimPrefix(bare.ClientURL(), "nats://")
+	tests := []struct {
+		name string
+		args []string
+		err  string
+	}{
+		{"needs before any service ran", []string{"query", "needs", "--nats-url", bare.ClientURL()}, noService(bare.ClientURL())},
+		{"the registry as a node before any service ran", []string{"query", "registry", "--inbox-prefix", "_INBOX_MESH.node.ace", "--nats-url", bare.ClientURL()}, noService(bare.ClientURL())},
+		{"compose before any service ran, the password not shown", []string{"query", "compose", "--node", "ace", "--nats-url", authed}, noService("nats://ace:xxxxx@" + strings.TrimPrefix(bare.ClientURL(), "nats://"))},
+		{"a node of 70,000 characters", []string{"query", "needs", "--node", long, "--nats-url", served.ClientURL()},
+			"query needs: --node " + cut + " is 70000 bytes, more than the 256 a name may take: shorten it"},
+		{"a node of 70,000 characters to watch", []string{"query", "compose", "--node", long, "--watch", "--nats-url", served.ClientURL()},
+			"query compose: --node " + cut + " is 70000 bytes, more than the 256 a name may take: shorten it"},
+		{"a word of 70,000 characters", []string{"query", long, "--nats-url", served.ClientURL()},
+			`query ` + cut + `: ask registry, needs, applied, collect, manifests or compose`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := run(context.Background(), tt.args, &bytes.Buffer{}, &bytes.Buffer{})
+			if err == nil || err.Error() != tt.err {
+				t.Errorf("error\n  %v\nwant\n  %s", err, tt.err)
+			}
+		})
+	}
+}
