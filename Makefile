@@ -117,12 +117,10 @@ FAULTS_FILTER := grep -vE '^time='
 # After a failure, each failed test's whole output is printed again at the
 # end, where a CI log cut to its last lines still shows why.
 FAULTS_LOG    := build/test-faults.log
-# The scenarios' figures are timings on a machine shared with the servers,
-# the service and the load itself: one that fails is run again, alone, once,
-# and passes the target only if it then passes, with a FLAKY line saying so.
-# TestFaultBlast bounds its recovery against a bare echo blasted alike in
-# the same run; others bound absolute timings.
-FAULTS_RUN    := build/test-faults-run.log
+# A scenario that fails fails the target: none is run again. TestFaultBlast
+# bounds its recovery against a bare echo blasted alike in the same run;
+# the others bound what must hold (a seat vacant at most 10 s, no acked
+# write lost), with margins for a machine shared with the load.
 FAULTS_FAILED := awk '/^=== RUN   [^\/]+$$/ { block = "" } { block = block $$0 "\n" } /^--- FAIL: / { printf "%s", block }'
 
 .PHONY: test-faults
@@ -130,11 +128,7 @@ test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat f
 	@mkdir -p build && : > $(FAULTS_LOG)
 	status=0; \
 	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
-	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee $(FAULTS_RUN) | tee -a $(FAULTS_LOG) || { \
-		failed=$$(grep -oE '^--- FAIL: Test[A-Za-z0-9_]+' $(FAULTS_RUN) | sed 's/^--- FAIL: //' | sort -u | paste -sd'|' || true); \
-		if [ -n "$$failed" ] && go test $(RACE) -count=1 -timeout 30m -tags faults -run "^($$failed)$$" -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG); then \
-			echo "=== FLAKY: $$failed failed, then passed when run again alone (both outputs are above)"; \
-		else status=1; fi; }; \
+	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
 	go test -race -count=1 -tags faults -run '^TestHolderKeepsTheSeatThroughAnElection$$' -v ./seat/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
 	if [ $$status != 0 ]; then echo '=== the fault tests that failed, each with its whole output:'; $(FAULTS_FAILED) $(FAULTS_LOG); fi; \
 	exit $$status
