@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/backoff"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
@@ -23,7 +24,8 @@ var ErrWatchStopped = errors.New("client: the plan's watch stopped: the connecti
 
 // How WatchPlan asks again after a 503 (the copy still loading, or behind
 // the revisions the digest names), or reads the node's key again after an
-// error once reconnected.
+// error once reconnected: doubling from watchRetryMin to watchRetryMax,
+// not jittered.
 const (
 	watchRetryMin = 100 * time.Millisecond
 	watchRetryMax = 2 * time.Second
@@ -81,7 +83,8 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 
 	last := ""
 	composeAt := func(least *provisionerv1.Revisions) error {
-		for retry := watchRetryMin; ; retry = min(2*retry, watchRetryMax) {
+		retry := backoff.New(backoff.Config{Min: watchRetryMin, Max: watchRetryMax, Factor: 2})
+		for {
 			ask, cancel := context.WithTimeout(ctx, watchComposeTimeout)
 			composition, err := c.ComposeAll(ask, &provisionerv1.ComposeRequest{Node: node, MinRevisions: least})
 			cancel()
@@ -99,7 +102,7 @@ func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisione
 			case wire.CodeOf(err) != wire.CodeUnavailable && !unanswered(err):
 				return err
 			}
-			if !sleepCtx(ctx, retry) {
+			if !retry.Wait(ctx) {
 				return nil
 			}
 		}
@@ -228,14 +231,4 @@ func decodePlanDigest(value []byte) *provisionerv1.PlanDigest {
 		return nil
 	}
 	return digest
-}
-
-// sleepCtx waits for d, and reports false if ctx is done first.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(d):
-		return true
-	}
 }

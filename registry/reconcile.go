@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/backoff"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/keys"
@@ -222,28 +222,26 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pause := retryMin
+	retry := backoff.New(backoff.Config{Min: retryMin, Max: retryMax, Factor: 2, Jitter: 0.5})
 	for {
 		err := r.watchAndRun(ctx, wanted)
 		if ctx.Err() != nil {
 			return nil
 		}
 		if errors.Is(err, errReconciled) {
-			pause = retryMin // it had run: not a failure streak
+			retry.Reset() // it had run: not a failure streak
 		}
+		pause := retry.Next()
 		r.logger().Warn("registry reconcile failed; trying again", "err", err, "in", pause)
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, pause) {
 			return nil
-		case <-time.After(pause/2 + rand.N(pause/2+1)):
 		}
-		pause = min(2*pause, retryMax)
 	}
 }
 
 // How long Run pauses before it watches and reconciles again after a
-// failure: jittered, doubling from retryMin to retryMax, short enough that
-// the registry is written soon after an election ends.
+// failure: jittered by half, doubling from retryMin to retryMax, short
+// enough that the registry is written soon after an election ends.
 const (
 	retryMin = 250 * time.Millisecond
 	retryMax = 5 * time.Second

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/novox/mesh-provisioner/backoff"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/mirror"
@@ -142,19 +143,30 @@ func (s *Service) RunPlans(ctx context.Context, cfg PlansConfig) error {
 	if err := s.WaitReady(ctx); err != nil {
 		return nil //nolint:nilerr // only ctx ends the wait
 	}
-	for retry := time.Duration(0); ; retry = min(max(2*retry, 100*time.Millisecond), 2*time.Second) {
+	retry := backoff.New(backoff.Config{Min: plansRetryMin, Max: plansRetryMax, Factor: 2})
+	for failures := 0; ; failures++ {
 		err := s.keepPlans(ctx, cfg)
 		if ctx.Err() != nil {
 			return nil
 		}
-		s.logger.Warn("keeping the plan digests; starting again", "bucket", cfg.KV.Bucket(), "err", err, "in", retry)
-		select {
-		case <-ctx.Done():
+		var pause time.Duration // the first failure starts again at once
+		if failures > 0 {
+			pause = retry.Next()
+		}
+		s.logger.Warn("keeping the plan digests; starting again", "bucket", cfg.KV.Bucket(), "err", err, "in", pause)
+		if !backoff.Sleep(ctx, pause) {
 			return nil
-		case <-time.After(retry):
 		}
 	}
 }
+
+// How RunPlans starts again after a run fails: at once after the first
+// failure, then after pauses doubling from plansRetryMin to plansRetryMax,
+// not jittered.
+const (
+	plansRetryMin = 100 * time.Millisecond
+	plansRetryMax = 2 * time.Second
+)
 
 // keepPlans is one run of RunPlans, until ctx is done or the bucket's
 // watcher fails.

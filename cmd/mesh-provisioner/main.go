@@ -1,8 +1,16 @@
-// Command mesh-provisioner is the provisioner's server of a NATS mesh: it
-// keeps the registry, watches the provisioning state buckets, and answers the
-// read-only verbs mesh-provisioner.provisioning and mesh-provisioner.compose
-// as a NATS micro service. Its other commands (query, permissions, capture,
-// simulate) are the operator's tools around it.
+// Command mesh-provisioner is the provisioner's server of a NATS mesh
+// (serve): it keeps the registry and each node's plan digest while it holds
+// the provisioner seat, watches the provisioning buckets and the providers',
+// and answers as a NATS micro service the read verbs
+// (mesh-provisioner.provisioning, mesh-provisioner.compose,
+// mesh-provisioner.provisions.<provider>) and the write verbs (put, delete,
+// apply, declare, bind) through which alone the buckets are written. Its
+// other commands are the tools around it: init writes a fresh mesh's
+// nats-server configuration, keys and contexts, permissions prints one
+// identity's permissions, and check says whether the service can run with
+// its identities; query and status read a running mesh, capture saves its
+// buckets and simulate writes a synthetic one; put and delete write one
+// record of a node as the node would; version prints the version.
 //
 // Run with no arguments it serves on an embedded nats-server with JetStream;
 // with --nats-url it joins an existing NATS. See --help.

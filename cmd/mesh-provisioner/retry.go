@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"time"
+
+	"github.com/novox/mesh-provisioner/backoff"
 )
 
-// How long a start-up step pauses before it is tried again: jittered,
-// doubling from startRetryMin to startRetryMax.
+// How long a start-up step pauses before it is tried again: jittered by
+// half, doubling from startRetryMin to startRetryMax.
 const (
 	startRetryMin = 250 * time.Millisecond
 	startRetryMax = 5 * time.Second
@@ -23,7 +24,7 @@ const (
 // a leader election, a stream not yet placed) is logged and tried again, for
 // no instance ends itself on anything the bus can cause.
 func retryStart(ctx context.Context, logger *slog.Logger, what string, step func(ctx context.Context) error) error {
-	pause := startRetryMin
+	retry := backoff.New(backoff.Config{Min: startRetryMin, Max: startRetryMax, Factor: 2, Jitter: 0.5})
 	for attempt := 1; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, startAttempt)
 		err := step(actx)
@@ -37,12 +38,10 @@ func retryStart(ctx context.Context, logger *slog.Logger, what string, step func
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", what, ctx.Err())
 		}
+		pause := retry.Next()
 		logger.Warn("start-up step failed; trying again", "step", what, "err", err, "attempt", attempt, "in", pause)
-		select {
-		case <-ctx.Done():
+		if !backoff.Sleep(ctx, pause) {
 			return fmt.Errorf("%s: %w", what, ctx.Err())
-		case <-time.After(pause/2 + rand.N(pause/2+1)):
 		}
-		pause = min(2*pause, startRetryMax)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/novox/mesh-provisioner/backoff"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -43,8 +43,9 @@ const (
 	// consumerInactive is how long the server keeps a consumer no watcher
 	// pulls from.
 	consumerInactive = 10 * time.Second
-	// How long a watcher pauses before it starts again: jittered, doubling
-	// from watchRetryMin to watchRetryMax, and cut short by a reconnect.
+	// How long a watcher pauses before it starts again: jittered by half,
+	// doubling from watchRetryMin to watchRetryMax, and cut short by a
+	// reconnect.
 	watchRetryMin = 50 * time.Millisecond
 	watchRetryMax = time.Second
 	// pollEvery is how often a copy that is behind asks its bucket for the
@@ -227,7 +228,7 @@ func (f *follower) connectionChanged(status nats.Status) {
 
 // run follows the bucket until ctx is done.
 func (f *follower) run(ctx context.Context) {
-	pause := watchRetryMin
+	retry := backoff.New(backoff.Config{Min: watchRetryMin, Max: watchRetryMax, Factor: 2, Jitter: 0.5})
 	loadFailed := false // logged once
 	for {
 		attempt, cancel := context.WithCancel(ctx)
@@ -242,6 +243,15 @@ func (f *follower) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errFollowed) {
+			retry.Reset() // it had caught up: not a failure streak
+		}
+		var wait <-chan time.Time
+		var pause time.Duration // none while disconnected: only the reconnect (a kick) resumes it
+		if f.conn.IsConnected() {
+			pause = retry.Next()
+			wait = time.After(pause)
+		}
 		switch {
 		case err == nil:
 		case !f.copy.Ready():
@@ -253,20 +263,12 @@ func (f *follower) run(ctx context.Context) {
 			f.fellBehind(err.Error())
 			f.logger.Debug("bucket watcher stopped; resuming", "err", err, "in", pause)
 		}
-		if errors.Is(err, errFollowed) {
-			pause = watchRetryMin // it had caught up: not a failure streak
-		}
-		var wait <-chan time.Time
-		if f.conn.IsConnected() {
-			wait = time.After(pause/2 + rand.N(pause/2+1))
-		} // else only the reconnect (a kick) resumes it
 		select {
 		case <-ctx.Done():
 			return
 		case <-f.kick:
-			pause = watchRetryMin
+			retry.Reset()
 		case <-wait:
-			pause = min(2*pause, watchRetryMax)
 		}
 	}
 }
