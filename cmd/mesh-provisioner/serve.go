@@ -26,23 +26,26 @@ import (
 
 const serveSynopsis = `Usage: mesh-provisioner [serve] [flags]
 
-Serves the mesh's provisioning registry and the read-only verbs
-mesh-provisioner.provisioning and mesh-provisioner.compose as one NATS micro
-service, answered from a watched copy of the buckets. With no --nats-url it
-embeds a nats-server with JetStream, listening on --listen, its store in
---state-dir, which one instance at a time may own (a second exits at once,
-naming the PID that holds it); with --nats-url it connects to that NATS and
-embeds nothing, and while it cannot be reached at start keeps trying, a log
-line per attempt (--connect-retry=false exits instead). It creates the five
-provisioning buckets if they are missing. Any number of instances may serve
-one mesh; the one that holds the provisioner seat writes the registry, at the
-start of its tenure, every --registry-interval and whenever an entry is
-changed by anyone else. It stops cleanly on SIGINT or SIGTERM, handing the
-seat to a standby. nats.go's and nats-server's messages go through its log,
-passwords redacted.
+Serves the mesh's provisioning registry as one NATS micro service: the read
+verbs mesh-provisioner.provisioning, .compose and .provisions, answered from
+a watched copy of the buckets, and the write verbs (put, delete, apply,
+declare, bind) through which nodes and providers write their own records,
+the service being the only writer. With no NATS named (--nats-url, --context,
+$NATS_CONTEXT, $NATS_URL) it embeds a nats-server with JetStream, listening
+on --listen, its store in --state-dir, which one instance at a time may own
+(a second exits at once, naming the PID that holds it); with one it connects
+to that NATS as the answering identity (and --writer-context's or
+--writer-nats-url's writing identity) and embeds nothing, and while it cannot
+be reached at start keeps trying, a log line per attempt (--connect-retry=false
+exits instead). It creates the six buckets if they are missing. Any number of
+instances may serve one mesh; the one that holds the provisioner seat writes
+the registry (at the start of its tenure, every --registry-interval and
+whenever an entry is changed by anyone else) and each node's plan digest. It
+stops cleanly on SIGINT or SIGTERM, handing the seat to a standby. nats.go's
+and nats-server's messages go through its log, passwords redacted.
 
-Other commands (each with --help): query, status, permissions, capture,
-simulate, put, delete, version`
+Other commands (each with --help): init, check, query, status, permissions,
+capture, simulate, put, delete, version`
 
 type serveFlags struct {
 	connect          connectFlags
@@ -327,7 +330,6 @@ func (c *serveConns) close() {
 // embeds (stopped by stop) and the option that reaches it in-process.
 func (f *serveFlags) joinNATS(ctx context.Context, logger *slog.Logger) (url string, opts []nats.Option, stop func(), err error) {
 	if f.connect.url != "" {
-		logger.Info("joining NATS", "url", redactURL(f.connect.url), "from", f.connect.urlFrom)
 		return f.connect.url, nil, func() {}, nil
 	}
 	embedded, err := startEmbedded(ctx, f.listen, f.stateDir, logger)
@@ -480,8 +482,16 @@ func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string,
 			return err
 		}
 		info := svc.Info()
+		subjects := make([]string, 0, len(info.Endpoints))
+		for _, e := range info.Endpoints {
+			subjects = append(subjects, e.Subject)
+		}
+		natsFrom := f.connect.urlFrom
+		if natsFrom == "" {
+			natsFrom = "embedded"
+		}
 		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID, "seat_id", provisionerSeat.ID(),
-			"subjects", []string{wire.ProvisioningSubject, wire.ComposeSubject}, "nats_url", redactURL(url))
+			"subjects", subjects, "nats_url", redactURL(url), "nats_url_from", natsFrom)
 		notifySystemd(logger, sdnotify.Ready)
 		<-gctx.Done()
 		notifySystemd(logger, sdnotify.Stopping)
