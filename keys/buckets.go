@@ -1,8 +1,8 @@
 package keys
 
-// The provisioning buckets. Only the mesh-provisioner server writes the
-// registry; each node's provisioner client writes its own node's keys of the
-// others.
+// The provisioning buckets. Only the mesh-provisioner server writes them:
+// the registry itself, and each node's keys of the others as the node asks
+// through the write verbs, which confine it to its own keys.
 const (
 	// RegistryBucket holds one registry entry per kind, keyed <kind>.
 	RegistryBucket = "mesh-provisioner_registry"
@@ -27,8 +27,8 @@ func Buckets() []string {
 	return []string{RegistryBucket, NeedsBucket, AppliedBucket, CollectBucket, ManifestsBucket}
 }
 
-// StateBuckets lists the buckets that node clients write, each node its own
-// keys.
+// StateBuckets lists the buckets of nodes' records, each node's keys written
+// through the write verbs as it asks.
 func StateBuckets() []string {
 	return []string{NeedsBucket, AppliedBucket, CollectBucket, ManifestsBucket}
 }
