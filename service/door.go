@@ -116,8 +116,22 @@ func newDoor[R any](most, total int, rate float64, serve func(R), onDrop func(ad
 	return d
 }
 
-// enter puts r in who's line, or drops it and reports false.
+// enter puts r in who's line, or drops it and reports false (admit, then
+// put).
 func (d *door[R]) enter(who addressee, r R) bool {
+	if !d.admit(who) {
+		return false
+	}
+	d.put(who, r)
+	return true
+}
+
+// admit reports whether who may put a request in its line now: the door is
+// open, its line and all lines have room, and who asks within the rate.
+// Otherwise the request is dropped, counted by asker. Only the goroutine
+// that puts requests in the door admits them, so a line admitted has room
+// until put.
+func (d *door[R]) admit(who addressee) bool {
 	d.mu.Lock()
 	l := d.lines[who]
 	if l == nil {
@@ -128,17 +142,30 @@ func (d *door[R]) enter(who addressee, r R) bool {
 		d.lines[who] = l
 	}
 	n := len(l.reqs)
-	if d.closed || n >= d.most || (n > 0 && d.queued >= d.total) || (d.rate > 0 && !l.take(d.rate, d.burst)) {
-		dropped := d.countDrop(who)
+	if !d.closed && n < d.most && (n == 0 || d.queued < d.total) && (d.rate == 0 || l.take(d.rate, d.burst)) {
 		d.mu.Unlock()
-		// Told at the first drop and then every dropTold-th of the asker's,
-		// which onDrop's log limits further: a flood's drops cost no clock
-		// read or lock of the log's each.
-		if d.onDrop != nil && dropped%dropTold == 1 {
-			d.onDrop(who)
-		}
-		return false
+		return true
 	}
+	dropped := d.countDrop(who)
+	d.mu.Unlock()
+	// Told at the first drop and then every dropTold-th of the asker's,
+	// which onDrop's log limits further: a flood's drops cost no clock read
+	// or lock of the log's each.
+	if d.onDrop != nil && dropped%dropTold == 1 {
+		d.onDrop(who)
+	}
+	return false
+}
+
+// put puts r, admitted, at the end of who's line.
+func (d *door[R]) put(who addressee, r R) {
+	d.mu.Lock()
+	l := d.lines[who]
+	if l == nil { // swept between admit and put: idle, and so empty
+		l = &line[R]{who: who, tokens: d.burst, refilled: time.Now()}
+		d.lines[who] = l
+	}
+	n := len(l.reqs)
 	l.reqs = append(l.reqs, r)
 	if n == 0 {
 		d.turns = append(d.turns, l)
@@ -150,7 +177,6 @@ func (d *door[R]) enter(who addressee, r R) bool {
 	case d.wake <- struct{}{}:
 	default:
 	}
-	return true
 }
 
 // dropTold is how many of an asker's drops pass between two calls of onDrop.
@@ -255,19 +281,26 @@ func (d *door[R]) drops(n int) (top []dropCount, all uint64) {
 	return top[:min(n, len(top))], all
 }
 
-// handlerOf returns the micro handler of an endpoint that serve answers.
-// On an endpoint whose subject names its asker (owner set; the asker is
-// the token after prefix), requests pass a door of the endpoint's own, at
-// most rate a second of each asker (no bound when zero), which
-// the service closes as it stops; others go to serve on the callback.
-func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, count *counters, serve func(micro.Request)) micro.Handler {
+// handlerOf returns the micro handler of an endpoint: prepare reads and
+// checks each request on the callback, where micro counts its refusals,
+// and returns what answers it. On an endpoint whose subject names its asker
+// (owner set; the asker is the token after prefix) a door of the
+// endpoint's own stands before prepare, at most rate a second of each asker
+// (no bound when zero), and the answer waits in the asker's line; the
+// service closes the door as it stops. Elsewhere the answer follows on the
+// callback.
+func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, count *counters, prepare func(micro.Request) func(onCallback bool)) micro.Handler {
 	if owner == "" {
-		return micro.HandlerFunc(serve)
+		return micro.HandlerFunc(func(r micro.Request) {
+			if answer := prepare(r); answer != nil {
+				answer(true)
+			}
+		})
 	}
 	// Precomputed, so that a flood's drops allocate nothing to be told.
 	cause := "dropped at " + name
 	message := "requests of a " + string(owner) + " dropped unanswered at the " + name + " endpoint: it asked faster than serve --max-rate-per-asker, or than its requests are read"
-	d := newDoor[micro.Request](lineLength, PendingMsgsLimit, float64(rate), serve, func(who addressee) {
+	d := newDoor(lineLength, PendingMsgsLimit, float64(rate), func(answer func(bool)) { answer(false) }, func(who addressee) {
 		s.warnings.Log(slog.LevelWarn, cause, who.name, message)
 	})
 	count.door = d
@@ -275,7 +308,13 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 	s.doors = append(s.doors, d)
 	s.doorsMu.Unlock()
 	return micro.HandlerFunc(func(r micro.Request) {
-		d.enter(addressee{role: owner, name: askerToken(r.Subject(), prefix)}, r)
+		who := addressee{role: owner, name: askerToken(r.Subject(), prefix)}
+		if !d.admit(who) {
+			return
+		}
+		if answer := prepare(r); answer != nil {
+			d.put(who, answer)
+		}
 	})
 }
 

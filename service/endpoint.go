@@ -120,8 +120,8 @@ func (ep endpoint[Req, Res]) register(s *Service) error {
 	req := ep.newRequest()
 	var res Res                  // a typed nil: its descriptor is all that is read
 	count := s.counters[ep.name] // made by Start before the stats handler was live
-	serve := func(r micro.Request) { ep.handle(s, count, r) }
-	err := s.micro.AddEndpoint(ep.name, s.handlerOf(ep.name, ep.subject, ep.owner, s.maxRatePerAsker, count, serve),
+	prepare := func(r micro.Request) func(bool) { return ep.prepare(s, count, r) }
+	err := s.micro.AddEndpoint(ep.name, s.handlerOf(ep.name, ep.subject, ep.owner, s.maxRatePerAsker, count, prepare),
 		micro.WithEndpointSubject(ep.subjectOf()),
 		pendingLimits(ep.owner),
 		micro.WithEndpointMetadata(map[string]string{
@@ -152,60 +152,66 @@ type revisionSource interface {
 	WaitFor(ctx context.Context, revision uint64) bool
 }
 
-// handle reads and checks a request on the micro callback, so that micro
-// counts every refusal, then answers it on a worker. A request whose reply
-// subject is not an inbox gets no answer at all: the callback is free for
-// the next request while a large answer is built and encoded. A request that
-// asks for revisions the copy has not reached waits for them first, without
-// holding a worker.
-func (ep endpoint[Req, Res]) handle(s *Service, count *counters, r micro.Request) {
+// prepare reads and checks a request on the micro callback, where micro
+// counts each refusal (refuse, onCallback), and returns what answers it
+// once its turn comes, or nil when it was refused or gets no answer at all.
+// A request whose reply subject is not an inbox gets no answer: the
+// callback is free for the next request while a large answer is built and
+// encoded. A request that asks for revisions the copy has not reached
+// waits for them first, without holding a worker.
+func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Request) (answer func(onCallback bool)) {
 	arrived := time.Now()
 	// First, before anything can answer: every path below (refusals, 503s,
 	// pages, reused answers) publishes to r.Reply().
 	who := ep.addresseeOf(r)
 	if !s.answersTo(r.Reply(), who.role, who.name) {
 		s.refuseReply(r, count)
-		return
+		return nil
 	}
 	r = s.observed(r, ep.name, arrived)
 	enc := encodingOf(r)
+	in := ep.newRequest()
+	if werr := enc.unmarshal(r.Data(), in); werr != nil {
+		s.refuse(r, enc, count, werr, true)
+		return nil
+	}
+	if werr := ep.check(in); werr != nil {
+		s.refuse(r, enc, count, werr, true)
+		return nil
+	}
+	if ep.owner != "" {
+		if werr := ep.confine(who.name, in); werr != nil {
+			s.refuse(r, enc, count, werr, true)
+			return nil
+		}
+	}
+	return func(onCallback bool) { ep.reply(s, count, r, who, in, enc, arrived, onCallback) }
+}
+
+// reply answers a checked request: refused at once when the queue or the
+// asker's places are full or the copy is loading (but for an early
+// answer), else from the whole copy (answerWhole).
+func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who addressee, in Req, enc encoding, arrived time.Time, onCallback bool) {
 	if len(s.queue) == cap(s.queue) {
-		// Overloaded: refuse before decoding, so that a backlog drains as
-		// fast as the callback can read it.
 		count.queueFull.Add(1)
-		s.refuse(r, enc, count, s.overloaded())
+		s.refuse(r, enc, count, s.overloaded(), onCallback)
 		return
 	}
 	if s.places.full(who) {
 		count.askerFull.Add(1)
-		s.refuse(r, enc, count, s.places.askerFull(who))
+		s.refuse(r, enc, count, s.places.askerFull(who), onCallback)
 		return
-	}
-	in := ep.newRequest()
-	if werr := enc.unmarshal(r.Data(), in); werr != nil {
-		s.refuse(r, enc, count, werr)
-		return
-	}
-	if werr := ep.check(in); werr != nil {
-		s.refuse(r, enc, count, werr)
-		return
-	}
-	if ep.owner != "" {
-		if werr := ep.confine(who.name, in); werr != nil {
-			s.refuse(r, enc, count, werr)
-			return
-		}
 	}
 	if !s.mirror.Ready() {
 		if ep.early != nil {
-			ep.answerEarly(s, r, in, enc, count, arrived)
+			ep.answerEarly(s, r, in, enc, count, arrived, onCallback)
 			return
 		}
-		s.refuse(r, enc, count, s.stillLoading())
+		s.refuse(r, enc, count, s.stillLoading(), onCallback)
 		return
 	}
 	if werr := ep.answerWhole(s, r, in, enc, count, arrived, true); werr != nil {
-		s.refuse(r, enc, count, werr)
+		s.refuse(r, enc, count, werr, onCallback)
 	}
 }
 
@@ -322,16 +328,16 @@ func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, 
 // answerEarly answers a checked request on a worker while the copy loads
 // (early), within RevisionWait, once the copy holds what it reads beside
 // the request's own keys (earlyLoaded).
-func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time) {
+func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, onCallback bool) {
 	release := s.admit()
 	if release == nil {
-		s.refuse(r, enc, count, errStopping)
+		s.refuse(r, enc, count, errStopping, onCallback)
 		return
 	}
 	give, werr := s.hold(ep.addresseeOf(r), count)
 	if werr != nil {
 		release()
-		s.refuse(r, enc, count, werr)
+		s.refuse(r, enc, count, werr, onCallback)
 		return
 	}
 	run := func() {
@@ -366,7 +372,7 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 		s.send(r, enc, count, data, werr)
 	}
 	if werr := s.enqueue(job{queued: arrived, count: count, run: run, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release, give: give}); werr != nil {
-		s.refuse(r, enc, count, werr)
+		s.refuse(r, enc, count, werr, onCallback)
 	}
 }
 
@@ -683,15 +689,16 @@ func headerLen(h nats.Header) int {
 	return n
 }
 
-// refuse answers an error from the micro callback. On Config.Conn, micro
-// sends it and counts it (num_errors); on a connection of its own
-// (Config.AnswerConn), or past a door (whose requests are handled after
-// the callback returned), the service sends it and counts it in its stats
-// data (refused).
-func (s *Service) refuse(r micro.Request, enc encoding, count *counters, werr *wire.Error) {
+// refuse answers an error before the request is handed to a worker. On
+// the micro callback (onCallback), micro sends it on its connection and
+// counts it (num_errors, last_error), as it counts any error its handler
+// sends; after the callback returned (past a door), micro can count
+// nothing, and the service sends it on Config.AnswerConn and counts it in
+// its stats data (refused).
+func (s *Service) refuse(r micro.Request, enc encoding, count *counters, werr *wire.Error, onCallback bool) {
 	s.logFailure(r, werr)
 	s.observeAnswer(r, werr)
-	if s.answer == s.conn && count.door == nil {
+	if onCallback {
 		if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
 			s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
 		}

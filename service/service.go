@@ -230,7 +230,7 @@ type Service struct {
 	// (handlerOf): no bound when zero.
 	maxRatePerAsker, maxWriteRatePerAsker int
 	doorsMu                               sync.Mutex
-	doors                                 []*door[micro.Request]
+	doors                                 []*door[func(bool)]
 	logger                                *slog.Logger
 
 	revisionWait time.Duration
@@ -639,7 +639,7 @@ type counters struct {
 	refusedReplies atomic.Uint64
 	// door, on an endpoint whose subject names its asker, lets requests
 	// in by asker (handlerOf); set before the endpoint is added.
-	door *door[micro.Request]
+	door *door[func(bool)]
 }
 
 // counterOf returns the counters of the endpoint on subject, or nil.

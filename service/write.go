@@ -65,8 +65,8 @@ func (v writeVerb[Req]) names() (name, subject string) { return v.name, v.subjec
 
 func (v writeVerb[Req]) register(s *Service) error {
 	count := s.counters[v.name]
-	serve := func(r micro.Request) { v.handle(s, count, r) }
-	err := s.micro.AddEndpoint(v.name, s.handlerOf(v.name, v.subject, v.owner, s.maxWriteRatePerAsker, count, serve),
+	prepare := func(r micro.Request) func(bool) { return v.prepare(s, count, r) }
+	err := s.micro.AddEndpoint(v.name, s.handlerOf(v.name, v.subject, v.owner, s.maxWriteRatePerAsker, count, prepare),
 		micro.WithEndpointSubject(v.subjectOf()),
 		pendingLimits(v.owner),
 		micro.WithEndpointMetadata(map[string]string{
@@ -102,20 +102,21 @@ func (s *Service) writeVerbs() []registrar {
 	}
 }
 
-// handle reads and checks a write on the micro callback, so that micro
-// counts every refusal, then stores it on a goroutine of its own (at most
-// MaxConcurrentWrites at once), which answers once JetStream has
-// acknowledged it. A write whose reply subject is not the asker's own inbox
-// (or a cross-account reply, _R_.) is neither stored nor answered: a
+// prepare reads and checks a write on the micro callback, where micro
+// counts each refusal, and returns what stores it once its turn comes (at
+// most MaxConcurrentWrites at once, each on a goroutine of its own, which
+// answers once JetStream has acknowledged it), or nil when it was refused
+// or gets no answer. A write whose reply subject is not the asker's own
+// inbox (or a cross-account reply, _R_.) is neither stored nor answered: a
 // JetStream acknowledgement aimed at a verb has no reply subject, and a
 // node may not have its write answered into another's inbox.
-func (v writeVerb[Req]) handle(s *Service, count *counters, r micro.Request) {
+func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (store func(onCallback bool)) {
 	arrived := time.Now()
 	names := strings.Split(strings.TrimPrefix(r.Subject(), v.subject+"."), ".")
 	who := addressee{role: v.owner, name: names[0]}
 	if !s.answersTo(r.Reply(), who.role, who.name) {
 		s.refuseReply(r, count)
-		return
+		return nil
 	}
 	r = s.observed(r, v.name, arrived)
 	enc := encodingOf(r)
@@ -125,29 +126,35 @@ func (v writeVerb[Req]) handle(s *Service, count *counters, r micro.Request) {
 			role = wire.RoleProvider
 		}
 		if werr := checkAddress(role, name); werr != nil {
-			s.refuse(r, enc, count, werr)
-			return
+			s.refuse(r, enc, count, werr, true)
+			return nil
 		}
-	}
-	if !s.mirror.Ready() {
-		// The budgets and an apply's comparison read the copy.
-		s.refuse(r, enc, count, s.stillLoading())
-		return
 	}
 	in := v.newRequest()
 	if werr := enc.unmarshal(r.Data(), in); werr != nil {
-		s.refuse(r, enc, count, werr)
+		s.refuse(r, enc, count, werr, true)
+		return nil
+	}
+	return func(onCallback bool) { v.store(s, count, r, who, names, in, enc, onCallback) }
+}
+
+// store writes a checked request on a goroutine of its own, which answers
+// once JetStream has acknowledged it, or refuses it at once.
+func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who addressee, names []string, in Req, enc encoding, onCallback bool) {
+	if !s.mirror.Ready() {
+		// The budgets and an apply's comparison read the copy.
+		s.refuse(r, enc, count, s.stillLoading(), onCallback)
 		return
 	}
 	release := s.admit()
 	if release == nil {
-		s.refuse(r, enc, count, errStopping)
+		s.refuse(r, enc, count, errStopping, onCallback)
 		return
 	}
 	give, werr := s.hold(who, count)
 	if werr != nil {
 		release()
-		s.refuse(r, enc, count, werr)
+		s.refuse(r, enc, count, werr, onCallback)
 		return
 	}
 	select {
@@ -156,7 +163,7 @@ func (v writeVerb[Req]) handle(s *Service, count *counters, r micro.Request) {
 		give()
 		release()
 		count.queueFull.Add(1)
-		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server is storing as many writes as it may at once (%d); write again shortly", MaxConcurrentWrites))
+		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server is storing as many writes as it may at once (%d); write again shortly", MaxConcurrentWrites), onCallback)
 		return
 	}
 	go func() {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,4 +103,68 @@ func endpointStats(t *testing.T, asker *nats.Conn) []*micro.EndpointStats {
 		t.Fatal(err)
 	}
 	return stats.Endpoints
+}
+
+// Every refusal the service sends on the micro callback is counted by
+// micro as its own Error counts one: a garbage request's 400 shows in `nats
+// micro stats` as num_errors and last_error, on an operator's endpoint and
+// on a node's (behind its door, the request is read and refused on the
+// callback, before it waits in its line).
+func TestMicroStatsCountRefusals(t *testing.T) {
+	t.Parallel()
+	natsBin := os.Getenv(natsBinVariable)
+	if natsBin == "" {
+		t.Skipf("$%s is not set (make test-go sets it)", natsBinVariable)
+	}
+	s := authorizedServer(t)
+	host := strings.TrimPrefix(s.ClientURL(), "nats://")
+	sv := serveInProcess(t, []string{
+		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@" + host,
+		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@" + host,
+		"--state-dir", t.TempDir(), "--log-format", "json",
+	}, nil)
+	sv.log.waitFor(t, `"msg":"serving"`, 20*time.Second)
+	garbage := []byte{0xff, 0xff, 0xff}
+	for _, ask := range []struct {
+		identity *identity
+		subject  string
+	}{
+		{connectAs(t, s, wire.RoleOperator, "ops"), wire.ComposeSubject},
+		{connectAs(t, s, wire.RoleNode, "ace"), wire.NodeSubject(wire.ComposeSubject, "ace")},
+	} {
+		reply, err := ask.identity.nc.Request(ask.subject, garbage, 5*time.Second)
+		if err != nil {
+			t.Fatalf("garbage on %s: %v", ask.subject, err)
+		}
+		if code := reply.Header.Get(wire.ErrorCodeHeader); code != "400" {
+			t.Fatalf("garbage on %s: answered %q, want a 400", ask.subject, code)
+		}
+	}
+	out, err := exec.CommandContext(t.Context(), natsBin, "--server", "nats://admin:admin-secret@"+host, "micro", "stats", wire.ServiceName, "--json").Output()
+	if err != nil {
+		t.Fatalf("nats micro stats: %v\n%s", err, out)
+	}
+	var stats []micro.Stats
+	if err := json.Unmarshal(out, &stats); err != nil {
+		var one micro.Stats
+		if err := json.Unmarshal(out, &one); err != nil {
+			t.Fatalf("nats micro stats --json: %v\n%s", err, out)
+		}
+		stats = []micro.Stats{one}
+	}
+	for _, name := range []string{wire.ComposeEndpoint, wire.ComposeNodeEndpoint} {
+		var errors int
+		var last string
+		for _, st := range stats {
+			for _, e := range st.Endpoints {
+				if e.Name == name {
+					errors += e.NumErrors
+					last = e.LastError
+				}
+			}
+		}
+		if errors != 1 || !strings.Contains(last, "400") {
+			t.Errorf("nats micro stats: endpoint %s num_errors %d, last_error %q; want 1, and the 400", name, errors, last)
+		}
+	}
 }

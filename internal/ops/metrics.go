@@ -33,7 +33,7 @@ var endpointCounters = []struct {
 }{
 	{"requests_total", "Requests received by the endpoint (micro's num_requests).",
 		func(e *micro.EndpointStats, _ endpointData) float64 { return float64(e.NumRequests) }},
-	{"errors_total", "Requests refused on arrival with an error: bad requests, the copy still loading, the queue full (micro's num_errors, and stats data refused for those sent on the answering connection).",
+	{"errors_total", "Requests refused on arrival with an error: bad requests, the copy still loading, the queue full (micro's num_errors, and stats data refused for those sent once micro's handler had returned).",
 		func(e *micro.EndpointStats, d endpointData) float64 {
 			return float64(e.NumErrors) + float64(d.GetRefused())
 		}},

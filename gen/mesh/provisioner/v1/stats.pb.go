@@ -72,9 +72,9 @@ type EndpointStatsData struct {
 	// Answers over 64 KiB refused with a 503 because the bytes already queued
 	// for their asker, or for all askers, were at their bound.
 	LargeShed uint64 `protobuf:"varint,15,opt,name=large_shed,json=largeShed,proto3" json:"large_shed,omitempty"`
-	// Refusals (400, 403, 503 on arrival) that serve sends on its answering
-	// connection, which micro does not count in num_errors: a service's errors
-	// are num_errors plus refused.
+	// Refusals on arrival (503s) sent once micro's handler had returned, on
+	// the endpoints with a door, which micro does not count in num_errors: a
+	// service's errors are num_errors plus refused.
 	Refused uint64 `protobuf:"varint,16,opt,name=refused,proto3" json:"refused,omitempty"`
 	// The plan digests this instance keeps in mesh-provisioner_plans, while
 	// it holds the seat (the counts are since the instance started).

@@ -142,9 +142,9 @@ export type EndpointStatsData = Message<"mesh.provisioner.v1.EndpointStatsData">
   largeShed: bigint;
 
   /**
-   * Refusals (400, 403, 503 on arrival) that serve sends on its answering
-   * connection, which micro does not count in num_errors: a service's errors
-   * are num_errors plus refused.
+   * Refusals on arrival (503s) sent once micro's handler had returned, on
+   * the endpoints with a door, which micro does not count in num_errors: a
+   * service's errors are num_errors plus refused.
    *
    * @generated from field: uint64 refused = 16;
    */
