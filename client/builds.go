@@ -23,12 +23,21 @@ func PlanAt(plan *provisionerv1.ModulePlan, build string) []*provisionerv1.PlanI
 	return items
 }
 
+// IsBound reports whether a provider has bound a provision: its
+// bound_revision, the revision of its key in the provider's bucket
+// (<provider>_bound), is set. Zero is pending: the key, or the bucket, does
+// not exist yet (docs/protocol.md, "Providers' entries and manifests").
+func IsBound(p *provisionerv1.Provision) bool {
+	return p.GetBoundRevision() > 0
+}
+
 // Pending returns the provisions of a composition that their providers
-// have not bound yet.
+// have not bound yet (IsBound false), in the composition's order: the
+// composition's own, not copies.
 func Pending(composition *provisionerv1.ComposeResponse) []*provisionerv1.Provision {
 	var pending []*provisionerv1.Provision
 	for _, p := range composition.GetProvisions() {
-		if p.GetBoundRevision() == 0 {
+		if !IsBound(p) {
 			pending = append(pending, p)
 		}
 	}

@@ -70,10 +70,14 @@ func unanswered(err error) bool {
 // lost and found again composes again: a change made meanwhile is not
 // missed.
 func (c *Client) WatchPlan(ctx context.Context, node string, fn func(*provisionerv1.ComposeResponse) error) error {
-	// A node is a token: one with a wildcard would subscribe to every
-	// node's key it may read.
+	// A node is a token of at most keys.MaxNameLen bytes (the rule of
+	// keys.NodeFilter, as nodeclient.New checks it): one with a wildcard
+	// would subscribe to every node's key it may read.
+	if err := keys.CheckLength("the node", node); err != nil {
+		return fmt.Errorf("client: watch %q's plan: %w", keys.Echo(node), err)
+	}
 	if err := keys.CheckToken(node); err != nil {
-		return fmt.Errorf("client: watch %q's plan: the node %w", node, err)
+		return fmt.Errorf("client: watch %q's plan: the node %w", keys.Echo(node), err)
 	}
 	w, err := c.watchPlan(ctx, node)
 	if err != nil {

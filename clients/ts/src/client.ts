@@ -317,9 +317,53 @@ export const INBOX_ROOT = "_INBOX_MESH";
  */
 export type Role = "node" | "provider" | "operator";
 
-/** Whether name is one subject token: not empty, and no '.', '*', '>' or whitespace. */
-function isToken(name: string): boolean {
-  return name !== "" && !/[.*>\s]/u.test(name);
+/**
+ * The most bytes a name may take: a node's, a provider's, or any other a
+ * request gives (the Go keys.MaxNameLen); the service refuses a longer one.
+ */
+const MAX_NAME_LEN = 256;
+/** The most characters of a name an error echoes (the Go keys.MaxEchoed). */
+const MAX_ECHOED = 64;
+
+/** Returns name as an error echoes it: its first 64 characters and "…" when longer (the Go keys.Echo). */
+function echo(name: string): string {
+  const chars = [...name];
+  return chars.length > MAX_ECHOED ? `${chars.slice(0, MAX_ECHOED).join("")}…` : name;
+}
+
+/**
+ * Returns why name cannot be the name of a node, a provider or any identity
+ * of the mesh, or undefined when it can: it must be a key's token (not
+ * empty, and only the bytes A-Z a-z 0-9 - _ = /) of at most 256 bytes, the
+ * rule of docs/protocol.md ("Buckets and keys") that the Go keys.NodeFilter
+ * checks and the service holds every name to.
+ */
+function nameError(name: string): string | undefined {
+  const bytes = new TextEncoder().encode(name);
+  if (bytes.length > MAX_NAME_LEN) {
+    return `is ${bytes.length} bytes, more than the ${MAX_NAME_LEN} a name may take: shorten it`;
+  }
+  if (bytes.length === 0) {
+    return "is empty";
+  }
+  const bad = bytes.findIndex((b) => !tokenByte(b, false));
+  if (bad >= 0) {
+    const b = bytes[bad]!;
+    const shown = b > 0x20 && b < 0x7f ? JSON.stringify(String.fromCharCode(b)) : `byte 0x${b.toString(16).padStart(2, "0")}`;
+    return `holds ${shown} at byte ${bad}; a token holds only A-Z a-z 0-9 - _ = /`;
+  }
+  return undefined;
+}
+
+/**
+ * Throws a TypeError, starting with where, when name cannot be the name of
+ * what ("node", "provider", "a node's name"...): see {@link nameError}.
+ */
+function checkName(where: string, what: string, name: string): void {
+  const why = nameError(name);
+  if (why !== undefined) {
+    throw new TypeError(`${where}: ${what} ${JSON.stringify(echo(name))} ${why}`);
+  }
 }
 
 /**
@@ -335,13 +379,12 @@ function isToken(name: string): boolean {
  * to that identity's inbox (or an operator's, or nats.js's default
  * `_INBOX`): a node asking with another node's prefix gets no answer.
  *
- * @throws {TypeError} if name is empty or holds a character a subject
- *   token may not (`.`, `*`, `>`, whitespace).
+ * @throws {TypeError} if name is not an identity's name: a key's token (not
+ *   empty, only A-Z a-z 0-9 - _ = /) of at most 256 bytes, as the
+ *   permissions (`mesh-provisioner permissions`) and the service hold it.
  */
 export function inboxPrefix(role: Role, name: string): string {
-  if (!isToken(name)) {
-    throw new TypeError(`inboxPrefix: ${JSON.stringify(name)} is not a name: a ${role}'s name is one subject token (no '.', '*', '>' or whitespace)`);
-  }
+  checkName("inboxPrefix", `a ${role}'s name`, name);
   return `${INBOX_ROOT}.${role}.${name}`;
 }
 
@@ -417,10 +460,14 @@ export interface ProvisionerClientOptions {
    */
   provider?: string;
   /**
-   * Milliseconds to wait for an answer of a verb. Default 10000: more than
-   * the time a server waits for the revisions a request asks for (5 s by
-   * default, its --revision-wait), so that its 503 arrives before the client
-   * gives up.
+   * Milliseconds to wait for the answer of every verb this client asks,
+   * reads and writes alike; a call's own `timeout` takes precedence. Unset,
+   * a read waits {@link DEFAULT_READ_TIMEOUT} (10 000: more than the time a
+   * server waits for the revisions a request asks for, 5 s by default, its
+   * --revision-wait, so that its 503 arrives before the client gives up)
+   * and a write {@link DEFAULT_WRITE_TIMEOUT} (5 000), as the Go client's.
+   * It does not bound {@link ProvisionerClient.watchPlan}'s compositions
+   * ({@link WATCH_COMPOSE_TIMEOUT}).
    */
   timeout?: number;
   /**
@@ -438,7 +485,11 @@ export interface ProvisionerClientOptions {
 
 /** Options of one call of a verb. */
 export interface RequestOptions {
-  /** Milliseconds to wait for the answer; the client's timeout by default. */
+  /**
+   * Milliseconds to wait for the answer: by default the client's timeout,
+   * else {@link DEFAULT_READ_TIMEOUT} for a read and
+   * {@link DEFAULT_WRITE_TIMEOUT} for a write.
+   */
   timeout?: number;
 }
 
@@ -470,6 +521,12 @@ export interface DeclaredManifest {
 export interface WatchPlanOptions extends RequestOptions {
   /** Stops the watch: the iteration ends, and the subscription to the node's key with it. */
   signal?: AbortSignal;
+  /**
+   * Milliseconds one composition the watch asks may take, every page of it,
+   * before it is asked again: {@link WATCH_COMPOSE_TIMEOUT} (30 000) by
+   * default, whatever the client's own timeout.
+   */
+  timeout?: number;
 }
 
 /**
@@ -487,12 +544,46 @@ export class WatchStoppedError extends Error {
   }
 }
 
+// How long the client waits, in milliseconds, each the Go client's
+// (conformance/clients/timeouts.json holds the three clients to them).
+
 /**
- * How watchPlan asks again after a 503 or a composition that got no answer,
- * in milliseconds: doubling from the first to the last.
+ * Milliseconds a read (provisioning, compose, provisions) waits for its
+ * answer when neither the call nor the client sets a `timeout`: more than
+ * the time a server waits for the revisions a request asks for (5 s by
+ * default, its --revision-wait), so that its 503 arrives before the client
+ * gives up. The Go client's reads take their bound from their context.
  */
-const WATCH_RETRY_MIN = 100;
-const WATCH_RETRY_MAX = 2000;
+export const DEFAULT_READ_TIMEOUT = 10_000;
+/**
+ * Milliseconds a write (a node's put, delete, apply, declare; a provider's
+ * bind) waits for its answer when neither the call nor the client sets a
+ * `timeout`: the Go nodeclient.DefaultTimeout.
+ */
+export const DEFAULT_WRITE_TIMEOUT = 5_000;
+/**
+ * Milliseconds one composition that {@link ProvisionerClient.watchPlan}
+ * asks may take, every page of it, unless its `timeout` option says
+ * otherwise: one lost with its connection, or with the instance that took
+ * it, is asked again, not waited for as long as the watch lasts. The Go
+ * client's watchComposeTimeout.
+ */
+export const WATCH_COMPOSE_TIMEOUT = 30_000;
+/**
+ * Milliseconds {@link ProvisionerClient.watchPlan} waits for its
+ * subscription to be in place at the NATS server (the round trip of a
+ * flush) before its first composition. The Go client's watchFlushTimeout.
+ */
+export const WATCH_FLUSH_TIMEOUT = 5_000;
+/**
+ * Milliseconds {@link ProvisionerClient.watchPlan} pauses first before it
+ * asks a composition again, after a 503 or no answer; each pause doubles
+ * the one before, up to {@link WATCH_RETRY_MAX} (docs/protocol.md: "backing
+ * off from 100 ms to 2 s"). The Go client's watchRetryMin.
+ */
+export const WATCH_RETRY_MIN = 100;
+/** The longest pause of {@link ProvisionerClient.watchPlan} between two asks of a composition, in milliseconds. The Go client's watchRetryMax. */
+export const WATCH_RETRY_MAX = 2_000;
 
 /**
  * Reports whether a request got no answer, and may get one if asked again:
@@ -522,6 +613,29 @@ function sleep(ms: number, signal: AbortSignal | undefined): Promise<boolean> {
     const aborted = () => done(false);
     const timer = setTimeout(() => done(true), ms);
     signal?.addEventListener("abort", aborted, { once: true });
+  });
+}
+
+/**
+ * Settles as promise does, or rejects with nats.js's TimeoutError once ms
+ * have passed (the promise's outcome is then ignored).
+ */
+function within<T>(promise: Promise<T>, ms: number): Promise<T> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      promise.catch(() => {});
+      reject(new errors.TimeoutError());
+    }, ms);
+    promise.then(
+      (value) => {
+        clearTimeout(timer);
+        resolve(value);
+      },
+      (err: unknown) => {
+        clearTimeout(timer);
+        reject(err);
+      },
+    );
   });
 }
 
@@ -837,15 +951,15 @@ export class ProvisionerClient {
   readonly #provisionsSubject: string;
   readonly #node: string | undefined;
   readonly #provider: string | undefined;
-  readonly #timeout: number;
+  readonly #timeout: number | undefined;
   readonly #apiPrefix: string;
 
   constructor(nc: NatsConnection, opts: ProvisionerClientOptions = {}) {
-    if (opts.node !== undefined && !isToken(opts.node)) {
-      throw new TypeError(`ProvisionerClient: node ${JSON.stringify(opts.node)} is not a node's name: one subject token (no '.', '*', '>' or whitespace)`);
+    if (opts.node !== undefined) {
+      checkName("ProvisionerClient", "node", opts.node);
     }
-    if (opts.provider !== undefined && !isToken(opts.provider)) {
-      throw new TypeError(`ProvisionerClient: provider ${JSON.stringify(opts.provider)} is not a provider's name: one subject token (no '.', '*', '>' or whitespace)`);
+    if (opts.provider !== undefined) {
+      checkName("ProvisionerClient", "provider", opts.provider);
     }
     this.#nc = nc;
     this.#node = opts.node;
@@ -853,7 +967,7 @@ export class ProvisionerClient {
     this.#subject = this.#addressed(opts.subject ?? PROVISIONING_SUBJECT);
     this.#composeSubject = this.#addressed(opts.composeSubject ?? COMPOSE_SUBJECT);
     this.#provisionsSubject = opts.provisionsSubject ?? PROVISIONS_SUBJECT;
-    this.#timeout = opts.timeout ?? 10_000;
+    this.#timeout = opts.timeout;
     this.#apiPrefix = opts.apiPrefix ?? "";
   }
 
@@ -916,7 +1030,7 @@ export class ProvisionerClient {
    * `bound`, per provider's bucket: `{ bound: { postgres_bound: 7n } }`
    * once the provider bound a key at revision 7. The answer's `revisions`
    * says the same of the copy it read. A module of builds answers its plan
-   * at each: {@link planAt}; a provision's state: {@link isBound}.
+   * at each: {@link planAt}; a provision's state: {@link isBound}, and those not bound yet: {@link pending}.
    *
    * @throws {ProvisionerError} when the service refuses the request.
    * @throws the nats.js error of the request otherwise, such as a
@@ -1046,6 +1160,30 @@ export class ProvisionerClient {
   }
 
   /**
+   * Returns the whole composition, its pages joined, every page asked within
+   * ms of the first ask: the watch's bound on one composition, which spans
+   * its pages as the Go client's context does. Rejects with nats.js's
+   * TimeoutError when the composition is not whole by then.
+   */
+  async #composeWithin(request: MessageInitShape<typeof ComposeRequestSchema>, ms: number): Promise<ComposeResponse> {
+    const deadline = Date.now() + ms;
+    const next = create(ComposeRequestSchema, request);
+    const pages: ComposeResponse[] = [];
+    for (;;) {
+      const left = deadline - Date.now();
+      if (left <= 0) {
+        throw new errors.TimeoutError();
+      }
+      const page = await this.compose(next, { timeout: left });
+      pages.push(page);
+      if (page.nextPageToken === "") {
+        return joinComposePages(pages);
+      }
+      next.pageToken = page.nextPageToken;
+    }
+  }
+
+  /**
    * Yields the composition of a node, whole (its pages joined, as
    * {@link composeAll} returns it), then a new one each time the node's plan
    * changes: each yielded composition's `planDigest` differs from the one
@@ -1076,27 +1214,31 @@ export class ProvisionerClient {
    * is abandoned) or the loop breaks; either way the subscription ends. A
    * 503 (the server's copy loading, or behind the digest's revisions), and a
    * composition that got no answer (no instance serving yet, as for a node
-   * up before the service or every instance restarting; a timeout, each
-   * request bounded by `timeout`, as one lost with its connection or with
-   * the instance that took it), is asked again, backing off from 100 ms to
-   * 2 s. A connection lost and found again composes again: a change made
-   * meanwhile is not missed.
+   * up before the service or every instance restarting; a timeout: each
+   * composition, every page of it, is bounded by {@link WATCH_COMPOSE_TIMEOUT}
+   * (30 s) or by the `timeout` option, so that one lost with its connection
+   * or with the instance that took it is asked again), is asked again,
+   * backing off from {@link WATCH_RETRY_MIN} (100 ms) to
+   * {@link WATCH_RETRY_MAX} (2 s). A connection lost and found again
+   * composes again: a change made meanwhile is not missed. The client's own
+   * `timeout` does not bound the watch's compositions, as in the Go client.
    *
    * @throws {ProvisionerError} when a composition is refused otherwise than
    *   with a 503 (a 400, 403 or 500).
-   * @throws {TypeError} if node is not one subject token (empty, or holding
-   *   `.`, `*`, `>` or whitespace).
+   * @throws {TypeError} if node is not a node's name: a key's token (not
+   *   empty, only A-Z a-z 0-9 - _ = /) of at most 256 bytes.
    * @throws {WatchStoppedError} when the connection closes.
+   * @throws nats.js's TimeoutError when the subscription is not in place at
+   *   the server within {@link WATCH_FLUSH_TIMEOUT} (5 s).
    * @throws the nats.js error when the subscription is refused (such as a PermissionViolationError for
    *   another node's key), or of a composition's request otherwise than
    *   unanswered, such as an answer that does not decode.
    */
   async *watchPlan(node: string, opts: WatchPlanOptions = {}): AsyncGenerator<ComposeResponse, void, undefined> {
     // A wildcard would subscribe to every node's key the identity may read.
-    if (!isToken(node)) {
-      throw new TypeError(`watchPlan: node ${JSON.stringify(node)} is not a node's name: one subject token (no '.', '*', '>' or whitespace)`);
-    }
-    const { signal, ...requestOpts } = opts;
+    checkName("watchPlan", "node", node);
+    const { signal } = opts;
+    const composeTimeout = opts.timeout ?? WATCH_COMPOSE_TIMEOUT;
     if (signal?.aborted) {
       return;
     }
@@ -1106,7 +1248,7 @@ export class ProvisionerClient {
     try {
       // The subscription in place at the server before the first
       // composition: a write after it is heard.
-      await abortable(this.#nc.flush(), signal);
+      await abortable(within(this.#nc.flush(), WATCH_FLUSH_TIMEOUT), signal);
       if (signal?.aborted) {
         return;
       }
@@ -1116,7 +1258,7 @@ export class ProvisionerClient {
       const composeAt = async (least: Revisions | undefined): Promise<ComposeResponse | undefined> => {
         for (let retry = WATCH_RETRY_MIN; ; retry = Math.min(2 * retry, WATCH_RETRY_MAX)) {
           try {
-            return await abortable(this.composeAll({ node, minRevisions: least }, requestOpts), signal);
+            return await abortable(this.#composeWithin({ node, minRevisions: least }, composeTimeout), signal);
           } catch (err) {
             if (signal?.aborted) {
               return undefined;
@@ -1226,7 +1368,7 @@ export class ProvisionerClient {
       key: needKey(node, module, kind, name),
       value: encodeDeterministic(NeedSchema, need),
     }));
-    return this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records }, opts, ["node", node]);
+    return this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT);
   }
 
   /**
@@ -1290,7 +1432,7 @@ export class ProvisionerClient {
     const node = this.#writer("putManifest");
     manifestKey(node, provider); // a TypeError for a provider that no key may name
     const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema,
-      { manifest: encodeDeterministic(ManifestSchema, manifest) }, opts, ["node", node]);
+      { manifest: encodeDeterministic(ManifestSchema, manifest) }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT);
     return { digest: answer.digest, revision: answer.revision };
   }
 
@@ -1303,7 +1445,7 @@ export class ProvisionerClient {
   async deleteManifest(provider: string, opts: RequestOptions = {}): Promise<bigint> {
     const node = this.#writer("deleteManifest");
     manifestKey(node, provider); // a TypeError for a provider that no key may name
-    const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema, { withdraw: true }, opts, ["node", node]);
+    const answer = await this.#call(declareSubject(node, provider), DeclareRequestSchema, WriteResponseSchema, { withdraw: true }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT);
     return answer.revision;
   }
 
@@ -1325,7 +1467,7 @@ export class ProvisionerClient {
    */
   async bind(key: string, value: Uint8Array, opts: RequestOptions = {}): Promise<bigint> {
     const provider = this.#binder("bind");
-    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, value }, opts, ["provider", provider]);
+    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, value }, opts, ["provider", provider], DEFAULT_WRITE_TIMEOUT);
     return answer.revision;
   }
 
@@ -1337,7 +1479,7 @@ export class ProvisionerClient {
    */
   async unbind(key: string, opts: RequestOptions = {}): Promise<bigint> {
     const provider = this.#binder("unbind");
-    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, unbind: true }, opts, ["provider", provider]);
+    const answer = await this.#call(bindSubject(provider), BindRequestSchema, WriteResponseSchema, { key, unbind: true }, opts, ["provider", provider], DEFAULT_WRITE_TIMEOUT);
     return answer.revision;
   }
 
@@ -1359,18 +1501,20 @@ export class ProvisionerClient {
 
   /** Puts one record of the client's node and resolves to its revision. */
   async #put(what: What, key: string, value: Uint8Array, opts: RequestOptions): Promise<bigint> {
-    const answer = await this.#call(nodeSubject(PUT_SUBJECT, this.#node!), PutRequestSchema, WriteResponseSchema, { record: { what, key, value } }, opts, ["node", this.#node!]);
+    const answer = await this.#call(nodeSubject(PUT_SUBJECT, this.#node!), PutRequestSchema, WriteResponseSchema, { record: { what, key, value } }, opts, ["node", this.#node!], DEFAULT_WRITE_TIMEOUT);
     return answer.revision;
   }
 
   /** Deletes one record of the client's node and resolves to the revision of its marker. */
   async #delete(what: What, key: string, opts: RequestOptions): Promise<bigint> {
-    const answer = await this.#call(nodeSubject(DELETE_SUBJECT, this.#node!), DeleteRequestSchema, WriteResponseSchema, { what, key }, opts, ["node", this.#node!]);
+    const answer = await this.#call(nodeSubject(DELETE_SUBJECT, this.#node!), DeleteRequestSchema, WriteResponseSchema, { what, key }, opts, ["node", this.#node!], DEFAULT_WRITE_TIMEOUT);
     return answer.revision;
   }
 
   /**
-   * Sends a request in protobuf binary and decodes the answer. A request on
+   * Sends a request in protobuf binary and decodes the answer, waiting the
+   * call's timeout, else the client's, else wait (a read's or a write's
+   * default). A request on
    * an identity's own subject (asker: a node's or a provider's) is answered
    * only on that identity's inbox, so its reply is one of
    * {@link inboxPrefix}(role, name), whatever the connection's own prefix
@@ -1383,11 +1527,12 @@ export class ProvisionerClient {
     request: MessageInitShape<Req>,
     opts: RequestOptions,
     asker?: [role: Role, name: string],
+    wait: number = DEFAULT_READ_TIMEOUT,
   ): Promise<MessageShape<Res>> {
     const h = headers();
     h.set("Content-Type", CONTENT_TYPE_PROTOBUF);
     const reply = await this.#nc.request(subject, toBinary(requestSchema, create(requestSchema, request)), {
-      timeout: opts.timeout ?? this.#timeout,
+      timeout: opts.timeout ?? this.#timeout ?? wait,
       headers: h,
       ...(asker === undefined ? {} : { noMux: true, reply: createInbox(inboxPrefix(...asker)) }),
     });
@@ -1577,4 +1722,17 @@ export function planAt(plan: ModulePlan, build: string): PlanItem[] {
  */
 export function isBound(provision: Provision): boolean {
   return provision.boundRevision > 0n;
+}
+
+/**
+ * Returns the provisions of a composition that their providers have not
+ * bound yet ({@link isBound} false), in the composition's order: the
+ * composition's own, in a new array. The Go client.Pending.
+ *
+ * ```ts
+ * const waiting = pending(await client.composeAll({ node: "ace" }));
+ * ```
+ */
+export function pending(composition: ComposeResponse): Provision[] {
+  return composition.provisions.filter((provision) => !isBound(provision));
 }

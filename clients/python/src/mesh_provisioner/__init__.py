@@ -7,8 +7,10 @@ apply_needs, put_applied, put_collect_item, put_manifest and their deletes;
 a provider's bind and unbind): the service is the only writer of the
 buckets, and a node needs no JetStream grant; inbox_prefix is a mesh
 identity's inbox prefix, to connect with; ProvisionerError is a refusal,
-with its code and sentence; plan_at is a module's plan at one of its builds, and is_bound whether a
-provider has bound a provision; ProvisionerClient.watch_plan yields a node's
+with its code and sentence; plan_at is a module's plan at one of its builds, is_bound whether a
+provider has bound a provision, and pending a composition's provisions not bound yet; the
+DEFAULT_*_TIMEOUT and WATCH_* constants are how long the client waits, in seconds, as the Go
+client does; ProvisionerClient.watch_plan yields a node's
 composition each time its plan changes (with api_prefix=RUNS_AS_API_PREFIX,
 the Go wire.RunsAsAPIPrefix, when the server runs in an account of its
 own). The contract's messages (package mesh.provisioner.v1) are generated
@@ -67,6 +69,8 @@ from .client import (
     COMPOSE_SUBJECT,
     CONTENT_TYPE_PROTOBUF,
     DECLARE_SUBJECT,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_WRITE_TIMEOUT,
     DELETE_SUBJECT,
     INBOX_ROOT,
     PLANS_BUCKET,
@@ -75,6 +79,10 @@ from .client import (
     PUT_SUBJECT,
     RUNS_AS_API_PREFIX,
     SERVICE_NAME,
+    WATCH_COMPOSE_TIMEOUT,
+    WATCH_FLUSH_TIMEOUT,
+    WATCH_RETRY_MAX,
+    WATCH_RETRY_MIN,
     DeclaredManifest,
     EndpointInfo,
     EndpointStats,
@@ -101,6 +109,7 @@ from .client import (
     manifest_key,
     need_key,
     node_subject,
+    pending,
     plan_at,
     provider_subject,
 )
@@ -111,6 +120,8 @@ __all__ = [
     "COMPOSE_SUBJECT",
     "CONTENT_TYPE_PROTOBUF",
     "DECLARE_SUBJECT",
+    "DEFAULT_READ_TIMEOUT",
+    "DEFAULT_WRITE_TIMEOUT",
     "DELETE_SUBJECT",
     "INBOX_ROOT",
     "PLANS_BUCKET",
@@ -119,6 +130,10 @@ __all__ = [
     "PUT_SUBJECT",
     "RUNS_AS_API_PREFIX",
     "SERVICE_NAME",
+    "WATCH_COMPOSE_TIMEOUT",
+    "WATCH_FLUSH_TIMEOUT",
+    "WATCH_RETRY_MAX",
+    "WATCH_RETRY_MIN",
     "WHAT_APPLIED",
     "WHAT_COLLECT",
     "WHAT_MANIFESTS",
@@ -194,6 +209,7 @@ __all__ = [
     "manifest_key",
     "need_key",
     "node_subject",
+    "pending",
     "plan_at",
     "provider_subject",
 ]

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import math
-import re
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any, Literal, NamedTuple, TypedDict, TypeVar
 
@@ -88,13 +87,43 @@ Role = Literal["node", "provider", "operator"]
 """What an identity on the mesh is: its inbox prefix and its permissions
 follow from it (mesh-provisioner permissions --node, --provider, --operator)."""
 
-# A name of the mesh is one subject token.
-_NOT_A_TOKEN = re.compile(r"[.*>\s]")
+# The most bytes a name may take: a node's, a provider's, or any other a
+# request gives (the Go keys.MaxNameLen); the service refuses a longer one.
+_MAX_NAME_LEN = 256
+# The most characters of a name an error echoes (the Go keys.MaxEchoed).
+_MAX_ECHOED = 64
+
+
+def _echo(name: str) -> str:
+    """name as an error echoes it: its first 64 characters and "…" when
+    longer (the Go keys.Echo)."""
+    return name if len(name) <= _MAX_ECHOED else name[:_MAX_ECHOED] + "…"
+
+
+def _name_error(name: str) -> str | None:
+    """Why name cannot be the name of a node, a provider or any identity of
+    the mesh, or None when it can: it must be a key's token (not empty, and
+    only the bytes A-Z a-z 0-9 - _ = /) of at most 256 bytes, the rule of
+    docs/protocol.md ("Buckets and keys") that the Go keys.NodeFilter checks
+    and the service holds every name to."""
+    data = name.encode(errors="surrogatepass")
+    if len(data) > _MAX_NAME_LEN:
+        return f"is {len(data)} bytes, more than the {_MAX_NAME_LEN} a name may take: shorten it"
+    if not data:
+        return "is empty"
+    for i, b in enumerate(data):
+        if not _token_byte(b, False):
+            shown = repr(chr(b)) if 0x20 < b < 0x7F else f"byte 0x{b:02x}"
+            return f"holds {shown} at byte {i}; a token holds only A-Z a-z 0-9 - _ = /"
+    return None
 
 
 def _check_name(what: str, name: str) -> None:
-    if not name or _NOT_A_TOKEN.search(name):
-        raise ValueError(f"{what} {name!r} is not a name: one subject token (no '.', '*', '>' or whitespace)")
+    """Raises ValueError when name cannot be the name of what ("node",
+    "provider", "a node's name"...): see _name_error."""
+    why = _name_error(name)
+    if why is not None:
+        raise ValueError(f"{what} {_echo(name)!r} {why}")
 
 
 def inbox_prefix(role: Role, name: str) -> str:
@@ -108,8 +137,9 @@ def inbox_prefix(role: Role, name: str) -> str:
     only to that identity's inbox (or an operator's, or nats-py's default
     _INBOX): a node asking with another node's prefix gets no answer.
 
-    Raises ValueError if name is empty or holds a character a subject token
-    may not ('.', '*', '>', whitespace).
+    Raises ValueError if name is not an identity's name: a key's token (not
+    empty, only A-Z a-z 0-9 - _ = /) of at most 256 bytes, as the
+    permissions (mesh-provisioner permissions) and the service hold it.
     """
     _check_name(f"a {role}'s name", name)
     return f"{INBOX_ROOT}.{role}.{name}"
@@ -252,10 +282,35 @@ _ERROR_CODE_HEADER = "Nats-Service-Error-Code"
 # other answers within this many seconds.
 _DISCOVERY_STALL = 0.3
 
-# How watch_plan asks again after a 503 or a composition that got no answer,
-# in seconds: doubling from the first to the last.
-_WATCH_RETRY_MIN = 0.1
-_WATCH_RETRY_MAX = 2.0
+# How long the client waits, in seconds, each the Go client's
+# (conformance/clients/timeouts.json holds the three clients to them).
+DEFAULT_READ_TIMEOUT = 10.0
+"""Seconds a read (provisioning, compose, provisions) waits for its answer
+when neither the call nor the client sets a timeout: more than the time a
+server waits for the revisions a request asks for (5 s by default, its
+--revision-wait), so that its 503 arrives before the client gives up. The Go
+client's reads take their bound from their context."""
+DEFAULT_WRITE_TIMEOUT = 5.0
+"""Seconds a write (a node's put, delete, apply, declare; a provider's bind)
+waits for its answer when neither the call nor the client sets a timeout:
+the Go nodeclient.DefaultTimeout."""
+WATCH_COMPOSE_TIMEOUT = 30.0
+"""Seconds one composition that watch_plan asks may take, every page of it,
+unless its timeout argument says otherwise: one lost with its connection, or
+with the instance that took it, is asked again, not waited for as long as the
+watch lasts. The Go client's watchComposeTimeout."""
+WATCH_FLUSH_TIMEOUT = 5.0
+"""Seconds watch_plan waits for its subscription to be in place at the NATS
+server (the round trip of a flush) before its first composition. The Go
+client's watchFlushTimeout."""
+WATCH_RETRY_MIN = 0.1
+"""Seconds watch_plan pauses first before it asks a composition again, after a
+503 or no answer; each pause doubles the one before, up to WATCH_RETRY_MAX
+(docs/protocol.md: "backing off from 100 ms to 2 s"). The Go client's
+watchRetryMin."""
+WATCH_RETRY_MAX = 2.0
+"""The longest pause of watch_plan between two asks of a composition, in
+seconds. The Go client's watchRetryMax."""
 # How long watch_plan waits for a write of the node's key before it looks
 # whether the connection reconnected, in seconds.
 _WATCH_RECONNECT_CHECK = 0.25
@@ -446,9 +501,13 @@ class ProvisionerClient:
     connection's own account ($KV.<bucket>.<node>). The verbs, writes
     included, are imported at their own subjects, whatever api_prefix.
 
-    timeout, in seconds, bounds each request: 10 by default, more than the
-    5 s a server waits for the revisions a request asks for, so that its 503
-    arrives before the client gives up.
+    timeout, in seconds, bounds each request this client makes, reads and
+    writes alike; a call's own timeout takes precedence. None, the default: a
+    read waits DEFAULT_READ_TIMEOUT (10 s, more than the 5 s a server waits for
+    the revisions a request asks for, so that its 503 arrives before the
+    client gives up) and a write DEFAULT_WRITE_TIMEOUT (5 s), as the Go
+    client's. It does not bound watch_plan's compositions
+    (WATCH_COMPOSE_TIMEOUT).
     """
 
     def __init__(
@@ -461,7 +520,7 @@ class ProvisionerClient:
         provisions_subject: str = PROVISIONS_SUBJECT,
         provider: str | None = None,
         api_prefix: str | None = None,
-        timeout: float = 10.0,
+        timeout: float | None = None,
     ) -> None:
         if node is not None:
             _check_name("node", node)
@@ -518,7 +577,7 @@ class ProvisionerClient:
         per provider's bucket: Revisions(bound={"postgres_bound": 7}) once
         the provider bound a key at revision 7. The answer's revisions says
         the same of the copy it read. A module of builds answers its plan at
-        each (plan_at); a provision's state is is_bound."""
+        each (plan_at); a provision's state is is_bound, and those not bound yet are pending."""
         return await self._call(self._compose_subject, request, ComposeResponse(), timeout, self._as_node())
 
     async def provisions(self, request: ProvisionsRequest, *, timeout: float | None = None) -> ProvisionsResponse:
@@ -629,16 +688,22 @@ class ProvisionerClient:
         that got no answer: no instance serving yet (a node started before
         the service, or every instance restarting: NoRespondersError), a
         request that timed out (lost with its connection, or with the
-        instance that took it: each is bounded by timeout), or one the
-        connection could not send while reconnecting.
+        instance that took it: each composition, every page of it, is bounded
+        by timeout, WATCH_COMPOSE_TIMEOUT (30 s) by default whatever the
+        client's own timeout), or one the connection could not send while
+        reconnecting. The first pause is WATCH_RETRY_MIN, the longest
+        WATCH_RETRY_MAX.
 
-        Raises ValueError when node is not a name, ProvisionerError when a
+        Raises ValueError when node is not a node's name (a key's token of at
+        most 256 bytes), nats-py's FlushTimeoutError when the subscription is
+        not in place at the server within WATCH_FLUSH_TIMEOUT (5 s),
+        ProvisionerError when a
         composition is refused otherwise than with a 503 (400, 403, 500),
         WatchStoppedError when the connection closes, and protobuf's errors
         when a composition fails otherwise than unanswered (a DecodeError of
         its answer)."""
         _check_name("node", node)
-        wait = self._timeout if timeout is None else timeout
+        wait = WATCH_COMPOSE_TIMEOUT if timeout is None else timeout
         latest: list[Msg] = []  # the last write heard, if not handled yet
         heard = asyncio.Event()
 
@@ -663,8 +728,8 @@ class ProvisionerClient:
         try:
             # The subscription in place at the server before the key is
             # read: a write after the read is heard.
-            await self._nc.flush(timeout=max(1, math.ceil(wait)))
-            composition = await self._compose_at(node, None, timeout)
+            await self._nc.flush(timeout=math.ceil(WATCH_FLUSH_TIMEOUT))
+            composition = await self._compose_at(node, None, wait)
             last = composition.plan_digest
             yield composition
             while True:
@@ -680,11 +745,11 @@ class ProvisionerClient:
                     # Reconnected: what was written meanwhile was not heard;
                     # a composition now is newer than any write heard before.
                     reconnects = self._nc.stats["reconnects"]
-                    composition = await self._compose_at(node, None, timeout)
+                    composition = await self._compose_at(node, None, wait)
                 elif record is None or record.digest == last:
                     continue
                 else:
-                    composition = await self._compose_at(node, record.revisions, timeout)
+                    composition = await self._compose_at(node, record.revisions, wait)
                 if composition.plan_digest == last:
                     continue
                 last = composition.plan_digest
@@ -701,28 +766,48 @@ class ProvisionerClient:
             return _plan_subject(node)
         return f"{self._api_prefix}.{_plan_subject(node)}"
 
-    async def _compose_at(self, node: str, least: Revisions | None, timeout: float | None) -> ComposeResponse:
+    async def _compose_at(self, node: str, least: Revisions | None, timeout: float) -> ComposeResponse:
         """The whole composition of node, at least as new as least, for
         watch_plan: a 503, and a request that got no answer (see
         _unanswered), is asked again, backing off, each ask bounded by
-        timeout; raises WatchStoppedError once the connection is closed, and
-        any other error as is."""
+        timeout (_compose_within); raises WatchStoppedError once the
+        connection is closed, and any other error as is."""
         request = ComposeRequest(node=node)
         if least is not None:
             request.min_revisions.CopyFrom(least)
-        retry = _WATCH_RETRY_MIN
+        retry = WATCH_RETRY_MIN
         while True:
             if self._nc.is_closed:
                 raise WatchStoppedError(node)
             try:
-                return await self.compose_all(request, timeout=timeout)
+                return await self._compose_within(request, timeout)
             except Exception as err:
                 if self._nc.is_closed:
                     raise WatchStoppedError(node) from None
                 if not (isinstance(err, ProvisionerError) and err.code == 503) and not _unanswered(err):
                     raise
             await asyncio.sleep(retry)
-            retry = min(2 * retry, _WATCH_RETRY_MAX)
+            retry = min(2 * retry, WATCH_RETRY_MAX)
+
+    async def _compose_within(self, request: ComposeRequest, timeout: float) -> ComposeResponse:
+        """The whole composition, its pages joined, every page asked within
+        timeout seconds of the first ask: the watch's bound on one
+        composition, which spans its pages as the Go client's context does.
+        Raises TimeoutError when the composition is not whole by then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        page_request = ComposeRequest()
+        page_request.CopyFrom(request)
+        pages = []
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"the composition of {request.node} was not whole within {timeout} s")
+            page = await self.compose(page_request, timeout=left)
+            pages.append(page)
+            if not page.next_page_token:
+                return join_compose_pages(pages)
+            page_request.page_token = page.next_page_token
 
     async def put_need(
         self, module: str, kind: str, name: str, need: Need, *, timeout: float | None = None
@@ -767,7 +852,7 @@ class ProvisionerClient:
         request = ApplyRequest(module=module)
         for kind, name, need in needs:
             request.needs.append(Record(what=What.WHAT_NEEDS, key=need_key(node, module, kind, name), value=_encode(need)))
-        return await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node))
+        return await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)
 
     async def put_applied(self, module: str, applied: Applied, *, timeout: float | None = None) -> int:
         """Writes what is applied of module (key <node>.<module>) through the
@@ -817,7 +902,7 @@ class ProvisionerClient:
         node = self._writer("put_manifest")
         manifest_key(node, provider)  # a ValueError for a provider no key may name
         request = DeclareRequest(manifest=_encode(manifest))
-        answer = await self._call(declare_subject(node, provider), request, WriteResponse(), timeout, ("node", node))
+        answer = await self._call(declare_subject(node, provider), request, WriteResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)
         return DeclaredManifest(answer.digest, answer.revision)
 
     async def delete_manifest(self, provider: str, *, timeout: float | None = None) -> int:
@@ -827,7 +912,7 @@ class ProvisionerClient:
         node = self._writer("delete_manifest")
         manifest_key(node, provider)
         request = DeclareRequest(withdraw=True)
-        return (await self._call(declare_subject(node, provider), request, WriteResponse(), timeout, ("node", node))).revision
+        return (await self._call(declare_subject(node, provider), request, WriteResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)).revision
 
     async def bind(self, key: str, value: bytes, *, timeout: float | None = None) -> int:
         """Writes key of the provider's bucket <provider>_bound through the
@@ -843,7 +928,7 @@ class ProvisionerClient:
         value over the bucket's largest), 503; nats-py's errors otherwise."""
         provider = self._binder("bind")
         request = BindRequest(key=key, value=value)
-        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout, ("provider", provider))).revision
+        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout, ("provider", provider), DEFAULT_WRITE_TIMEOUT)).revision
 
     async def unbind(self, key: str, *, timeout: float | None = None) -> int:
         """Removes key of the provider's bucket through the bind verb (kept as
@@ -851,7 +936,7 @@ class ProvisionerClient:
         bind does."""
         provider = self._binder("unbind")
         request = BindRequest(key=key, unbind=True)
-        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout, ("provider", provider))).revision
+        return (await self._call(bind_subject(provider), request, WriteResponse(), timeout, ("provider", provider), DEFAULT_WRITE_TIMEOUT)).revision
 
     def _writer(self, method: str) -> str:
         """The node a write is for; a ValueError naming method when the client has none."""
@@ -873,12 +958,12 @@ class ProvisionerClient:
     async def _put(self, what: What, key: str, value: Message, timeout: float | None) -> int:
         node = self._writer("put")
         request = PutRequest(record=Record(what=what, key=key, value=_encode(value)))
-        return (await self._call(node_subject(PUT_SUBJECT, node), request, WriteResponse(), timeout, ("node", node))).revision
+        return (await self._call(node_subject(PUT_SUBJECT, node), request, WriteResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)).revision
 
     async def _delete(self, what: What, key: str, timeout: float | None) -> int:
         node = self._writer("delete")
         request = DeleteRequest(what=what, key=key)
-        return (await self._call(node_subject(DELETE_SUBJECT, node), request, WriteResponse(), timeout, ("node", node))).revision
+        return (await self._call(node_subject(DELETE_SUBJECT, node), request, WriteResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)).revision
 
     def _as_node(self) -> tuple[Role, str] | None:
         """The identity a read verb asks as: the client's node, whose own
@@ -886,16 +971,24 @@ class ProvisionerClient:
         return None if self._node is None else ("node", self._node)
 
     async def _call(
-        self, subject: str, request: Message, answer: _Answer, timeout: float | None, asker: tuple[Role, str] | None = None
+        self,
+        subject: str,
+        request: Message,
+        answer: _Answer,
+        timeout: float | None,
+        asker: tuple[Role, str] | None = None,
+        default: float = DEFAULT_READ_TIMEOUT,
     ) -> _Answer:
         """Sends request in protobuf binary and decodes the answer into
-        answer. A request on an identity's own subject (asker: a node's or a
-        provider's) is answered only on that identity's inbox, so its reply
-        is one of inbox_prefix(*asker), whatever the connection's own prefix
-        (a test's or a simulation's connection asks for many)."""
+        answer, waiting timeout, else the client's timeout, else default (a
+        read's or a write's). A request on an identity's own subject (asker:
+        a node's or a provider's) is answered only on that identity's inbox,
+        so its reply is one of inbox_prefix(*asker), whatever the
+        connection's own prefix (a test's or a simulation's connection asks
+        for many)."""
         data = request.SerializeToString(deterministic=True)
         headers = {"Content-Type": CONTENT_TYPE_PROTOBUF}
-        wait = self._timeout if timeout is None else timeout
+        wait = timeout if timeout is not None else self._timeout if self._timeout is not None else default
         if asker is None:
             reply = await self._nc.request(subject, data, timeout=wait, headers=headers)
         else:
@@ -1053,6 +1146,16 @@ def is_bound(provision: Provision) -> bool:
     saw the provider bind at revision R reads its own write back with
     ComposeRequest(min_revisions=Revisions(bound={provision.bucket: R}))."""
     return provision.bound_revision > 0
+
+
+def pending(composition: ComposeResponse) -> list[Provision]:
+    """The provisions of a composition that their providers have not bound
+    yet (is_bound false), in the composition's order: the composition's own,
+    in a new list. The Go client.Pending::
+
+        waiting = pending(await client.compose_all(ComposeRequest(node="ace")))
+    """
+    return [provision for provision in composition.provisions if not is_bound(provision)]
 
 
 def _join(whole: Message, page: Message, fields: tuple[str, ...]) -> None:
