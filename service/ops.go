@@ -3,9 +3,12 @@ package service
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
@@ -44,6 +47,111 @@ func copyState[R proto.Message](c *mirror.Copy[R]) CopyState {
 	_, malformed, _, revision := c.Counts()
 	return CopyState{Bucket: c.Bucket(), Revision: revision, Loaded: c.Ready(), Behind: c.Behind(), Malformed: malformed}
 }
+
+// Conn is one of the service's connections, with what it carries.
+type Conn struct {
+	// Use says what the service does on it: "requests", "answers",
+	// "large answers", "watchers and writes", or several of them joined
+	// with ", " when one connection carries them.
+	Use  string
+	Conn *nats.Conn
+}
+
+// Conns returns the connections the service reads and sends on, each once,
+// in the order of Config's fields: Conn, AnswerConn, LargeConn, WatchConn.
+func (s *Service) Conns() []Conn {
+	var out []Conn
+	for _, c := range []Conn{{"requests", s.conn}, {"answers", s.answer}, {"large answers", s.large.conn}, {"watchers and writes", s.store.js.Conn()}} {
+		if c.Conn == nil {
+			continue
+		}
+		if i := slices.IndexFunc(out, func(o Conn) bool { return o.Conn == c.Conn }); i >= 0 {
+			out[i].Use += ", " + c.Use
+			continue
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// ProviderState is a provider as the service's copy knows it: from the
+// manifests nodes declare of it, and from its bucket, which the copy
+// follows on the writing connection once a composition names it.
+type ProviderState struct {
+	Provider string
+	// Declared counts the nodes that declare a manifest of it; Manifest is
+	// the digest of the newest, at ManifestRevision. Zero and empty when
+	// none does.
+	Declared         int
+	Manifest         string
+	ManifestRevision uint64
+	// Bucket is its bucket, <provider>_bound.
+	Bucket string
+	// Followed says the copy holds the bucket's keys, up to Revision.
+	Followed bool
+	Revision uint64
+	// Behind says a composition named the bucket and its keys are not in:
+	// not read yet, or it cannot be read (the writing identity's grant may
+	// lack it: permissions --server-writer --providers).
+	Behind bool
+}
+
+// Providers returns the providers the copy knows, by name: those a node
+// declares a manifest of, and those whose bucket the copy follows or waits
+// for. A bucket named, read and empty (or missing) is not told apart from
+// one never named: BoundBuckets counts them all.
+func (s *Service) Providers() []ProviderState {
+	byName := map[string]*ProviderState{}
+	of := func(name string) *ProviderState {
+		p := byName[name]
+		if p == nil {
+			p = &ProviderState{Provider: name}
+			byName[name] = p
+		}
+		return p
+	}
+	manifests, _ := s.mirror.Manifests.All()
+	for _, e := range manifests {
+		if e.Malformed != nil {
+			continue
+		}
+		r := e.Record
+		p := of(r.GetProvider())
+		p.Declared++
+		if r.GetRevision() >= p.ManifestRevision {
+			p.Manifest, p.ManifestRevision = r.GetDigest(), r.GetRevision()
+		}
+	}
+	// Each provider's bucket is <provider>_bound: the registry's entry
+	// of kind bound, and what the bind verb writes (writeStore.bound).
+	providerOf := func(bucket string) (string, bool) {
+		name, ok := strings.CutSuffix(bucket, wire.BoundSuffix)
+		return name, ok && name != ""
+	}
+	for bucket, revision := range s.mirror.Bound.Revisions() {
+		if name, ok := providerOf(bucket); ok {
+			p := of(name)
+			p.Followed, p.Revision = true, revision
+		}
+	}
+	for _, bucket := range s.mirror.Bound.Behind() {
+		if name, ok := providerOf(bucket); ok {
+			of(name).Behind = true
+		}
+	}
+	out := make([]ProviderState, 0, len(byName))
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		p := byName[name]
+		p.Bucket = wire.BoundBucket(name)
+		out = append(out, *p)
+	}
+	return out
+}
+
+// BoundBuckets returns how many providers' buckets the copy was named
+// (followed, waited for, found missing or failing) and how many keys it
+// holds of them.
+func (s *Service) BoundBuckets() (buckets, keys int) { return s.mirror.Bound.Counts() }
 
 // Ready returns nil while the service answers right: its endpoints are
 // registered and not stopped, every copy holds its bucket's initial values

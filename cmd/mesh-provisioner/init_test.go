@@ -79,9 +79,16 @@ func TestInitWritesAMeshThatServes(t *testing.T) {
 	}
 	t.Logf("check without the writer's context:\n%s", out)
 
+	tokenFile, token := writeTokenFile(t)
+	page := statusPage{base: "http://127.0.0.1:" + strconv.Itoa(freePort(t)), token: token}
 	sv := serveInProcess(t, []string{"--context", context("server"), "--writer-context", context("server-writer"),
+		"--http", strings.TrimPrefix(page.base, "http://"), "--http-token-file", tokenFile, "--http-context", context("operator-alice"),
 		"--state-dir", t.TempDir(), "--log-format", "json"}, nil)
 	sv.log.waitFor(t, `"msg":"serving"`, 30*time.Second)
+	// The status page reads the mesh as alice, with her context alone.
+	if code, body := page.get(t, "/"); code != 200 || strings.Contains(body, `id="refused"`) {
+		t.Errorf("the status page as alice (--http-context): %d, refused: %v", code, strings.Contains(body, `id="refused"`))
+	}
 
 	ace := context("node-ace")
 	if out, err := cli(t, nil, "put", "need", "--context", ace, "--node", "ace", "--module", "web", "--placeholder", "${port:http}"); err != nil {

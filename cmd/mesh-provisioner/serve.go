@@ -109,6 +109,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
 	fs.StringVar(&f.page.creds, "http-creds", "", "with --http, credentials of the operator's identity the status page reads the mesh as; with none of the --http-* identity flags the page reads on the answering connection, which the generated server permissions do not let read")
 	fs.StringVar(&f.page.inbox, "http-inbox-prefix", "", "with --http, the inbox prefix of the page's operator identity (_INBOX_MESH.operator.<name>)")
+	fs.StringVar(&f.page.context, "http-context", "", "with --http, the natscli context of the page's operator identity, a name or a file's path (init writes contexts/operator-<name>.json); its URL, credentials and inbox prefix count where the other --http-* flags are empty")
 	fs.StringVar(&f.http, "http", "", "host:port of an HTTP server for operators: /healthz and /readyz for anyone; /metrics (Prometheus), a status page at / and each node's composition at /nodes/<node>/compose with --http-token-file's token; an empty host (:9090) listens on 127.0.0.1 only, every interface is 0.0.0.0:9090 or [::]:9090; empty serves none")
 	fs.StringVar(&f.httpTokenFile, "http-token-file", "", "with --http, file holding the bearer token that /, /nodes/... and /metrics ask for as \"Authorization: Bearer <token>\": one line of 16 characters or more, in a file not every user may read; read once at start; empty: those paths answer 403 to everyone")
 	fs.StringVar(&f.httpHosts, "http-hosts", "", "with --http, comma-separated host names and addresses the HTTP server answers to, as a request's Host header names them (without its port); others get 421 on every path but /healthz and /readyz; empty: localhost, 127.0.0.1, ::1 and --http's host unless it is empty, 0.0.0.0 or ::")
@@ -146,6 +147,11 @@ func defineServe(fs *flag.FlagSet) action {
 		if f.writer.context != "" {
 			if err := f.writer.applyContext(); err != nil {
 				return fmt.Errorf("writer: %w", err)
+			}
+		}
+		if f.page.context != "" {
+			if err := f.page.applyContext(); err != nil {
+				return fmt.Errorf("status page: %w", err)
 			}
 		}
 		return f.run(ctx, logger)

@@ -36,8 +36,13 @@ func (f *serveFlags) startHTTP(ctx context.Context, logger *slog.Logger) (*ops.S
 // attachHTTP hands the HTTP server the running service: it is ready while
 // the service is and both connections are up; the page asks the mesh on ask,
 // and /metrics reads the buckets' last revisions on the writer's connection.
+// The page names ask's identity when NATS refuses it.
 func attachHTTP(srv *ops.Server, svc *service.Service, nc, watchNC, ask *nats.Conn) {
-	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc, watchNC}, Ask: ask, Read: watchNC})
+	as := "the operator's identity of --http-creds, --http-nats-url and --http-inbox-prefix"
+	if ask == nc {
+		as = "the server's answering identity (serve has no --http-creds, --http-nats-url nor --http-inbox-prefix)"
+	}
+	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc, watchNC}, Ask: ask, Read: watchNC, AskAs: as})
 }
 
 // connectPage opens the connection the status page reads the mesh on, as
@@ -46,7 +51,7 @@ func attachHTTP(srv *ops.Server, svc *service.Service, nc, watchNC, ask *nats.Co
 // identity, which under the generated permissions may not read (the page
 // says so), but which an embedded or single-identity mesh allows.
 func (f *serveFlags) connectPage(ctx context.Context, url string, nc *nats.Conn, logger *slog.Logger, opts []nats.Option) (*nats.Conn, func(), error) {
-	if f.http == "" || (f.page.url == "" && f.page.creds == "" && f.page.inbox == "") {
+	if f.http == "" || (f.page.url == "" && f.page.creds == "" && f.page.inbox == "" && f.page.contextOptions == nil) {
 		return nc, func() {}, nil
 	}
 	page := f.page

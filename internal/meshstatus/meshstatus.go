@@ -133,15 +133,39 @@ type Options struct {
 	// no record: the counts are the instances' stats.
 	Records      bool
 	ComposeNodes int
+	// FailOnRefusal ends Gather as soon as NATS refuses the connection a
+	// subscription or a publish, with a *RefusedError, rather than once
+	// the answers that cannot come time out: for a connection whose owner
+	// does not watch its permission violations itself.
+	FailOnRefusal bool
 }
 
 // Gather asks discovery and the streams and, with opts.Records, the verbs.
 // The buckets' counts are the first instance's (the longest serving) that
 // reports them in its stats; the lag is its copy's.
+//
+// With opts.FailOnRefusal, a subscription or publish NATS refuses ends it
+// at once with a *RefusedError: the reply inbox and discovery are checked
+// by a round trip before any answer is waited for.
 func Gather(ctx context.Context, nc *nats.Conn, opts Options) (*Report, error) {
+	if !opts.FailOnRefusal {
+		return gather(ctx, nc, opts, nil)
+	}
+	ctx, watch := watchRefusals(ctx, nc)
+	defer watch.stop()
+	report, err := gather(ctx, nc, opts, watch.check)
+	if err != nil {
+		return nil, watch.explain(err)
+	}
+	return report, nil
+}
+
+// gather is Gather; check, if not nil, returns a refusal of what was sent
+// on nc before it.
+func gather(ctx context.Context, nc *nats.Conn, opts Options, check func(context.Context) error) (*Report, error) {
 	report := &Report{Refusals: Refusals{ByReason: map[string]int{}}, Providers: []Provider{}, Malformed: []MalformedKey{}}
 	var err error
-	if report.Instances, err = discoverInstances(ctx, nc, opts.DiscoveryWait); err != nil {
+	if report.Instances, err = discoverInstances(ctx, nc, opts.DiscoveryWait, check); err != nil {
 		return nil, err
 	}
 	js, err := jetstream.New(nc)
@@ -282,8 +306,10 @@ func whatOfBucket(bucket string) provisionerv1.What {
 }
 
 // discoverInstances collects every instance's $SRV.STATS reply for wait:
-// discovery is not queue-grouped, so each instance answers.
-func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration) ([]Instance, error) {
+// discovery is not queue-grouped, so each instance answers. check, if not
+// nil, is asked once the request is sent: a refused inbox or subject ends
+// it before the wait.
+func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration, check func(context.Context) error) ([]Instance, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -296,6 +322,11 @@ func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration) (
 	}
 	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
 		return nil, err
+	}
+	if check != nil {
+		if err := check(ctx); err != nil {
+			return nil, err
+		}
 	}
 	deadline := time.Now().Add(wait)
 	var instances []Instance

@@ -75,8 +75,12 @@ type Target struct {
 	// (permissions.Operator), or any that may ask them.
 	Ask *nats.Conn
 	// Read is the connection /metrics reads the buckets' last revisions on,
-	// by direct get: the server's writing identity may.
+	// by direct get: the server's writing identity may. The page reads the
+	// registry's last write on it too.
 	Read *nats.Conn
+	// AskAs names Ask's identity in the page's sentence when NATS refuses
+	// it, such as "the answering identity"; empty: the connection's name.
+	AskAs string
 }
 
 // Server is the operator's HTTP server.
@@ -95,6 +99,9 @@ type Server struct {
 	mu       sync.RWMutex
 	target   *Target
 	stopping atomic.Bool
+
+	// looks is what the status page remembers between its looks (page.go).
+	looks looks
 }
 
 // ErrAddrInUse is returned by Start when the address is taken.
