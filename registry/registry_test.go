@@ -367,7 +367,7 @@ func TestReconcilerRestoresChangedEntries(t *testing.T) {
 			settled := lastRevision(t, kv)
 			// Nothing is written in the next 200ms: a quiet window is
 			// what is checked, so it is waited out, not polled.
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // a quiet window, not a wait for a condition
 			if after := lastRevision(t, kv); after != settled {
 				t.Fatalf("the reconciler kept writing after the registry was equal: revision %d → %d", settled, after)
 			}

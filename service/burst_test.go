@@ -46,7 +46,7 @@ func (l *lockedLog) records(t *testing.T) []map[string]any {
 // A burst of events is logged twice: when it starts, and once it has been
 // quiet for burstLog.quiet, with its count by subject and how long it
 // lasted. Stop logs a burst in progress and ends the logging. The clock is
-// synctest's: the test waits for no timer.
+// synctest's: the test waits for no timer (elapse).
 func TestBurstLogLogsABurstTwice(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -70,26 +70,26 @@ func TestBurstLogLogsABurstTwice(t *testing.T) {
 		b.event("a")
 		want = append(want, started("a"))
 		expect("the first event")
-		time.Sleep(4 * time.Second)
+		elapse(4 * time.Second)
 		b.event("a")
 		b.event("b")
 		expect("events within the quiet time")
-		time.Sleep(5*time.Second - time.Nanosecond)
+		elapse(5*time.Second - time.Nanosecond)
 		expect("just before the quiet time after the last event")
-		time.Sleep(time.Nanosecond)
+		elapse(time.Nanosecond)
 		want = append(want, ended(3, map[string]any{"a": float64(2), "b": float64(1)}, 9*time.Second))
 		expect("the quiet time after the last event")
 
 		// The next event starts a new burst; Stop ends it at once.
-		time.Sleep(time.Minute)
+		elapse(time.Minute)
 		b.event("c")
 		want = append(want, started("c"))
-		time.Sleep(time.Second)
+		elapse(time.Second)
 		b.stop()
 		want = append(want, ended(1, map[string]any{"c": float64(1)}, time.Second))
 		expect("stopped in a burst")
 		b.event("c")
-		time.Sleep(time.Minute)
+		elapse(time.Minute)
 		expect("events after the stop")
 	})
 }
@@ -101,11 +101,18 @@ func TestBurstLogStoppedBetweenBursts(t *testing.T) {
 		log := &lockedLog{}
 		b := newBurstLog(slog.New(slog.NewJSONHandler(log, nil)), "dropped", 5*time.Second)
 		b.event("a")
-		time.Sleep(time.Minute)
+		elapse(time.Minute)
 		b.stop()
 		synctest.Wait()
 		if n := len(log.records(t)); n != 2 {
 			t.Errorf("%d records, want the burst's 2 and none for the stop", n)
 		}
 	})
+}
+
+// elapse advances the synctest bubble's fake clock by d, firing the timers
+// due meanwhile: no wall time passes and nothing is waited for. Inside a
+// bubble, a sleep is how its clock moves (testing/synctest has no other).
+func elapse(d time.Duration) {
+	time.Sleep(d) // synctest's fake clock: advances it, takes no wall time
 }

@@ -348,6 +348,8 @@ func TestAGreedyNodeLeavesReadsAloneToTheOthers(t *testing.T) {
 	var greed sync.WaitGroup
 	for range 4 {
 		greed.Go(func() {
+			pace := time.NewTicker(10 * time.Millisecond) // each greedy asker's rate
+			defer pace.Stop()
 			for ctx.Err() == nil {
 				_, err := client.New(m.admin).Compose(ctx, &provisionerv1.ComposeRequest{Node: greedy})
 				asked.Add(1)
@@ -355,14 +357,25 @@ func TestAGreedyNodeLeavesReadsAloneToTheOthers(t *testing.T) {
 				if errors.As(err, &werr) && strings.Contains(werr.Sentence(), fmt.Sprintf("reads node %s alone at most", greedy)) {
 					refused.Add(1)
 				}
-				time.Sleep(10 * time.Millisecond)
+				select {
+				case <-ctx.Done():
+				case <-pace.C:
+				}
 			}
 		})
 	}
 	defer greed.Wait()
 	defer stop()
+	// The other node asks each time the greedy one has just been refused
+	// for its own bound again: while it takes all it may.
 	for range 3 {
-		time.Sleep(300 * time.Millisecond)
+		seen := refused.Load()
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			if refused.Load() == seen {
+				return fmt.Errorf("%s asked %d times in a loop, and no more were refused for its own bound (%d so far)", greedy, asked.Load(), seen)
+			}
+			return nil
+		})
 		if _, err := client.New(m.admin).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: other}); err != nil {
 			t.Errorf("%s asked while %s asked in a loop: %v", other, greedy, err)
 		}

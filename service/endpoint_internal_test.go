@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +27,9 @@ func TestWorkersAreBounded(t *testing.T) {
 	s := start(t, nc, Config{Concurrency: 2})
 	var running, most atomic.Int32
 	release := make(chan struct{})
+	var released sync.Once
+	releaseAll := func() { released.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll) // before the service stops, should the test fail first
 	blocking := endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
 		name: "blocking", subject: "test.blocking",
 		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
@@ -59,17 +63,16 @@ func TestWorkersAreBounded(t *testing.T) {
 			replies <- err
 		}()
 	}
-	// Wait until the workers are busy, and a little more, in which a third
-	// would start if the bound let it: the pause gives it the time to, and
-	// bounds nothing that is checked.
+	// Wait until the workers are busy and the other requests wait in the
+	// queue for them: were there a third worker, it would have taken one
+	// of those, and the queue would never hold them all.
 	natstest.CheckFor(t, 5*time.Second, func() error {
-		if n := running.Load(); n < 2 {
-			return fmt.Errorf("%d answers at work, want 2", n)
+		if n, queued := running.Load(), len(s.queue); n < 2 || queued != requests-2 {
+			return fmt.Errorf("%d answers at work and %d requests queued, want 2 and %d", n, queued, requests-2)
 		}
 		return nil
 	})
-	time.Sleep(100 * time.Millisecond)
-	close(release)
+	releaseAll()
 	for range requests {
 		if err := <-replies; err != nil {
 			t.Error(err)

@@ -53,7 +53,16 @@ func TestPlansFindAProviderMadeLongAfterItWasNamed(t *testing.T) {
 		pending, err = digest()
 		return err
 	})
-	time.Sleep(time.Second) // five times as long as a bucket is kept unnamed
+	// The copy forgets late's bucket, named by no read for longer than it
+	// keeps one (between the writer's sweeps, plansSweep apart): the
+	// bucket made next is found only if the writer names it again.
+	forgotten := l.s.mirror.Bound.Forgotten()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if l.s.mirror.Bound.Forgotten() == forgotten {
+			return errors.New("late's bucket not forgotten yet")
+		}
+		return nil
+	})
 
 	l.bind(t)
 	natstest.CheckFor(t, 10*time.Second, func() error {

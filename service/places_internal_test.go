@@ -16,6 +16,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
@@ -41,15 +42,23 @@ func TestAGreedyNodeLeavesRoomInTheQueue(t *testing.T) {
 	defer stop()
 
 	ask := client.New(nc, client.AsNode(other))
+	count := s.counters[wire.ComposeNodeEndpoint]
 	for i := range 10 {
-		time.Sleep(50 * time.Millisecond)
+		// Asked each time the greedy node has just been refused again for
+		// holding its places: while it holds all it may.
+		seen := count.askerFull.Load()
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			if count.askerFull.Load() == seen {
+				return fmt.Errorf("%s asked %d times in a loop, and no more were refused for holding %d places (%d so far)", greedy, asked.Load(), most, seen)
+			}
+			return nil
+		})
 		if _, err := ask.Compose(t.Context(), &provisionerv1.ComposeRequest{Node: other}); err != nil {
 			t.Errorf("%s's request %d, while %s asked in a loop: %v", other, i, greedy, err)
 		}
 	}
 	stop()
 	greed.Wait()
-	count := s.counters[wire.ComposeNodeEndpoint]
 	if count.askerFull.Load() == 0 || count.queueFull.Load() > 0 {
 		t.Errorf("%s asked %d times: %d refused for holding %d places, %d for a full queue; want some for its places and none for the queue",
 			greedy, asked.Load(), count.askerFull.Load(), most, count.queueFull.Load())
@@ -68,6 +77,8 @@ func askInALoop(ctx context.Context, t *testing.T, nc *nats.Conn, node string, a
 		return
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	pace := time.NewTicker(time.Millisecond)
+	defer pace.Stop()
 	for i := 1; ctx.Err() == nil; i++ {
 		body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: node, PageSize: uint32(i)})
 		if err := nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, node), fmt.Sprintf("%s.%d", inbox, i), body); err != nil {
@@ -84,7 +95,10 @@ func askInALoop(ctx context.Context, t *testing.T, nc *nats.Conn, node string, a
 				t.Error(err)
 				return
 			}
-			time.Sleep(time.Millisecond)
+			select { // at most 16 a millisecond: pacing
+			case <-ctx.Done():
+			case <-pace.C:
+			}
 		}
 	}
 }
@@ -122,12 +136,12 @@ func TestAGreedyNodeLeavesRoomToWait(t *testing.T) {
 		})
 	}
 	// Every greedy request waits or was refused.
-	for deadline := time.Now().Add(10 * time.Second); len(s.waiting)+int(refused.Load()) < 4*places; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d greedy requests wait and %d were refused, of %d", len(s.waiting), refused.Load(), 4*places)
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if n, r := len(s.waiting), int(refused.Load()); n+r < 4*places {
+			return fmt.Errorf("%d greedy requests wait and %d were refused, of %d", n, r, 4*places)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	if len(s.waiting) != most || forPlaces.Load() != 4*places-most {
 		t.Errorf("%d of %s's %d requests wait, and %d of the others were refused for its places; want %d: its places, and all the others",
 			len(s.waiting), greedy, 4*places, forPlaces.Load(), most)
@@ -140,7 +154,14 @@ func TestAGreedyNodeLeavesRoomToWait(t *testing.T) {
 		_, err := client.New(nc, client.AsNode(other)).Compose(t.Context(), &provisionerv1.ComposeRequest{Node: other, MinRevisions: &provisionerv1.Revisions{Needs: rev + 1}})
 		answered <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // its request waits, or was refused
+	// Its request waits (a place more is taken), or was refused at once
+	// (answered, which the check below reports).
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if n := len(s.waiting); n != most+1 && len(answered) == 0 {
+			return fmt.Errorf("%d requests wait, want %s's %d and %s's", n, greedy, most, other)
+		}
+		return nil
+	})
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

@@ -577,25 +577,42 @@ func TestNotReadyUntilLoaded(t *testing.T) {
 	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	nc := natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	// nats-server's refusals of the watcher's consumers, as they come.
+	refused := make(chan struct{}, 16) // a refusal of the needs watcher's consumer
+	nc := natstest.Connect(t, s, nats.UserInfo("svc", "svc"), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if strings.Contains(err.Error(), "KV_mesh-provisioner_needs") {
+			select {
+			case refused <- struct{}{}:
+			default:
+			}
+		}
+	}))
 	svc, err := service.Start(t.Context(), service.Config{Conn: nc, Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(svc.Stop)
 
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	// Every node's needs wait for the whole copy (a node's own are read
-	// alone meanwhile: TestVerbsWhileLoadingAnswerAsTheCopy). Asked for
-	// two seconds: an empty needs bucket the service may read is loaded
-	// well within them (its watcher waits at most a second for the
-	// registry's), so a 503 that lasts is the copy that cannot load.
+	// alone meanwhile: TestVerbsWhileLoadingAnswerAsTheCopy). Asked until
+	// nats-server has refused the needs watcher's consumer twice, and once
+	// more after: the watcher failed, tried again and failed again, and
+	// the 503 lasts through it, the copy that cannot load.
 	var serr *wire.Error
-	for until := time.Now().Add(2 * time.Second); time.Now().Before(until); time.Sleep(100 * time.Millisecond) {
+	for refusals := 0; ; refusals++ {
 		_, err = client.New(admin).Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS})
 		if !errors.As(err, &serr) || serr.Code() != wire.CodeUnavailable {
-			t.Fatalf("Provisioning before load = %v, want a 503", err)
+			t.Fatalf("Provisioning before load, after %d refusals of the needs watcher's consumer = %v, want a 503", refusals, err)
+		}
+		if refusals == 2 {
+			break
+		}
+		select {
+		case <-refused:
+		case <-ctx.Done():
+			t.Fatalf("nats-server refused the needs watcher's consumer %d times in 30s, want 2", refusals)
 		}
 	}
 	if !strings.Contains(serr.Sentence(), keys.NeedsBucket) || !strings.Contains(serr.Sentence(), "ask again") {

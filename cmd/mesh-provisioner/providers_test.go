@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/natstest"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -54,20 +56,19 @@ func TestAProvisionIsBoundOnARealServer(t *testing.T) {
 		// A look for pg's bucket that outlasts its 1s timeout (a loaded
 		// machine) says the bucket is behind until the next look, 2s on:
 		// asked again until then, the plan must come whole.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		var whole *provisionerv1.Provision
+		natstest.CheckFor(t, 10*time.Second, func() error {
 			plan, err := asAce.Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: least})
 			if err != nil {
 				t.Fatalf("ace composes: %v (violations %v)", err, ace.violations)
 			}
-			if len(plan.GetProvisions()) == 1 && len(plan.GetBehind()) == 0 {
-				return plan.GetProvisions()[0]
+			if len(plan.GetProvisions()) != 1 || len(plan.GetBehind()) != 0 {
+				return fmt.Errorf("ace's plan: %v, want one provision and nothing behind", plan)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("ace's plan: %v, want one provision and nothing behind", plan)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			whole = plan.GetProvisions()[0]
+			return nil
+		})
+		return whole
 	}
 	if p := compose(&provisionerv1.Revisions{Needs: needRev, Manifests: manifestRev}); p.GetBoundRevision() != 0 || p.GetManifestDigest() != digest {
 		t.Errorf("before pg binds: %v, want pending, offered by manifest %s", p, digest)

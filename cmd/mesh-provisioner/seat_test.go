@@ -185,6 +185,8 @@ func TestOneSeatManyInstances(t *testing.T) {
 	var asking sync.WaitGroup
 	asking.Go(func() {
 		c := client.New(nc)
+		pace := time.NewTicker(10 * time.Millisecond) // the asker's rate
+		defer pace.Stop()
 		for ctx.Err() == nil {
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			answer, err := c.Provisioning(rctx, &provisionerv1.ProvisioningRequest{})
@@ -197,7 +199,10 @@ func TestOneSeatManyInstances(t *testing.T) {
 				failed.Add(1)
 				t.Logf("request failed: %v", err)
 			}
-			time.Sleep(10 * time.Millisecond) // the asker's rate: pacing
+			select {
+			case <-ctx.Done():
+			case <-pace.C:
+			}
 		}
 	})
 

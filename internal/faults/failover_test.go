@@ -373,7 +373,7 @@ func TestFaultSeatFailover(t *testing.T) {
 		tl.note(fmt.Sprintf("test: new registry leader s%d", newLeader))
 		// The fault's shape: the killed server stays down 3s after the
 		// election, as a crashed host would, before it comes back.
-		time.Sleep(3 * time.Second)
+		time.Sleep(3 * time.Second) // the fault's shape: down this long, not a wait for a condition
 		if leader >= 0 {
 			c.Start(leader)
 			c.WaitMetaLeader(30 * time.Second)
@@ -402,7 +402,7 @@ func TestFaultSeatFailover(t *testing.T) {
 		if roundWorst > 2*time.Second || !kept {
 			t.Logf("round %d's seat events:\n\t%s", round, strings.Join(events, "\n\t"))
 		}
-		if roundWorst > vacancyGoal {
+		if roundWorst > vacancyGoal && !raceEnabled { // a speed claim: logged above under -race
 			t.Errorf("round %d: GOAL MISSED: the seat was vacant %s, more than the %s goal", round, roundWorst.Round(time.Millisecond), vacancyGoal)
 		}
 		// The taker's lease is fresh when the leader is killed: it keeps
@@ -430,7 +430,7 @@ func TestFaultSeatFailover(t *testing.T) {
 	p.mu.Unlock()
 	t.Logf("%d rounds: worst vacancy %s; leases lost through %d leader kills: %d; %d instance exits not asked for; %d writes acked, %d failed",
 		rounds, worst.Round(time.Millisecond), kills, leasesLost, len(exits), acked, failed)
-	t.Logf("GOAL seat vacant <= %s in every round: worst %s", vacancyGoal, worst.Round(time.Millisecond))
+	t.Logf("GOAL seat vacant <= %s in every round: worst %s (held to it without the race detector only: %v)", vacancyGoal, worst.Round(time.Millisecond), !raceEnabled)
 	if len(exits) > 0 {
 		tl.mu.Lock()
 		for name, tail := range tl.logTail {

@@ -65,27 +65,41 @@ func TestFaultRestart(t *testing.T) {
 			startService(t, c.Connect(0), 1)
 			reader := c.Connect(0)
 			p := newProbe(t, c.Connect(0), reader, "w")
-			// The fault's shape, paced: a second of traffic, NATS down
-			// for 2s, then 4s of traffic for the figures.
+			// The fault's shape: traffic until writes reach answers, NATS
+			// down for 2s, then traffic until 50 writes acked after it is
+			// back are in answers, for the figures.
 			stop := p.run(20*time.Millisecond, 10*time.Millisecond)
-			time.Sleep(time.Second)
+			p.waitWrites(time.Now(), 25, 30*time.Second)
 			tc.down(c)
-			time.Sleep(2 * time.Second)
+			time.Sleep(2 * time.Second) // the fault's shape: NATS down this long, not a wait for a condition
 			c.Start(0)
 			back := time.Now()
-			time.Sleep(4 * time.Second)
+			p.waitWrites(back, 50, 60*time.Second)
 			stop()
 			w := p.report("NATS restarted", back)
 			t.Logf("the first answer came %s after NATS was back; the first write acked after it was in answers %s after its ack",
 				p.firstAnswer(back).Round(time.Millisecond), firstLag(p.lags(), back).Round(time.Millisecond))
-			if w.lag < 0 || w.lag > freshness {
-				t.Errorf("write %s acked %s after NATS was back reached answers after %s, more than %s",
-					w.key, w.at.Sub(back).Round(time.Millisecond), w.lag, freshness)
-			}
+			checkLag(t, w, "after NATS was back", back)
 			checkCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			p.checkCopy(checkCtx, reader)
 		})
+	}
+}
+
+// checkLag fails the test if w, the write acked after from with the worst
+// lag, never reached answers (within reflectWithin of the writes' end:
+// liveness), or, without the race detector, reached them later than the
+// issue's freshness (a speed claim, which -race's slowdown voids: logged
+// then by report, not held to).
+func checkLag(t *testing.T, w lag, after string, from time.Time) {
+	t.Helper()
+	switch {
+	case w.lag < 0:
+		t.Errorf("write %s acked %s %s never reached answers", w.key, w.at.Sub(from).Round(time.Millisecond), after)
+	case w.lag > freshness && !raceEnabled:
+		t.Errorf("write %s acked %s %s reached answers after %s, more than %s",
+			w.key, w.at.Sub(from).Round(time.Millisecond), after, w.lag, freshness)
 	}
 }
 
@@ -119,10 +133,11 @@ func TestFaultLeaderLoss(t *testing.T) {
 			other := (victim + 1) % 3 // the writer's and reader's server
 			reader := c.Connect(other)
 			p := newProbe(t, c.Connect(other), reader, "w")
-			// The fault's shape, paced: a second of traffic, the server
-			// lost, then 5s of traffic after the election for the figures.
+			// The fault's shape: traffic until writes reach answers, the
+			// server lost, then traffic until 50 writes acked after the
+			// election are in answers, for the figures.
 			stop := p.run(20*time.Millisecond, 10*time.Millisecond)
-			time.Sleep(time.Second)
+			p.waitWrites(time.Now(), 25, 30*time.Second)
 			lost := time.Now()
 			if tc.kill {
 				c.Kill(victim)
@@ -131,14 +146,11 @@ func TestFaultLeaderLoss(t *testing.T) {
 			}
 			leader := c.WaitStreamLeader(needsStream, 20*time.Second)
 			elected := time.Now()
-			time.Sleep(5 * time.Second)
+			p.waitWrites(elected, 50, 60*time.Second)
 			stop()
 			t.Logf("lost server %d; the stream had a new leader (server %d) %s later", victim, leader, elected.Sub(lost).Round(time.Millisecond))
 			w := p.report("leader lost", lost)
-			if w.lag < 0 || w.lag > freshness {
-				t.Errorf("write %s acked %s after the fault reached answers after %s, more than %s",
-					w.key, w.at.Sub(lost).Round(time.Millisecond), w.lag, freshness)
-			}
+			checkLag(t, w, "after the fault", lost)
 			c.Start(victim)
 			c.WaitMetaLeader(30 * time.Second)
 			c.WaitStreamLeader(needsStream, 30*time.Second)

@@ -58,12 +58,13 @@ func dialRaw(addr, inbox string, readRate int) (*rawClient, error) {
 	}
 	if readRate > 0 {
 		go func() {
+			pace := time.NewTicker(100 * time.Millisecond) // a tenth of readRate every 100ms: the reader's rate
+			defer pace.Stop()
 			buf := make([]byte, readRate/10)
-			for {
+			for ; ; <-pace.C {
 				if _, err := io.ReadFull(conn, buf); err != nil {
 					return
 				}
-				time.Sleep(100 * time.Millisecond) // a tenth of readRate every 100ms: the reader's rate
 			}
 		}()
 	}
@@ -149,7 +150,9 @@ const ordinaryTimeout = 5 * time.Second
 func askEvery(interval, d time.Duration, ask func(ctx context.Context) error, into *latencies) {
 	var wg sync.WaitGroup
 	end := time.Now().Add(d)
-	for time.Now().Before(end) {
+	pace := time.NewTicker(interval) // the ordinary client's rate
+	defer pace.Stop()
+	for ; time.Now().Before(end); <-pace.C {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), ordinaryTimeout)
 			defer cancel()
@@ -157,7 +160,6 @@ func askEvery(interval, d time.Duration, ask func(ctx context.Context) error, in
 			err := ask(ctx)
 			into.add(time.Since(start), err)
 		})
-		time.Sleep(interval) // the ordinary client's rate: pacing
 	}
 	wg.Wait()
 }
@@ -199,7 +201,8 @@ func greedyMesh(t *testing.T, nc *nats.Conn) (node, module string) {
 // 20 mesh, about 1 MiB a page) on 4 raw connections and never reads its
 // socket, or reads it at 1 MB/s; another client's small requests (one
 // module's needs, one module's composition) must not be slowed by more than
-// 100ms at the 99th percentile.
+// 100ms at the 99th percentile (without the race detector: with it, the
+// figures are logged only).
 func TestFaultNonReader(t *testing.T) {
 	const (
 		hogs     = 4
@@ -285,7 +288,7 @@ func TestFaultNonReader(t *testing.T) {
 			t.Logf("ordinary small requests (one module's needs and composition, alternately, one every %s): before %s; during %s",
 				interval, &before, &during)
 			pBefore, pDuring := before.p(0.99, ordinaryTimeout), during.p(0.99, ordinaryTimeout)
-			if pDuring > pBefore+allowed {
+			if pDuring > pBefore+allowed && !raceEnabled { // a speed claim: logged above under -race
 				t.Errorf("the p99 of ordinary small requests went from %s to %s with a client that %s: more than %s higher",
 					pBefore.Round(time.Millisecond), pDuring.Round(time.Millisecond), tc.name, allowed)
 			}
@@ -488,7 +491,9 @@ func blastAndAsk(t *testing.T, url string, ordinary func(context.Context) error)
 		asks  []asked
 		askWG sync.WaitGroup
 	)
-	for time.Since(started) < blastFor+4*time.Second {
+	pace := time.NewTicker(50 * time.Millisecond) // the ordinary askers' rate
+	defer pace.Stop()
+	for ; time.Since(started) < blastFor+4*time.Second; <-pace.C {
 		sentAt := time.Now()
 		askWG.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -498,7 +503,6 @@ func blastAndAsk(t *testing.T, url string, ordinary func(context.Context) error)
 			asks = append(asks, asked{sent: sentAt, answered: time.Now(), err: err})
 			mu.Unlock()
 		})
-		time.Sleep(50 * time.Millisecond) // the ordinary askers' rate: pacing
 	}
 	blastWG.Wait()
 	askWG.Wait()

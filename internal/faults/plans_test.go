@@ -95,15 +95,15 @@ func TestFaultPlansDigests(t *testing.T) {
 			c.WaitStreamLeader(plansStream, 30*time.Second)
 			return fmt.Sprintf("server s%d (%s's) down 2s", server, holder)
 		}},
-		{"plans stream leader killed", func(t *testing.T) string { return killLeader(c, plansStream) }},
-		{"needs stream leader killed", func(t *testing.T) string { return killLeader(c, needsStream) }},
+		{"plans stream leader killed", func(t *testing.T) string { return killLeader(t, c, js, plansStream) }},
+		{"needs stream leader killed", func(t *testing.T) string { return killLeader(t, c, js, needsStream) }},
 		{"seat takeover (holder stopped)", func(t *testing.T) string { return takeOver(t, tl, procs, false) }},
 		{"seat takeover (holder killed: the lease expires)", func(t *testing.T) string { return takeOver(t, tl, procs, true) }},
 	} {
 		stop := w.run()
-		time.Sleep(time.Second) // writes before the fault
+		writesGoOn(t, js, needsStream, 50) // writes before the fault
 		what := fault.do(t)
-		time.Sleep(time.Second) // writes after it
+		writesGoOn(t, js, needsStream, 50) // writes after it
 		stopped := time.Now()
 		acked, failed := stop()
 		took := pc.consistent(fault.name, stopped)
@@ -164,18 +164,54 @@ func takeOver(t *testing.T, tl *timeline, procs []*supervised, kill bool) string
 }
 
 // killLeader kills stream's leader, lets the writes go on under the next
-// one for 2s, and starts the server again.
-func killLeader(c *natstest.Cluster, stream string) string {
+// one (20 of them: the needs writer's, or the plans writer's digests), and
+// starts the server again.
+func killLeader(t *testing.T, c *natstest.Cluster, js jetstream.JetStream, stream string) string {
+	t.Helper()
 	leader := c.WaitStreamLeader(stream, 10*time.Second)
 	c.Kill(leader)
 	lost := time.Now()
 	next := c.WaitStreamLeader(stream, 30*time.Second)
 	elected := time.Since(lost)
-	time.Sleep(2 * time.Second)
+	writesGoOn(t, js, stream, 20)
 	c.Start(leader)
 	c.WaitMetaLeader(30 * time.Second)
 	c.WaitStreamLeader(stream, 30*time.Second)
 	return fmt.Sprintf("s%d killed, s%d led after %s", leader, next, elected.Round(time.Millisecond))
+}
+
+// writesGoOn waits until stream has taken n writes more than it had when
+// called, and fails the test if it has not within a minute.
+func writesGoOn(t *testing.T, js jetstream.JetStream, stream string, n uint64) {
+	t.Helper()
+	last := func() (uint64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return 0, err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return info.State.LastSeq, nil
+	}
+	var from uint64
+	natstest.CheckFor(t, 30*time.Second, func() (err error) {
+		from, err = last()
+		return err
+	})
+	natstest.CheckFor(t, time.Minute, func() error {
+		seq, err := last()
+		if err != nil {
+			return err
+		}
+		if seq < from+n {
+			return fmt.Errorf("%s took %d writes, want %d", stream, seq-from, n)
+		}
+		return nil
+	})
 }
 
 // needsWriter puts needs to random nodes, one every 10ms, and then writes

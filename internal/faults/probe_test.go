@@ -59,9 +59,14 @@ func newProbe(t *testing.T, writer, reader *nats.Conn, node string) *probe {
 	return &probe{t: t, writes: writer, ask: client.New(reader), writer: node, answered: make(chan struct{}, 1)}
 }
 
+// reflectWithin bounds how long stop waits for an answer to reflect the
+// last acked write: a liveness bound, generous (it is waited out only when
+// a write never reaches answers), not the freshness.
+const reflectWithin = 30 * time.Second
+
 // run writes every writeEvery and asks every askEvery until stop is
 // called; stop ends the writes first, and the asking once an answer
-// reflects the last acked write (or 2*freshness later).
+// reflects the last acked write (or reflectWithin later).
 func (p *probe) run(writeEvery, askEvery time.Duration) (stop func()) {
 	writing, stopWriting := context.WithCancel(context.Background())
 	asking, stopAsking := context.WithCancel(context.Background())
@@ -81,8 +86,8 @@ func (p *probe) run(writeEvery, askEvery time.Duration) (stop func()) {
 	return func() {
 		stopWriting()
 		writer.Wait()
-		// Each answer is checked as it comes, for at most 2*freshness.
-		deadline := time.After(2 * freshness)
+		// Each answer is checked as it comes, for at most reflectWithin.
+		deadline := time.After(reflectWithin)
 	wait:
 		for !p.reflectsLast() {
 			select {
@@ -94,6 +99,31 @@ func (p *probe) run(writeEvery, askEvery time.Duration) (stop func()) {
 		stopAsking()
 		reader.Wait()
 	}
+}
+
+// waitWrites waits until n writes acked at or after from are in answers
+// (an answer reflects the n-th of them), and fails the test if they are not
+// within the timeout: the traffic a fault's figures are taken from, counted
+// rather than timed.
+func (p *probe) waitWrites(from time.Time, n int, timeout time.Duration) {
+	p.t.Helper()
+	natstest.CheckFor(p.t, timeout, func() error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		acked := 0
+		for _, w := range p.acked {
+			if w.at.Before(from) {
+				continue
+			}
+			if acked++; acked == n {
+				if len(p.answers) == 0 || p.answers[len(p.answers)-1].revision < w.revision {
+					return fmt.Errorf("%d writes acked since %s, the %dth (revision %d) not in answers yet", acked, from.Format("15:04:05.000"), n, w.revision)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("%d writes acked since %s, want %d in answers", acked, from.Format("15:04:05.000"), n)
+	})
 }
 
 // reflectsLast reports whether an answer reflects the last acked write.

@@ -224,7 +224,14 @@ func TestFaultRestartAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	whole := time.Since(started)
-	time.Sleep(200 * time.Millisecond)
+	// Asked on once the copy is whole: a few more plans answered from it.
+	ready := answered.Load()
+	natstest.CheckFor(t, 30*time.Second, func() error {
+		if n := answered.Load() - ready; n < 8 {
+			return fmt.Errorf("%d plans answered since the copy was whole, want 8 (%d failed)", n, failed.Load())
+		}
+		return nil
+	})
 	cancel()
 	wg.Wait()
 	t.Logf("the only instance restarted on 50,000 keys: first plan %s after Start, copy whole after %s; %d plans answered, %d answered \"loading\", %d failed",

@@ -49,7 +49,7 @@ func TestFaultStartStopStats(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	done := make(chan struct{})
-	var asked atomic.Int64
+	var asked, published atomic.Int64 // counted before and after each publish
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() {
@@ -62,6 +62,7 @@ func TestFaultStartStopStats(t *testing.T) {
 				if subject := current.Load(); subject != nil {
 					asked.Add(1)
 					_ = asker.PublishRequest(*subject, inbox, nil)
+					published.Add(1)
 				}
 			}
 		})
@@ -77,11 +78,22 @@ func TestFaultStartStopStats(t *testing.T) {
 		subject := "$SRV.STATS." + wire.ServiceName + "." + svc.Info().ID
 		current.Store(&subject)
 		err = svc.WaitReady(cycleCtx)
-		cancel()
 		if err != nil {
+			cancel()
 			t.Fatal(err)
 		}
-		time.Sleep(time.Millisecond) // asked after the endpoints are added too
+		// Asked after the endpoints are added too: until a request is
+		// published that was not yet asked when the instance was ready
+		// (more are published than had been asked then).
+		askedBefore := asked.Load()
+		for published.Load() <= askedBefore {
+			select {
+			case <-cycleCtx.Done():
+				t.Fatal("no $SRV.STATS request was published once the instance was ready")
+			case <-time.After(50 * time.Microsecond):
+			}
+		}
+		cancel()
 		current.Store(nil)
 		svc.Stop()
 	}

@@ -43,14 +43,16 @@ func TestAReaderThatStopsEarlyLeavesNoGoroutine(t *testing.T) {
 	}{
 		{"the reader stops", func(ctx context.Context, _ context.CancelFunc) error {
 			return kvread.Each(ctx, kv, ">", func(jetstream.KeyValueEntry) bool {
-				time.Sleep(100 * time.Millisecond) // Updates fills meanwhile
+				waitDeliveryBlocked(t) // Updates fills meanwhile
 				return false
 			})
 		}},
 		{"its context ends", func(ctx context.Context, cancel context.CancelFunc) error {
 			return kvread.Each(ctx, kv, ">", func(jetstream.KeyValueEntry) bool {
-				time.Sleep(100 * time.Millisecond)
-				cancel()
+				if ctx.Err() == nil { // the entries read after are Each's race with the context's end
+					waitDeliveryBlocked(t)
+					cancel()
+				}
 				return true
 			})
 		}},
@@ -70,12 +72,35 @@ func TestAReaderThatStopsEarlyLeavesNoGoroutine(t *testing.T) {
 	}
 }
 
+// waitDeliveryBlocked waits until a KV watcher's delivery is blocked on its
+// full Updates: a goroutine of nats.go's watcher callback waits to send.
+func waitDeliveryBlocked(t *testing.T) {
+	t.Helper()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		for g := range bytes.SplitSeq(stacks(), []byte("\n\n")) {
+			if bytes.Contains(g, []byte("[chan send")) && bytes.Contains(g, []byte("jetstream.(*kvs).WatchFiltered")) {
+				return nil
+			}
+		}
+		return errors.New("no watcher's delivery waits on a full Updates")
+	})
+}
+
+// stacks returns every goroutine's stack, however long (the embedded
+// nats-server's run past a megabyte under -race).
+func stacks() []byte {
+	for size := 1 << 20; ; size *= 2 {
+		buf := make([]byte, size)
+		if n := runtime.Stack(buf, true); n < size {
+			return buf[:n]
+		}
+	}
+}
+
 // goroutinesIn counts the goroutines whose stack holds any of funcs.
 func goroutinesIn(funcs ...string) int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
-	for g := range bytes.SplitSeq(buf, []byte("\n\n")) {
+	for g := range bytes.SplitSeq(stacks(), []byte("\n\n")) {
 		for _, f := range funcs {
 			if bytes.Contains(g, []byte(f)) {
 				n++
