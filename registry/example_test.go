@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"fmt"
+
 	"github.com/novox/mesh-provisioner/registry"
 )
 
