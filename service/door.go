@@ -299,7 +299,7 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 	}
 	// Precomputed, so that a flood's drops allocate nothing to be told.
 	cause := "dropped at " + name
-	message := "requests of a " + string(owner) + " dropped unanswered at the " + name + " endpoint: it asked faster than serve --max-rate-per-asker, or than its requests are read"
+	message := "requests of a " + string(owner) + " dropped unanswered at the " + name + " endpoint: it asked faster than its rate (serve --max-rate-per-asker; --max-write-rate-per-asker on the write verbs), or than its requests are read"
 	d := newDoor(lineLength, PendingMsgsLimit, float64(rate), func(answer func(bool)) { answer(false) }, func(who addressee) {
 		s.warnings.Log(slog.LevelWarn, cause, who.name, message)
 	})
