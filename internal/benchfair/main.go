@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -418,14 +419,7 @@ func composeStats(alice *nats.Conn) string {
 	if err != nil {
 		return err.Error()
 	}
-	var stats struct {
-		Endpoints []struct {
-			Name        string          `json:"name"`
-			NumRequests int             `json:"num_requests"`
-			NumErrors   int             `json:"num_errors"`
-			Data        json.RawMessage `json:"data"`
-		} `json:"endpoints"`
-	}
+	var stats micro.Stats
 	if err := json.Unmarshal(msg.Data, &stats); err != nil {
 		return err.Error()
 	}
