@@ -49,7 +49,7 @@ nats: ## Install the nats CLI (natscli v0.5.0) as bin/nats
 .PHONY: image
 image: ## Build the OCI image without a container daemon: build/image (an OCI layout) and build/mesh-provisioner-image.tar (docker load, podman load), tag mesh-provisioner:$(VERSION)
 	CGO_ENABLED=0 GOOS=linux go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/linux/mesh-provisioner ./cmd/mesh-provisioner
-	go run ./internal/ociimage -binary $(BIN)/linux/mesh-provisioner -tag mesh-provisioner:$(VERSION) -version $(VERSION) -layout build/image -out build/mesh-provisioner-image.tar
+	go run ./internal/build/ociimage -binary $(BIN)/linux/mesh-provisioner -tag mesh-provisioner:$(VERSION) -version $(VERSION) -layout build/image -out build/mesh-provisioner-image.tar
 
 .PHONY: generate
 generate: tools python-venv ## Write the generated code of all three languages from proto/ (one buf generate with buf.gen.yaml: protoc-gen-go, protoc-gen-es, the protoc of the pinned grpcio-tools)
@@ -90,8 +90,8 @@ test: test-go test-browser test-ts test-python ## Run every test: Go, the status
 
 .PHONY: test-go
 test-go: nats ## Run the Go tests (race detector on; natscli too, reading init's contexts); the conformance suite's cases by name
-	MESH_PROVISIONER_NATS_BIN=$(CURDIR)/$(BIN)/nats go test -race -count=1 $$(go list ./... | grep -v '/internal/conformance$$')
-	go test -race -count=1 -v -run '^TestConformance$$' ./internal/conformance \
+	MESH_PROVISIONER_NATS_BIN=$(CURDIR)/$(BIN)/nats go test -race -count=1 $$(go list ./... | grep -v '/internal/testkit/conformance$$')
+	go test -race -count=1 -v -run '^TestConformance$$' ./internal/testkit/conformance \
 		| grep -E '^(    --- |ok|FAIL|panic|PASS)|^\s+conformance_test' | grep -vE '^        --- '
 
 # Debian's chromium, installed with apt when missing (as root, or with sudo).
@@ -127,8 +127,8 @@ FAULTS_FAILED := awk '/^=== RUN   [^\/]+$$/ { block = "" } { block = block $$0 "
 test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections; each prints its figures. RACE=-race to add the race detector to all
 	@mkdir -p build && : > $(FAULTS_LOG)
 	status=0; \
-	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
-	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
+	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/testkit/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
+	go test $(RACE) -count=1 -timeout 30m -tags faults -run 'Fault' -skip '^TestFaultStartStopStats$$' -v ./internal/testkit/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
 	go test -race -count=1 -tags faults -run '^TestHolderKeepsTheSeatThroughAnElection$$' -v ./seat/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
 	if [ $$status != 0 ]; then echo '=== the fault tests that failed, each with its whole output:'; $(FAULTS_FAILED) $(FAULTS_LOG); fi; \
 	exit $$status
@@ -139,9 +139,9 @@ clients/ts/node_modules/.package-lock.json: clients/ts/package.json clients/ts/p
 
 .PHONY: test-ts
 test-ts: build clients/ts/node_modules/.package-lock.json ## Run the TypeScript client's tests and the conformance suite against bin/mesh-provisioner
-	go build -o $(BIN)/e2e-seed ./internal/e2e/seed
-	go build -o $(BIN)/e2e-authnats ./internal/e2e/authnats
-	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
+	go build -o $(BIN)/e2e-seed ./internal/testkit/e2e/seed
+	go build -o $(BIN)/e2e-authnats ./internal/testkit/e2e/authnats
+	go build -o $(BIN)/conformance-apply ./internal/testkit/conformance/apply
 	cd clients/ts && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_SEED_BIN=$(CURDIR)/$(BIN)/e2e-seed \
 		MESH_PROVISIONER_AUTHNATS_BIN=$(CURDIR)/$(BIN)/e2e-authnats MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply npm test
 
@@ -159,16 +159,16 @@ python-venv: $(PY_VENV)/.installed ## Create clients/python/.venv with the packa
 
 .PHONY: test-python
 test-python: build python-venv ## Type-check the Python client, run its tests and the conformance suite against bin/mesh-provisioner
-	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
-	go build -o $(BIN)/e2e-authnats ./internal/e2e/authnats
+	go build -o $(BIN)/conformance-apply ./internal/testkit/conformance/apply
+	go build -o $(BIN)/e2e-authnats ./internal/testkit/e2e/authnats
 	cd $(PY_DIR) && .venv/bin/mypy --strict src/mesh_provisioner tests
 	cd $(PY_DIR) && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply \
 		MESH_PROVISIONER_AUTHNATS_BIN=$(CURDIR)/$(BIN)/e2e-authnats .venv/bin/pytest -v
 
 .PHONY: conformance
 conformance: build python-venv clients/ts/node_modules/.package-lock.json ## Run only the conformance suite, in Go, TypeScript and Python, each case by name
-	go build -o $(BIN)/conformance-apply ./internal/conformance/apply
-	MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner go test -count=1 -v -run '^TestConformance$$' ./internal/conformance \
+	go build -o $(BIN)/conformance-apply ./internal/testkit/conformance/apply
+	MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner go test -count=1 -v -run '^TestConformance$$' ./internal/testkit/conformance \
 		| grep -E '^(    --- |ok|FAIL|panic)|^\s+conformance_test' | grep -vE '^        --- '
 	cd clients/ts && npx tsc -p tsconfig.test.json && MESH_PROVISIONER_BIN=$(CURDIR)/$(BIN)/mesh-provisioner \
 		MESH_PROVISIONER_APPLY_BIN=$(CURDIR)/$(BIN)/conformance-apply node --test --test-reporter=spec build-test/test/conformance.test.js
@@ -188,23 +188,23 @@ bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers'
 
 .PHONY: bench-plans
 bench-plans: ## Plan digests at 1,000 nodes and watchers: a need to its watcher (p50, p99, vs a bare KV watch), a registry change to all watchers, an hour of reconciles writing nothing (BENCHPLANS_ARGS="-writes 500 ...")
-	go run ./internal/benchplans $(BENCHPLANS_ARGS)
+	go run ./internal/bench/plans $(BENCHPLANS_ARGS)
 
 .PHONY: bench-verb
 bench-verb: ## The verbs against an echo of the same bytes, at 1 and 8 requesters; copy bytes a key; cold start (BENCHVERB_ARGS="-nodes 1000 ...")
-	go run ./internal/benchverb $(BENCHVERB_ARGS)
+	go run ./internal/bench/verb $(BENCHVERB_ARGS)
 
 .PHONY: bench-write
 bench-write: ## The write verbs against direct KV puts of the same records: one put's p50, a node's 30 x 10 apply, 1,000 nodes applying at once (BENCHWRITE_ARGS="-nodes 1000 ...")
-	go run ./internal/benchwrite $(BENCHWRITE_ARGS)
+	go run ./internal/bench/write $(BENCHWRITE_ARGS)
 
 .PHONY: bench-fair
 bench-fair: build ## One node against another with its own grant: bob's compose and plan push while ace floods its compose subject or churns its records, against quiet, in one run (BENCHFAIR_ARGS="-asks 50 ...")
-	go run ./internal/benchfair -bin $(BIN)/mesh-provisioner $(BENCHFAIR_ARGS)
+	go run ./internal/bench/fair -bin $(BIN)/mesh-provisioner $(BENCHFAIR_ARGS)
 
 .PHONY: bench-scale
 bench-scale: build ## One instance against meshes of 1k, 4k and 10k nodes (x 30 x 10) on a nats-server of its own: RSS a key, start, compose p50/p99, verb throughput; a table, and a plot in build/bench-scale.svg (BENCHSCALE_ARGS="-nodes 1000,4000 ...")
-	go run ./internal/benchscale -bin $(BIN)/mesh-provisioner -plot build/bench-scale.svg $(BENCHSCALE_ARGS)
+	go run ./internal/bench/scale -bin $(BIN)/mesh-provisioner -plot build/bench-scale.svg $(BENCHSCALE_ARGS)
 
 .PHONY: ci
 ci: test test-faults checkgenerate lint breaking image ## What .ci/run runs

@@ -159,7 +159,7 @@ func TestREADMEShowsExample(t *testing.T) {
 // and the service on it, its buckets made, its registry written, keeping
 // the nodes' plan digests as the seat's holder does. It returns the
 // server's URL, and stop, which ends both. Tests get the same from
-// internal/natstest and internal/servicetest, which need a testing.TB.
+// internal/testkit/natstest and internal/testkit/servicetest, which need a testing.TB.
 func startService() (url string, stop func()) {
 	dir, err := os.MkdirTemp("", "client-example-")
 	if err != nil {

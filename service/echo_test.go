@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/internal/natstest"
-	"github.com/novox/mesh-provisioner/internal/servicetest"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
 	"github.com/novox/mesh-provisioner/wire"
 )
 

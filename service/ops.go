@@ -17,7 +17,7 @@ import (
 )
 
 // Read-only accessors and the latency hook for the operator's HTTP endpoints
-// (package internal/ops): nothing here changes what the service answers.
+// (package internal/observe/ops): nothing here changes what the service answers.
 
 // CopyState is one bucket's copy as an operator sees it.
 type CopyState struct {

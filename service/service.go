@@ -20,7 +20,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
-	"github.com/novox/mesh-provisioner/internal/ratelog"
+	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 	"github.com/novox/mesh-provisioner/wire"
 )
 

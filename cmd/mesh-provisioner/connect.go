@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/novox/mesh-provisioner/client"
-	"github.com/novox/mesh-provisioner/internal/ratelog"
+	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 	"github.com/novox/mesh-provisioner/wire"
 )
 

@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/novox/mesh-provisioner/buckets"
-	"github.com/novox/mesh-provisioner/internal/ops"
-	"github.com/novox/mesh-provisioner/internal/sdnotify"
+	"github.com/novox/mesh-provisioner/internal/observe/ops"
+	"github.com/novox/mesh-provisioner/internal/observe/sdnotify"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/seat"

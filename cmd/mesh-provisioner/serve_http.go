@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/novox/mesh-provisioner/internal/ops"
-	"github.com/novox/mesh-provisioner/internal/sdnotify"
+	"github.com/novox/mesh-provisioner/internal/observe/ops"
+	"github.com/novox/mesh-provisioner/internal/observe/sdnotify"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )

@@ -14,7 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/novox/mesh-provisioner/internal/meshstatus"
+	"github.com/novox/mesh-provisioner/internal/observe/meshstatus"
 	"github.com/novox/mesh-provisioner/wire"
 )
 

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/novox/mesh-provisioner/internal/kvread"
-	"github.com/novox/mesh-provisioner/internal/ratelog"
+	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 )
 
 // How the providers' buckets are found and followed.

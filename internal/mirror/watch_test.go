@@ -16,8 +16,8 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
-	"github.com/novox/mesh-provisioner/internal/natstest"
-	"github.com/novox/mesh-provisioner/internal/testlog"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/internal/testkit/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 )
 

@@ -1,6 +1,6 @@
 """A node's and a provider's writes and a node's watch of its plan on a
 nats-server whose authorization is what `mesh-provisioner permissions`
-prints (the Go tool internal/e2e/authnats, built by `make test-python`),
+prints (the Go tool internal/testkit/e2e/authnats, built by `make test-python`),
 with the service as its two identities. Node ace writes its records only
 through the service's verbs (put, delete, apply, and declare for pg, the
 provider it runs) and watches its own plan; nats-server refuses it every

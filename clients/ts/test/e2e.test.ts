@@ -1,7 +1,7 @@
 // End to end: the TypeScript client against the real mesh-provisioner binary,
 // on the nats-server it embeds, holding the data set that the Go seed tool
-// (internal/e2e/seed) writes. The expectations below are that data set, as
-// the comment at the top of internal/e2e/seed/main.go lists it.
+// (internal/testkit/e2e/seed) writes. The expectations below are that data set, as
+// the comment at the top of internal/testkit/e2e/seed/main.go lists it.
 //
 // Run by `make test`, which builds the binaries and sets
 // MESH_PROVISIONER_BIN and MESH_PROVISIONER_SEED_BIN, and

@@ -1,6 +1,6 @@
 // A node's and a provider's writes and a node's watch of its plan on a
 // nats-server whose authorization is what `mesh-provisioner permissions`
-// prints (the Go tool internal/e2e/authnats, built by `make test`), with the
+// prints (the Go tool internal/testkit/e2e/authnats, built by `make test`), with the
 // service as its two identities. Node ace writes its records only through
 // the service's verbs (put, delete, apply, declare for its provider pg) and
 // watches its own plan; nats-server refuses it every JetStream publish (a KV
