@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -176,6 +177,14 @@ func TestStatusReadsNoRecords(t *testing.T) {
 		}
 		return n
 	}
+	// micro counts a request once its handler returns, which may be after
+	// its answer arrived: wait for the one asked above.
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		if requests() == 0 {
+			return errors.New("the provisioning request is not counted yet")
+		}
+		return nil
+	})
 	before := requests()
 
 	spy := natstest.Connect(t, s)
