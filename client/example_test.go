@@ -11,14 +11,11 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/nodeclient"
-	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -156,8 +153,8 @@ func TestREADMEShowsExample(t *testing.T) {
 
 // startService runs, in this process, what a node's client talks to: a
 // nats-server with JetStream on a free loopback port (no authorization),
-// and the service on it, its buckets made, its registry written, keeping
-// the nodes' plan digests as the seat's holder does. It returns the
+// and an instance on it (internal/instance, as serve runs it): its buckets
+// made, its seat taken, its registry written, the nodes' plan digests kept. It returns the
 // server's URL, and stop, which ends both. Tests get the same from
 // internal/testkit/natstest and internal/testkit/servicetest, which need a testing.TB.
 func startService() (url string, stop func()) {
@@ -181,42 +178,26 @@ func startService() (url string, stop func()) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js, err := jetstream.New(nc)
+	inst, err := instance.Start(ctx, instance.Config{
+		Service:       service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler)},
+		PlansInterval: 10 * time.Millisecond,
+	})
 	if err != nil {
 		panic(err)
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		panic(err)
+	runCtx, stopRun := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- inst.Run(runCtx) }()
+	select {
+	case <-inst.Serving():
+	case err := <-runDone:
+		panic(fmt.Sprintf("the instance ended before it served: %v", err))
 	}
-	registryKV, err := js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		panic(err)
-	}
-	if _, err := registry.Reconcile(ctx, registryKV, registry.Table()); err != nil {
-		panic(err)
-	}
-	svc, err := service.Start(ctx, service.Config{Conn: nc, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		panic(err)
-	}
-	if err := svc.WaitReady(ctx); err != nil {
-		panic(err)
-	}
-	plansKV, err := js.KeyValue(ctx, keys.PlansBucket)
-	if err != nil {
-		panic(err)
-	}
-	plansCtx, stopPlans := context.WithCancel(context.Background())
-	plansDone := make(chan error, 1)
-	go func() {
-		plansDone <- svc.RunPlans(plansCtx, service.PlansConfig{KV: plansKV, Interval: 10 * time.Millisecond})
-	}()
 	return ns.ClientURL(), func() {
-		stopPlans()
-		if err := <-plansDone; err != nil {
+		stopRun()
+		if err := <-runDone; err != nil {
 			panic(err)
 		}
-		svc.Stop()
 		nc.Close()
 		ns.Shutdown()
 		ns.WaitForShutdown()

@@ -277,8 +277,14 @@ type Service struct {
 	stopOnce   sync.Once
 }
 
-// checkSigns refuses a negative value in a field that has no "no limit".
-func (cfg *Config) checkSigns() error {
+// Validate reports what Start would refuse in cfg before it connects to
+// anything: a missing Conn, a negative value in a field that takes no "no
+// limit", a reply prefix CheckReplyPrefixes refuses. A caller that tries
+// Start again while the bus fails checks it first, since no retry mends it.
+func (cfg *Config) Validate() error {
+	if cfg.Conn == nil {
+		return errors.New("service: Config.Conn is required")
+	}
 	for _, f := range []struct {
 		name     string
 		negative bool
@@ -294,6 +300,9 @@ func (cfg *Config) checkSigns() error {
 			return fmt.Errorf("service: Config.%s is negative: use zero for the default or a positive value; it has no \"no limit\"", f.name)
 		}
 	}
+	if cfg.ReplyPrefixes != nil {
+		return CheckReplyPrefixes(cfg.ReplyPrefixes)
+	}
 	return nil
 }
 
@@ -304,10 +313,7 @@ func (cfg *Config) checkSigns() error {
 // already, it adds its endpoints only once its copy is whole, so that it
 // takes no request from the queue group before it can answer it.
 func Start(ctx context.Context, cfg Config) (*Service, error) {
-	if cfg.Conn == nil {
-		return nil, errors.New("service: Config.Conn is required")
-	}
-	if err := cfg.checkSigns(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Version == "" {
@@ -360,9 +366,6 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.ReplyPrefixes == nil {
 		cfg.ReplyPrefixes = wire.ReplyPrefixes()
-	}
-	if err := CheckReplyPrefixes(cfg.ReplyPrefixes); err != nil {
-		return nil, err
 	}
 	watchConn := cfg.WatchConn
 	if watchConn == nil {

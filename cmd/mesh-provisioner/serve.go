@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -11,15 +10,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/observe/ops"
 	"github.com/novox/mesh-provisioner/internal/observe/sdnotify"
-	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
-	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -158,80 +155,6 @@ func defineServe(fs *flag.FlagSet) action {
 	}
 }
 
-// waitForRegistry returns once the service's copy holds the whole registry:
-// up to the first reconciliation's revision if this instance holds the seat,
-// or, for a standby, the registry the holder wrote.
-func waitForRegistry(ctx context.Context, svc *service.Service, provisionerSeat *seat.Seat, reconciled <-chan uint64) error {
-	poll := time.NewTicker(50 * time.Millisecond)
-	defer poll.Stop()
-	for {
-		select {
-		case revision := <-reconciled:
-			return svc.WaitRegistry(ctx, revision)
-		case <-poll.C:
-			if held, _ := provisionerSeat.Held(); !held && svc.HasRegistry() {
-				return nil
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("the registry is not in the copy yet: %w", ctx.Err())
-		}
-	}
-}
-
-// preparedBuckets are what the seat's holder writes, and the seat.
-type preparedBuckets struct {
-	registry, plans jetstream.KeyValue
-	seat            *seat.Seat
-}
-
-// prepareBuckets makes the buckets, opens the registry's and the plans',
-// and binds the seat, each step tried again while it fails (an election, a
-// stream not yet placed): a start keeps trying.
-func prepareBuckets(ctx context.Context, js jetstream.JetStream, logger *slog.Logger, cfg buckets.Config) (preparedBuckets, error) {
-	var prepared preparedBuckets
-	if err := retryStart(ctx, logger, "make the buckets", func(ctx context.Context) error { return buckets.Ensure(ctx, js, cfg) }); err != nil {
-		return prepared, err
-	}
-	for _, open := range []struct {
-		bucket string
-		kv     *jetstream.KeyValue
-	}{{keys.RegistryBucket, &prepared.registry}, {keys.PlansBucket, &prepared.plans}} {
-		err := retryStart(ctx, logger, "open the bucket "+open.bucket, func(ctx context.Context) (err error) {
-			*open.kv, err = js.KeyValue(ctx, open.bucket)
-			return err
-		})
-		if err != nil {
-			return prepared, err
-		}
-	}
-	// Of all instances on the mesh, the one that holds the seat writes the
-	// registry, each write fenced by its lease; the others stand by.
-	err := retryStart(ctx, logger, "bind the provisioner seat", func(sctx context.Context) (err error) {
-		prepared.seat, err = seat.New(sctx, seat.Config{JS: js, Logger: logger})
-		return err
-	})
-	return prepared, err
-}
-
-// ErrJetStreamNotEnabled: the NATS joined has no JetStream for this
-// identity's account, so there are no buckets to keep.
-var ErrJetStreamNotEnabled = errors.New("JetStream is not enabled on this NATS")
-
-// jetStreamEnabled says so, in one sentence, when the NATS joined has no
-// JetStream: otherwise the first bucket call fails with "no responders".
-func jetStreamEnabled(ctx context.Context, js jetstream.JetStream, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	_, err := js.AccountInfo(ctx)
-	switch {
-	case errors.Is(err, jetstream.ErrJetStreamNotEnabled):
-		return fmt.Errorf("%w at %s; enable it in the server's configuration (jetstream {...}) or join one that has it", ErrJetStreamNotEnabled, redactURL(url))
-	case errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
-		return fmt.Errorf("%w for this identity's account at %s; enable JetStream for the account (jetstream: enabled) or use another", ErrJetStreamNotEnabled, redactURL(url))
-	}
-	return nil // any other failure shows, with its own words, where the buckets are made
-}
-
 // writerConnect returns how the writing connection connects: --writer-nats-url
 // and its credentials (--writer-creds, --writer-nkey or --writer-context's),
 // each empty one as the answering connection's (url, the embedded server's
@@ -362,86 +285,59 @@ func (f *serveFlags) run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer conns.drain() // after the service stopped
-	js, err := jetstream.New(conns.writer)
+	defer conns.drain() // after the instance stopped
+	inst, err := instance.Start(ctx, f.instanceConfig(conns, httpServer, logger))
 	if err != nil {
 		return err
 	}
-	if f.connect.url != "" {
-		if err := jetStreamEnabled(ctx, js, url); err != nil {
-			return err
-		}
-	}
-	prepared, err := prepareBuckets(ctx, js, logger, buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes, MaxPlanWatchers: f.planWatchers})
-	if err != nil {
-		return err
-	}
-	svc, err := f.startService(ctx, conns, prepared.seat, httpServer, logger)
-	if err != nil {
-		return err
-	}
-	defer svc.Stop()
 	ask, closePage, err := f.connectPage(ctx, url, conns.requests, logger, opts)
 	if err != nil {
+		inst.Stop()
 		return err
 	}
 	defer closePage()
-	attachHTTP(httpServer, svc, conns.requests, conns.writer, ask)
-	if err := f.serve(ctx, logger, url, conns, svc, prepared); err != nil {
+	attachHTTP(httpServer, inst.Service(), conns.requests, conns.writer, ask)
+	if err := f.serve(ctx, logger, url, conns, inst); err != nil {
 		return err
 	}
 	logger.Info("shutting down: draining the service and the connection")
 	return nil
 }
 
-// startService starts the micro service on serve's connections, trying
-// again while what the bus causes makes it fail.
-func (f *serveFlags) startService(ctx context.Context, conns *serveConns, provisionerSeat *seat.Seat, httpServer *ops.Server, logger *slog.Logger) (*service.Service, error) {
-	var svc *service.Service
-	err := retryStart(ctx, logger, "start the service", func(sctx context.Context) (err error) {
-		svc, err = service.Start(sctx, service.Config{
-			Conn:            conns.requests,
-			AnswerConn:      conns.answers,
-			LargeConn:       conns.large,
-			WatchConn:       conns.writer,
-			Version:         buildVersion(),
-			Logger:          logger,
-			SlowCompose:     f.slowCompose,
-			RevisionWait:    f.revisionWait,
-			NodeMaxKeys:     f.nodeMaxKeys,
-			NodeMaxBytes:    f.nodeMaxBytes,
-			ProviderMaxKeys: f.providerMaxKeys,
-			Seat: func() (bool, time.Time, string) {
-				st := provisionerSeat.Status()
-				return st.Held, st.Since, st.Holder
-			},
+// instanceConfig is the instance serve's flags describe, on conns.
+func (f *serveFlags) instanceConfig(conns *serveConns, httpServer *ops.Server, logger *slog.Logger) instance.Config {
+	return instance.Config{
+		Service: service.Config{
+			Conn:                 conns.requests,
+			AnswerConn:           conns.answers,
+			LargeConn:            conns.large,
+			WatchConn:            conns.writer,
+			Version:              buildVersion(),
+			Logger:               logger,
+			SlowCompose:          f.slowCompose,
+			RevisionWait:         f.revisionWait,
+			NodeMaxKeys:          f.nodeMaxKeys,
+			NodeMaxBytes:         f.nodeMaxBytes,
+			ProviderMaxKeys:      f.providerMaxKeys,
 			MaxQueueWait:         f.maxQueueWait,
 			MaxPerAsker:          f.maxPerAsker,
 			MaxRatePerAsker:      f.maxRatePerAsker,
 			MaxWriteRatePerAsker: f.maxWriteRate,
 			ReplyPrefixes:        splitList(f.replyPrefixes),
 			Observe:              httpServer.Observer(),
-		})
-		return err
-	})
-	return svc, err
+		},
+		Buckets:          buckets.Config{Replicas: f.replicas, MaxValueSize: int32(f.maxValueSize), MaxBytes: f.bucketMaxBytes, MaxPlanWatchers: f.planWatchers},
+		RegistryInterval: f.registryInterval,
+		RestoreDelay:     f.restoreDelay,
+		PlansInterval:    f.plansInterval,
+		ReadyTimeout:     f.readyTimeout,
+	}
 }
 
-// serve runs the seat (its holder reconciling the registry) and the service
-// side by side until ctx ends or either fails: the first to fail ends both,
-// and it returns once each has stopped, the seat handed back before the
-// connections drain. It says "serving" once the copy is whole and holds the
-// registry.
-func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string, conns *serveConns, svc *service.Service, prepared preparedBuckets) error {
-	provisionerSeat := prepared.seat
-	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
-	reconciler := &registry.Reconciler{KV: prepared.registry, Interval: f.registryInterval, RestoreDelay: f.restoreDelay, Publisher: provisionerSeat, Logger: logger,
-		Reconciled: func(r registry.Report) {
-			select {
-			case reconciled <- r.Revision:
-			default:
-			}
-		}}
+// serve runs the instance until ctx ends or it fails, and returns once it
+// has stopped, the seat handed back before the connections drain. It says
+// "serving" once the instance does, and tells systemd.
+func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string, conns *serveConns, inst *instance.Instance) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		<-gctx.Done()
@@ -454,40 +350,14 @@ func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string,
 		}
 		return nil
 	})
+	g.Go(func() error { return inst.Run(gctx) })
 	g.Go(func() error {
-		// The holder's tenure: the registry, and each node's plan digest.
-		tenure := func(ctx context.Context) error {
-			tg, tctx := errgroup.WithContext(ctx)
-			tg.Go(func() error { return reconciler.Run(tctx) })
-			tg.Go(func() error {
-				return svc.RunPlans(tctx, service.PlansConfig{KV: prepared.plans, Interval: f.plansInterval})
-			})
-			return tg.Wait()
+		select {
+		case <-inst.Serving():
+		case <-gctx.Done():
+			return nil
 		}
-		if err := provisionerSeat.Run(gctx, tenure); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
-			return fmt.Errorf("reconcile registry: %w", err)
-		}
-		return nil
-	})
-	g.Go(func() error {
-		readyCtx, cancel := context.WithTimeout(gctx, f.readyTimeout)
-		defer cancel()
-		if err := svc.WaitReady(readyCtx); err != nil {
-			if gctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		// Serving means answering right: compositions need the registry
-		// whole, as this instance wrote it if it took the seat, or as the
-		// holder wrote it before.
-		if err := waitForRegistry(readyCtx, svc, provisionerSeat, reconciled); err != nil {
-			if gctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		info := svc.Info()
+		info := inst.Service().Info()
 		subjects := make([]string, 0, len(info.Endpoints))
 		for _, e := range info.Endpoints {
 			subjects = append(subjects, e.Subject)
@@ -496,7 +366,7 @@ func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string,
 		if natsFrom == "" {
 			natsFrom = "embedded"
 		}
-		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID, "seat_id", provisionerSeat.ID(),
+		logger.Info("serving", "service", info.Name, "version", info.Version, "id", info.ID, "seat_id", inst.Seat().ID(),
 			"subjects", subjects, "nats_url", redactURL(url), "nats_url_from", natsFrom)
 		notifySystemd(logger, sdnotify.Ready)
 		<-gctx.Done()

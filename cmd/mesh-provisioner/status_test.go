@@ -57,6 +57,10 @@ func TestStatus(t *testing.T) {
 			}
 			// What changes from run to run is set aside; the rest is golden.
 			in.ID, in.Started = "<id>", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+			if in.Seat != "standby" || in.SeatSince == "" {
+				t.Errorf("instance's seat %q since %q, want standby (servicetest's instance does not contend) since a time", in.Seat, in.SeatSince)
+			}
+			in.SeatSince = "2026-01-02T03:04:05Z"
 			for i := range in.Endpoints {
 				e := &in.Endpoints[i]
 				if e.Requests == 0 && e.Name == "provisioning" {

@@ -47,6 +47,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/bench/benchnats"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
@@ -128,7 +129,7 @@ func run(cfg config) error {
 	if err != nil {
 		return err
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{MaxBytes: 8 << 30}); err != nil {
+	if err := buckets.Ensure(ctx, js, benchBuckets); err != nil {
 		return err
 	}
 
@@ -174,11 +175,15 @@ func run(cfg config) error {
 		return err
 	}
 	defer writer.Close()
-	svc, err := service.Start(ctx, service.Config{Conn: nc, WatchConn: writer, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: -1, NodeMaxBytes: -1})
+	inst, err := instance.Start(ctx, instance.Config{
+		Service: service.Config{Conn: nc, WatchConn: writer, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: service.NoLimit, NodeMaxBytes: service.NoLimit},
+		Buckets: benchBuckets,
+	})
 	if err != nil {
 		return err
 	}
-	defer svc.Stop()
+	defer inst.Stop()
+	svc := inst.Service()
 	if err := svc.WaitReady(ctx); err != nil {
 		return err
 	}
@@ -776,3 +781,6 @@ func profileCPU(file string) (stop func(), err error) {
 		})
 	}, nil
 }
+
+// benchBuckets are the buckets of a benchmark's mesh: room for its keys.
+var benchBuckets = buckets.Config{MaxBytes: 8 << 30}

@@ -37,6 +37,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/bench/benchnats"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
@@ -113,7 +114,7 @@ func run(cfg config) error {
 	if err != nil {
 		return err
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{MaxBytes: 8 << 30}); err != nil {
+	if err := buckets.Ensure(ctx, js, benchBuckets); err != nil {
 		return err
 	}
 
@@ -151,11 +152,15 @@ func run(cfg config) error {
 		defer pprof.StopCPUProfile()
 	}
 	started := time.Now()
-	svc, err := service.Start(ctx, service.Config{Conn: nc, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: -1, NodeMaxBytes: -1})
+	inst, err := instance.Start(ctx, instance.Config{
+		Service: service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: service.NoLimit, NodeMaxBytes: service.NoLimit},
+		Buckets: benchBuckets,
+	})
 	if err != nil {
 		return err
 	}
-	defer svc.Stop()
+	defer inst.Stop()
+	svc := inst.Service()
 	if err := svc.WaitReady(ctx); err != nil {
 		return err
 	}
@@ -387,3 +392,6 @@ func (k kind) round(url string, to writes, target string, requesters int, nodes 
 	}
 	return result{took: time.Since(start), latencies: slices.Concat(latencies...)}, nil
 }
+
+// benchBuckets are the buckets of a benchmark's mesh: room for its keys.
+var benchBuckets = buckets.Config{MaxBytes: 8 << 30}

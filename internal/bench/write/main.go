@@ -43,6 +43,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/bench/benchnats"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/service"
@@ -131,16 +132,20 @@ func run(cfg config) error {
 	if err != nil {
 		return err
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{MaxBytes: 8 << 30}); err != nil {
+	if err := buckets.Ensure(ctx, js, benchBuckets); err != nil {
 		return err
 	}
-	svc, err := service.Start(ctx, service.Config{Conn: answering, WatchConn: writer, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: service.NoLimit, NodeMaxBytes: service.NoLimit,
-		// Speed, not fairness: one node puts faster than its default write rate.
-		MaxWriteRatePerAsker: service.NoLimit})
+	inst, err := instance.Start(ctx, instance.Config{
+		Service: service.Config{Conn: answering, WatchConn: writer, Logger: slog.New(slog.DiscardHandler), NodeMaxKeys: service.NoLimit, NodeMaxBytes: service.NoLimit,
+			// Speed, not fairness: one node puts faster than its default write rate.
+			MaxWriteRatePerAsker: service.NoLimit},
+		Buckets: benchBuckets,
+	})
 	if err != nil {
 		return err
 	}
-	defer svc.Stop()
+	defer inst.Stop()
+	svc := inst.Service()
 	if err := svc.WaitReady(ctx); err != nil {
 		return err
 	}
@@ -405,3 +410,6 @@ func ratio(a, b time.Duration) float64 { return float64(a) / float64(b) }
 func us(d time.Duration) string { return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond)) }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) }
+
+// benchBuckets are the buckets of a benchmark's mesh: room for its keys.
+var benchBuckets = buckets.Config{MaxBytes: 8 << 30}

@@ -117,12 +117,19 @@ var rules = []rule{
 	{
 		name:      "the copy and its helpers sit below the service",
 		from:      one("internal/mirror", "internal/kvread", "internal/observe/ratelog", "internal/observe/sdnotify"),
-		forbidden: own(one("service", "internal/observe/ops", "internal/observe/meshstatus")),
+		forbidden: own(one("service", "internal/instance", "internal/observe/ops", "internal/observe/meshstatus")),
 	},
 	{
-		name:      "the service sits below the operators' HTTP side",
+		name:      "the service sits below the operators' HTTP side and the instance",
 		from:      one("service"),
-		forbidden: own(one("internal/observe/ops", "internal/observe/meshstatus")),
+		forbidden: own(one("internal/observe/ops", "internal/observe/meshstatus", "internal/instance")),
+	},
+	{
+		name: "only the command assembles an instance in production",
+		from: func(p string) bool { return production(p) && p != "cmd/mesh-provisioner" },
+		forbidden: own(func(p string) bool {
+			return p == "internal/instance"
+		}),
 	},
 }
 

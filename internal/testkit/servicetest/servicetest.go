@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
@@ -26,29 +27,31 @@ func Start(t testing.TB, nc *nats.Conn, options ...func(*service.Config)) *servi
 
 // StartAs is Start with the server's two identities, as serve runs it: the
 // service answers on nc, and the buckets are made, reconciled and watched
-// through writer.
+// through writer. The instance neither contends for the seat nor writes
+// plans (RunPlans does, for a test that wants them): the test owns the
+// registry, reconciled once here.
 func StartAs(t testing.TB, nc, writer *nats.Conn, options ...func(*service.Config)) *service.Service {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	js := Buckets(t, writer)
-	kv, err := js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
-		t.Fatal(err)
-	}
 	cfg := service.Config{Conn: nc, WatchConn: writer, Version: "1.2.3"}
 	for _, option := range options {
 		option(&cfg)
 	}
-	svc, err := service.Start(ctx, cfg)
+	inst, err := instance.Start(ctx, instance.Config{Service: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(svc.Stop)
+	svc := inst.Service()
+	t.Cleanup(inst.Stop)
+	report, err := registry.Reconcile(ctx, Bucket(t, writer, keys.RegistryBucket), registry.Table())
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := svc.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.WaitRegistry(ctx, report.Revision); err != nil {
 		t.Fatal(err)
 	}
 	return svc
