@@ -13,6 +13,7 @@ import (
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/synth"
+	"github.com/novox/mesh-provisioner/service/plans"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -54,7 +55,7 @@ func TestAnswersFromReusedArenasAreTheirOwn(t *testing.T) {
 						return
 					}
 				}
-				s.composeForPlans(mesh.Nodes[round].Name)
+				plans.Compose(s.mirror, mesh.Nodes[round].Name)
 			}
 		})
 	}

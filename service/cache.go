@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
 // stamp identifies what an answer read: the stamp of each copy, or of the
@@ -44,44 +45,8 @@ type cachedAnswer struct {
 
 // sentAnswer is an answer with its tail, for the revisions it names.
 type sentAnswer struct {
-	revisions revisions
+	revisions mirror.Revisions
 	data      []byte
-}
-
-// revisions are the revisions the copies had reached, and the stamp of the
-// providers' buckets' copy, whose revisions (bound) it identifies.
-type revisions struct {
-	registry, needs, applied, collect, manifests uint64
-	boundStamp                                   uint64
-	bound                                        map[string]uint64
-}
-
-// same reports whether two sets of revisions are equal.
-func (r revisions) same(o revisions) bool {
-	return r.registry == o.registry && r.needs == o.needs && r.applied == o.applied &&
-		r.collect == o.collect && r.manifests == o.manifests && r.boundStamp == o.boundStamp
-}
-
-// only returns the revisions with those of the providers' buckets named
-// alone: an answer names the buckets its asker reads, no other provider.
-func (r revisions) only(buckets []string) revisions {
-	bound := r.bound
-	r.bound = nil
-	for _, b := range buckets {
-		if rev, ok := bound[b]; ok {
-			if r.bound == nil {
-				r.bound = map[string]uint64{}
-			}
-			r.bound[b] = rev
-		}
-	}
-	return r
-}
-
-// proto returns the revisions as an answer carries them.
-func (r revisions) proto() *provisionerv1.Revisions {
-	return &provisionerv1.Revisions{Registry: r.registry, Needs: r.needs, Applied: r.applied,
-		Collect: r.collect, Manifests: r.manifests, Bound: r.bound}
 }
 
 // answerCache keeps encoded answers for reuse, within a byte budget, the

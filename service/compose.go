@@ -53,8 +53,8 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 		encoded: s.composeSections,
 		early:   s.composeEarly,
 		answer:  composeAnswer(s.mirror, keepViews),
-		tail: func(in *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
-			tail := &provisionerv1.ComposeResponse{Revisions: revs.only(s.boundBucketsOf(in.GetNode())).proto(), Phases: phasesOf(t)}
+		tail: func(in *provisionerv1.ComposeRequest, t timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
+			tail := &provisionerv1.ComposeResponse{Revisions: revs.Only(s.boundBucketsOf(in.GetNode())).Proto(), Phases: phasesOf(t)}
 			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)
 			return tail
 		},
@@ -176,8 +176,8 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encodin
 		Collect:   collectRevision,
 		Manifests: m.Manifests.Revision(),
 	}
-	sources := sourcesOf(m, &builds)
-	records := wellFormed(make([]*provisionerv1.CollectRecord, 0, len(items)), items)
+	sources := m.Sources(&builds)
+	records := mirror.WellFormed(make([]*provisionerv1.CollectRecord, 0, len(items)), items)
 	// The needs this request composes (every page), and this page's: those
 	// after the token's key. all is the view itself when it is every need:
 	// it is only sliced, never appended to.
@@ -258,83 +258,6 @@ chunks:
 type reading struct {
 	views viewUse
 	arena *compose.Arena
-}
-
-// digestScratch is where the plans writer digests a node (planDigestOf),
-// reused from one node to the next: the arrays its needs and items are
-// decoded in (mirror.Scratch), their lists, and a PlanDigester's buffers.
-type digestScratch struct {
-	needs     mirror.Scratch[*provisionerv1.NeedRecord]
-	collect   mirror.Scratch[*provisionerv1.CollectRecord]
-	records   []*provisionerv1.NeedRecord
-	malformed []*provisionerv1.MalformedKey
-	items     []*provisionerv1.CollectRecord
-	digester  compose.PlanDigester
-}
-
-// scratches are the plans writer's digestScratches, one a worker.
-var scratches = sync.Pool{New: func() any { return new(digestScratch) }}
-
-// planDigestOf returns the plan digest of node's whole composition, the
-// one its compose answer carries, without making the composition
-// (compose.PlanDigester), nor keeping the node's decoded views, and how
-// many needs and collection items it read. boundRead, if set, hears each
-// providers' bucket the composition reads a key of.
-func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRead func(bucket string)) (digest string, read int) {
-	entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
-	items, _, _ := m.Collect.GroupInto(node, &scratch.collect)
-	builds, _ := m.BuildsOf(node)
-	sources := sourcesOf(m, &builds)
-	if boundRead != nil {
-		sources = hearBound(sources, boundRead)
-	}
-	records, malformed := splitNeeds(scratch.records[:0], scratch.malformed[:0], entries)
-	in := compose.Input{Node: node, Sources: sources, Needs: records, Malformed: malformed, Items: wellFormed(scratch.items[:0], items)}
-	digest = scratch.digester.Digest(in)
-	// Kept for their room, not their records.
-	scratch.records, scratch.malformed, scratch.items = emptied(in.Needs), emptied(in.Malformed), emptied(in.Items)
-	return digest, len(entries) + len(items)
-}
-
-// hearBound returns sources whose Bound tells heard each providers' bucket
-// it reads a key of.
-func hearBound(sources compose.Sources, heard func(bucket string)) compose.Sources {
-	key := sources.Bound
-	sources.Bound = func(bucket, k string) uint64 {
-		heard(bucket)
-		return key(bucket, k)
-	}
-	return sources
-}
-
-// emptied returns s emptied, its elements zeroed.
-func emptied[T any](s []T) []T {
-	clear(s)
-	return s[:0]
-}
-
-// splitNeeds appends needs' records to records, and the keys of those
-// malformed to malformed.
-func splitNeeds(records []*provisionerv1.NeedRecord, malformed []*provisionerv1.MalformedKey, needs []*mirror.Entry[*provisionerv1.NeedRecord]) ([]*provisionerv1.NeedRecord, []*provisionerv1.MalformedKey) {
-	for _, e := range needs {
-		if e.Malformed != nil {
-			malformed = append(malformed, e.Malformed)
-		} else {
-			records = append(records, e.Record)
-		}
-	}
-	return records, malformed
-}
-
-// wellFormed appends the records of items that are not malformed to
-// records.
-func wellFormed(records []*provisionerv1.CollectRecord, items []*mirror.Entry[*provisionerv1.CollectRecord]) []*provisionerv1.CollectRecord {
-	for _, e := range items {
-		if e.Malformed == nil {
-			records = append(records, e.Record)
-		}
-	}
-	return records
 }
 
 // arenas are the compositions' arenas, reused once their answers are
@@ -503,25 +426,10 @@ func (b boundLoaded) Revision() uint64 {
 
 func (b boundLoaded) WaitFor(ctx context.Context, _ uint64) bool { return b.WaitLoaded(ctx) }
 
-// sourcesOf returns what compositions read of a mirror beyond a node's own
-// needs and items. The builds are builds, the node's read with its needs
-// (Mirror.BuildsOf), or, when nil, each module's as the copy holds it when
-// it is read.
-func sourcesOf(m *mirror.Mirror, builds *mirror.Builds) compose.Sources {
-	read := func(node, module string) (string, string) {
-		r, _ := m.Applied.Get(node, node+"."+module)
-		return r.GetApplied().GetWantedBuild(), r.GetApplied().GetNewestBuild()
-	}
-	if builds != nil {
-		read = func(_, module string) (string, string) { return builds.Of(module) }
-	}
-	return compose.Sources{Registry: m.RegistryEntry, Builds: read, Bound: m.Bound.Key, Manifest: m.ManifestOf}
-}
-
 // composeNeeds composes some of a node's needs, in key order.
 func composeNeeds(sources compose.Sources, in *provisionerv1.ComposeRequest, needs []*mirror.Entry[*provisionerv1.NeedRecord], items []*provisionerv1.CollectRecord, revisions *provisionerv1.Revisions, arena *compose.Arena) *provisionerv1.ComposeResponse {
 	input := compose.Input{Node: in.GetNode(), Module: in.GetModule(), Sources: sources, Items: items, Revisions: revisions, Arena: arena}
-	input.Needs, input.Malformed = splitNeeds(make([]*provisionerv1.NeedRecord, 0, len(needs)), nil, needs)
+	input.Needs, input.Malformed = mirror.SplitNeeds(make([]*provisionerv1.NeedRecord, 0, len(needs)), nil, needs)
 	return compose.Compose(input)
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service/plans"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -249,7 +250,7 @@ func BenchmarkComposeMesh(b *testing.B) {
 	firstRun := time.Since(first)
 	// The first pass as the plans writer makes it, on a copy loaded alike:
 	// as many nodes at once as there are cores, each digested in a pooled
-	// scratch (planDigestOf), no view kept. Its digests are the answers'.
+	// scratch (plans.Compose), no view kept. Its digests are the answers'.
 	writer, err := NewReplay(capture)
 	if err != nil {
 		b.Fatal(err)
@@ -260,9 +261,7 @@ func BenchmarkComposeMesh(b *testing.B) {
 	composing.SetLimit(runtime.GOMAXPROCS(0))
 	for i, n := range nodes {
 		composing.Go(func() error {
-			scratch := scratches.Get().(*digestScratch)
-			defer scratches.Put(scratch)
-			digests[i], _ = planDigestOf(writer.mirror, n, scratch, nil)
+			digests[i] = plans.Compose(writer.mirror, n).Digest
 			return nil
 		})
 	}
@@ -284,10 +283,10 @@ func BenchmarkComposeMesh(b *testing.B) {
 	decoding.SetLimit(runtime.GOMAXPROCS(0))
 	for _, n := range nodes {
 		decoding.Go(func() error {
-			scratch := scratches.Get().(*digestScratch)
-			defer scratches.Put(scratch)
-			decoded.mirror.Needs.GroupInto(n, &scratch.needs)
-			decoded.mirror.Collect.GroupInto(n, &scratch.collect)
+			var needs mirror.Scratch[*provisionerv1.NeedRecord]
+			var collect mirror.Scratch[*provisionerv1.CollectRecord]
+			decoded.mirror.Needs.GroupInto(n, &needs)
+			decoded.mirror.Collect.GroupInto(n, &collect)
 			decoded.mirror.BuildsOf(n)
 			return nil
 		})

@@ -128,8 +128,8 @@ func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeReq
 	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
 		name:   wire.ComposeEndpoint,
 		answer: composeAnswer(m, dropViews),
-		tail: func(_ *provisionerv1.ComposeRequest, t timings, revs revisions) *provisionerv1.ComposeResponse {
-			return &provisionerv1.ComposeResponse{Revisions: revs.only(buckets).proto(), Phases: phasesOf(t)}
+		tail: func(_ *provisionerv1.ComposeRequest, t timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
+			return &provisionerv1.ComposeResponse{Revisions: revs.Only(buckets).Proto(), Phases: phasesOf(t)}
 		},
 	})
 }
@@ -204,5 +204,5 @@ func answerFrom[Req, Res proto.Message](s *Service, m *mirror.Mirror, in Req, en
 		return nil, werr
 	}
 	t.read, t.built = t.read+read, true
-	return ep.withTail(s, in, enc, data, t, revisionsNow(m))
+	return ep.withTail(s, in, enc, data, t, m.RevisionsNow())
 }

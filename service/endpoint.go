@@ -54,7 +54,7 @@ type endpoint[Req, Res proto.Message] struct {
 	// tail returns the fields added to every answer as it is sent, reused
 	// or not: the revisions given, and the phases. It depends on nothing
 	// else, so that an answer reused with the same revisions is the same.
-	tail func(req Req, t timings, revs revisions) Res
+	tail func(req Req, t timings, revs mirror.Revisions) Res
 	// owner, if set, makes the endpoint addressed: it answers on
 	// "<subject>.*", whose last token names the node or provider the request
 	// is for, and confine refuses (403) a request that asks beyond it. The
@@ -463,8 +463,8 @@ func (ep endpoint[Req, Res]) lookup(s *Service, in Req, enc encoding, waited tim
 	}
 	// Read after the stamp: the answer names revisions at least as new as
 	// what it holds.
-	revs := revisionsNow(s.mirror)
-	if sent := cached.sent.Load(); sent != nil && waited == 0 && sent.revisions.same(revs) {
+	revs := s.mirror.RevisionsNow()
+	if sent := cached.sent.Load(); sent != nil && waited == 0 && sent.revisions.Same(revs) {
 		return sent.data, key, st, true
 	}
 	whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revs)
@@ -485,7 +485,7 @@ func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited ti
 	st := ep.stamp(in)
 	if cached, hit := s.cache.get(key, st); hit {
 		// Built while the request queued.
-		whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revisionsNow(s.mirror))
+		whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, s.mirror.RevisionsNow())
 		return whole, cached.data, werr
 	}
 	body, t, werr := ep.build(s, in, enc)
@@ -496,7 +496,7 @@ func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited ti
 	s.cache.put(key, st, body)
 	// Read after the build: the answer names revisions at least as new as
 	// what it holds.
-	answer, werr = ep.withTail(s, in, enc, body, t, revisionsNow(s.mirror))
+	answer, werr = ep.withTail(s, in, enc, body, t, s.mirror.RevisionsNow())
 	return answer, body, werr
 }
 
@@ -513,12 +513,12 @@ func (ep endpoint[Req, Res]) afterFlight(s *Service, r micro.Request, in Req, en
 	}
 	// Read after the body was built: the answer names revisions at least
 	// as new as what it holds.
-	answer, werr := ep.withTail(s, in, enc, body, timings{waited: waited}, revisionsNow(s.mirror))
+	answer, werr := ep.withTail(s, in, enc, body, timings{waited: waited}, s.mirror.RevisionsNow())
 	s.send(r, enc, count, answer, werr)
 }
 
 // withTail adds an encoded answer's tail to it.
-func (ep endpoint[Req, Res]) withTail(s *Service, in Req, enc encoding, data []byte, t timings, revs revisions) ([]byte, *wire.Error) {
+func (ep endpoint[Req, Res]) withTail(s *Service, in Req, enc encoding, data []byte, t timings, revs mirror.Revisions) ([]byte, *wire.Error) {
 	tail, err := enc.marshal(ep.tail(in, t, revs))
 	if err != nil {
 		s.logger.Error("encoding an answer failed", "endpoint", ep.name, "err", err)
@@ -560,17 +560,6 @@ func (ep endpoint[Req, Res]) build(s *Service, in Req, enc encoding) ([]byte, ti
 		}
 	}
 	return data, t, nil
-}
-
-// revisionsNow returns the revisions the copies have reached.
-func revisionsNow(m *mirror.Mirror) revisions {
-	// The stamp first: the revisions read after it are at least as new.
-	boundStamp := m.Bound.Stamp()
-	return revisions{
-		registry: m.Registry.Revision(), needs: m.Needs.Revision(), applied: m.Applied.Revision(),
-		collect: m.Collect.Revision(), manifests: m.Manifests.Revision(),
-		boundStamp: boundStamp, bound: m.Bound.Revisions(),
-	}
 }
 
 // waitRevisions waits, at most RevisionWait, until every copy has reached

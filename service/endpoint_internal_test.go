@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -39,7 +40,7 @@ func TestWorkersAreBounded(t *testing.T) {
 		stamp: func(*provisionerv1.ProvisioningRequest) stamp {
 			return stamp{registry: uint64(time.Now().UnixNano())} // never reused
 		},
-		tail: func(*provisionerv1.ProvisioningRequest, timings, revisions) *provisionerv1.ProvisioningResponse {
+		tail: func(*provisionerv1.ProvisioningRequest, timings, mirror.Revisions) *provisionerv1.ProvisioningResponse {
 			return &provisionerv1.ProvisioningResponse{}
 		},
 		answer: func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/novox/mesh-provisioner/internal/synth"
+	"github.com/novox/mesh-provisioner/service/plans"
 )
 
 // BenchmarkComposeForPlans is the writer's cost a node: a 1,000 x 30 x 10
@@ -13,7 +14,7 @@ func BenchmarkComposeForPlans(b *testing.B) {
 	b.ResetTimer()
 	i := 0
 	for b.Loop() {
-		s.composeForPlans(mesh.Nodes[i%len(mesh.Nodes)].Name)
+		plans.Compose(s.mirror, mesh.Nodes[i%len(mesh.Nodes)].Name)
 		i++
 	}
 }

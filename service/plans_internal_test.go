@@ -15,10 +15,12 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service/plans"
 )
 
 // The writer composes every node in turn: it keeps none of the decoded
@@ -34,7 +36,7 @@ func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
 		return len(a) > 0 && a[0] == b[0]
 	}
 	written, read := mesh.Nodes[0].Name, mesh.Nodes[1].Name
-	s.composeForPlans(written)
+	plans.Compose(s.mirror, written)
 	if kept(written) {
 		t.Errorf("composing %s for its plan digest kept its decoded view", written)
 	}
@@ -67,7 +69,7 @@ func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 	}
 	for _, order := range []string{"in order", "reversed"} {
 		for _, n := range mesh.Nodes {
-			got := s.composeForPlans(n.Name)
+			got := plans.Compose(s.mirror, n.Name)
 			want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: n.Name}, encoding{}, unpaged, reading{views: dropViews})
 			if werr != nil {
 				t.Fatal(werr)
@@ -75,8 +77,8 @@ func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 			if len(want.GetPlans()) == 0 || len(want.GetProvisions()) == 0 || len(want.GetRefusals()) == 0 {
 				t.Fatalf("%s composes %d plans, %d provisions and %d refusals: the mesh tests too little", n.Name, len(want.GetPlans()), len(want.GetProvisions()), len(want.GetRefusals()))
 			}
-			if got.digest != want.GetPlanDigest() {
-				t.Errorf("%s, %s: the writer's digest %s, the answer's %s", order, n.Name, got.digest, want.GetPlanDigest())
+			if got.Digest != want.GetPlanDigest() {
+				t.Errorf("%s, %s: the writer's digest %s, the answer's %s", order, n.Name, got.Digest, want.GetPlanDigest())
 			}
 			// The buckets a composition reads keys of: its provisions', and
 			// those of provisions refused for what the key's revision says.
@@ -89,12 +91,18 @@ func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
 			entries, _, _ := s.mirror.Needs.GroupOnce(n.Name)
 			items, _, _ := s.mirror.Collect.GroupOnce(n.Name)
 			builds, _ := s.mirror.BuildsOf(n.Name)
-			in := compose.Input{Node: n.Name, Sources: hearBound(sourcesOf(s.mirror, &builds), read), Items: wellFormed(nil, items)}
-			in.Needs, in.Malformed = splitNeeds(nil, nil, entries)
+			sources := s.mirror.Sources(&builds)
+			key := sources.Bound
+			sources.Bound = func(bucket, k string) uint64 {
+				read(bucket)
+				return key(bucket, k)
+			}
+			in := compose.Input{Node: n.Name, Sources: sources, Items: mirror.WellFormed(nil, items)}
+			in.Needs, in.Malformed = mirror.SplitNeeds(nil, nil, entries)
 			compose.Compose(in)
 			slices.Sort(buckets)
-			if !slices.Equal(got.buckets, buckets) {
-				t.Errorf("%s: the writer read keys of %v, the composition of %v", n.Name, got.buckets, buckets)
+			if !slices.Equal(got.Buckets, buckets) {
+				t.Errorf("%s: the writer read keys of %v, the composition of %v", n.Name, got.Buckets, buckets)
 			}
 		}
 		slices.Reverse(mesh.Nodes)
@@ -158,7 +166,7 @@ func startOnMeshAs(t testing.TB, admin, svc *nats.Conn, meshConfig synth.Config,
 }
 
 // A node that rewrites its records without pause has about a share of a
-// core spent on its compositions by the plans' writer (planShare), not a
+// core spent on its compositions by the plans' writer (plans.Share), not a
 // core: its composition is put off, not lost, and another node's change is
 // written meanwhile.
 func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
@@ -166,7 +174,7 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	ctx := t.Context()
 	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 30, Needs: 40}, Config{})
 	kv := bucketsOn(t, nc)
-	plans, needs := kv(keys.PlansBucket), kv(keys.NeedsBucket)
+	plansKV, needs := kv(keys.PlansBucket), kv(keys.NeedsBucket)
 	churner, other := mesh.Nodes[0].Name, mesh.Nodes[1].Name
 	// What one composition of the churner costs: the least of a few, as
 	// the writer counts it, here and again after the churn (a loaded
@@ -176,25 +184,25 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	measure := func() {
 		for range 10 {
 			start := time.Now()
-			records = s.composeForPlans(churner).records
+			records = plans.Compose(s.mirror, churner).Records
 			cost = min(cost, time.Since(start))
 		}
 	}
 	measure()
 	const interval = time.Millisecond
-	if (planShare-1)*cost <= interval {
+	if (plans.Share-1)*cost <= interval {
 		t.Fatalf("%s (%d records) composes in %s: too little to be put off at a %s interval", churner, records, cost, interval)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	go func() { _ = s.RunPlans(runCtx, PlansConfig{KV: plans, Interval: interval}) }()
+	go func() { _ = s.RunPlans(runCtx, PlansConfig{KV: plansKV, Interval: interval}) }()
 	// digestAt returns node's digest once the writer has written it at
 	// needs revision rev or later.
 	digestAt := func(node string, rev uint64) string {
 		t.Helper()
 		var digest string
 		natstest.CheckFor(t, 10*time.Second, func() error {
-			e, err := plans.Get(ctx, node)
+			e, err := plansKV.Get(ctx, node)
 			if err != nil {
 				return err
 			}
@@ -227,7 +235,7 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 
 	// The churner writes a need that changes its plan, without pause, for
 	// a second; halfway, the other node writes one.
-	composed, start := s.plans.composed.Load(), time.Now()
+	composed, start := s.plans.Composed.Load(), time.Now()
 	var last uint64
 	otherWritten := false
 	for n := 0; time.Since(start) < time.Second; n++ {
@@ -240,7 +248,7 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 		}
 	}
 	elapsed := time.Since(start)
-	times := int(s.plans.composed.Load() - composed - 1) // the other node once
+	times := int(s.plans.Composed.Load() - composed - 1) // the other node once
 	// Its last change is not lost: its digest comes to be its
 	// composition's. (A digest's revisions are read after composing, so
 	// one at revision last may be of the write before, its next put off.)
@@ -264,7 +272,7 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	share := float64(times) * float64(cost) / float64(elapsed)
 	t.Logf("%s (%d records, %s a composition) composed %d times in %s: %.2f of a core",
 		churner, records, cost, times, elapsed.Round(time.Millisecond), share)
-	if most := 1.5 / planShare; share > most {
+	if most := 1.5 / plans.Share; share > most {
 		t.Errorf("%s's compositions took %.2f of a core, want at most %.2f", churner, share, most)
 	}
 }
@@ -291,7 +299,7 @@ func TestAProvidersKeyComposesOnlyItsConsumers(t *testing.T) {
 	var node, reads, other string
 	read := map[string][]string{}
 	for _, n := range mesh.Nodes {
-		read[n.Name] = s.composeForPlans(n.Name).buckets
+		read[n.Name] = plans.Compose(s.mirror, n.Name).Buckets
 	}
 	for _, n := range mesh.Nodes {
 		for _, m := range mesh.Nodes {
@@ -309,8 +317,8 @@ func TestAProvidersKeyComposesOnlyItsConsumers(t *testing.T) {
 	defer stop()
 	go func() { _ = s.RunPlans(runCtx, PlansConfig{KV: kv(keys.PlansBucket), Interval: time.Millisecond}) }()
 	natstest.CheckFor(t, 10*time.Second, func() error {
-		if s.plans.written.Load() < uint64(len(mesh.Nodes)) {
-			return fmt.Errorf("the first pass wrote %d digests of %d", s.plans.written.Load(), len(mesh.Nodes))
+		if s.plans.Written.Load() < uint64(len(mesh.Nodes)) {
+			return fmt.Errorf("the first pass wrote %d digests of %d", s.plans.Written.Load(), len(mesh.Nodes))
 		}
 		return nil
 	})
@@ -328,20 +336,20 @@ func TestAProvidersKeyComposesOnlyItsConsumers(t *testing.T) {
 		}
 	}
 
-	composed := s.plans.composed.Load()
+	composed := s.plans.Composed.Load()
 	for i := range 20 {
 		write(other, fmt.Sprintf("%s.m.p%d", node, i))
 	}
 	// A quiet window of a hundred intervals: that nothing is composed is
 	// what is checked, so it is waited out, not polled for.
 	time.Sleep(100 * time.Millisecond) // a quiet window, not a wait for a condition
-	if n := s.plans.composed.Load() - composed; n != 0 {
+	if n := s.plans.Composed.Load() - composed; n != 0 {
 		t.Errorf("20 keys of %s in %s, a bucket it does not read: %d compositions, want none", node, other, n)
 	}
-	composed = s.plans.composed.Load()
+	composed = s.plans.Composed.Load()
 	write(reads, node+".m.p")
 	natstest.CheckFor(t, 10*time.Second, func() error {
-		if s.plans.composed.Load() == composed {
+		if s.plans.Composed.Load() == composed {
 			return fmt.Errorf("a key of %s in %s, a bucket it reads: not composed", node, reads)
 		}
 		return nil

@@ -67,7 +67,7 @@ func provisioningWaits(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest) 
 
 // provisioningTail is the tail of a provisioning answer: the revision of
 // the bucket it read.
-func provisioningTail(in *provisionerv1.ProvisioningRequest, _ timings, revs revisions) *provisionerv1.ProvisioningResponse {
+func provisioningTail(in *provisionerv1.ProvisioningRequest, _ timings, revs mirror.Revisions) *provisionerv1.ProvisioningResponse {
 	return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, whatOf(in))}
 }
 
@@ -260,18 +260,18 @@ func requestKey(req proto.Message) string {
 }
 
 // revisionOf returns the revision of the bucket what reads.
-func revisionOf(revs revisions, what provisionerv1.What) uint64 {
+func revisionOf(revs mirror.Revisions, what provisionerv1.What) uint64 {
 	switch what {
 	case provisionerv1.What_WHAT_NEEDS:
-		return revs.needs
+		return revs.Needs
 	case provisionerv1.What_WHAT_APPLIED:
-		return revs.applied
+		return revs.Applied
 	case provisionerv1.What_WHAT_COLLECT:
-		return revs.collect
+		return revs.Collect
 	case provisionerv1.What_WHAT_MANIFESTS:
-		return revs.manifests
+		return revs.Manifests
 	default:
-		return revs.registry
+		return revs.Registry
 	}
 }
 

@@ -56,8 +56,8 @@ func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest
 			out, t, werr := provisionsFrom(s.mirror, in, enc, budget)
 			return out, t, nil, werr
 		},
-		tail: func(in *provisionerv1.ProvisionsRequest, _ timings, revs revisions) *provisionerv1.ProvisionsResponse {
-			return &provisionerv1.ProvisionsResponse{Revisions: revs.only(providerBuckets(s.mirror, in.GetProvider())).proto()}
+		tail: func(in *provisionerv1.ProvisionsRequest, _ timings, revs mirror.Revisions) *provisionerv1.ProvisionsResponse {
+			return &provisionerv1.ProvisionsResponse{Revisions: revs.Only(providerBuckets(s.mirror, in.GetProvider())).Proto()}
 		},
 	}
 }
@@ -103,7 +103,7 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc e
 	// are decoded as the page reaches them, not every node's at once.
 	revs := &provisionerv1.Revisions{Registry: m.Registry.Revision(), Needs: m.Needs.Revision()}
 	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider()}
-	find := compose.NewProvisionsOf(in.GetProvider(), sourcesOf(m, nil))
+	find := compose.NewProvisionsOf(in.GetProvider(), m.Sources(nil))
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	previous := token.After
 	for e := range m.Needs.After(token.After) {

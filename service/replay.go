@@ -37,7 +37,7 @@ func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.Compo
 	}
 	t.built = true
 	needs, _, _ := r.mirror.Needs.Group(in.GetNode())
-	out.Revisions, out.Phases = revisionsNow(r.mirror).only(namedBuckets(r.mirror, needs)).proto(), phasesOf(t)
+	out.Revisions, out.Phases = r.mirror.RevisionsNow().Only(namedBuckets(r.mirror, needs)).Proto(), phasesOf(t)
 	return out, nil
 }
 

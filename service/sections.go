@@ -294,7 +294,7 @@ func (s *Service) sectionComposer(node string, arena *compose.Arena) *compose.Co
 			records = append(records, e.Record)
 		}
 	}
-	return compose.NewComposer(compose.Input{Node: node, Sources: sourcesOf(m, &builds), Items: records, Arena: arena})
+	return compose.NewComposer(compose.Input{Node: node, Sources: m.Sources(&builds), Items: records, Arena: arena})
 }
 
 // sharedParts is what the sections of one composition share as they are

@@ -21,6 +21,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
+	"github.com/novox/mesh-provisioner/service/plans"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -270,7 +271,7 @@ type Service struct {
 	// slow logs the bursts of requests dropped by a full pending buffer.
 	slow *burstLog
 	// plans counts what RunPlans did.
-	plans plansStats
+	plans plans.Stats
 	// boundNamed holds, by node, the providers' buckets its needs name
 	// and the stamps they were last named at (boundUnread).
 	boundNamed sync.Map
@@ -675,7 +676,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.cache.stats(),
-		Plans:          s.plans.proto(),
+		Plans:          s.plans.Proto(),
 	}
 	for _, x := range s.mirror.OverBudget() {
 		data.OverBudget = append(data.OverBudget, &provisionerv1.OverBudget{

@@ -48,8 +48,9 @@ func harness(p string) bool { return under(p, "internal/bench") || under(p, "int
 func production(p string) bool { return !harness(p) }
 
 // public reports whether p is the public API: a package another module may
-// import (not internal/), and neither the service nor the command.
-func public(p string) bool { return !under(p, "internal") && !under(p, "cmd") && p != "service" }
+// import (not internal/), and neither the service (its rooms included)
+// nor the command.
+func public(p string) bool { return !under(p, "internal") && !under(p, "cmd") && !under(p, "service") }
 
 // one returns a selector of exactly the packages named.
 func one(names ...string) func(string) bool {
@@ -91,7 +92,7 @@ var rules = []rule{
 	{
 		name:      "the public API imports nothing under internal/, nor service",
 		from:      public,
-		forbidden: own(func(p string) bool { return under(p, "internal") || p == "service" }),
+		forbidden: own(func(p string) bool { return under(p, "internal") || under(p, "service") }),
 		allowed: map[edge]string{
 			{"registry", "internal/kvread"}: "registry.Reconcile reads the bucket's live keys with kvread.Live; the Reconciler stops its watcher with kvread.Stop",
 		},
@@ -104,7 +105,7 @@ var rules = []rule{
 				return true
 			}
 			p, ok := rel(path)
-			return ok && (under(p, "internal") || under(p, "cmd") || slices.Contains([]string{"service", "seat", "registry", "buckets"}, p))
+			return ok && (under(p, "internal") || under(p, "cmd") || under(p, "service") || slices.Contains([]string{"seat", "registry", "buckets"}, p))
 		},
 		deps: true,
 	},
@@ -123,6 +124,11 @@ var rules = []rule{
 		name:      "the service sits below the operators' HTTP side and the instance",
 		from:      one("service"),
 		forbidden: own(one("internal/observe/ops", "internal/observe/meshstatus", "internal/instance")),
+	},
+	{
+		name:      "the plans room sits below the service",
+		from:      one("service/plans"),
+		forbidden: own(one("service", "internal/instance")),
 	},
 	{
 		name: "only the command assembles an instance in production",

@@ -1,4 +1,4 @@
-package service_test
+package plans_test
 
 import (
 	"context"

@@ -1,0 +1,98 @@
+package plans
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/novox/mesh-provisioner/compose"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+)
+
+// Plan is what the plans writer reads of a node's composition.
+type Plan struct {
+	Digest string
+	// revisions are those the copies had reached after it was composed.
+	Revisions *provisionerv1.Revisions
+	// buckets are the providers' buckets it read keys of, sorted.
+	Buckets []string
+	// records is how many needs and collection items it read: a measure
+	// of its cost.
+	Records int
+}
+
+// Compose returns the digest of node's whole composition in the copy m, the
+// revisions the copies had reached after it was composed (of the
+// providers' buckets, those it read) and the providers' buckets it read.
+// It makes no composition (planDigestOf): the digest is what the bucket
+// holds, and a node notified asks for its composition, which is made then.
+// Nor does it keep a decoded view of the node: the writer reads every
+// node, each decoded in a scratch of the pool.
+func Compose(m *mirror.Mirror, node string) Plan {
+	scratch := scratches.Get().(*digestScratch)
+	defer scratches.Put(scratch)
+	var buckets []string
+	read := func(bucket string) {
+		if !slices.Contains(buckets, bucket) {
+			buckets = append(buckets, bucket)
+		}
+	}
+	digest, records := planDigestOf(m, node, scratch, read)
+	slices.Sort(buckets)
+	// Read after composing: a node that asks at these revisions is
+	// answered a composition at least as new as the digest.
+	return Plan{Digest: digest, Revisions: m.RevisionsNow().Only(buckets).Proto(), Buckets: buckets, Records: records}
+}
+
+// digestScratch is where the plans writer digests a node (planDigestOf),
+// reused from one node to the next: the arrays its needs and items are
+// decoded in (mirror.Scratch), their lists, and a PlanDigester's buffers.
+type digestScratch struct {
+	needs     mirror.Scratch[*provisionerv1.NeedRecord]
+	collect   mirror.Scratch[*provisionerv1.CollectRecord]
+	records   []*provisionerv1.NeedRecord
+	malformed []*provisionerv1.MalformedKey
+	items     []*provisionerv1.CollectRecord
+	digester  compose.PlanDigester
+}
+
+// scratches are the plans writer's digestScratches, one a worker.
+var scratches = sync.Pool{New: func() any { return new(digestScratch) }}
+
+// planDigestOf returns the plan digest of node's whole composition, the
+// one its compose answer carries, without making the composition
+// (compose.PlanDigester), nor keeping the node's decoded views, and how
+// many needs and collection items it read. boundRead, if set, hears each
+// providers' bucket the composition reads a key of.
+func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRead func(bucket string)) (digest string, read int) {
+	entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
+	items, _, _ := m.Collect.GroupInto(node, &scratch.collect)
+	builds, _ := m.BuildsOf(node)
+	sources := m.Sources(&builds)
+	if boundRead != nil {
+		sources = hearBound(sources, boundRead)
+	}
+	records, malformed := mirror.SplitNeeds(scratch.records[:0], scratch.malformed[:0], entries)
+	in := compose.Input{Node: node, Sources: sources, Needs: records, Malformed: malformed, Items: mirror.WellFormed(scratch.items[:0], items)}
+	digest = scratch.digester.Digest(in)
+	// Kept for their room, not their records.
+	scratch.records, scratch.malformed, scratch.items = emptied(in.Needs), emptied(in.Malformed), emptied(in.Items)
+	return digest, len(entries) + len(items)
+}
+
+// hearBound returns sources whose Bound tells heard each providers' bucket
+// it reads a key of.
+func hearBound(sources compose.Sources, heard func(bucket string)) compose.Sources {
+	key := sources.Bound
+	sources.Bound = func(bucket, k string) uint64 {
+		heard(bucket)
+		return key(bucket, k)
+	}
+	return sources
+}
+
+// emptied returns s emptied, its elements zeroed.
+func emptied[T any](s []T) []T {
+	clear(s)
+	return s[:0]
+}

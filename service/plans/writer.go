@@ -1,0 +1,545 @@
+package plans
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/backoff"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
+)
+
+// DefaultInterval is how often the plans' writer looks at what changed
+// in the copy: changes within one interval are composed once.
+const DefaultInterval = 20 * time.Millisecond
+
+// Share bounds what one node's compositions cost the seat's holder:
+// after composing a node of n records, the writer composes it again no
+// sooner than (Share-1)·n times the cost of a record, so that a node
+// rewriting its records without pause has about 1/Share of a core
+// spent on its digest, however fast it writes. A change meanwhile is put
+// off, not lost: the node is composed once its time comes. Nodes whose
+// pause is within the interval (thousands of records at the default) are
+// never put off.
+//
+// A record's cost is the least a record has taken to compose in the
+// tenure (planCostSample), not each node's own time: a composition's time
+// on a loaded instance (a pass beside a thousand requests, a collection)
+// is many times its cost, and would put off nodes that only changed twice;
+// and the least time follows the machine, where a constant would not (a
+// build with the race detector composes ten times slower).
+const Share = 10
+
+// planCostSample is the fewest records a composition is timed for a
+// record's cost: fewer take too little time to time.
+const planCostSample = 64
+
+// planRecordCost is a record's cost until a composition is timed for it:
+// about this machine's (a 10,304-record node digested in 3.2 ms).
+const planRecordCost = 300 * time.Nanosecond
+
+// Config is what Run needs.
+type Config struct {
+	// KV is the bucket mesh-provisioner_plans, bound by the identity that
+	// writes it (permissions.ServerWriter). Required.
+	KV jetstream.KeyValue
+	// Interval is how often changes are looked for; zero means
+	// DefaultInterval.
+	Interval time.Duration
+	// Copy is the watched copy the nodes are composed from. Required.
+	Copy *mirror.Mirror
+	// Ready returns once the copy is whole, or ctx's error: Run writes
+	// nothing before. Required.
+	Ready func(ctx context.Context) error
+	// Stats receives Run's counts. Required.
+	Stats *Stats
+	// Logger receives what fails; Warnings what a node can cause, at most
+	// once a minute per cause and node. Required.
+	Logger   *slog.Logger
+	Warnings *ratelog.Limiter
+}
+
+// Stats are Run's counts, for the endpoints' stats.
+type Stats struct {
+	Written, Composed, Failed, Pending, LastPassMS, Deferred atomic.Uint64
+	LastWritten                                              atomic.Int64 // unix nanoseconds; zero: none
+}
+
+// Proto returns the counts as the stats message carries them.
+func (p *Stats) Proto() *provisionerv1.PlansStats {
+	out := &provisionerv1.PlansStats{
+		Written: p.Written.Load(), Composed: p.Composed.Load(), Failed: p.Failed.Load(),
+		Pending: p.Pending.Load(), LastPassMs: p.LastPassMS.Load(), Deferred: p.Deferred.Load(),
+	}
+	if at := p.LastWritten.Load(); at != 0 {
+		out.LastWritten = time.Unix(0, at).UTC().Format(time.RFC3339Nano)
+	}
+	return out
+}
+
+// heldDigest is a node's key in the plans bucket as last seen.
+type heldDigest struct {
+	digest   string
+	revision uint64
+}
+
+// plansWriter keeps one tenure's view of the plans bucket.
+type plansWriter struct {
+	copy     *mirror.Mirror
+	stats    *Stats
+	warnings *ratelog.Limiter
+	kv       jetstream.KeyValue
+	interval time.Duration
+	mu       sync.Mutex
+	key      map[string]heldDigest // what the bucket holds, by node
+	// redo are nodes whose key changed under the writer (deleted, or
+	// written by another): composed again on the next pass.
+	redo map[string]bool
+	// swept is when the writer last looked for keys of nodes gone.
+	swept time.Time
+	// buckets are the providers' buckets each node's last composition
+	// named, named to the copy again on every sweep: a bucket not made yet
+	// is followed for as long as a node's needs name it, not forgotten
+	// while no request composes the node (mirror.Bound's forgetting).
+	buckets map[string][]string
+	// notBefore holds, for each node of many records composed lately,
+	// when it may be composed again (Share); entries go once past.
+	notBefore map[string]time.Time
+	// recordCost is the least a record has taken to compose in the
+	// tenure; zero: none timed yet (planRecordCost).
+	recordCost time.Duration
+}
+
+// plansSweep is how often the writer looks for the keys of nodes with no
+// record left, whatever the copies' counts say (a node gone as another
+// came, within one interval, leaves the count of nodes as it was), and
+// names the providers' buckets of the nodes' compositions to the copy.
+const plansSweep = time.Second
+
+// Run keeps mesh-provisioner_plans until ctx is done: for each node,
+// the digest of its composition (ComposeResponse.plan_digest) and the
+// revisions it was composed at, written only when the digest differs from
+// the one the bucket holds. It first brings every node's digest up to date
+// (rewriting none that is), then, every interval, composes again the nodes
+// whose composition may have changed: those whose needs, applied records,
+// collection items or providers' keys changed, and every node when the
+// registry or the manifests did; a node of many records no more often
+// than Share says. The seat's holder runs it in its tenure;
+// a write that meets another writer's (a revision it did not expect) is
+// read again and retried, so two writers for a moment leave the bucket
+// right.
+//
+// It returns when ctx is done, and ends on nothing the bus can cause: a
+// watcher lost or a bucket unreachable is logged and tried again, each
+// pass first bringing every digest up to date.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.KV == nil || cfg.Copy == nil || cfg.Ready == nil || cfg.Stats == nil || cfg.Logger == nil || cfg.Warnings == nil {
+		return errors.New("plans: Config.KV, Copy, Ready, Stats, Logger and Warnings are required")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if err := cfg.Ready(ctx); err != nil {
+		return nil //nolint:nilerr // only ctx ends the wait
+	}
+	retry := backoff.New(backoff.Config{Min: plansRetryMin, Max: plansRetryMax, Factor: 2})
+	for failures := 0; ; failures++ {
+		err := keepPlans(ctx, cfg)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var pause time.Duration // the first failure starts again at once
+		if failures > 0 {
+			pause = retry.Next()
+		}
+		cfg.Logger.Warn("keeping the plan digests; starting again", "bucket", cfg.KV.Bucket(), "err", err, "in", pause)
+		if !backoff.Sleep(ctx, pause) {
+			return nil
+		}
+	}
+}
+
+// How Run starts again after a run fails: at once after the first
+// failure, then after pauses doubling from plansRetryMin to plansRetryMax,
+// not jittered.
+const (
+	plansRetryMin = 100 * time.Millisecond
+	plansRetryMax = 2 * time.Second
+)
+
+// keepPlans is one run of Run, until ctx is done or the bucket's
+// watcher fails.
+func keepPlans(ctx context.Context, cfg Config) error {
+	w := &plansWriter{
+		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
+		buckets: map[string][]string{}, notBefore: map[string]time.Time{},
+	}
+	watcher, err := cfg.KV.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
+	}
+	defer kvread.Stop(watcher)
+	if err := w.follow(ctx, watcher, true); err != nil {
+		return err
+	}
+	followed := make(chan error, 1)
+	go func() { followed <- w.follow(ctx, watcher, false) }()
+
+	// The first pass: every node the copy knows, and every node the bucket
+	// holds a digest of. Its garbage is about the size of the copy, and
+	// the runtime would keep its pages for minutes, as the load's: they
+	// go back to the system (mirror's releaseLoadMemory).
+	var mark plansMark
+	nodes, mark := w.changed(mark, true)
+	if err := w.pass(ctx, nodes); err != nil {
+		return err
+	}
+	debug.FreeOSMemory()
+	ticker := time.NewTicker(cfg.Interval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-followed:
+			return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
+		case <-ticker.C:
+		}
+		nodes, mark = w.changed(mark, false)
+		if err := w.pass(ctx, nodes); err != nil {
+			return err
+		}
+	}
+}
+
+// follow applies the plans bucket's changes to the writer's view: until
+// the initial values are in when initial is set, else until the watcher
+// stops.
+func (w *plansWriter) follow(ctx context.Context, watcher jetstream.KeyWatcher, initial bool) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-watcher.Updates():
+			if !ok {
+				return errors.New("the watcher stopped")
+			}
+			if e == nil {
+				if initial {
+					return nil
+				}
+				continue
+			}
+			w.mu.Lock()
+			held, seen := w.key[e.Key()]
+			switch {
+			case e.Operation() != jetstream.KeyValuePut:
+				delete(w.key, e.Key())
+				w.redo[e.Key()] = true
+			case !seen || held.revision < e.Revision():
+				digest := &provisionerv1.PlanDigest{}
+				if err := proto.Unmarshal(e.Value(), digest); err != nil {
+					digest.Digest = "" // unreadable: rewritten on the next pass
+					w.redo[e.Key()] = true
+				}
+				if seen && !initial && held.digest != digest.GetDigest() {
+					w.redo[e.Key()] = true // another writer's: checked again
+				}
+				w.key[e.Key()] = heldDigest{digest: digest.GetDigest(), revision: e.Revision()}
+			}
+			w.mu.Unlock()
+		}
+	}
+}
+
+// plansMark is where the copies were when the writer last looked.
+type plansMark struct {
+	registry, needs, applied, collect, manifests, bound uint64
+	// groups is how many nodes the three state buckets' copies held.
+	groups int
+}
+
+// groupsOf counts the groups (nodes) of the copies of needs, applied
+// records and items.
+func groupsOf(m *mirror.Mirror) int {
+	n := 0
+	for _, c := range []mirror.Watched{m.Needs, m.Applied, m.Collect} {
+		_, _, groups, _ := c.Counts()
+		n += groups
+	}
+	return n
+}
+
+// changed returns the nodes whose composition may have changed since mark,
+// in order, and the mark now; every node when all is set, or when the
+// registry or the manifests changed.
+func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
+	m := w.copy
+	var next plansMark
+	next.registry, _ = m.Registry.Stamp("")
+	next.manifests, _ = m.Manifests.Stamp("")
+	all = all || next.registry != mark.registry || next.manifests != mark.manifests
+	set := map[string]bool{}
+	since := mark
+	if all {
+		since = plansMark{}
+	}
+	var firsts []string
+	firsts, next.needs = m.Needs.Changed(since.needs)
+	addAll(set, firsts)
+	firsts, next.applied = m.Applied.Changed(since.applied)
+	addAll(set, firsts)
+	firsts, next.collect = m.Collect.Changed(since.collect)
+	addAll(set, firsts)
+	firsts, buckets, bound := m.Bound.Changed(since.bound)
+	next.bound = bound
+	for _, first := range firsts {
+		// A provider's key of a node the mesh has, in a bucket its last
+		// composition read: a provider writing keys of every node costs
+		// compositions of its own consumers only.
+		if w.known(first) && w.reads(first, buckets) {
+			set[first] = true
+		}
+	}
+	next.groups = groupsOf(m)
+	w.mu.Lock()
+	if all || next.groups < mark.groups || time.Since(w.swept) >= plansSweep {
+		// A node whose records are all gone has no group left to say so:
+		// fewer groups remain, or, if another node came meanwhile, the
+		// next sweep finds it.
+		w.swept = time.Now()
+		for node := range w.key {
+			if !w.known(node) {
+				set[node] = true
+			}
+		}
+		for _, buckets := range w.buckets {
+			for _, b := range buckets {
+				m.Bound.Bucket(b)
+			}
+		}
+	}
+	if all {
+		addAll(set, slices.Collect(maps.Keys(w.key)))
+	}
+	addAll(set, slices.Collect(maps.Keys(w.redo)))
+	clear(w.redo)
+	// A node put off stays to be composed: in redo until its time comes.
+	now, deferred := time.Now(), 0
+	for node, at := range w.notBefore {
+		switch {
+		case !now.Before(at):
+			delete(w.notBefore, node)
+		case set[node]:
+			delete(set, node)
+			w.redo[node] = true
+			deferred++
+			w.warnings.Log(slog.LevelWarn, "plan deferred", node, "a node's plan digest is composed again later: it has many records and changes often",
+				"in", at.Sub(now).Round(time.Millisecond))
+		}
+	}
+	w.stats.Deferred.Store(uint64(deferred))
+	w.mu.Unlock()
+	return slices.Sorted(maps.Keys(set)), next
+}
+
+// reads reports whether node's last composition read keys of any of
+// buckets. A composition reads keys only of the buckets its needs name,
+// and a node whose needs changed is composed for that change.
+func (w *plansWriter) reads(node string, buckets []string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, b := range w.buckets[node] {
+		if slices.Contains(buckets, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// known reports whether the copy holds any record of node.
+func (w *plansWriter) known(node string) bool {
+	m := w.copy
+	for _, stamp := range []func(string) (uint64, uint64){m.Needs.Stamp, m.Applied.Stamp, m.Collect.Stamp} {
+		if st, _ := stamp(node); st != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func addAll(set map[string]bool, keys []string) {
+	for _, k := range keys {
+		set[k] = true
+	}
+}
+
+// planWriters bounds the writes of a pass in flight: each waits for its
+// acknowledgement, so a thousand digests cost a few round trips' time.
+const planWriters = 64
+
+// pass brings the nodes' keys up to date in two steps: it composes every
+// node (on as many workers as the process has cores), then writes the
+// digests that changed, many at a time; a node with no record left loses
+// its key. Composing first keeps the notified nodes' requests for their
+// compositions from slowing the composing of the rest: for a change that
+// touches all of 1,000 plans, the last digest was written 1.5 s after the
+// change when each node was written as soon as composed, and well within
+// a second in two steps (make bench-plans).
+func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
+	if len(nodes) == 0 {
+		return nil
+	}
+	stats := w.stats
+	start := time.Now()
+	stats.Pending.Store(uint64(len(nodes)))
+	defer func() {
+		stats.Pending.Store(0)
+		stats.LastPassMS.Store(uint64(time.Since(start).Milliseconds()))
+	}()
+	var (
+		mu     sync.Mutex
+		writes []planWrite
+	)
+	var composing errgroup.Group
+	composing.SetLimit(runtime.GOMAXPROCS(0))
+	for _, node := range nodes {
+		if ctx.Err() != nil {
+			break
+		}
+		composing.Go(func() error {
+			if pw, ok := w.plan(node); ok {
+				mu.Lock()
+				writes = append(writes, pw)
+				mu.Unlock()
+			} else {
+				stats.Pending.Add(^uint64(0))
+			}
+			return nil
+		})
+	}
+	_ = composing.Wait() // plan reports its own failures
+	var writing errgroup.Group
+	writing.SetLimit(planWriters)
+	for _, pw := range writes {
+		if ctx.Err() != nil {
+			break
+		}
+		writing.Go(func() error {
+			w.write(ctx, pw)
+			stats.Pending.Add(^uint64(0))
+			return nil
+		})
+	}
+	_ = writing.Wait() // write reports its own failures
+	return nil
+}
+
+// planWrite is what a pass writes to one node's key.
+type planWrite struct {
+	node string
+	held heldDigest // the key as the bucket holds it, if has
+	has  bool
+	// gone says the node has no record left: its key is deleted.
+	gone      bool
+	digest    string
+	revisions *provisionerv1.Revisions
+}
+
+// plan composes node and returns what its key needs, if anything.
+func (w *plansWriter) plan(node string) (planWrite, bool) {
+	w.mu.Lock()
+	held, has := w.key[node]
+	w.mu.Unlock()
+	if !w.known(node) {
+		w.mu.Lock()
+		delete(w.buckets, node)
+		w.mu.Unlock()
+		return planWrite{node: node, held: held, has: has, gone: true}, has
+	}
+	start := time.Now()
+	plan := Compose(w.copy, node)
+	took := time.Since(start)
+	w.stats.Composed.Add(1)
+	w.mu.Lock()
+	if plan.Records >= planCostSample {
+		if cost := took / time.Duration(plan.Records); w.recordCost == 0 || cost < w.recordCost {
+			w.recordCost = cost
+		}
+	}
+	if pause := (Share - 1) * time.Duration(plan.Records) * cmp.Or(w.recordCost, planRecordCost); pause > w.interval {
+		w.notBefore[node] = start.Add(took + pause)
+	}
+	if len(plan.Buckets) > 0 {
+		w.buckets[node] = plan.Buckets
+	} else {
+		delete(w.buckets, node)
+	}
+	w.mu.Unlock()
+	if has && held.digest == plan.Digest {
+		return planWrite{}, false
+	}
+	return planWrite{node: node, held: held, has: has, digest: plan.Digest, revisions: plan.Revisions}, true
+}
+
+// write writes one node's key: a compare-and-set on the revision the
+// writer saw, so that a key written meanwhile by another is read again.
+func (w *plansWriter) write(ctx context.Context, pw planWrite) {
+	if pw.gone {
+		if err := w.kv.Delete(ctx, pw.node, jetstream.LastRevision(pw.held.revision)); err != nil && ctx.Err() == nil {
+			w.failed(pw.node, "delete", err)
+		}
+		return
+	}
+	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{Digest: pw.digest, Revisions: pw.revisions})
+	if err != nil {
+		w.failed(pw.node, "encode", err)
+		return
+	}
+	var revision uint64
+	if pw.has {
+		revision, err = w.kv.Update(ctx, pw.node, value, pw.held.revision)
+	} else {
+		revision, err = w.kv.Create(ctx, pw.node, value)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			w.failed(pw.node, "write", err)
+		}
+		return
+	}
+	w.mu.Lock()
+	if w.key[pw.node].revision < revision {
+		w.key[pw.node] = heldDigest{digest: pw.digest, revision: revision}
+	}
+	w.mu.Unlock()
+	w.stats.Written.Add(1)
+	w.stats.LastWritten.Store(time.Now().UnixNano())
+}
+
+// failed counts a node's failed write and composes it again on the next
+// pass: by then the watcher has brought the bucket's revision of its key.
+func (w *plansWriter) failed(node, what string, err error) {
+	w.stats.Failed.Add(1)
+	w.mu.Lock()
+	w.redo[node] = true
+	w.mu.Unlock()
+	// Not the node's doing (NATS failed): a line a minute, whichever node.
+	w.warnings.Log(slog.LevelWarn, "plan not kept", "", "a node's plan digest was not kept; trying again", "node", node, "step", what, "err", err)
+}
