@@ -15,6 +15,7 @@ import (
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -119,14 +120,14 @@ func checkCompose(in *provisionerv1.ComposeRequest) *wire.Error {
 	if in.GetNode() == "" {
 		return wire.NewError(wire.CodeBadRequest, "node is required: the node to compose")
 	}
-	if werr := checkName("node", in.GetNode(), true); werr != nil {
+	if werr := admission.CheckName("node", in.GetNode(), true); werr != nil {
 		return werr
 	}
-	if werr := checkName("module", in.GetModule(), true); werr != nil {
+	if werr := admission.CheckName("module", in.GetModule(), true); werr != nil {
 		return werr
 	}
 	for bucket := range in.GetMinRevisions().GetBound() {
-		if werr := checkName("a bucket of min_revisions.bound", bucket, true); werr != nil {
+		if werr := admission.CheckName("a bucket of min_revisions.bound", bucket, true); werr != nil {
 			return werr
 		}
 	}

@@ -13,7 +13,9 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -72,12 +74,12 @@ func (ep endpoint[Req, Res]) addressed(name string, owner wire.Role, confine fun
 }
 
 // addresseeOf returns whom r's subject names on an addressed endpoint; on
-// an unscoped one, nobody (the zero addressee).
-func (ep endpoint[Req, Res]) addresseeOf(r micro.Request) addressee {
+// an unscoped one, nobody (the zero admission.Asker).
+func (ep endpoint[Req, Res]) addresseeOf(r micro.Request) admission.Asker {
 	if ep.owner == "" {
-		return addressee{}
+		return admission.Asker{}
 	}
-	return addressee{role: ep.owner, name: r.Subject()[strings.LastIndexByte(r.Subject(), '.')+1:]}
+	return admission.Asker{Role: ep.owner, Name: r.Subject()[strings.LastIndexByte(r.Subject(), '.')+1:]}
 }
 
 // subjectOf returns the subject the endpoint subscribes to.
@@ -110,8 +112,10 @@ func (s *Service) endpoints() []registrar {
 	provisioning, compose := s.provisioningEndpoint(), s.composeEndpoint()
 	return append([]registrar{
 		provisioning, compose,
-		provisioning.addressed(wire.ProvisioningNodeEndpoint, wire.RoleNode, confineProvisioning),
-		compose.addressed(wire.ComposeNodeEndpoint, wire.RoleNode, confineCompose),
+		provisioning.addressed(wire.ProvisioningNodeEndpoint, wire.RoleNode, func(node string, in *provisionerv1.ProvisioningRequest) *wire.Error {
+			return admission.ConfineProvisioning(node, whatOf(in), in)
+		}),
+		compose.addressed(wire.ComposeNodeEndpoint, wire.RoleNode, admission.ConfineCompose),
 		s.provisionsEndpoint(),
 	}, s.writeVerbs()...)
 }
@@ -164,7 +168,7 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 	// First, before anything can answer: every path below (refusals, 503s,
 	// pages, reused answers) publishes to r.Reply().
 	who := ep.addresseeOf(r)
-	if !s.answersTo(r.Reply(), who.role, who.name) {
+	if !s.replies.AnswersTo(r.Reply(), who.Role, who.Name) {
 		s.refuseReply(r, count)
 		return nil
 	}
@@ -180,7 +184,7 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 		return nil
 	}
 	if ep.owner != "" {
-		if werr := ep.confine(who.name, in); werr != nil {
+		if werr := ep.confine(who.Name, in); werr != nil {
 			s.refuse(r, enc, count, werr, true)
 			return nil
 		}
@@ -191,15 +195,15 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 // reply answers a checked request: refused at once when the queue or the
 // asker's places are full or the copy is loading (but for an early
 // answer), else from the whole copy (answerWhole).
-func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who addressee, in Req, enc encoding, arrived time.Time, onCallback bool) {
+func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who admission.Asker, in Req, enc encoding, arrived time.Time, onCallback bool) {
 	if len(s.queue) == cap(s.queue) {
 		count.queueFull.Add(1)
 		s.refuse(r, enc, count, s.overloaded(), onCallback)
 		return
 	}
-	if s.places.full(who) {
+	if s.places.Full(who) {
 		count.askerFull.Add(1)
-		s.refuse(r, enc, count, s.places.askerFull(who), onCallback)
+		s.refuse(r, enc, count, s.places.AskerFull(who), onCallback)
 		return
 	}
 	if !s.mirror.Ready() {
@@ -291,7 +295,7 @@ func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, 
 	}
 	land := func([]byte) {}
 	if join && s.flights != nil {
-		joined, landed := s.flights.join(key, st, func(body []byte) { ep.afterFlight(s, r, in, enc, count, queued, waited, body) })
+		joined, landed := s.flights.Join(key, st, func(body []byte) { ep.afterFlight(s, r, in, enc, count, queued, waited, body) })
 		if joined {
 			return nil
 		}
@@ -417,10 +421,10 @@ func (j job) done() {
 
 // hold takes a place of who's for a request (places), or returns the
 // refusal of an asker that holds every place it may, counted.
-func (s *Service) hold(who addressee, count *counters) (give func(), werr *wire.Error) {
-	if give = s.places.take(who); give == nil {
+func (s *Service) hold(who admission.Asker, count *counters) (give func(), werr *wire.Error) {
+	if give = s.places.Take(who); give == nil {
 		count.askerFull.Add(1)
-		return nil, s.places.askerFull(who)
+		return nil, s.places.AskerFull(who)
 	}
 	return give, nil
 }

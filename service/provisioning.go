@@ -11,6 +11,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -114,7 +115,7 @@ func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
 			return wire.Errorf(wire.CodeBadRequest, "filter %s does not apply to %s, which is narrowed by %s; leave %s out", f.name, what, narrowedBy, f.name)
 		}
 		// A collection is any readable name; the key holds it escaped.
-		if werr := checkName("filter "+f.name, f.value, f.name != "collection"); werr != nil {
+		if werr := admission.CheckName("filter "+f.name, f.value, f.name != "collection"); werr != nil {
 			return werr
 		}
 	}

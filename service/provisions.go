@@ -6,6 +6,7 @@ import (
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -66,7 +67,7 @@ func checkProvisions(in *provisionerv1.ProvisionsRequest) *wire.Error {
 	if in.GetProvider() == "" {
 		return wire.NewError(wire.CodeBadRequest, "provider is required: the provider whose provisions to list, as the subject names it")
 	}
-	if werr := checkName("provider", in.GetProvider(), true); werr != nil {
+	if werr := admission.CheckName("provider", in.GetProvider(), true); werr != nil {
 		return werr
 	}
 	_, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
@@ -76,7 +77,7 @@ func checkProvisions(in *provisionerv1.ProvisionsRequest) *wire.Error {
 // confineProvisions refuses, on mesh-provisioner.provisions.<provider>,
 // another provider's provisions.
 func confineProvisions(provider string, in *provisionerv1.ProvisionsRequest) *wire.Error {
-	if werr := checkAddress(wire.RoleProvider, provider); werr != nil {
+	if werr := admission.CheckAddress(wire.RoleProvider, provider); werr != nil {
 		return werr
 	}
 	if in.GetProvider() == provider {

@@ -21,6 +21,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -193,7 +194,7 @@ func TestReplyPrefixes(t *testing.T) {
 	nc := natstest.Connect(t, natstest.Start(t))
 	for _, prefixes := range [][]string{{}, {""}, {"_INBOX"}, {"$JS."}, {"_INBOX.*."}, {">"}, {"a..b."}, {"_INBOX.", ".x."}} {
 		_, err := service.Start(t.Context(), service.Config{Conn: nc, ReplyPrefixes: prefixes})
-		if !errors.Is(err, service.ErrReplyPrefix) {
+		if !errors.Is(err, admission.ErrReplyPrefix) {
 			t.Errorf("ReplyPrefixes %q: %v, want ErrReplyPrefix", prefixes, err)
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/service/plans"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -225,13 +225,13 @@ type Service struct {
 	writing chan struct{}
 	// places bounds what one asker holds of the queue and the waiting
 	// requests' places (MaxPerAsker).
-	places *places
+	places *admission.Places
 	// doors are the addressed endpoints' (handlerOf), closed by Stop.
 	// maxRatePerAsker and maxWriteRatePerAsker are the doors' rates
 	// (handlerOf): no bound when zero.
 	maxRatePerAsker, maxWriteRatePerAsker int
 	doorsMu                               sync.Mutex
-	doors                                 []*door[func(bool)]
+	doors                                 []*admission.Door[func(bool)]
 	logger                                *slog.Logger
 
 	revisionWait time.Duration
@@ -256,7 +256,7 @@ type Service struct {
 	registering  sync.Mutex
 	unregistered bool
 
-	replyPrefixes []string
+	replies *admission.Replies
 	// warnings logs what an asker can cause (a refused reply, a slow
 	// composition, a node over its budget, a failure under its flood) once
 	// a minute per cause and asker, with the count kept back.
@@ -264,12 +264,12 @@ type Service struct {
 
 	counters map[string]*counters // by endpoint name
 	cache    *answerCache
-	flights  *flights      // nil without an answer cache: a waiter reuses the answer kept
-	sections *sectionCache // nil: none kept
+	flights  *admission.Flights[cacheKey, stamp] // nil without an answer cache: a waiter reuses the answer kept
+	sections *sectionCache                       // nil: none kept
 	seat     func() (held bool, since time.Time, holder string)
 	observe  Observer
 	// slow logs the bursts of requests dropped by a full pending buffer.
-	slow *burstLog
+	slow *admission.BurstLog
 	// plans counts what RunPlans did.
 	plans plans.Stats
 	// boundNamed holds, by node, the providers' buckets its needs name
@@ -302,7 +302,7 @@ func (cfg *Config) Validate() error {
 		}
 	}
 	if cfg.ReplyPrefixes != nil {
-		return CheckReplyPrefixes(cfg.ReplyPrefixes)
+		return admission.CheckReplyPrefixes(cfg.ReplyPrefixes)
 	}
 	return nil
 }
@@ -385,7 +385,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		queue:                make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait:         cfg.MaxQueueWait,
 		waiting:              make(chan struct{}, cfg.MaxWaiting),
-		places:               newPlaces(max(cfg.MaxPerAsker, 0)),
+		places:               admission.NewPlaces(max(cfg.MaxPerAsker, 0)),
 		maxRatePerAsker:      max(cfg.MaxRatePerAsker, 0),
 		maxWriteRatePerAsker: max(cfg.MaxWriteRatePerAsker, 0),
 		writing:              make(chan struct{}, MaxConcurrentWrites),
@@ -396,12 +396,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		seat:                 cfg.Seat,
 		observe:              cfg.Observe,
 
-		replyPrefixes: slices.Clone(cfg.ReplyPrefixes),
-		warnings:      ratelog.New(cfg.Logger, ratelog.Period),
+		replies:  admission.NewReplies(cfg.ReplyPrefixes),
+		warnings: ratelog.New(cfg.Logger, ratelog.Period),
 	}
 	if !cfg.NoAnswerCache {
 		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
-		s.flights = newFlights(flightWaiters)
+		s.flights = admission.NewFlights[cacheKey, stamp](flightWaiters)
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	s.mirror.Bound.SetMaxKeys(cfg.ProviderMaxKeys)
@@ -420,7 +420,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.workers.Go(s.work)
 	}
 	s.large = newLargeSender(cmp.Or(cfg.LargeConn, s.answer))
-	s.slow = newBurstLog(s.logger, "requests dropped: an endpoint's pending buffer is full (slow consumer)", burstQuiet)
+	s.slow = admission.NewBurstLog(s.logger, "requests dropped: an endpoint's pending buffer is full (slow consumer)", admission.BurstQuiet)
 	// The counters are made before AddService makes the stats handler
 	// live: it reads the map unlocked, so the map is never written after.
 	for _, ep := range s.endpoints() {
@@ -446,7 +446,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 				if c := s.counterOf(err.Subject); c != nil {
 					c.slowConsumer.Add(1)
 				}
-				s.slow.event(err.Subject)
+				s.slow.Event(err.Subject)
 				return
 			}
 			s.logger.Error("service subscription error", "subject", err.Subject, "err", err.Description)
@@ -607,7 +607,7 @@ func (s *Service) Stop() {
 		s.workers.Wait()
 		s.large.close()
 		s.watchers.Wait()
-		s.slow.stop()
+		s.slow.Stop()
 	})
 }
 
@@ -620,7 +620,7 @@ func (s *Service) stopWatchers() {
 	s.workers.Wait()
 	s.large.close()
 	s.watchers.Wait()
-	s.slow.stop()
+	s.slow.Stop()
 }
 
 // counters count what an endpoint's workers send, which micro does not see:
@@ -643,7 +643,7 @@ type counters struct {
 	refusedReplies atomic.Uint64
 	// door, on an endpoint whose subject names its asker, lets requests
 	// in by asker (handlerOf); set before the endpoint is added.
-	door *door[func(bool)]
+	door *admission.Door[func(bool)]
 }
 
 // counterOf returns the counters of the endpoint on subject, or nil.

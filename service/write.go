@@ -18,6 +18,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -113,8 +114,8 @@ func (s *Service) writeVerbs() []registrar {
 func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (store func(onCallback bool)) {
 	arrived := time.Now()
 	names := strings.Split(strings.TrimPrefix(r.Subject(), v.subject+"."), ".")
-	who := addressee{role: v.owner, name: names[0]}
-	if !s.answersTo(r.Reply(), who.role, who.name) {
+	who := admission.Asker{Role: v.owner, Name: names[0]}
+	if !s.replies.AnswersTo(r.Reply(), who.Role, who.Name) {
 		s.refuseReply(r, count)
 		return nil
 	}
@@ -125,7 +126,7 @@ func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (s
 		if i > 0 {
 			role = wire.RoleProvider
 		}
-		if werr := checkAddress(role, name); werr != nil {
+		if werr := admission.CheckAddress(role, name); werr != nil {
 			s.refuse(r, enc, count, werr, true)
 			return nil
 		}
@@ -140,7 +141,7 @@ func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (s
 
 // store writes a checked request on a goroutine of its own, which answers
 // once JetStream has acknowledged it, or refuses it at once.
-func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who addressee, names []string, in Req, enc encoding, onCallback bool) {
+func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who admission.Asker, names []string, in Req, enc encoding, onCallback bool) {
 	if !s.mirror.Ready() {
 		// The budgets and an apply's comparison read the copy.
 		s.refuse(r, enc, count, s.stillLoading(), onCallback)
@@ -191,6 +192,11 @@ type stateBucket struct {
 	maxValue int
 	// held is the bucket's copy, whose budget a put must fit.
 	held heldCopy
+}
+
+// checked is what the admission's CheckValue reads of the bucket.
+func (b *stateBucket) checked() admission.Bucket {
+	return admission.Bucket{Name: b.bucket, MaxValue: b.maxValue, Held: b.held}
 }
 
 // heldCopy is what the write verbs read of a state bucket's copy: its
@@ -283,47 +289,6 @@ func (w *writeStore) bucketOf(what provisionerv1.What) (*stateBucket, *wire.Erro
 	return nil, wire.Errorf(wire.CodeBadRequest, "what is %s: a node writes WHAT_NEEDS, WHAT_APPLIED or WHAT_COLLECT; the registry is the service's own", what)
 }
 
-// ownKey checks a key's shape in its bucket and that node owns it.
-func ownKey(b *stateBucket, node, key string) *wire.Error {
-	if werr := checkName("key", key, false); werr != nil {
-		return werr
-	}
-	owner, err := mirror.CheckKey(b.bucket, key)
-	if err != nil {
-		return wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", keys.Echo(key), b.bucket, err)
-	}
-	if owner != node {
-		node := keys.Echo(node)
-		return wire.Errorf(wire.CodeForbidden, "key %q is node %s's: on mesh-provisioner.*.%s, node %s writes only keys that start with %q", keys.Echo(key), keys.Echo(owner), node, node, node+".")
-	}
-	return nil
-}
-
-// checkValue refuses a value over the bucket's largest, one that does not
-// decode as the copy would, and one its node's budget has no room for.
-func checkValue(b *stateBucket, node, key string, value []byte) *wire.Error {
-	if b.maxValue > 0 && len(value) > b.maxValue {
-		return wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, more than the %s %s takes of one value: write a smaller one, or have the operator raise it (serve --max-value-size)",
-			keys.Echo(key), len(value), byteSize(b.maxValue), b.bucket)
-	}
-	if _, err := mirror.CheckRecord(b.bucket, key, value); err != nil {
-		return wire.Errorf(wire.CodeBadRequest, "the value of %s: %v", keys.Echo(key), err)
-	}
-	if !b.held.Fits(node, key, len(value)) {
-		return wire.Errorf(wire.CodeTooLarge, "node %s has no room for %s in %s: it would hold more than the server keeps of one node there, %s (--node-max-keys, --node-max-bytes); delete some of its keys first", keys.Echo(node), keys.Echo(key), b.bucket, b.held.Budget())
-	}
-	return nil
-}
-
-// byteSize says a size limit as a refusal names it: "64 KiB (65536 bytes)",
-// or "100 bytes" for one that is no whole number of KiB.
-func byteSize(n int) string {
-	if n >= 1<<10 && n%(1<<10) == 0 {
-		return fmt.Sprintf("%d KiB (%d bytes)", n>>10, n)
-	}
-	return fmt.Sprintf("%d bytes", n)
-}
-
 // stored returns the refusal of a write JetStream did not acknowledge.
 func stored(what string, err error) *wire.Error {
 	if errors.Is(err, context.Canceled) {
@@ -338,10 +303,10 @@ func (s *Service) putRecord(ctx context.Context, names []string, in *provisioner
 	if werr != nil {
 		return nil, werr
 	}
-	if werr := ownKey(b, node, rec.GetKey()); werr != nil {
+	if werr := admission.OwnKey(b.bucket, node, rec.GetKey()); werr != nil {
 		return nil, werr
 	}
-	if werr := checkValue(b, node, rec.GetKey(), rec.GetValue()); werr != nil {
+	if werr := admission.CheckValue(b.checked(), node, rec.GetKey(), rec.GetValue()); werr != nil {
 		return nil, werr
 	}
 	revision, err := b.kv.Put(ctx, rec.GetKey(), rec.GetValue())
@@ -357,7 +322,7 @@ func (s *Service) deleteRecord(ctx context.Context, names []string, in *provisio
 	if werr != nil {
 		return nil, werr
 	}
-	if werr := ownKey(b, node, in.GetKey()); werr != nil {
+	if werr := admission.OwnKey(b.bucket, node, in.GetKey()); werr != nil {
 		return nil, werr
 	}
 	revision, err := deleteKey(ctx, s.store.js, b.bucket, in.GetKey())
@@ -388,7 +353,7 @@ func deleteKey(ctx context.Context, js jetstream.JetStream, bucket, key string) 
 
 func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisionerv1.ApplyRequest) (proto.Message, *wire.Error) {
 	node, module := names[0], in.GetModule()
-	if werr := checkName("module", module, true); werr != nil {
+	if werr := admission.CheckName("module", module, true); werr != nil {
 		return nil, werr
 	}
 	b := s.store.buckets[keys.NeedsBucket]
@@ -399,7 +364,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		if what := rec.GetWhat(); what != provisionerv1.What_WHAT_UNSPECIFIED && what != provisionerv1.What_WHAT_NEEDS {
 			return nil, wire.Errorf(wire.CodeBadRequest, "an apply holds needs only; record %q is of %s", keys.Echo(rec.GetKey()), what)
 		}
-		if werr := ownKey(b, node, rec.GetKey()); werr != nil {
+		if werr := admission.OwnKey(b.bucket, node, rec.GetKey()); werr != nil {
 			return nil, werr
 		}
 		if !strings.HasPrefix(rec.GetKey(), prefix) {
@@ -409,7 +374,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 		if _, dup := want[rec.GetKey()]; dup {
 			return nil, wire.Errorf(wire.CodeBadRequest, "need %q is twice in the set: each key once", keys.Echo(rec.GetKey()))
 		}
-		if werr := checkValue(b, node, rec.GetKey(), rec.GetValue()); werr != nil {
+		if werr := admission.CheckValue(b.checked(), node, rec.GetKey(), rec.GetValue()); werr != nil {
 			return nil, werr
 		}
 		want[rec.GetKey()] = rec.GetValue()
@@ -493,7 +458,7 @@ func (s *Service) declareManifest(ctx context.Context, names []string, in *provi
 		}
 		return &provisionerv1.WriteResponse{Bucket: b.bucket, Key: key, Revision: revision}, nil
 	}
-	if werr := checkValue(b, node, key, in.GetManifest()); werr != nil {
+	if werr := admission.CheckValue(b.checked(), node, key, in.GetManifest()); werr != nil {
 		return nil, werr
 	}
 	revision, err := b.kv.Put(ctx, key, in.GetManifest())
@@ -509,14 +474,14 @@ const MaxBoundValue = 64 << 10
 
 func (s *Service) bindKey(ctx context.Context, names []string, in *provisionerv1.BindRequest) (proto.Message, *wire.Error) {
 	provider, key := names[0], in.GetKey()
-	if werr := checkName("key", key, false); werr != nil {
+	if werr := admission.CheckName("key", key, false); werr != nil {
 		return nil, werr
 	}
 	if err := keys.CheckBoundKey(key); err != nil {
 		return nil, wire.Errorf(wire.CodeBadRequest, "key %q of %s: %v", keys.Echo(key), wire.BoundBucket(keys.Echo(provider)), err)
 	}
 	if len(in.GetValue()) > MaxBoundValue {
-		return nil, wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, more than the %s a provider binds of one value: bind a smaller one", keys.Echo(key), len(in.GetValue()), byteSize(MaxBoundValue))
+		return nil, wire.Errorf(wire.CodeTooLarge, "the value of %s is %d bytes, more than the %s a provider binds of one value: bind a smaller one", keys.Echo(key), len(in.GetValue()), admission.ByteSize(MaxBoundValue))
 	}
 	kv, err := s.store.boundOf(ctx, provider)
 	if err != nil {

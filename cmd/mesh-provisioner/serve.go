@@ -18,6 +18,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/observe/sdnotify"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -127,7 +128,7 @@ func defineServe(fs *flag.FlagSet) action {
 		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 || f.providerMaxKeys == 0 || f.maxPerAsker == 0 || f.maxRatePerAsker == 0 || f.maxWriteRate == 0 {
 			return fmt.Errorf("--node-max-keys, --node-max-bytes, --provider-max-keys, --max-per-asker, --max-rate-per-asker and --max-write-rate-per-asker must be positive, or -1 for no limit")
 		}
-		if err := service.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
+		if err := admission.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
 			return fmt.Errorf("--reply-prefixes %q: %w", f.replyPrefixes, err)
 		}
 		if f.slowCompose <= 0 || f.revisionWait <= 0 || f.maxQueueWait <= 0 {

@@ -126,9 +126,9 @@ var rules = []rule{
 		forbidden: own(one("internal/observe/ops", "internal/observe/meshstatus", "internal/instance")),
 	},
 	{
-		name:      "the plans room sits below the service",
-		from:      one("service/plans"),
-		forbidden: own(one("service", "internal/instance")),
+		name:      "the rooms sit below the service, and apart",
+		from:      one("service/plans", "service/admission"),
+		forbidden: own(one("service", "internal/instance", "service/plans", "service/admission")),
 	},
 	{
 		name: "only the command assembles an instance in production",

@@ -1,4 +1,4 @@
-package service
+package admission
 
 import (
 	"log/slog"
@@ -6,13 +6,13 @@ import (
 	"time"
 )
 
-// burstQuiet is how long without a new event ends a burst.
-const burstQuiet = 5 * time.Second
+// BurstQuiet is how long without a new event ends a burst.
+const BurstQuiet = 5 * time.Second
 
-// burstLog logs a burst of events once when it starts, and once when it
+// BurstLog logs a burst of events once when it starts, and once when it
 // has been quiet for a while, with how many events it had: a flood of slow
 // consumer reports is two lines, not one a report.
-type burstLog struct {
+type BurstLog struct {
 	logger *slog.Logger
 	msg    string
 	quiet  time.Duration
@@ -25,12 +25,12 @@ type burstLog struct {
 	stopped bool
 }
 
-func newBurstLog(logger *slog.Logger, msg string, quiet time.Duration) *burstLog {
-	return &burstLog{logger: logger, msg: msg, quiet: quiet}
+func NewBurstLog(logger *slog.Logger, msg string, quiet time.Duration) *BurstLog {
+	return &BurstLog{logger: logger, msg: msg, quiet: quiet}
 }
 
-// event records one event on subject.
-func (b *burstLog) event(subject string) {
+// Event records one event on subject.
+func (b *BurstLog) Event(subject string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.stopped {
@@ -49,7 +49,7 @@ func (b *burstLog) event(subject string) {
 }
 
 // end logs the end of a burst.
-func (b *burstLog) end() {
+func (b *BurstLog) end() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.started.IsZero() {
@@ -60,8 +60,8 @@ func (b *burstLog) end() {
 	b.started, b.events, b.subject = time.Time{}, 0, nil
 }
 
-// stop logs a burst in progress and ignores further events.
-func (b *burstLog) stop() {
+// Stop logs a burst in progress and ignores further events.
+func (b *BurstLog) Stop() {
 	b.mu.Lock()
 	b.stopped = true
 	t := b.timer

@@ -1,4 +1,4 @@
-package service
+package admission
 
 import (
 	"sync"
@@ -7,7 +7,7 @@ import (
 )
 
 // Each node and provider asks on subjects of its own, to which nats-server
-// confines it, and holds at most Config.MaxPerAsker of the service's places
+// confines it, and holds at most service.Config.MaxPerAsker of the service's places
 // at once: its requests waiting for revisions, queued for a worker or being
 // answered on one. Without the bound, one node asking distinct questions
 // (another page size, another module) faster than the workers answer them
@@ -17,28 +17,21 @@ import (
 // Operators ask on the unscoped subjects, which nodes and providers are
 // denied: they are not bounded here.
 
-// An addressee is whom an addressed subject names, and so who asks on it:
-// its role and name.
-type addressee struct {
-	role wire.Role
-	name string
-}
-
 // places counts the places each asker holds.
-type places struct {
+type Places struct {
 	most int // no bound when zero
 	mu   sync.Mutex
-	held map[addressee]int
+	held map[Asker]int
 }
 
-func newPlaces(most int) *places {
-	return &places{most: most, held: map[addressee]int{}}
+func NewPlaces(most int) *Places {
+	return &Places{most: most, held: map[Asker]int{}}
 }
 
-// full reports whether who holds every place it may: a request of its is
+// Full reports whether who holds every place it may: a request of its is
 // refused before it is decoded, as one that finds the queue full.
-func (p *places) full(who addressee) bool {
-	if p.most == 0 || who.role == "" {
+func (p *Places) Full(who Asker) bool {
+	if p.most == 0 || who.Role == "" {
 		return false
 	}
 	p.mu.Lock()
@@ -48,8 +41,8 @@ func (p *places) full(who addressee) bool {
 
 // take holds a place for who and returns how to give it back, once; nil when
 // who holds every place it may.
-func (p *places) take(who addressee) (give func()) {
-	if p.most == 0 || who.role == "" {
+func (p *Places) Take(who Asker) (give func()) {
+	if p.most == 0 || who.Role == "" {
 		return func() {}
 	}
 	p.mu.Lock()
@@ -67,9 +60,9 @@ func (p *places) take(who addressee) (give func()) {
 	})
 }
 
-// askerFull is the refusal of a request whose asker holds every place it
+// AskerFull is the refusal of a request whose asker holds every place it
 // may.
-func (p *places) askerFull(who addressee) *wire.Error {
+func (p *Places) AskerFull(who Asker) *wire.Error {
 	return wire.Errorf(wire.CodeUnavailable, "the server is answering %d requests of %s %s already, the most it takes of one %s at once; ask again once they are answered",
-		p.most, who.role, who.name, who.role)
+		p.most, who.Role, who.Name, who.Role)
 }

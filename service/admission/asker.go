@@ -1,18 +1,19 @@
-package service
+package admission
 
 import (
 	"fmt"
+	"strings"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// checkName refuses a name a request gives that is longer than
+// CheckName refuses a name a request gives that is longer than
 // wire.MaxNameLen (keys.CheckLength: the sentence echoes its first
 // keys.MaxEchoed characters only) or, if it is a key token, one that no key
 // could hold. label names it in the sentence.
-func checkName(label, value string, token bool) *wire.Error {
+func CheckName(label, value string, token bool) *wire.Error {
 	if err := keys.CheckLength(label, value); err != nil {
 		return wire.NewError(wire.CodeBadRequest, err.Error())
 	}
@@ -25,10 +26,10 @@ func checkName(label, value string, token bool) *wire.Error {
 	return nil
 }
 
-// checkAddress refuses the name an addressed subject ends with, as checkName
+// CheckAddress refuses the name an addressed subject ends with, as CheckName
 // would the same name in a body.
-func checkAddress(role wire.Role, name string) *wire.Error {
-	if werr := checkName("the subject's "+string(role), name, true); werr != nil {
+func CheckAddress(role wire.Role, name string) *wire.Error {
+	if werr := CheckName("the subject's "+string(role), name, true); werr != nil {
 		return werr
 	}
 	if name == "" {
@@ -37,25 +38,24 @@ func checkAddress(role wire.Role, name string) *wire.Error {
 	return nil
 }
 
-// confineProvisioning refuses, on mesh-provisioner.provisioning.<node>, a
+// ConfineProvisioning refuses, on mesh-provisioner.provisioning.<node>, a
 // request for another node's records, or for every node's: a node reads its
 // own needs, applied records and collection items, and the registry, which
 // is the mesh's.
-func confineProvisioning(node string, in *provisionerv1.ProvisioningRequest) *wire.Error {
-	if werr := checkAddress(wire.RoleNode, node); werr != nil {
+func ConfineProvisioning(node string, what provisionerv1.What, in *provisionerv1.ProvisioningRequest) *wire.Error {
+	if werr := CheckAddress(wire.RoleNode, node); werr != nil {
 		return werr
 	}
-	what := whatOf(in)
 	if what == provisionerv1.What_WHAT_REGISTRY || in.GetNode() == node {
 		return nil
 	}
 	return wire.Errorf(wire.CodeForbidden, "%s on %s: %s", what, wire.NodeSubject(wire.ProvisioningSubject, keys.Echo(node)), whoseRecords(node, in.GetNode()))
 }
 
-// confineCompose refuses, on mesh-provisioner.compose.<node>, the
+// ConfineCompose refuses, on mesh-provisioner.compose.<node>, the
 // composition of another node.
-func confineCompose(node string, in *provisionerv1.ComposeRequest) *wire.Error {
-	if werr := checkAddress(wire.RoleNode, node); werr != nil {
+func ConfineCompose(node string, in *provisionerv1.ComposeRequest) *wire.Error {
+	if werr := CheckAddress(wire.RoleNode, node); werr != nil {
 		return werr
 	}
 	if in.GetNode() == node {
@@ -72,4 +72,20 @@ func whoseRecords(node, asked string) string {
 		return fmt.Sprintf("a node reads its own records only: set node to %q (every node's records are for operators, on %s)", keys.Echo(node), wire.ProvisioningSubject)
 	}
 	return fmt.Sprintf("node %q reads its own records only, and the request names node %q; ask %s as that node", keys.Echo(node), keys.Echo(asked), wire.NodeSubject(wire.ProvisioningSubject, "<node>"))
+}
+
+// An Asker is whom an addressed subject names, and so who asks on it:
+// its role and name.
+type Asker struct {
+	Role wire.Role
+	Name string
+}
+
+// AskerToken is the token of subject after prefix and its dot.
+func AskerToken(subject, prefix string) string {
+	name := subject[min(len(prefix)+1, len(subject)):]
+	if i := strings.IndexByte(name, '.'); i >= 0 {
+		name = name[:i]
+	}
+	return name
 }

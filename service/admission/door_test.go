@@ -1,4 +1,4 @@
-package service
+package admission
 
 import (
 	"slices"
@@ -10,14 +10,14 @@ import (
 // heldDoor is a door whose goroutine serves one request at a time: it
 // hands each to the test (taken) and waits for the test to let it go.
 type heldDoor struct {
-	*door[string]
+	*Door[string]
 	taken chan string
 	next  chan struct{}
 }
 
 func newHeldDoor(t *testing.T, most, total int, rate float64) *heldDoor {
 	h := &heldDoor{taken: make(chan string, 1), next: make(chan struct{})}
-	h.door = newDoor(most, total, rate, func(r string) {
+	h.Door = NewDoor(most, total, rate, func(r string) {
 		h.taken <- r
 		<-h.next
 	}, nil)
@@ -27,7 +27,7 @@ func newHeldDoor(t *testing.T, most, total int, rate float64) *heldDoor {
 			for range h.taken {
 			}
 		}()
-		h.close()
+		h.Close()
 		close(h.taken)
 	})
 	return h
@@ -44,20 +44,20 @@ func (h *heldDoor) served(n int) []string {
 	return order
 }
 
-var ace, bob = addressee{role: "node", name: "ace"}, addressee{role: "node", name: "bob"}
+var ace, bob = Asker{Role: "node", Name: "ace"}, Asker{Role: "node", Name: "bob"}
 
 // A long line delays another asker's request by at most one of its own:
 // the lines take turns.
 func TestDoorLinesTakeTurns(t *testing.T) {
 	t.Parallel()
 	h := newHeldDoor(t, 100, 100, 0)
-	h.enter(ace, "ace1")
+	h.Enter(ace, "ace1")
 	<-h.taken // being served as bob comes
 	for _, r := range []string{"ace2", "ace3", "ace4"} {
-		h.enter(ace, r)
+		h.Enter(ace, r)
 	}
-	h.enter(bob, "bob1")
-	h.enter(bob, "bob2")
+	h.Enter(bob, "bob1")
+	h.Enter(bob, "bob2")
 	want := []string{"ace2", "bob1", "ace3", "bob2", "ace4"}
 	if diff := cmp.Diff(want, h.served(len(want))); diff != "" {
 		t.Errorf("served order (-want +got):\n%s", diff)
@@ -84,22 +84,22 @@ func TestDoorDrops(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHeldDoor(t, tt.most, tt.total, tt.rate)
-			h.enter(bob, "bob0")
+			h.Enter(bob, "bob0")
 			<-h.taken // held: every later request waits in its line
 			dropped := 0
 			for i := range tt.ace {
-				if !h.enter(ace, "ace"+string(rune('a'+i))) {
+				if !h.Enter(ace, "ace"+string(rune('a'+i))) {
 					dropped++
 				}
 			}
 			if dropped != tt.wantAce {
 				t.Errorf("%d of ace's %d dropped, want %d", dropped, tt.ace, tt.wantAce)
 			}
-			if in := h.enter(bob, "bob1"); in != tt.wantBobIn {
+			if in := h.Enter(bob, "bob1"); in != tt.wantBobIn {
 				t.Errorf("bob's request let in: %v, want %v", in, tt.wantBobIn)
 			}
-			top, all := h.drops(10)
-			if want := []dropCount{{ace, uint64(tt.wantAce)}}; !slices.Equal(top, want) || all != uint64(tt.wantAce) {
+			top, all := h.Drops(10)
+			if want := []DropCount{{ace, uint64(tt.wantAce)}}; !slices.Equal(top, want) || all != uint64(tt.wantAce) {
 				t.Errorf("drops %v (all %d), want %v", top, all, want)
 			}
 		})
@@ -111,10 +111,10 @@ func TestDoorDrops(t *testing.T) {
 func TestDoorForgetsIdleLines(t *testing.T) {
 	t.Parallel()
 	served := make(chan struct{})
-	d := newDoor(10, 10, 0, func(string) { served <- struct{}{} }, nil)
-	defer d.close()
+	d := NewDoor(10, 10, 0, func(string) { served <- struct{}{} }, nil)
+	defer d.Close()
 	for i := range 10 * minSweep {
-		d.enter(addressee{role: "node", name: string(rune(i))}, "r")
+		d.Enter(Asker{Role: "node", Name: string(rune(i))}, "r")
 		<-served // its line is idle from here
 	}
 	d.mu.Lock()
@@ -129,11 +129,11 @@ func TestDoorForgetsIdleLines(t *testing.T) {
 // the door: no allocation, and no clock read or log call each.
 func BenchmarkDoorDrop(b *testing.B) {
 	block := make(chan struct{})
-	d := newDoor(1, 16, 1, func(string) { <-block }, func(addressee) {})
-	defer func() { close(block); d.close() }()
-	d.enter(ace, "served: blocks the door's goroutine")
+	d := NewDoor(1, 16, 1, func(string) { <-block }, func(Asker) {})
+	defer func() { close(block); d.Close() }()
+	d.Enter(ace, "served: blocks the door's goroutine")
 	b.ReportAllocs()
 	for b.Loop() {
-		d.enter(ace, "dropped")
+		d.Enter(ace, "dropped")
 	}
 }

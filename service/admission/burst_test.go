@@ -1,4 +1,4 @@
-package service
+package admission
 
 import (
 	"bytes"
@@ -44,14 +44,14 @@ func (l *lockedLog) records(t *testing.T) []map[string]any {
 }
 
 // A burst of events is logged twice: when it starts, and once it has been
-// quiet for burstLog.quiet, with its count by subject and how long it
+// quiet for BurstLog.quiet, with its count by subject and how long it
 // lasted. Stop logs a burst in progress and ends the logging. The clock is
 // synctest's: the test waits for no timer (elapse).
 func TestBurstLogLogsABurstTwice(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		log := &lockedLog{}
-		b := newBurstLog(slog.New(slog.NewJSONHandler(log, nil)), "dropped", 5*time.Second)
+		b := NewBurstLog(slog.New(slog.NewJSONHandler(log, nil)), "dropped", 5*time.Second)
 		want := []map[string]any{}
 		expect := func(when string) {
 			t.Helper()
@@ -67,12 +67,12 @@ func TestBurstLogLogsABurstTwice(t *testing.T) {
 			return map[string]any{"msg": "dropped", "burst": "ended", "reports": float64(reports), "by_subject": bySubject, "lasted": float64(lasted)}
 		}
 
-		b.event("a")
+		b.Event("a")
 		want = append(want, started("a"))
 		expect("the first event")
 		elapse(4 * time.Second)
-		b.event("a")
-		b.event("b")
+		b.Event("a")
+		b.Event("b")
 		expect("events within the quiet time")
 		elapse(5*time.Second - time.Nanosecond)
 		expect("just before the quiet time after the last event")
@@ -82,13 +82,13 @@ func TestBurstLogLogsABurstTwice(t *testing.T) {
 
 		// The next event starts a new burst; Stop ends it at once.
 		elapse(time.Minute)
-		b.event("c")
+		b.Event("c")
 		want = append(want, started("c"))
 		elapse(time.Second)
-		b.stop()
+		b.Stop()
 		want = append(want, ended(1, map[string]any{"c": float64(1)}, time.Second))
 		expect("stopped in a burst")
-		b.event("c")
+		b.Event("c")
 		elapse(time.Minute)
 		expect("events after the stop")
 	})
@@ -99,10 +99,10 @@ func TestBurstLogStoppedBetweenBursts(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		log := &lockedLog{}
-		b := newBurstLog(slog.New(slog.NewJSONHandler(log, nil)), "dropped", 5*time.Second)
-		b.event("a")
+		b := NewBurstLog(slog.New(slog.NewJSONHandler(log, nil)), "dropped", 5*time.Second)
+		b.Event("a")
 		elapse(time.Minute)
-		b.stop()
+		b.Stop()
 		synctest.Wait()
 		if n := len(log.records(t)); n != 2 {
 			t.Errorf("%d records, want the burst's 2 and none for the stop", n)
