@@ -184,7 +184,7 @@ fuzz: ## Fuzz the key parsers, the collection escape, the applied records' build
 
 .PHONY: bench
 bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers' entries and manifests too), a 1,000-node mesh (and its decoding alone), two builds vs one, a node's plan digest (vs SHA-256 alone of its bytes); MESH_COMPOSE_CAPTURE=file to replay a capture
-	go test ./service ./compose -run '^$$' -bench 'BenchmarkCompose|BenchmarkDigest' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
+	go test ./service/... ./compose -run '^$$' -bench 'BenchmarkCompose|BenchmarkDigest' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
 
 .PHONY: bench-plans
 bench-plans: ## Plan digests at 1,000 nodes and watchers: a need to its watcher (p50, p99, vs a bare KV watch), a registry change to all watchers, an hour of reconciles writing nothing (BENCHPLANS_ARGS="-writes 500 ...")

@@ -10,7 +10,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/registry"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 )
 
 // BenchmarkDigest is what a plan digest adds to a composition of a node of
@@ -25,7 +25,7 @@ func BenchmarkDigest(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	replay, err := service.NewReplay(capture)
+	replay, err := answers.NewReplay(capture)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -305,7 +306,7 @@ func TestCaptureReplaysTheSameCompositions(t *testing.T) {
 	if len(capture.GetBuckets()) != 5 {
 		t.Fatalf("capture holds %d buckets", len(capture.GetBuckets()))
 	}
-	replay, err := service.NewReplay(capture)
+	replay, err := answers.NewReplay(capture)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 )
 
 // A composition's plan digest is of what the node must apply: the same on
@@ -51,7 +51,7 @@ func TestPlanDigest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		replay, err := service.NewReplay(capture)
+		replay, err := answers.NewReplay(capture)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -114,7 +115,7 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	replay, err := service.NewReplay(capture)
+	replay, err := answers.NewReplay(capture)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package service
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -14,49 +13,18 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/service/admission"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// endpoint is one verb: how its request is read, checked and answered. It
-// is the one adapter between micro and the verbs, in the shape of
-// connect-go's NewUnaryHandler.
+// endpoint is one read verb as micro serves it: the verb (the answers
+// room's), and, on an addressed endpoint, whom its subject names and what
+// confines the request to them (the admission room's). It is the one
+// adapter between micro and the verbs, in the shape of connect-go's
+// NewUnaryHandler.
 type endpoint[Req, Res proto.Message] struct {
-	name, subject string
-	// newRequest returns an empty request to decode into.
-	newRequest func() Req
-	// check refuses a request the verb cannot answer, on the micro callback,
-	// so that micro counts the refusal.
-	check func(Req) *wire.Error
-	// waits are the revisions the request asks the copy to reach first.
-	waits func(Req) []revisionWait
-	// unavailable, if set, refuses a request the copy cannot answer yet
-	// with a 503, on the micro callback.
-	unavailable func(Req) *wire.Error
-	// keyOf returns the request as the answer cache knows it: without its
-	// minimum revisions, which decide when it is answered, not what.
-	keyOf func(Req) string
-	// stamp identifies what the request's answer reads: an answer is reused
-	// while its stamp is unchanged.
-	stamp func(Req) stamp
-	// answer builds the answer of a checked request on a worker, but for
-	// the fields tail adds; budget is the most bytes the answer may take
-	// once encoded as sizing says. done, if not nil, is called once the
-	// answer is encoded and read no more: what it holds may then be reused.
-	answer func(req Req, enc encoding, budget int) (out Res, t timings, done func(), werr *wire.Error)
-	// encoded, if set, is tried before answer: it answers some requests
-	// encoded already, as answer would but for how the encoding orders
-	// fields, cheaper (ok), and leaves the others to answer.
-	encoded func(req Req, enc encoding, budget int) (data []byte, t timings, ok bool)
-	// early, if set, answers a checked request while the copy loads (it
-	// is then the instance's whole answer, tail and all), rather than a
-	// 503, once the copy holds the registry and manifests (earlyLoaded).
-	early func(ctx context.Context, req Req, enc encoding) ([]byte, *wire.Error)
-	// tail returns the fields added to every answer as it is sent, reused
-	// or not: the revisions given, and the phases. It depends on nothing
-	// else, so that an answer reused with the same revisions is the same.
-	tail func(req Req, t timings, revs mirror.Revisions) Res
+	answers.Verb[Req, Res]
 	// owner, if set, makes the endpoint addressed: it answers on
 	// "<subject>.*", whose last token names the node or provider the request
 	// is for, and confine refuses (403) a request that asks beyond it. The
@@ -69,7 +37,7 @@ type endpoint[Req, Res proto.Message] struct {
 // addressed returns ep as its addressed endpoint for owner: the same verb on
 // "<subject>.<name>", each request confined to name.
 func (ep endpoint[Req, Res]) addressed(name string, owner wire.Role, confine func(string, Req) *wire.Error) endpoint[Req, Res] {
-	ep.name, ep.owner, ep.confine = name, owner, confine
+	ep.Name, ep.owner, ep.confine = name, owner, confine
 	return ep
 }
 
@@ -85,16 +53,9 @@ func (ep endpoint[Req, Res]) addresseeOf(r micro.Request) admission.Asker {
 // subjectOf returns the subject the endpoint subscribes to.
 func (ep endpoint[Req, Res]) subjectOf() string {
 	if ep.owner != "" {
-		return ep.subject + ".*"
+		return ep.Subject + ".*"
 	}
-	return ep.subject
-}
-
-// timings are where an answer's time went.
-type timings struct {
-	waited, read, resolve, items time.Duration
-	// built is false for an answer reused from the cache.
-	built bool
+	return ep.Subject
 }
 
 // registrar is what Start needs of an endpoint, whatever its types.
@@ -105,27 +66,29 @@ type registrar interface {
 	register(s *Service) error
 }
 
-func (ep endpoint[Req, Res]) names() (name, subject string) { return ep.name, ep.subjectOf() }
+func (ep endpoint[Req, Res]) names() (name, subject string) { return ep.Name, ep.subjectOf() }
 
 // endpoints lists the verbs the service answers, the write verbs last.
 func (s *Service) endpoints() []registrar {
-	provisioning, compose := s.provisioningEndpoint(), s.composeEndpoint()
+	provisioning := endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{Verb: s.answers.Provisioning()}
+	compose := endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{Verb: s.answers.Compose()}
+	provisions := endpoint[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse]{Verb: s.answers.Provisions()}
 	return append([]registrar{
 		provisioning, compose,
 		provisioning.addressed(wire.ProvisioningNodeEndpoint, wire.RoleNode, func(node string, in *provisionerv1.ProvisioningRequest) *wire.Error {
-			return admission.ConfineProvisioning(node, whatOf(in), in)
+			return admission.ConfineProvisioning(node, answers.WhatOf(in), in)
 		}),
 		compose.addressed(wire.ComposeNodeEndpoint, wire.RoleNode, admission.ConfineCompose),
-		s.provisionsEndpoint(),
+		provisions.addressed(wire.ProvisionsEndpoint, wire.RoleProvider, admission.ConfineProvisions),
 	}, s.writeVerbs()...)
 }
 
 func (ep endpoint[Req, Res]) register(s *Service) error {
-	req := ep.newRequest()
+	req := ep.NewRequest()
 	var res Res                  // a typed nil: its descriptor is all that is read
-	count := s.counters[ep.name] // made by Start before the stats handler was live
+	count := s.counters[ep.Name] // made by Start before the stats handler was live
 	prepare := func(r micro.Request) func(bool) { return ep.prepare(s, count, r) }
-	err := s.micro.AddEndpoint(ep.name, s.handlerOf(ep.name, ep.subject, ep.owner, s.maxRatePerAsker, count, prepare),
+	err := s.micro.AddEndpoint(ep.Name, s.handlerOf(ep.Name, ep.Subject, ep.owner, s.maxRatePerAsker, count, prepare),
 		micro.WithEndpointSubject(ep.subjectOf()),
 		pendingLimits(ep.owner),
 		micro.WithEndpointMetadata(map[string]string{
@@ -135,25 +98,9 @@ func (ep endpoint[Req, Res]) register(s *Service) error {
 		}),
 	)
 	if err != nil {
-		return fmt.Errorf("add endpoint %s: %w", ep.name, err)
+		return fmt.Errorf("add endpoint %s: %w", ep.Name, err)
 	}
 	return nil
-}
-
-// revisionWait is a revision a request asks one bucket's copy to reach
-// before it is answered.
-type revisionWait struct {
-	bucket   revisionSource
-	revision uint64
-}
-
-// revisionSource is the copy of a bucket a request can wait on: a
-// provisioning bucket's (mirror.Watched) or a provider's (mirror.BoundBucket).
-type revisionSource interface {
-	Bucket() string
-	Revision() uint64
-	Behind() bool
-	WaitFor(ctx context.Context, revision uint64) bool
 }
 
 // prepare reads and checks a request on the micro callback, where micro
@@ -172,14 +119,14 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 		s.refuseReply(r, count)
 		return nil
 	}
-	r = s.observed(r, ep.name, arrived)
-	enc := encodingOf(r)
-	in := ep.newRequest()
-	if werr := enc.unmarshal(r.Data(), in); werr != nil {
+	r = s.observed(r, ep.Name, arrived)
+	enc := answers.EncodingOf(r)
+	in := ep.NewRequest()
+	if werr := enc.Unmarshal(r.Data(), in); werr != nil {
 		s.refuse(r, enc, count, werr, true)
 		return nil
 	}
-	if werr := ep.check(in); werr != nil {
+	if werr := ep.Check(in); werr != nil {
 		s.refuse(r, enc, count, werr, true)
 		return nil
 	}
@@ -195,7 +142,7 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 // reply answers a checked request: refused at once when the queue or the
 // asker's places are full or the copy is loading (but for an early
 // answer), else from the whole copy (answerWhole).
-func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who admission.Asker, in Req, enc encoding, arrived time.Time, onCallback bool) {
+func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who admission.Asker, in Req, enc answers.Encoding, arrived time.Time, onCallback bool) {
 	if len(s.queue) == cap(s.queue) {
 		count.queueFull.Add(1)
 		s.refuse(r, enc, count, s.overloaded(), onCallback)
@@ -207,11 +154,11 @@ func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request,
 		return
 	}
 	if !s.mirror.Ready() {
-		if ep.early != nil {
+		if ep.Early != nil {
 			ep.answerEarly(s, r, in, enc, count, arrived, onCallback)
 			return
 		}
-		s.refuse(r, enc, count, s.stillLoading(), onCallback)
+		s.refuse(r, enc, count, s.answers.StillLoading(), onCallback)
 		return
 	}
 	if werr := ep.answerWhole(s, r, in, enc, count, arrived, true); werr != nil {
@@ -226,25 +173,20 @@ func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request,
 // the answer of an identical request being built (flights); a request that
 // waited for one and finds no answer kept is answered as any other,
 // without joining again.
-func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, join bool) *wire.Error {
-	if ep.unavailable != nil {
-		if werr := ep.unavailable(in); werr != nil {
+func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, enc answers.Encoding, count *counters, arrived time.Time, join bool) *wire.Error {
+	if ep.Unavailable != nil {
+		if werr := ep.Unavailable(in); werr != nil {
 			return werr
 		}
 	}
-	var pending []revisionWait
-	for _, w := range ep.waits(in) {
-		if w.revision > 0 && w.bucket.Revision() < w.revision {
-			pending = append(pending, w)
-		}
-	}
+	pending := ep.Pending(in)
 	if len(pending) == 0 {
 		return ep.answerReached(s, r, in, enc, count, arrived, 0, join)
 	}
 	// Counted in while it waits, so that Stop waits for it too.
 	release := s.admit()
 	if release == nil {
-		return errStopping
+		return answers.ErrStopping
 	}
 	give, werr := s.hold(ep.addresseeOf(r), count)
 	if werr != nil {
@@ -262,7 +204,7 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 		defer func() { <-s.waiting }()
 		defer release()
 		start := time.Now()
-		werr := s.waitRevisions(pending)
+		werr := s.answers.WaitRevisions(pending)
 		// Its place is the queue's from here (answerReached), not a
 		// second one for the same request.
 		give()
@@ -287,8 +229,8 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 // waited for (flights) if join says so; any other is built on a worker,
 // its time in the queue measured from queued. A full queue is refused at
 // once.
-func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, enc encoding, count *counters, queued time.Time, waited time.Duration, join bool) *wire.Error {
-	data, key, st, ok := ep.lookup(s, in, enc, waited)
+func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, enc answers.Encoding, count *counters, queued time.Time, waited time.Duration, join bool) *wire.Error {
+	data, key, st, ok := ep.Lookup(s.answers, in, enc, waited)
 	if ok {
 		s.send(r, enc, count, data, nil)
 		return nil
@@ -308,7 +250,7 @@ func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, 
 	release := s.admit()
 	if release == nil {
 		land(nil)
-		return errStopping
+		return answers.ErrStopping
 	}
 	give, werr := s.hold(ep.addresseeOf(r), count)
 	if werr != nil {
@@ -317,7 +259,7 @@ func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, 
 		return werr
 	}
 	run := func() {
-		data, body, werr := ep.respond(s, in, enc, waited)
+		data, body, werr := ep.Respond(s.answers, in, enc, waited)
 		s.send(r, enc, count, data, werr)
 		land(body)
 	}
@@ -332,10 +274,10 @@ func (ep endpoint[Req, Res]) answerReached(s *Service, r micro.Request, in Req, 
 // answerEarly answers a checked request on a worker while the copy loads
 // (early), within RevisionWait, once the copy holds what it reads beside
 // the request's own keys (earlyLoaded).
-func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, enc encoding, count *counters, arrived time.Time, onCallback bool) {
+func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, enc answers.Encoding, count *counters, arrived time.Time, onCallback bool) {
 	release := s.admit()
 	if release == nil {
-		s.refuse(r, enc, count, errStopping, onCallback)
+		s.refuse(r, enc, count, answers.ErrStopping, onCallback)
 		return
 	}
 	give, werr := s.hold(ep.addresseeOf(r), count)
@@ -345,10 +287,10 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 		return
 	}
 	run := func() {
-		ctx, cancel := context.WithTimeout(s.stopping, s.revisionWait)
+		ctx, cancel := s.answers.EarlyWait()
 		defer cancel()
-		if !s.earlyLoaded(ctx) {
-			s.send(r, enc, count, nil, s.stillLoading())
+		if !s.answers.EarlyLoaded(ctx) {
+			s.send(r, enc, count, nil, s.answers.StillLoading())
 			return
 		}
 		if s.mirror.Ready() {
@@ -363,13 +305,13 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 			}
 			return
 		}
-		if ep.unavailable != nil {
-			if werr := ep.unavailable(in); werr != nil {
+		if ep.Unavailable != nil {
+			if werr := ep.Unavailable(in); werr != nil {
 				s.send(r, enc, count, nil, werr)
 				return
 			}
 		}
-		data, werr := ep.early(ctx, in, enc)
+		data, werr := ep.Early(ctx, in, enc)
 		if werr == nil {
 			count.early.Add(1)
 		}
@@ -378,15 +320,6 @@ func (ep endpoint[Req, Res]) answerEarly(s *Service, r micro.Request, in Req, en
 	if werr := s.enqueue(job{queued: arrived, count: count, run: run, shed: func(werr *wire.Error) { s.send(r, enc, count, nil, werr) }, release: release, give: give}); werr != nil {
 		s.refuse(r, enc, count, werr, onCallback)
 	}
-}
-
-// errStopping is the refusal of a request that comes, or would be answered,
-// once Stop has begun.
-var errStopping = wire.NewError(wire.CodeUnavailable, "the server is stopping; ask another instance or again shortly")
-
-// stillLoading is the refusal of a request the copy cannot answer yet.
-func (s *Service) stillLoading() *wire.Error {
-	return wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s; ask again shortly", strings.Join(s.mirror.Loading(), ", "))
 }
 
 // job is a checked request waiting in the queue for a worker.
@@ -451,140 +384,19 @@ func (s *Service) work() {
 	}
 }
 
-// answerHeadroom is what an answer leaves of max_payload for its headers.
-const answerHeadroom = 1024
-
-// lookup returns the answer kept in the cache for a request, if what it
-// read is unchanged: as it was last sent while the revisions it names are
-// unchanged (no encoding, no copy) and the request waited for none, or
-// with a new tail. It returns the request's cache key and the stamp it
-// read too, for a request that misses.
-func (ep endpoint[Req, Res]) lookup(s *Service, in Req, enc encoding, waited time.Duration) (data []byte, key cacheKey, st stamp, ok bool) {
-	key, st = cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}, ep.stamp(in)
-	cached, hit := s.cache.get(key, st)
-	if !hit {
-		return nil, key, st, false
-	}
-	// Read after the stamp: the answer names revisions at least as new as
-	// what it holds.
-	revs := s.mirror.RevisionsNow()
-	if sent := cached.sent.Load(); sent != nil && waited == 0 && sent.revisions.Same(revs) {
-		return sent.data, key, st, true
-	}
-	whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, revs)
-	if werr != nil {
-		return nil, key, st, false
-	}
-	if waited == 0 {
-		cached.sent.Store(&sentAnswer{revisions: revs, data: whole})
-	}
-	return whole, key, st, true
-}
-
-// respond builds the encoded answer of a checked request on a worker, keeps
-// it in the cache, and adds its tail; it returns the body too, the answer
-// without its tail.
-func (ep endpoint[Req, Res]) respond(s *Service, in Req, enc encoding, waited time.Duration) (answer, body []byte, werr *wire.Error) {
-	key := cacheKey{endpoint: ep.name, json: enc.json, request: ep.keyOf(in)}
-	st := ep.stamp(in)
-	if cached, hit := s.cache.get(key, st); hit {
-		// Built while the request queued.
-		whole, werr := ep.withTail(s, in, enc, cached.data, timings{waited: waited}, s.mirror.RevisionsNow())
-		return whole, cached.data, werr
-	}
-	body, t, werr := ep.build(s, in, enc)
-	if werr != nil {
-		return nil, nil, werr
-	}
-	t.waited, t.built = waited, true
-	s.cache.put(key, st, body)
-	// Read after the build: the answer names revisions at least as new as
-	// what it holds.
-	answer, werr = ep.withTail(s, in, enc, body, t, s.mirror.RevisionsNow())
-	return answer, body, werr
-}
-
 // afterFlight answers a request that waited for an identical one's answer
 // (flights), on the goroutine that landed it: with its body and a tail of
 // its own, as a reused answer is; or, if none was built, as any request,
 // without waiting again.
-func (ep endpoint[Req, Res]) afterFlight(s *Service, r micro.Request, in Req, enc encoding, count *counters, queued time.Time, waited time.Duration, body []byte) {
+func (ep endpoint[Req, Res]) afterFlight(s *Service, r micro.Request, in Req, enc answers.Encoding, count *counters, queued time.Time, waited time.Duration, body []byte) {
 	if body == nil {
 		if werr := ep.answerWhole(s, r, in, enc, count, queued, false); werr != nil {
 			s.send(r, enc, count, nil, werr)
 		}
 		return
 	}
-	// Read after the body was built: the answer names revisions at least
-	// as new as what it holds.
-	answer, werr := ep.withTail(s, in, enc, body, timings{waited: waited}, s.mirror.RevisionsNow())
+	answer, werr := ep.Reuse(s.answers, in, enc, body, waited)
 	s.send(r, enc, count, answer, werr)
-}
-
-// withTail adds an encoded answer's tail to it.
-func (ep endpoint[Req, Res]) withTail(s *Service, in Req, enc encoding, data []byte, t timings, revs mirror.Revisions) ([]byte, *wire.Error) {
-	tail, err := enc.marshal(ep.tail(in, t, revs))
-	if err != nil {
-		s.logger.Error("encoding an answer failed", "endpoint", ep.name, "err", err)
-		return nil, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
-	}
-	return enc.join(data, tail), nil
-}
-
-// build builds and encodes the answer of a checked request, without its
-// tail. A page is filled measuring its items in binary, which is cheap; the
-// rare JSON page whose text would not fit is filled again, measuring each
-// item's text.
-func (ep endpoint[Req, Res]) build(s *Service, in Req, enc encoding) ([]byte, timings, *wire.Error) {
-	budget := int(s.conn.MaxPayload()) - answerHeadroom
-	if ep.encoded != nil {
-		if data, t, ok := ep.encoded(in, enc, budget); ok {
-			return data, t, nil
-		}
-	}
-	var data []byte
-	var t timings
-	for _, sizing := range []encoding{{}, enc} {
-		out, built, done, werr := ep.answer(in, sizing, budget)
-		if werr != nil {
-			return nil, t, werr
-		}
-		var err error
-		data, err = enc.marshal(out)
-		if done != nil {
-			done()
-		}
-		if err != nil {
-			s.logger.Error("encoding an answer failed", "endpoint", ep.name, "err", err)
-			return nil, t, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
-		}
-		t = built
-		if len(data) <= budget || sizing == enc {
-			break
-		}
-	}
-	return data, t, nil
-}
-
-// waitRevisions waits, at most RevisionWait, until every copy has reached
-// the revision asked of it.
-func (s *Service) waitRevisions(waits []revisionWait) *wire.Error {
-	ctx, cancel := context.WithTimeout(s.stopping, s.revisionWait)
-	defer cancel()
-	for _, w := range waits {
-		if !w.bucket.WaitFor(ctx, w.revision) {
-			if s.stopping.Err() != nil {
-				return errStopping
-			}
-			why := ""
-			if w.bucket.Behind() {
-				why = " (its watcher was lost and is catching up)"
-			}
-			return wire.Errorf(wire.CodeUnavailable, "the server's copy of %s is at revision %d%s, behind the %d asked for, after waiting %s; ask again shortly",
-				w.bucket.Bucket(), w.bucket.Revision(), why, w.revision, s.revisionWait)
-		}
-	}
-	return nil
 }
 
 // admit counts a request in before it is answered off the callback, unless
@@ -597,8 +409,8 @@ func (s *Service) admit() (release func()) {
 	if s.closed {
 		return nil
 	}
-	s.answers.Add(1)
-	return sync.OnceFunc(s.answers.Done)
+	s.inFlight.Add(1)
+	return sync.OnceFunc(s.inFlight.Done)
 }
 
 // send sends a worker's answer, or its refusal, to the request's reply
@@ -607,8 +419,8 @@ func (s *Service) admit() (release func()) {
 // 503 when its queue is full. Workers do not call req.Respond or req.Error:
 // micro reads what those record when the callback returns, which for a
 // worker is before they run; send's own counters stand in for it.
-func (s *Service) send(r micro.Request, enc encoding, count *counters, data []byte, werr *wire.Error) {
-	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header{"Content-Type": {enc.contentType()}}}
+func (s *Service) send(r micro.Request, enc answers.Encoding, count *counters, data []byte, werr *wire.Error) {
+	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header{"Content-Type": {enc.ContentType()}}}
 	if werr == nil {
 		if int64(len(data)+headerLen(msg.Header)) > s.conn.MaxPayload() {
 			// The page budget keeps answers under max_payload; reaching this
@@ -688,16 +500,16 @@ func headerLen(h nats.Header) int {
 // sends; after the callback returned (past a door), micro can count
 // nothing, and the service sends it on Config.AnswerConn and counts it in
 // its stats data (refused).
-func (s *Service) refuse(r micro.Request, enc encoding, count *counters, werr *wire.Error, onCallback bool) {
+func (s *Service) refuse(r micro.Request, enc answers.Encoding, count *counters, werr *wire.Error, onCallback bool) {
 	s.logFailure(r, werr)
 	s.observeAnswer(r, werr)
 	if onCallback {
-		if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.headers())); err != nil {
+		if err := r.Error(werr.Code().String(), werr.Sentence(), nil, micro.WithHeaders(enc.Headers())); err != nil {
 			s.logger.Warn("sending an error failed", "subject", r.Subject(), "err", err)
 		}
 		return
 	}
-	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header(enc.headers())}
+	msg := &nats.Msg{Subject: r.Reply(), Header: nats.Header(enc.Headers())}
 	msg.Header.Set(wire.ErrorHeader, werr.Sentence())
 	msg.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
 	count.refused.Add(1)

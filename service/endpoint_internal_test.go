@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -31,27 +33,27 @@ func TestWorkersAreBounded(t *testing.T) {
 	var released sync.Once
 	releaseAll := func() { released.Do(func() { close(release) }) }
 	t.Cleanup(releaseAll) // before the service stops, should the test fail first
-	blocking := endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
-		name: "blocking", subject: "test.blocking",
-		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
-		check:      func(*provisionerv1.ProvisioningRequest) *wire.Error { return nil },
-		waits:      func(*provisionerv1.ProvisioningRequest) []revisionWait { return nil },
-		keyOf:      func(*provisionerv1.ProvisioningRequest) string { return "" },
-		stamp: func(*provisionerv1.ProvisioningRequest) stamp {
-			return stamp{registry: uint64(time.Now().UnixNano())} // never reused
-		},
-		tail: func(*provisionerv1.ProvisioningRequest, timings, mirror.Revisions) *provisionerv1.ProvisioningResponse {
+	var asked atomic.Int64
+	blocking := endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{Verb: answers.Verb[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
+		Name: "blocking", Subject: "test.blocking",
+		NewRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
+		Check:      func(*provisionerv1.ProvisioningRequest) *wire.Error { return nil },
+		Waits:      func(*provisionerv1.ProvisioningRequest) []answers.RevisionWait { return nil },
+		// Each request a key of its own: no answer is reused, nor shared.
+		KeyOf:   func(*provisionerv1.ProvisioningRequest) string { return strconv.FormatInt(asked.Add(1), 10) },
+		StampOf: func(*provisionerv1.ProvisioningRequest) answers.Stamp { return answers.Stamp{} },
+		Tail: func(*provisionerv1.ProvisioningRequest, answers.Timings, mirror.Revisions) *provisionerv1.ProvisioningResponse {
 			return &provisionerv1.ProvisioningResponse{}
 		},
-		answer: func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
+		Answer: func(*provisionerv1.ProvisioningRequest, answers.Encoding, int) (*provisionerv1.ProvisioningResponse, answers.Timings, func(), *wire.Error) {
 			n := running.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}
 			<-release
 			running.Add(-1)
-			return &provisionerv1.ProvisioningResponse{}, timings{}, nil, nil
+			return &provisionerv1.ProvisioningResponse{}, answers.Timings{}, nil, nil
 		},
-	}
+	}}
 	s.counters["blocking"] = &counters{subject: "test.blocking"} // as Start makes them; no stats are asked here
 	if err := blocking.register(s); err != nil {
 		t.Fatal(err)

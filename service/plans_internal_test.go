@@ -13,101 +13,13 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/buckets"
-	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service/plans"
 )
-
-// The writer composes every node in turn: it keeps none of the decoded
-// views, which would push out those that requests read again and, bounded
-// as they are, hold the bound's worth of memory once every node is read.
-func TestComposeForPlansKeepsNoDecodedView(t *testing.T) {
-	t.Parallel()
-	s, mesh, _ := startOnMesh(t, synth.Config{Nodes: 2, Modules: 3, Needs: 4}, Config{})
-	// A view kept is found again: two reads give the same entries.
-	kept := func(node string) bool {
-		a, _, _ := s.mirror.Needs.GroupOnce(node)
-		b, _, _ := s.mirror.Needs.GroupOnce(node)
-		return len(a) > 0 && a[0] == b[0]
-	}
-	written, read := mesh.Nodes[0].Name, mesh.Nodes[1].Name
-	plans.Compose(s.mirror, written)
-	if kept(written) {
-		t.Errorf("composing %s for its plan digest kept its decoded view", written)
-	}
-	// A request's composition keeps them, which the check above sees.
-	if _, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: read}, encoding{}, unpaged, reading{views: keepViews}); werr != nil {
-		t.Fatal(werr)
-	}
-	if !kept(read) {
-		t.Errorf("composing %s for a request kept no decoded view", read)
-	}
-}
-
-// The writer's digest of a node, made without composing it, is the one
-// the node's compose answer carries, and it reads keys of the providers'
-// buckets the composition reads: every node of a mesh with bound
-// keys, manifests, collections and malformed keys, each digested in the
-// same scratch in turn, in two orders.
-func TestComposeForPlansDigestsAsTheAnswer(t *testing.T) {
-	t.Parallel()
-	s, mesh, _ := startOnMesh(t, synth.Config{Nodes: 6, Modules: 8, Needs: 12, Bound: 50}, Config{})
-	// The copy follows a provider's bucket once a composition names it,
-	// and reads it meanwhile: each is named and read first, as a compose
-	// request waits for it, or the writer and the answer after it could
-	// read it before and after it came (a CI run on a loaded machine did).
-	for _, n := range mesh.Nodes {
-		waits, _ := s.boundUnread(n.Name)
-		if werr := s.waitRevisions(waits); werr != nil {
-			t.Fatal(werr)
-		}
-	}
-	for _, order := range []string{"in order", "reversed"} {
-		for _, n := range mesh.Nodes {
-			got := plans.Compose(s.mirror, n.Name)
-			want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: n.Name}, encoding{}, unpaged, reading{views: dropViews})
-			if werr != nil {
-				t.Fatal(werr)
-			}
-			if len(want.GetPlans()) == 0 || len(want.GetProvisions()) == 0 || len(want.GetRefusals()) == 0 {
-				t.Fatalf("%s composes %d plans, %d provisions and %d refusals: the mesh tests too little", n.Name, len(want.GetPlans()), len(want.GetProvisions()), len(want.GetRefusals()))
-			}
-			if got.Digest != want.GetPlanDigest() {
-				t.Errorf("%s, %s: the writer's digest %s, the answer's %s", order, n.Name, got.Digest, want.GetPlanDigest())
-			}
-			// The buckets a composition reads keys of: its provisions', and
-			// those of provisions refused for what the key's revision says.
-			var buckets []string
-			read := func(bucket string) {
-				if !slices.Contains(buckets, bucket) {
-					buckets = append(buckets, bucket)
-				}
-			}
-			entries, _, _ := s.mirror.Needs.GroupOnce(n.Name)
-			items, _, _ := s.mirror.Collect.GroupOnce(n.Name)
-			builds, _ := s.mirror.BuildsOf(n.Name)
-			sources := s.mirror.Sources(&builds)
-			key := sources.Bound
-			sources.Bound = func(bucket, k string) uint64 {
-				read(bucket)
-				return key(bucket, k)
-			}
-			in := compose.Input{Node: n.Name, Sources: sources, Items: mirror.WellFormed(nil, items)}
-			in.Needs, in.Malformed = mirror.SplitNeeds(nil, nil, entries)
-			compose.Compose(in)
-			slices.Sort(buckets)
-			if !slices.Equal(got.Buckets, buckets) {
-				t.Errorf("%s: the writer read keys of %v, the composition of %v", n.Name, got.Buckets, buckets)
-			}
-		}
-		slices.Reverse(mesh.Nodes)
-	}
-}
 
 // startOnMesh writes a synthetic mesh into an embedded server's buckets,
 // with the registry's table, and starts a service on it, ready.
@@ -257,13 +169,12 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	if !s.mirror.Needs.WaitFor(wctx, last) {
 		t.Fatalf("the copy did not reach revision %d", last)
 	}
-	want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: churner}, encoding{}, unpaged, reading{views: dropViews})
-	if werr != nil {
-		t.Fatal(werr)
-	}
+	// The digest the node's compose answer carries
+	// (TestComposeForPlansDigestsAsTheAnswer, in the answers room).
+	want := plans.Compose(s.mirror, churner).Digest
 	natstest.CheckFor(t, 10*time.Second, func() error {
-		if got := digestAt(churner, last); got != want.GetPlanDigest() {
-			return fmt.Errorf("%s's digest %s after its last change, its composition's %s", churner, got, want.GetPlanDigest())
+		if got := digestAt(churner, last); got != want {
+			return fmt.Errorf("%s's digest %s after its last change, its composition's %s", churner, got, want)
 		}
 		return nil
 	})
@@ -288,9 +199,9 @@ func TestAProvidersKeyComposesOnlyItsConsumers(t *testing.T) {
 	// Every bucket the nodes name is read first, as in
 	// TestComposeForPlansDigestsAsTheAnswer: one read later changes every
 	// node with a key in it.
+	compose := s.answers.Compose()
 	for _, n := range mesh.Nodes {
-		waits, _ := s.boundUnread(n.Name)
-		if werr := s.waitRevisions(waits); werr != nil {
+		if werr := s.answers.WaitRevisions(compose.Pending(&provisionerv1.ComposeRequest{Node: n.Name})); werr != nil {
 			t.Fatal(werr)
 		}
 	}
@@ -354,4 +265,21 @@ func TestAProvidersKeyComposesOnlyItsConsumers(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// bucketsOn returns what binds a bucket on nc, failing t if it cannot.
+func bucketsOn(t *testing.T, nc *nats.Conn) func(bucket string) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(bucket string) jetstream.KeyValue {
+		t.Helper()
+		b, err := js.KeyValue(t.Context(), bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
 }

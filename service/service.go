@@ -21,6 +21,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 	"github.com/novox/mesh-provisioner/service/admission"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/service/plans"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -216,9 +217,10 @@ type Service struct {
 	large  *largeSender // of answers over LargeAnswer bytes
 	mirror *mirror.Mirror
 	// followers keep the copy, and read a node's keys alone while it
-	// loads (readAlone), at most as often as earlyReads allows.
-	followers  *mirror.Watchers
-	earlyReads *earlyBound
+	// loads (the answers' early reads).
+	followers *mirror.Watchers
+	// answers answers the read verbs from the copy.
+	answers *answers.Answers
 	// store is what the write verbs store through; writing holds a
 	// token for each write being stored (MaxConcurrentWrites).
 	store   *writeStore
@@ -234,9 +236,6 @@ type Service struct {
 	doors                                 []*admission.Door[func(bool)]
 	logger                                *slog.Logger
 
-	revisionWait time.Duration
-	slowCompose  time.Duration
-
 	// stopping is cancelled by Stop: watchers and waiting requests end.
 	stopping     context.Context
 	stop         context.CancelFunc
@@ -247,10 +246,10 @@ type Service struct {
 	waiting      chan struct{} // a request waiting for a revision each
 
 	// gate orders admit against Stop: once closed, nothing is admitted, so
-	// answers.Wait sees every request that was.
-	gate    sync.RWMutex
-	closed  bool
-	answers sync.WaitGroup
+	// inFlight.Wait sees every request that was.
+	gate     sync.RWMutex
+	closed   bool
+	inFlight sync.WaitGroup
 	// registering orders the endpoints' late registration against Stop:
 	// once unregistered is set, none is added.
 	registering  sync.Mutex
@@ -262,20 +261,15 @@ type Service struct {
 	// a minute per cause and asker, with the count kept back.
 	warnings *ratelog.Limiter
 
-	counters map[string]*counters // by endpoint name
-	cache    *answerCache
-	flights  *admission.Flights[cacheKey, stamp] // nil without an answer cache: a waiter reuses the answer kept
-	sections *sectionCache                       // nil: none kept
+	counters map[string]*counters                                // by endpoint name
+	flights  *admission.Flights[answers.CacheKey, answers.Stamp] // nil without an answer cache: a waiter reuses the answer kept
 	seat     func() (held bool, since time.Time, holder string)
 	observe  Observer
 	// slow logs the bursts of requests dropped by a full pending buffer.
 	slow *admission.BurstLog
 	// plans counts what RunPlans did.
-	plans plans.Stats
-	// boundNamed holds, by node, the providers' buckets its needs name
-	// and the stamps they were last named at (boundUnread).
-	boundNamed sync.Map
-	stopOnce   sync.Once
+	plans    plans.Stats
+	stopOnce sync.Once
 }
 
 // Validate reports what Start would refuse in cfg before it connects to
@@ -344,9 +338,6 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxPerAsker == 0 {
 		cfg.MaxPerAsker = DefaultMaxPerAsker
 	}
-	if cfg.earlyReadsPerSecond == 0 {
-		cfg.earlyReadsPerSecond = earlyReadsPerSecond
-	}
 	if cfg.AnswerCacheMaxBytes == 0 {
 		cfg.AnswerCacheMaxBytes = DefaultAnswerCacheMaxBytes
 	}
@@ -380,7 +371,6 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		conn:                 cfg.Conn,
 		answer:               cmp.Or(cfg.AnswerConn, cfg.Conn),
 		mirror:               mirror.New(),
-		earlyReads:           newEarlyBound(cfg.earlyReadsPerSecond, earlyReadsPerNode),
 		logger:               cfg.Logger,
 		queue:                make(chan job, QueuePerWorker*cfg.Concurrency),
 		maxQueueWait:         cfg.MaxQueueWait,
@@ -389,10 +379,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		maxRatePerAsker:      max(cfg.MaxRatePerAsker, 0),
 		maxWriteRatePerAsker: max(cfg.MaxWriteRatePerAsker, 0),
 		writing:              make(chan struct{}, MaxConcurrentWrites),
-		revisionWait:         cfg.RevisionWait,
-		slowCompose:          cfg.SlowCompose,
 		counters:             map[string]*counters{},
-		cache:                newAnswerCache(cfg.AnswerCacheMaxBytes),
 		seat:                 cfg.Seat,
 		observe:              cfg.Observe,
 
@@ -400,8 +387,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		warnings: ratelog.New(cfg.Logger, ratelog.Period),
 	}
 	if !cfg.NoAnswerCache {
-		s.sections = newSectionCache(cfg.AnswerCacheMaxBytes / 2)
-		s.flights = admission.NewFlights[cacheKey, stamp](flightWaiters)
+		s.flights = admission.NewFlights[answers.CacheKey, answers.Stamp](flightWaiters)
 	}
 	s.mirror.SetBudget(mirror.Budget{Keys: max(cfg.NodeMaxKeys, 0), Bytes: max(cfg.NodeMaxBytes, 0)}, s.logBudget)
 	s.mirror.Bound.SetMaxKeys(cfg.ProviderMaxKeys)
@@ -415,6 +401,11 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
+	s.answers = answers.New(answers.Config{
+		Copy: s.mirror, Followers: s.followers, Stopping: s.stopping, MaxPayload: s.conn.MaxPayload,
+		RevisionWait: cfg.RevisionWait, SlowCompose: cfg.SlowCompose, CacheMaxBytes: cfg.AnswerCacheMaxBytes,
+		EarlyReadsPerSecond: cfg.earlyReadsPerSecond, Logger: s.logger, Warnings: s.warnings,
+	})
 	s.watchers.Go(func() { s.followers.Run(s.stopping) })
 	for range cfg.Concurrency {
 		s.workers.Go(s.work)
@@ -602,7 +593,7 @@ func (s *Service) Stop() {
 		s.gate.Lock()
 		s.closed = true
 		s.gate.Unlock()
-		s.answers.Wait()
+		s.inFlight.Wait()
 		close(s.queue)
 		s.workers.Wait()
 		s.large.close()
@@ -675,7 +666,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		DroppedByAsker: c.droppedByAsker(),
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
-		AnswerCache:    s.cache.stats(),
+		AnswerCache:    s.answers.CacheStats(),
 		Plans:          s.plans.Proto(),
 	}
 	for _, x := range s.mirror.OverBudget() {

@@ -19,6 +19,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/service/admission"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -120,7 +121,7 @@ func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (s
 		return nil
 	}
 	r = s.observed(r, v.name, arrived)
-	enc := encodingOf(r)
+	enc := answers.EncodingOf(r)
 	for i, name := range names {
 		role := v.owner
 		if i > 0 {
@@ -132,7 +133,7 @@ func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (s
 		}
 	}
 	in := v.newRequest()
-	if werr := enc.unmarshal(r.Data(), in); werr != nil {
+	if werr := enc.Unmarshal(r.Data(), in); werr != nil {
 		s.refuse(r, enc, count, werr, true)
 		return nil
 	}
@@ -141,15 +142,15 @@ func (v writeVerb[Req]) prepare(s *Service, count *counters, r micro.Request) (s
 
 // store writes a checked request on a goroutine of its own, which answers
 // once JetStream has acknowledged it, or refuses it at once.
-func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who admission.Asker, names []string, in Req, enc encoding, onCallback bool) {
+func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who admission.Asker, names []string, in Req, enc answers.Encoding, onCallback bool) {
 	if !s.mirror.Ready() {
 		// The budgets and an apply's comparison read the copy.
-		s.refuse(r, enc, count, s.stillLoading(), onCallback)
+		s.refuse(r, enc, count, s.answers.StillLoading(), onCallback)
 		return
 	}
 	release := s.admit()
 	if release == nil {
-		s.refuse(r, enc, count, errStopping, onCallback)
+		s.refuse(r, enc, count, answers.ErrStopping, onCallback)
 		return
 	}
 	give, werr := s.hold(who, count)
@@ -175,7 +176,7 @@ func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who 
 		var data []byte
 		if werr == nil {
 			var err error
-			if data, err = enc.marshal(out); err != nil {
+			if data, err = enc.Marshal(out); err != nil {
 				werr = wire.Errorf(wire.CodeInternal, "encoding the answer: %v", err)
 			}
 		}
@@ -292,7 +293,7 @@ func (w *writeStore) bucketOf(what provisionerv1.What) (*stateBucket, *wire.Erro
 // stored returns the refusal of a write JetStream did not acknowledge.
 func stored(what string, err error) *wire.Error {
 	if errors.Is(err, context.Canceled) {
-		return errStopping
+		return answers.ErrStopping
 	}
 	return wire.Errorf(wire.CodeUnavailable, "storing %s failed (%v): nothing is lost that was acknowledged; write again shortly", what, err)
 }

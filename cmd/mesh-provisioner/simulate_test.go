@@ -17,7 +17,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 )
 
 func TestSimulateThenCapture(t *testing.T) {
@@ -70,7 +70,7 @@ func TestSimulateThenCapture(t *testing.T) {
 		t.Error("the capture holds no provider's bucket")
 	}
 
-	replay, err := service.NewReplay(capture)
+	replay, err := answers.NewReplay(capture)
 	if err != nil {
 		t.Fatal(err)
 	}

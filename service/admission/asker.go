@@ -74,6 +74,19 @@ func whoseRecords(node, asked string) string {
 	return fmt.Sprintf("node %q reads its own records only, and the request names node %q; ask %s as that node", keys.Echo(node), keys.Echo(asked), wire.NodeSubject(wire.ProvisioningSubject, "<node>"))
 }
 
+// ConfineProvisions refuses, on mesh-provisioner.provisions.<provider>,
+// another provider's provisions.
+func ConfineProvisions(provider string, in *provisionerv1.ProvisionsRequest) *wire.Error {
+	if werr := CheckAddress(wire.RoleProvider, provider); werr != nil {
+		return werr
+	}
+	if in.GetProvider() == provider {
+		return nil
+	}
+	return wire.Errorf(wire.CodeForbidden, "%s lists provider %q's provisions only, and the request names provider %q; ask %s as that provider",
+		wire.ProviderSubject(provider), provider, in.GetProvider(), wire.ProviderSubject("<provider>"))
+}
+
 // An Asker is whom an addressed subject names, and so who asks on it:
 // its role and name.
 type Asker struct {

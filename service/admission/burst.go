@@ -25,6 +25,8 @@ type BurstLog struct {
 	stopped bool
 }
 
+// NewBurstLog returns a log of bursts of events, each logged with msg,
+// a burst ending after quiet without an event.
 func NewBurstLog(logger *slog.Logger, msg string, quiet time.Duration) *BurstLog {
 	return &BurstLog{logger: logger, msg: msg, quiet: quiet}
 }

@@ -102,6 +102,10 @@ func (l *line[R]) take(rate, burst float64) bool {
 // minSweep is the fewest lines a door keeps before it forgets the idle.
 const minSweep = 1024
 
+// NewDoor returns a door whose lines hold most requests each and total
+// beyond each line's first, admitting rate requests a second of an asker
+// (no bound when zero); serve handles each request taken from its line, and
+// onDrop, if set, hears of an asker's drops. Its goroutine runs until Close.
 func NewDoor[R any](most, total int, rate float64, serve func(R), onDrop func(Asker)) *Door[R] {
 	d := &Door[R]{serve: serve, most: most, total: total, rate: rate, burst: max(rate, 1), lines: map[Asker]*line[R]{}, sweepAt: minSweep,
 		wake: make(chan struct{}, 1), done: make(chan struct{}), dropped: map[Asker]uint64{}, onDrop: onDrop}

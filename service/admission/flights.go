@@ -26,6 +26,8 @@ type flight[S comparable] struct {
 	waiters []func(body []byte)
 }
 
+// NewFlights returns the flights of answers being built, at most most
+// requests waiting on them all.
 func NewFlights[K, S comparable](most int) *Flights[K, S] {
 	return &Flights[K, S]{m: map[K]*flight[S]{}, most: most}
 }

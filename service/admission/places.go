@@ -17,13 +17,15 @@ import (
 // Operators ask on the unscoped subjects, which nodes and providers are
 // denied: they are not bounded here.
 
-// places counts the places each asker holds.
+// Places counts the places each asker holds.
 type Places struct {
 	most int // no bound when zero
 	mu   sync.Mutex
 	held map[Asker]int
 }
 
+// NewPlaces returns the places of askers, at most most each (no bound
+// when zero).
 func NewPlaces(most int) *Places {
 	return &Places{most: most, held: map[Asker]int{}}
 }
@@ -39,7 +41,7 @@ func (p *Places) Full(who Asker) bool {
 	return p.held[who] >= p.most
 }
 
-// take holds a place for who and returns how to give it back, once; nil when
+// Take holds a place for who and returns how to give it back, once; nil when
 // who holds every place it may.
 func (p *Places) Take(who Asker) (give func()) {
 	if p.most == 0 || who.Role == "" {

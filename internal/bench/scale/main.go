@@ -54,7 +54,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/registry"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -239,7 +239,7 @@ func measure(cfg config, nodes int) (figures, error) {
 	fmt.Printf("%d nodes: %d keys written in %s\n", nodes, f.keys, time.Since(began).Round(time.Millisecond))
 
 	// What a correct answer is: the node composed from the mesh itself.
-	replay, err := service.NewReplay(capture)
+	replay, err := answers.NewReplay(capture)
 	if err != nil {
 		return f, err
 	}

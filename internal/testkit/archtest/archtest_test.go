@@ -126,9 +126,14 @@ var rules = []rule{
 		forbidden: own(one("internal/observe/ops", "internal/observe/meshstatus", "internal/instance")),
 	},
 	{
-		name:      "the rooms sit below the service, and apart",
+		name:      "the rooms sit below the service, admission and plans apart",
 		from:      one("service/plans", "service/admission"),
-		forbidden: own(one("service", "internal/instance", "service/plans", "service/admission")),
+		forbidden: own(one("service", "internal/instance", "service/plans", "service/admission", "service/answers")),
+	},
+	{
+		name:      "the answers room sits below the service, and reads admission's checks only",
+		from:      one("service/answers"),
+		forbidden: own(one("service", "internal/instance", "service/plans")),
 	},
 	{
 		name: "only the command assembles an instance in production",

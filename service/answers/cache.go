@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"container/list"
@@ -9,30 +9,30 @@ import (
 	"github.com/novox/mesh-provisioner/internal/mirror"
 )
 
-// stamp identifies what an answer read: the stamp of each copy, or of the
+// Stamp identifies what an answer read: the stamp of each copy, or of the
 // node's group of it, that the answer read (see mirror.Copy.Stamp; zero
 // for one it did not read), of the providers' buckets (mirror.Bound.StampOf
 // the node, or Bound.Stamp for a read of every node's) and which copies
 // were behind. Equal stamps mean an equal answer, but for
 // its revisions and phases, which are added to it as it is sent.
-type stamp struct {
+type Stamp struct {
 	registry, needs, applied, collect, manifests, bound uint64
 	// behind has a bit for each copy that was behind (behindBits).
 	behind uint64
 }
 
-// cacheKey is a request as the cache knows it: the endpoint, the encoding,
+// CacheKey is a request as the cache knows it: the endpoint, the encoding,
 // and the request itself without its minimum revisions (which decide when
 // it is answered, not what).
-type cacheKey struct {
+type CacheKey struct {
 	endpoint string
 	json     bool
 	request  string
 }
 
 type cachedAnswer struct {
-	key   cacheKey
-	stamp stamp
+	key   CacheKey
+	stamp Stamp
 	data  []byte
 	// used is set by each hit; eviction spares a used entry once, clearing
 	// it (the CLOCK approximation of least recently used, so that a hit
@@ -56,7 +56,7 @@ type answerCache struct {
 	limit int
 
 	mu      sync.RWMutex
-	entries map[cacheKey]*list.Element
+	entries map[CacheKey]*list.Element
 	order   list.List // of *cachedAnswer, the newest first
 	bytes   int
 
@@ -64,12 +64,12 @@ type answerCache struct {
 }
 
 func newAnswerCache(limit int) *answerCache {
-	return &answerCache{limit: limit, entries: map[cacheKey]*list.Element{}}
+	return &answerCache{limit: limit, entries: map[CacheKey]*list.Element{}}
 }
 
 // get returns the answer kept for key, if it was built from what st
 // identifies.
-func (c *answerCache) get(key cacheKey, st stamp) (*cachedAnswer, bool) {
+func (c *answerCache) get(key CacheKey, st Stamp) (*cachedAnswer, bool) {
 	if c.limit <= 0 {
 		return nil, false
 	}
@@ -88,7 +88,7 @@ func (c *answerCache) get(key cacheKey, st stamp) (*cachedAnswer, bool) {
 
 // put keeps an answer, replacing the key's older one and making room. It
 // returns the entry, or nil when the answer is too large to keep.
-func (c *answerCache) put(key cacheKey, st stamp, data []byte) *cachedAnswer {
+func (c *answerCache) put(key CacheKey, st Stamp, data []byte) *cachedAnswer {
 	a := &cachedAnswer{key: key, stamp: st, data: data}
 	if a.size() > c.limit/8 {
 		return nil // one answer must not push out most of the others

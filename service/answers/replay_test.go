@@ -1,10 +1,10 @@
-package service_test
+package answers_test
 
 import (
 	"testing"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
-	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -13,7 +13,7 @@ import (
 // answer.
 func TestReplayRefusesAPageTokenItCannotRead(t *testing.T) {
 	t.Parallel()
-	replay, err := service.NewReplay(&provisionerv1.Capture{})
+	replay, err := answers.NewReplay(&provisionerv1.Capture{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"fmt"
@@ -31,7 +31,7 @@ const unpaged = 1 << 62
 // not check the request, nor wait for revisions. It fails as the verb would
 // on a page_token it cannot read, with the verb's error (code 400).
 func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.ComposeResponse, error) {
-	out, t, werr := composeFrom(r.mirror, in, encoding{}, unpaged, reading{views: keepViews})
+	out, t, werr := composeFrom(r.mirror, in, Encoding{}, unpaged, reading{views: keepViews})
 	if werr != nil {
 		return nil, werr
 	}
@@ -45,10 +45,10 @@ func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.Compo
 // not check the request, nor wait for revisions. It fails as the verb would
 // on a page_token it cannot read, with the verb's error (code 400).
 func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
-	out, werr := provisioningFrom(r.mirror, in, encoding{}, unpaged)
+	out, werr := provisioningFrom(r.mirror, in, Encoding{}, unpaged)
 	if werr != nil {
 		return nil, werr
 	}
-	out.Revision = copyOf(r.mirror, whatOf(in)).Revision()
+	out.Revision = copyOf(r.mirror, WhatOf(in)).Revision()
 	return out, nil
 }

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"context"
@@ -79,7 +79,7 @@ const earlyMaxUnread = 16
 // earlyLoaded waits until the copy holds what a read of one node reads
 // beside the node's keys, the registry and the manifests (a few keys,
 // loaded first), and reports whether it does before ctx is done.
-func (s *Service) earlyLoaded(ctx context.Context) bool {
+func (s *Answers) earlyLoaded(ctx context.Context) bool {
 	for _, c := range []mirror.Watched{s.mirror.Registry, s.mirror.Manifests} {
 		select {
 		case <-c.Loaded():
@@ -93,7 +93,7 @@ func (s *Service) earlyLoaded(ctx context.Context) bool {
 // composeEarly answers a compose request while the copy loads, from its
 // node's keys read alone; a node it cannot read alone, or a read that
 // fails, gets the 503 of a loading copy, with why.
-func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeRequest, enc encoding) ([]byte, *wire.Error) {
+func (s *Answers) composeEarly(ctx context.Context, in *provisionerv1.ComposeRequest, enc Encoding) ([]byte, *wire.Error) {
 	start := time.Now()
 	m, werr := s.readAlone(ctx, in.GetNode())
 	if werr != nil {
@@ -125,10 +125,10 @@ func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeReq
 	if werr := s.readBehind(composeWaits(m, in, buckets)); werr != nil {
 		return nil, werr
 	}
-	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
-		name:   wire.ComposeEndpoint,
-		answer: composeAnswer(m, dropViews),
-		tail: func(_ *provisionerv1.ComposeRequest, t timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
+	return answerFrom(s, m, in, enc, read, Verb[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
+		Name:   wire.ComposeEndpoint,
+		Answer: composeAnswer(m, dropViews),
+		Tail: func(_ *provisionerv1.ComposeRequest, t Timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
 			return &provisionerv1.ComposeResponse{Revisions: revs.Only(buckets).Proto(), Phases: phasesOf(t)}
 		},
 	})
@@ -138,12 +138,12 @@ func (s *Service) composeEarly(ctx context.Context, in *provisionerv1.ComposeReq
 // the registry and the manifests from their copies, loaded already; a
 // node's needs, applied records or items from its keys read alone. What
 // spans every node waits for the whole copy.
-func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.ProvisioningRequest, enc encoding) ([]byte, *wire.Error) {
+func (s *Answers) provisioningEarly(ctx context.Context, in *provisionerv1.ProvisioningRequest, enc Encoding) ([]byte, *wire.Error) {
 	m, read := s.mirror, time.Duration(0)
-	switch what := whatOf(in); {
+	switch what := WhatOf(in); {
 	case what == provisionerv1.What_WHAT_REGISTRY || what == provisionerv1.What_WHAT_MANIFESTS:
 	case in.GetNode() == "":
-		return nil, s.stillLoading()
+		return nil, s.StillLoading()
 	default:
 		start := time.Now()
 		var werr *wire.Error
@@ -155,17 +155,17 @@ func (s *Service) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 	if werr := s.readBehind(provisioningWaits(m, in)); werr != nil {
 		return nil, werr
 	}
-	return answerFrom(s, m, in, enc, read, endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
-		name:   wire.ProvisioningEndpoint,
-		answer: provisioningAnswer(m),
-		tail:   provisioningTail,
+	return answerFrom(s, m, in, enc, read, Verb[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
+		Name:   wire.ProvisioningEndpoint,
+		Answer: provisioningAnswer(m),
+		Tail:   provisioningTail,
 	})
 }
 
 // readAlone reads node's keys alone (mirror.ReadNode), within the bounds
 // on such reads (earlyBound); a node it does not read gets a 503 that says
 // why, logged as every 503 is (logFailure).
-func (s *Service) readAlone(ctx context.Context, node string) (*mirror.Mirror, *wire.Error) {
+func (s *Answers) readAlone(ctx context.Context, node string) (*mirror.Mirror, *wire.Error) {
 	switch nodeBound, meshBound := s.earlyReads.admit(node, time.Now()); {
 	case nodeBound:
 		return nil, wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and reads node %s alone at most %d times a second meanwhile; ask again shortly",
@@ -185,7 +185,7 @@ func (s *Service) readAlone(ctx context.Context, node string) (*mirror.Mirror, *
 // readBehind refuses a request that asks for a revision after what was
 // read for it. It is not waited for, holding a worker: it was written
 // after the read, and is the whole copy's to answer.
-func (s *Service) readBehind(waits []revisionWait) *wire.Error {
+func (s *Answers) readBehind(waits []RevisionWait) *wire.Error {
 	for _, w := range waits {
 		if w.bucket.Revision() < w.revision {
 			return wire.Errorf(wire.CodeUnavailable, "the server is still loading its copy of %s, and its read of %s is at revision %d, behind the %d asked for; ask again shortly",
@@ -198,7 +198,7 @@ func (s *Service) readBehind(waits []revisionWait) *wire.Error {
 // answerFrom answers a request early as ep, whose answer and tail read m,
 // builds and encodes it, with nothing kept: read is how long reading m
 // took, the answer's read phase.
-func answerFrom[Req, Res proto.Message](s *Service, m *mirror.Mirror, in Req, enc encoding, read time.Duration, ep endpoint[Req, Res]) ([]byte, *wire.Error) {
+func answerFrom[Req, Res proto.Message](s *Answers, m *mirror.Mirror, in Req, enc Encoding, read time.Duration, ep Verb[Req, Res]) ([]byte, *wire.Error) {
 	data, t, werr := ep.build(s, in, enc)
 	if werr != nil {
 		return nil, werr

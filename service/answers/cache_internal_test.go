@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"fmt"
@@ -10,11 +10,11 @@ import (
 // first, and spares once an entry hit since it was last passed over.
 func TestAnswerCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	t.Parallel()
-	key := func(i int) cacheKey { return cacheKey{endpoint: "provisioning", request: fmt.Sprintf("r%02d", i)} }
+	key := func(i int) CacheKey { return CacheKey{endpoint: "provisioning", request: fmt.Sprintf("r%02d", i)} }
 	data := make([]byte, 100)
 	size := (&cachedAnswer{key: key(0), data: data}).size()
 	c := newAnswerCache(8 * size) // eight answers of this size
-	st := stamp{registry: 1}
+	st := Stamp{registry: 1}
 	kept := func() []int {
 		var out []int
 		for i := range 20 {
@@ -61,12 +61,12 @@ func TestAnswerCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	check("eight more", 10, 11, 12, 13, 14, 15, 16, 17)
 
 	// Replacing a key's answer counts it once.
-	c.put(key(17), stamp{registry: 2}, data)
+	c.put(key(17), Stamp{registry: 2}, data)
 	check("replaced", 10, 11, 12, 13, 14, 15, 16, 17)
 	if _, ok := c.get(key(17), st); ok {
 		t.Error("an answer was reused for another stamp")
 	}
-	if _, ok := c.get(key(17), stamp{registry: 2}); !ok {
+	if _, ok := c.get(key(17), Stamp{registry: 2}); !ok {
 		t.Error("the replacing answer missed")
 	}
 

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"time"
@@ -13,51 +13,49 @@ import (
 // provisionsEndpoint answers mesh-provisioner.provisions.<provider>: what a
 // provider must provision across the mesh, which is what it needs instead of
 // reading every node's needs.
-func (s *Service) provisionsEndpoint() endpoint[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse] {
-	return endpoint[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse]{
-		name:       wire.ProvisionsEndpoint,
-		subject:    wire.ProvisionsSubject,
-		owner:      wire.RoleProvider,
-		confine:    confineProvisions,
-		newRequest: func() *provisionerv1.ProvisionsRequest { return &provisionerv1.ProvisionsRequest{} },
-		check:      checkProvisions,
-		waits: func(in *provisionerv1.ProvisionsRequest) []revisionWait {
+func (s *Answers) provisionsEndpoint() Verb[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse] {
+	return Verb[*provisionerv1.ProvisionsRequest, *provisionerv1.ProvisionsResponse]{
+		Name:       wire.ProvisionsEndpoint,
+		Subject:    wire.ProvisionsSubject,
+		NewRequest: func() *provisionerv1.ProvisionsRequest { return &provisionerv1.ProvisionsRequest{} },
+		Check:      checkProvisions,
+		Waits: func(in *provisionerv1.ProvisionsRequest) []RevisionWait {
 			least := in.GetMinRevisions()
-			waits := []revisionWait{{s.mirror.Registry, least.GetRegistry()}, {s.mirror.Needs, least.GetNeeds()}}
+			waits := []RevisionWait{{s.mirror.Registry, least.GetRegistry()}, {s.mirror.Needs, least.GetNeeds()}}
 			// checkProvisions read the token already: it decodes.
 			if t, _ := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) }); len(t.Revisions) == len(waits) {
 				for i, rev := range t.Revisions {
-					waits = append(waits, revisionWait{waits[i].bucket, rev})
+					waits = append(waits, RevisionWait{waits[i].bucket, rev})
 				}
 			}
 			// checkProvisions checked the provider's name.
 			return append(waits, providerUnread(s.mirror, in.GetProvider())...)
 		},
-		unavailable: func(*provisionerv1.ProvisionsRequest) *wire.Error {
+		Unavailable: func(*provisionerv1.ProvisionsRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
 				return wire.NewError(wire.CodeUnavailable, "the registry is empty: the instance that holds the provisioner seat has not written it yet; ask again shortly")
 			}
 			return nil
 		},
-		keyOf: func(in *provisionerv1.ProvisionsRequest) string {
+		KeyOf: func(in *provisionerv1.ProvisionsRequest) string {
 			least := in.GetMinRevisions()
 			in.MinRevisions = nil
 			defer func() { in.MinRevisions = least }()
 			return requestKey(in)
 		},
-		stamp: func(*provisionerv1.ProvisionsRequest) stamp {
+		StampOf: func(*provisionerv1.ProvisionsRequest) Stamp {
 			registry, _ := s.mirror.Registry.Stamp("")
 			needs, _ := s.mirror.Needs.Stamp("")
 			applied, _ := s.mirror.Applied.Stamp("")
 			manifests, _ := s.mirror.Manifests.Stamp("")
-			return stamp{registry: registry, needs: needs, applied: applied, manifests: manifests,
+			return Stamp{registry: registry, needs: needs, applied: applied, manifests: manifests,
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
-		answer: func(in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, func(), *wire.Error) {
+		Answer: func(in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, func(), *wire.Error) {
 			out, t, werr := provisionsFrom(s.mirror, in, enc, budget)
 			return out, t, nil, werr
 		},
-		tail: func(in *provisionerv1.ProvisionsRequest, _ timings, revs mirror.Revisions) *provisionerv1.ProvisionsResponse {
+		Tail: func(in *provisionerv1.ProvisionsRequest, _ Timings, revs mirror.Revisions) *provisionerv1.ProvisionsResponse {
 			return &provisionerv1.ProvisionsResponse{Revisions: revs.Only(providerBuckets(s.mirror, in.GetProvider())).Proto()}
 		},
 	}
@@ -74,19 +72,6 @@ func checkProvisions(in *provisionerv1.ProvisionsRequest) *wire.Error {
 	return werr
 }
 
-// confineProvisions refuses, on mesh-provisioner.provisions.<provider>,
-// another provider's provisions.
-func confineProvisions(provider string, in *provisionerv1.ProvisionsRequest) *wire.Error {
-	if werr := admission.CheckAddress(wire.RoleProvider, provider); werr != nil {
-		return werr
-	}
-	if in.GetProvider() == provider {
-		return nil
-	}
-	return wire.Errorf(wire.CodeForbidden, "%s lists provider %q's provisions only, and the request names provider %q; ask %s as that provider",
-		wire.ProviderSubject(provider), provider, in.GetProvider(), wire.ProviderSubject("<provider>"))
-}
-
 // provisionsDigest identifies a provisions request for its page tokens.
 func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
 	return requestDigest(&provisionerv1.ProvisionsRequest{Provider: in.GetProvider()})
@@ -94,10 +79,10 @@ func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
 
 // provisionsFrom lists a provider's provisions from the copy, need by need in
 // key order across the mesh, a page at a time.
-func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc encoding, budget int) (*provisionerv1.ProvisionsResponse, timings, *wire.Error) {
+func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
 	if werr != nil {
-		return nil, timings{}, werr
+		return nil, Timings{}, werr
 	}
 	start := time.Now()
 	// Read before the needs: they are at least as new. Each node's needs
@@ -112,7 +97,7 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc e
 			if provision := find.Need(e.Record); provision != nil {
 				if !p.fits(p.sizeOf(provision)) {
 					if p.count == 0 {
-						return nil, timings{}, wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
+						return nil, Timings{}, wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
 					}
 					t := pageToken{Request: provisionsDigest(in), After: previous, Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
 					out.NextPageToken = t.encode()
@@ -124,5 +109,5 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc e
 		previous = e.Key
 	}
 	out.Behind = append(m.Behind(), boundBehind(m, out.GetProvisions())...)
-	return out, timings{resolve: time.Since(start)}, nil
+	return out, Timings{resolve: time.Since(start)}, nil
 }

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"bytes"
@@ -149,9 +149,9 @@ func (c *sectionCache) put(node sectionsKey, ns *nodeSections) {
 // answer would not fit budget (the request is then answered in pages by
 // composeFrom, whose answer the result equals but for the order of its
 // fields).
-func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding, budget int) (data []byte, t timings, ok bool) {
+func (s *Answers) composeSections(in *provisionerv1.ComposeRequest, enc Encoding, budget int) (data []byte, t Timings, ok bool) {
 	if s.sections == nil || in.GetModule() != "" || in.GetPageToken() != "" || in.GetPageSize() != 0 {
-		return nil, timings{}, false
+		return nil, Timings{}, false
 	}
 	m := s.mirror
 	start := time.Now()
@@ -170,10 +170,10 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 		// its next request (after its needs changed: an unchanged one is
 		// answered from the answer cache) makes them.
 		s.sections.put(key, &nodeSections{stamp: st, bytes: askedOnce})
-		return nil, timings{}, false
+		return nil, Timings{}, false
 	}
 	if kept.whole {
-		return nil, timings{}, false
+		return nil, Timings{}, false
 	}
 	old := kept.sections
 	var composer *compose.Composer
@@ -210,7 +210,7 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 		}
 		sec, err := composeSection(composer, &shared, run, enc)
 		if err != nil {
-			return nil, timings{}, false // composeFrom answers, and reports it
+			return nil, Timings{}, false // composeFrom answers, and reports it
 		}
 		ns.sections = append(ns.sections, sec)
 		ns.bytes += sec.size()
@@ -231,13 +231,13 @@ func (s *Service) composeSections(in *provisionerv1.ComposeRequest, enc encoding
 		s.sections.put(key, &nodeSections{stamp: st, whole: true, bytes: askedOnce})
 	}
 	if !fits {
-		return nil, timings{}, false
+		return nil, Timings{}, false
 	}
-	return data, timings{read: read, resolve: time.Since(start) - read}, true
+	return data, Timings{read: read, resolve: time.Since(start) - read}, true
 }
 
 // join returns the answer made of head and the sections.
-func (ns *nodeSections) join(head *provisionerv1.ComposeResponse, enc encoding) ([]byte, error) {
+func (ns *nodeSections) join(head *provisionerv1.ComposeResponse, enc Encoding) ([]byte, error) {
 	size := 0
 	for _, sec := range ns.sections {
 		for _, list := range sec.encoded {
@@ -284,7 +284,7 @@ func (ns *nodeSections) join(head *provisionerv1.ComposeResponse, enc encoding) 
 var headFields = (&provisionerv1.ComposeResponse{}).ProtoReflect().Descriptor().Fields()
 
 // sectionComposer returns a Composer of node from the copy, in arena.
-func (s *Service) sectionComposer(node string, arena *compose.Arena) *compose.Composer {
+func (s *Answers) sectionComposer(node string, arena *compose.Arena) *compose.Composer {
 	m := s.mirror
 	items, _, _ := m.Collect.Group(node)
 	builds, _ := m.BuildsOf(node)
@@ -307,7 +307,7 @@ type sharedParts struct {
 
 // composeSection composes a run of needs of one module into a section,
 // encoded in enc.
-func composeSection(composer *compose.Composer, shared *sharedParts, run []*mirror.Entry[*provisionerv1.NeedRecord], enc encoding) (*section, error) {
+func composeSection(composer *compose.Composer, shared *sharedParts, run []*mirror.Entry[*provisionerv1.NeedRecord], enc Encoding) (*section, error) {
 	var needs []*provisionerv1.NeedRecord
 	var malformed []*provisionerv1.MalformedKey
 	for _, e := range run {

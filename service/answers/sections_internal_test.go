@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -30,7 +29,7 @@ import (
 func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Builds: 30, Bound: 50}, Config{})
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Builds: 30, Bound: 50})
 	kv := bucketsOn(t, nc)
 	needs, applied, collect := kv(keys.NeedsBucket), kv(keys.AppliedBucket), kv(keys.CollectBucket)
 	bound := kv(wire.BoundBucket("pg"))
@@ -61,7 +60,7 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	}
 	// Each provider's bucket a node names is read once it is first asked.
 	for _, n := range mesh.Nodes {
-		if _, err := askCompose(nc, n.Name, false); err != nil {
+		if _, err := askCompose(s, n.Name, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -69,66 +68,66 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 
 	for _, tt := range []struct {
 		name  string
-		write func() (wait revisionWait, err error)
+		write func() (wait RevisionWait, err error)
 		// newSections is how many of the node's sections are composed
 		// again (none of another node's); -1: every one of the node's.
 		newSections int // in each encoding
 	}{
-		{"a need written again unchanged", func() (revisionWait, error) {
+		{"a need written again unchanged", func() (RevisionWait, error) {
 			rev, err := needs.Put(ctx, firstKey, firstValue)
-			return revisionWait{s.mirror.Needs, rev}, err
+			return RevisionWait{s.mirror.Needs, rev}, err
 		}, 1},
-		{"a need added to a module", func() (revisionWait, error) {
+		{"a need added to a module", func() (RevisionWait, error) {
 			rev, err := needs.Put(ctx, node.Name+"."+module+".port.extra", portValue)
-			return revisionWait{s.mirror.Needs, rev}, err
+			return RevisionWait{s.mirror.Needs, rev}, err
 		}, 1},
-		{"a module's first need", func() (revisionWait, error) {
+		{"a module's first need", func() (RevisionWait, error) {
 			rev, err := needs.Put(ctx, node.Name+".aaa.port.extra", portValue)
-			return revisionWait{s.mirror.Needs, rev}, err
+			return RevisionWait{s.mirror.Needs, rev}, err
 		}, 1},
-		{"a key out of shape in a module", func() (revisionWait, error) {
+		{"a key out of shape in a module", func() (RevisionWait, error) {
 			rev, err := needs.Put(ctx, node.Name+"."+module+".port", portValue)
-			return revisionWait{s.mirror.Needs, rev}, err
+			return RevisionWait{s.mirror.Needs, rev}, err
 		}, 1},
-		{"a value that does not decode", func() (revisionWait, error) {
+		{"a value that does not decode", func() (RevisionWait, error) {
 			rev, err := needs.Put(ctx, firstKey, []byte("\xff\xff"))
-			return revisionWait{s.mirror.Needs, rev}, err
+			return RevisionWait{s.mirror.Needs, rev}, err
 		}, 1},
-		{"a need deleted", func() (revisionWait, error) {
+		{"a need deleted", func() (RevisionWait, error) {
 			if err := needs.Delete(ctx, firstKey); err != nil {
-				return revisionWait{}, err
+				return RevisionWait{}, err
 			}
 			// Delete returns no revision; the key's history ends with the
 			// delete marker, which has it.
 			history, err := needs.History(ctx, firstKey)
 			if err != nil {
-				return revisionWait{}, err
+				return RevisionWait{}, err
 			}
-			return revisionWait{s.mirror.Needs, history[len(history)-1].Revision()}, nil
+			return RevisionWait{s.mirror.Needs, history[len(history)-1].Revision()}, nil
 		}, 1},
-		{"a module's builds", func() (revisionWait, error) {
+		{"a module's builds", func() (RevisionWait, error) {
 			value, err := proto.Marshal(&provisionerv1.Applied{WantedBuild: "b9"})
 			if err != nil {
-				return revisionWait{}, err
+				return RevisionWait{}, err
 			}
 			rev, err := applied.Put(ctx, node.Name+"."+module, value)
-			return revisionWait{s.mirror.Applied, rev}, err
+			return RevisionWait{s.mirror.Applied, rev}, err
 		}, -1},
-		{"a collection item", func() (revisionWait, error) {
+		{"a collection item", func() (RevisionWait, error) {
 			value, err := proto.Marshal(&provisionerv1.CollectItem{Value: "v"})
 			if err != nil {
-				return revisionWait{}, err
+				return RevisionWait{}, err
 			}
 			rev, err := collect.Put(ctx, node.Name+".shell_zsh.extra", value)
-			return revisionWait{s.mirror.Collect, rev}, err
+			return RevisionWait{s.mirror.Collect, rev}, err
 		}, -1},
-		{"a provider's key", func() (revisionWait, error) {
+		{"a provider's key", func() (RevisionWait, error) {
 			rev, err := bound.Put(ctx, node.Name+".any", []byte("bound"))
-			return revisionWait{s.mirror.Bound.Bucket(wire.BoundBucket("pg")), rev}, err
+			return RevisionWait{s.mirror.Bound.Bucket(wire.BoundBucket("pg")), rev}, err
 		}, -1},
-		{"a provider's key of another node", func() (revisionWait, error) {
+		{"a provider's key of another node", func() (RevisionWait, error) {
 			rev, err := bound.Put(ctx, "zed.any", []byte("bound"))
-			return revisionWait{s.mirror.Bound.Bucket(wire.BoundBucket("pg")), rev}, err
+			return RevisionWait{s.mirror.Bound.Bucket(wire.BoundBucket("pg")), rev}, err
 		}, 0},
 	} {
 		wait, err := tt.write()
@@ -158,35 +157,18 @@ func TestSectionsComposeAsComposeFromDoes(t *testing.T) {
 	}
 }
 
-// bucketsOn returns what binds a bucket on nc, failing t if it cannot.
-func bucketsOn(t *testing.T, nc *nats.Conn) func(bucket string) jetstream.KeyValue {
-	t.Helper()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return func(bucket string) jetstream.KeyValue {
-		t.Helper()
-		b, err := js.KeyValue(t.Context(), bucket)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-}
-
 // checkSections composes node from its sections in both encodings, fails
 // t unless each equals what composeFrom composes, and returns the sections
 // kept: those of each encoding, one after the other.
-func checkSections(t *testing.T, s *Service, node, after string) []*section {
+func checkSections(t *testing.T, s *Answers, node, after string) []*section {
 	t.Helper()
 	req := &provisionerv1.ComposeRequest{Node: node}
-	want, _, werr := composeFrom(s.mirror, req, encoding{}, unpaged, reading{views: keepViews})
+	want, _, werr := composeFrom(s.mirror, req, Encoding{}, unpaged, reading{views: keepViews})
 	if werr != nil {
 		t.Fatal(werr)
 	}
 	var kept []*section
-	for _, enc := range []encoding{{}, {json: true}} {
+	for _, enc := range []Encoding{{}, {json: true}} {
 		data, _, ok := s.composeSections(req, enc, unpaged)
 		if !ok { // asked for the first time since what it reads changed
 			data, _, ok = s.composeSections(req, enc, unpaged)
@@ -224,7 +206,7 @@ func checkSections(t *testing.T, s *Service, node, after string) []*section {
 func TestSectionsComposeAsComposeFromAfterRandomWrites(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 17, Needs: 4, Builds: 30, Bound: 50}, Config{})
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 17, Needs: 4, Builds: 30, Bound: 50})
 	kv := bucketsOn(t, nc)
 	needs, applied, collect := kv(keys.NeedsBucket), kv(keys.AppliedBucket), kv(keys.CollectBucket)
 	registryKV, manifests := kv(keys.RegistryBucket), kv(keys.ManifestsBucket)
@@ -234,7 +216,7 @@ func TestSectionsComposeAsComposeFromAfterRandomWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := askCompose(nc, node.Name, false); err != nil { // the providers' buckets it names are followed
+	if _, err := askCompose(s, node.Name, false); err != nil { // the providers' buckets it names are followed
 		t.Fatal(err)
 	}
 	// settled waits until every copy the writes reach holds them.
@@ -397,7 +379,7 @@ func newSections(before, after []*section) int {
 func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Bound: 50}, Config{})
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Bound: 50})
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
@@ -412,18 +394,18 @@ func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 	}
 	node := mesh.Nodes[0].Name
 	// The providers' buckets the node names are read once it is first asked.
-	if _, err := askCompose(nc, node, false); err != nil {
+	if _, err := askCompose(s, node, false); err != nil {
 		t.Fatal(err)
 	}
 	// The digests the node goes through: one for each count of extra
 	// needs, from none.
 	const writes = 20
-	initial, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: keepViews})
+	initial, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, Encoding{}, unpaged, reading{views: keepViews})
 	if werr != nil {
 		t.Fatal(werr)
 	}
 	digests := map[string]bool{initial.GetPlanDigest(): true}
-	ask := func(asJSON bool) (*provisionerv1.ComposeResponse, error) { return askCompose(nc, node, asJSON) }
+	ask := func(asJSON bool) (*provisionerv1.ComposeResponse, error) { return askCompose(s, node, asJSON) }
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	var seen sync.Map // digest -> true
@@ -454,7 +436,7 @@ func TestSectionsSharedByAskersWhileNeedsAreWritten(t *testing.T) {
 			t.Fatalf("the copy did not reach revision %d", rev)
 		}
 		cancel()
-		want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: keepViews})
+		want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node}, Encoding{}, unpaged, reading{views: keepViews})
 		if werr != nil {
 			t.Fatal(werr)
 		}
@@ -495,7 +477,7 @@ func TestSectionCacheKeepsWithinItsBudget(t *testing.T) {
 		}
 	}
 	if c.get(sectionsKey{node: "n99"}, sectionStamp{registry: 2}) != nil {
-		t.Error("sections of another stamp were returned")
+		t.Error("sections of another Stamp were returned")
 	}
 	c.put(sectionsKey{node: "large"}, &nodeSections{bytes: 1<<10 + 1})
 	if c.get(sectionsKey{node: "large"}, sectionStamp{}) != nil {
@@ -509,10 +491,10 @@ func TestSectionCacheKeepsWithinItsBudget(t *testing.T) {
 // nothing at each request.
 func TestSectionsGiveWayToPagesForALargeNode(t *testing.T) {
 	t.Parallel()
-	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 6, Needs: 5}, Config{})
+	s, mesh, _ := startOnMesh(t, synth.Config{Nodes: 2, Modules: 6, Needs: 5})
 	node := mesh.Nodes[0].Name
 	// The providers' buckets the node names are read once it is first asked.
-	if _, err := askCompose(nc, node, false); err != nil {
+	if _, err := askCompose(s, node, false); err != nil {
 		t.Fatal(err)
 	}
 	req := &provisionerv1.ComposeRequest{Node: node}
@@ -522,14 +504,14 @@ func TestSectionsGiveWayToPagesForALargeNode(t *testing.T) {
 	}
 	const budget = 1 << 10 // less than the node's composition
 	for i := range 2 {
-		if _, _, ok := s.composeSections(req, encoding{}, budget); ok {
+		if _, _, ok := s.composeSections(req, Encoding{}, budget); ok {
 			t.Fatalf("request %d: answered from sections in more than %d bytes", i, budget)
 		}
 		if kept := s.sections.get(key, sectionStampOf(s.mirror, node)); kept == nil || !kept.whole {
 			t.Fatalf("request %d: %+v kept, want the note of a node too large for sections", i, kept)
 		}
 	}
-	if _, _, ok := s.composeSections(req, encoding{}, unpaged); ok {
+	if _, _, ok := s.composeSections(req, Encoding{}, unpaged); ok {
 		t.Fatal("a node noted too large was composed in sections before what it reads changed")
 	}
 }

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"bytes"
@@ -24,13 +24,13 @@ var (
 	sized         = proto.MarshalOptions{Deterministic: true, UseCachedSize: true}
 )
 
-// encoding is how one request was written, and so how it is answered.
-type encoding struct{ json bool }
+// Encoding is how one request was written, and so how it is answered.
+type Encoding struct{ json bool }
 
-// encodingOf reads the Content-Type header (its name in any case): JSON for
+// EncodingOf reads the Content-Type header (its name in any case): JSON for
 // application/json, protobuf binary for anything else. Without the header, a
 // body that starts with '{' is JSON, and anything else protobuf binary.
-func encodingOf(req micro.Request) encoding {
+func EncodingOf(req micro.Request) Encoding {
 	h := req.Headers()
 	values, ok := h["Content-Type"]
 	for name, v := range h {
@@ -40,26 +40,27 @@ func encodingOf(req micro.Request) encoding {
 	}
 	if ok && len(values) > 0 {
 		media, _, err := mime.ParseMediaType(values[0])
-		return encoding{json: err == nil && media == wire.ContentTypeJSON}
+		return Encoding{json: err == nil && media == wire.ContentTypeJSON}
 	}
-	return encoding{json: bytes.HasPrefix(bytes.TrimSpace(req.Data()), []byte("{"))}
+	return Encoding{json: bytes.HasPrefix(bytes.TrimSpace(req.Data()), []byte("{"))}
 }
 
-func (e encoding) contentType() string {
+// ContentType is the Content-Type of an answer in e.
+func (e Encoding) ContentType() string {
 	if e.json {
 		return wire.ContentTypeJSON
 	}
 	return wire.ContentTypeProtobuf
 }
 
-// unmarshal decodes a request. Fields this server does not know are ignored
+// Unmarshal decodes a request. Fields this server does not know are ignored
 // in both encodings, as protobuf's own rules and connect-go do: during a
 // rolling upgrade, instances of several versions serve one queue group, and
 // an older one must answer what a newer client sends. A field whose meaning
 // an older server must not miss is announced by the server's version
 // (docs/protocol.md, "Versions"). Unknown fields are dropped, not kept, so
 // that they cannot tell two requests apart for the answer cache.
-func (e encoding) unmarshal(data []byte, msg proto.Message) *wire.Error {
+func (e Encoding) Unmarshal(data []byte, msg proto.Message) *wire.Error {
 	name := msg.ProtoReflect().Descriptor().FullName()
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil // an empty body is the default request
@@ -89,7 +90,8 @@ func (e encoding) unmarshal(data []byte, msg proto.Message) *wire.Error {
 	return nil
 }
 
-func (e encoding) marshal(msg proto.Message) ([]byte, error) {
+// Marshal encodes msg in e, deterministically.
+func (e Encoding) Marshal(msg proto.Message) ([]byte, error) {
 	if e.json {
 		return marshalJSON(msg)
 	}
@@ -175,10 +177,10 @@ func marshalJSON(msg proto.Message) ([]byte, error) {
 	return append(out, '}'), nil
 }
 
-// join appends an encoded message's fields to another encoded message of
+// Join appends an encoded message's fields to another encoded message of
 // the same type: in binary a concatenation, which protobuf reads as one
 // message; in JSON the fields of both objects in one.
-func (e encoding) join(data, tail []byte) []byte {
+func (e Encoding) Join(data, tail []byte) []byte {
 	if !e.json {
 		return append(data[:len(data):len(data)], tail...)
 	}
@@ -195,8 +197,9 @@ func (e encoding) join(data, tail []byte) []byte {
 	return append(out, tail[1:]...) // without its opening brace
 }
 
-func (e encoding) headers() micro.Headers {
-	return micro.Headers{"Content-Type": {e.contentType()}}
+// Headers are an answer's headers in e.
+func (e Encoding) Headers() micro.Headers {
+	return micro.Headers{"Content-Type": {e.ContentType()}}
 }
 
 // knownFields returns a JSON object without the members md does not define

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"context"
@@ -20,41 +20,41 @@ import (
 )
 
 // composeEndpoint answers mesh-provisioner.compose.
-func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse] {
-	return endpoint[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
-		name:       wire.ComposeEndpoint,
-		subject:    wire.ComposeSubject,
-		newRequest: func() *provisionerv1.ComposeRequest { return &provisionerv1.ComposeRequest{} },
-		check:      checkCompose,
-		waits: func(in *provisionerv1.ComposeRequest) []revisionWait {
+func (s *Answers) composeEndpoint() Verb[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse] {
+	return Verb[*provisionerv1.ComposeRequest, *provisionerv1.ComposeResponse]{
+		Name:       wire.ComposeEndpoint,
+		Subject:    wire.ComposeSubject,
+		NewRequest: func() *provisionerv1.ComposeRequest { return &provisionerv1.ComposeRequest{} },
+		Check:      checkCompose,
+		Waits: func(in *provisionerv1.ComposeRequest) []RevisionWait {
 			unread, buckets := s.boundUnread(in.GetNode())
 			return append(composeWaits(s.mirror, in, buckets), unread...)
 		},
-		unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
+		Unavailable: func(*provisionerv1.ComposeRequest) *wire.Error {
 			if s.mirror.Registry.Empty() {
 				return wire.NewError(wire.CodeUnavailable, "the registry is empty: the instance that holds the provisioner seat has not written it yet; ask again shortly")
 			}
 			return nil
 		},
-		keyOf: func(in *provisionerv1.ComposeRequest) string {
+		KeyOf: func(in *provisionerv1.ComposeRequest) string {
 			least := in.GetMinRevisions()
 			in.MinRevisions = nil
 			defer func() { in.MinRevisions = least }()
 			return requestKey(in)
 		},
-		stamp: func(in *provisionerv1.ComposeRequest) stamp {
+		StampOf: func(in *provisionerv1.ComposeRequest) Stamp {
 			registry, _ := s.mirror.Registry.Stamp("")
 			needs, _ := s.mirror.Needs.Stamp(in.GetNode())
 			items, _ := s.mirror.Collect.Stamp(in.GetNode())
 			applied, _ := s.mirror.Applied.Stamp(in.GetNode())
 			manifests, _ := s.mirror.Manifests.Stamp("")
-			return stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
+			return Stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
 				bound: s.mirror.Bound.StampOf(in.GetNode()), behind: behindBits(s.mirror)}
 		},
-		encoded: s.composeSections,
-		early:   s.composeEarly,
-		answer:  composeAnswer(s.mirror, keepViews),
-		tail: func(in *provisionerv1.ComposeRequest, t timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
+		Encoded: s.composeSections,
+		Early:   s.composeEarly,
+		Answer:  composeAnswer(s.mirror, keepViews),
+		Tail: func(in *provisionerv1.ComposeRequest, t Timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
 			tail := &provisionerv1.ComposeResponse{Revisions: revs.Only(s.boundBucketsOf(in.GetNode())).Proto(), Phases: phasesOf(t)}
 			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)
 			return tail
@@ -66,9 +66,9 @@ func (s *Service) composeEndpoint() endpoint[*provisionerv1.ComposeRequest, *pro
 // min_revisions (of the providers' buckets, only those of its node's,
 // ownBuckets, sorted: another's is not the node's to wait for, nor to
 // learn the revision of) and its page token's.
-func composeWaits(m *mirror.Mirror, in *provisionerv1.ComposeRequest, ownBuckets []string) []revisionWait {
+func composeWaits(m *mirror.Mirror, in *provisionerv1.ComposeRequest, ownBuckets []string) []RevisionWait {
 	least := in.GetMinRevisions()
-	waits := []revisionWait{
+	waits := []RevisionWait{
 		{m.Registry, least.GetRegistry()},
 		{m.Needs, least.GetNeeds()},
 		{m.Applied, least.GetApplied()},
@@ -78,20 +78,20 @@ func composeWaits(m *mirror.Mirror, in *provisionerv1.ComposeRequest, ownBuckets
 	// checkCompose read the token already: it decodes.
 	if t, _ := readToken(in.GetPageToken(), func() string { return composeDigest(in) }); len(t.Revisions) == len(waits) {
 		for i, rev := range t.Revisions {
-			waits = append(waits, revisionWait{waits[i].bucket, rev})
+			waits = append(waits, RevisionWait{waits[i].bucket, rev})
 		}
 	}
 	for bucket, rev := range least.GetBound() {
 		if _, own := slices.BinarySearch(ownBuckets, bucket); own {
-			waits = append(waits, revisionWait{m.Bound.Bucket(bucket), rev})
+			waits = append(waits, RevisionWait{m.Bound.Bucket(bucket), rev})
 		}
 	}
 	return waits
 }
 
 // composeAnswer answers a compose request from m, in an arena of the pool.
-func composeAnswer(m *mirror.Mirror, views viewUse) func(*provisionerv1.ComposeRequest, encoding, int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
-	return func(in *provisionerv1.ComposeRequest, enc encoding, budget int) (*provisionerv1.ComposeResponse, timings, func(), *wire.Error) {
+func composeAnswer(m *mirror.Mirror, views viewUse) func(*provisionerv1.ComposeRequest, Encoding, int) (*provisionerv1.ComposeResponse, Timings, func(), *wire.Error) {
+	return func(in *provisionerv1.ComposeRequest, enc Encoding, budget int) (*provisionerv1.ComposeResponse, Timings, func(), *wire.Error) {
 		arena, done := pooledArena()
 		out, t, werr := composeFrom(m, in, enc, budget, reading{views: views, arena: arena})
 		if werr != nil {
@@ -105,7 +105,7 @@ func composeAnswer(m *mirror.Mirror, views viewUse) func(*provisionerv1.ComposeR
 // phasesOf returns the phases of a composition: wait, read, resolve and
 // items if it was built; wait and "reused" (taking no time worth timing) if
 // it was reused from the cache.
-func phasesOf(t timings) []*provisionerv1.Phase {
+func phasesOf(t Timings) []*provisionerv1.Phase {
 	phases := []*provisionerv1.Phase{{Name: "wait", Duration: durationpb.New(t.waited)}}
 	if !t.built {
 		return append(phases, &provisionerv1.Phase{Name: "reused", Duration: durationpb.New(0)})
@@ -141,7 +141,7 @@ func composeDigest(in *provisionerv1.ComposeRequest) string {
 }
 
 // logSlow logs a composition slower than Config.SlowCompose, with its phases.
-func (s *Service) logSlow(in *provisionerv1.ComposeRequest, phases []*provisionerv1.Phase, took time.Duration) {
+func (s *Answers) logSlow(in *provisionerv1.ComposeRequest, phases []*provisionerv1.Phase, took time.Duration) {
 	if took <= s.slowCompose {
 		return
 	}
@@ -161,10 +161,10 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // answer lacks its revisions and phases, which are added as it is sent.
 // r says whether the node's decoded views are kept for later reads, and the
 // arena the composition is made in.
-func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc encoding, budget int, r reading) (*provisionerv1.ComposeResponse, timings, *wire.Error) {
+func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc Encoding, budget int, r reading) (*provisionerv1.ComposeResponse, Timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return composeDigest(in) })
 	if werr != nil {
-		return nil, timings{}, werr
+		return nil, Timings{}, werr
 	}
 	start := time.Now()
 	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views)
@@ -231,7 +231,7 @@ chunks:
 				continue
 			}
 			if p.count == 0 {
-				return nil, timings{}, wire.Errorf(wire.CodeInternal, "need %s alone composes to %d bytes, more than one answer carries (max_payload)", needs[done].Key, size)
+				return nil, Timings{}, wire.Errorf(wire.CodeInternal, "need %s alone composes to %d bytes, more than one answer carries (max_payload)", needs[done].Key, size)
 			}
 			break chunks
 		}
@@ -249,7 +249,7 @@ chunks:
 		whole = composeNeeds(sources, in, all, records, revisions, r.arena)
 	}
 	out.PlanDigest = compose.Digest(whole)
-	return out, timings{read: read, resolve: resolve, items: collect}, nil
+	return out, Timings{read: read, resolve: resolve, items: collect}, nil
 }
 
 // reading is how a composition reads and builds: whether it keeps the
@@ -334,7 +334,7 @@ func moduleOf(e *mirror.Entry[*provisionerv1.NeedRecord]) string {
 // the registry changed since it last named their buckets, a bucket is
 // still unread, or the copy forgot a bucket (one of the node's, maybe,
 // which it follows again only once named): a reused answer reads no need.
-func (s *Service) boundUnread(node string) (waits []revisionWait, buckets []string) {
+func (s *Answers) boundUnread(node string) (waits []RevisionWait, buckets []string) {
 	m := s.mirror
 	needs, _ := m.Needs.Stamp(node)
 	registry, _ := m.Registry.Stamp("")
@@ -348,7 +348,7 @@ func (s *Service) boundUnread(node string) (waits []revisionWait, buckets []stri
 	buckets = namedBuckets(m, entries)
 	for _, bucket := range buckets {
 		if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
-			waits = append(waits, revisionWait{boundLoaded{bb}, 1})
+			waits = append(waits, RevisionWait{boundLoaded{bb}, 1})
 		}
 	}
 	s.boundNamed.Store(node, boundNamed{at: at, buckets: buckets})
@@ -382,7 +382,7 @@ type boundNamed struct {
 
 // boundBucketsOf returns the providers' buckets node's needs name, as
 // boundUnread last read them (on the request's arrival).
-func (s *Service) boundBucketsOf(node string) []string {
+func (s *Answers) boundBucketsOf(node string) []string {
 	if v, ok := s.boundNamed.Load(node); ok {
 		return v.(boundNamed).buckets
 	}
@@ -390,11 +390,11 @@ func (s *Service) boundBucketsOf(node string) []string {
 }
 
 // providerUnread is boundUnread for one provider's buckets (providerBuckets).
-func providerUnread(m *mirror.Mirror, provider string) []revisionWait {
-	var waits []revisionWait
+func providerUnread(m *mirror.Mirror, provider string) []RevisionWait {
+	var waits []RevisionWait
 	for _, bucket := range providerBuckets(m, provider) {
 		if bb := m.Bound.Bucket(bucket); !bb.Loaded() {
-			waits = append(waits, revisionWait{boundLoaded{bb}, 1})
+			waits = append(waits, RevisionWait{boundLoaded{bb}, 1})
 		}
 	}
 	return waits

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"context"
@@ -121,7 +121,7 @@ func BenchmarkComposeNode(b *testing.B) {
 		arena := new(compose.Arena)
 		i := 0
 		for b.Loop() {
-			if _, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, encoding{}, unpaged, reading{views: keepViews, arena: arena}); werr != nil {
+			if _, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, Encoding{}, unpaged, reading{views: keepViews, arena: arena}); werr != nil {
 				b.Fatal(werr)
 			}
 			arena.Reset()
@@ -136,18 +136,18 @@ func BenchmarkComposeNode(b *testing.B) {
 	// what the node's composition reads changed: composed, digested and
 	// encoded whole, or a module at a time into sections (nothing kept to
 	// reuse: a cache of its own each time).
-	for _, enc := range []encoding{{}, {json: true}} {
-		name := enc.contentType()
+	for _, enc := range []Encoding{{}, {json: true}} {
+		name := enc.ContentType()
 		b.Run("encoded whole, "+name, func(b *testing.B) {
 			b.ReportAllocs()
 			i := 0
 			for b.Loop() {
 				arena, done := pooledArena()
-				out, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, encoding{}, 1<<30, reading{views: keepViews, arena: arena})
+				out, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, Encoding{}, 1<<30, reading{views: keepViews, arena: arena})
 				if werr != nil {
 					b.Fatal(werr)
 				}
-				if _, err := enc.marshal(out); err != nil {
+				if _, err := enc.Marshal(out); err != nil {
 					b.Fatal(err)
 				}
 				done()
@@ -157,7 +157,7 @@ func BenchmarkComposeNode(b *testing.B) {
 		})
 		b.Run("encoded in sections, "+name, func(b *testing.B) {
 			b.ReportAllocs()
-			s := &Service{mirror: replay.mirror}
+			s := &Answers{mirror: replay.mirror}
 			i := 0
 			for b.Loop() {
 				// A cache that noted the node asked once, and holds
@@ -217,10 +217,10 @@ func BenchmarkComposeNode(b *testing.B) {
 		fmt.Printf("BenchmarkComposeNode: per node, by-key %s; watched copy %s (%.0fx faster)\n",
 			time.Duration(byKey.(float64)), time.Duration(watched.(float64)), byKey.(float64)/watched.(float64))
 	}
-	for _, enc := range []encoding{{}, {json: true}} {
-		whole, ok3 := perNode.Load("encoded whole, " + enc.contentType())
-		if sections, ok := perNode.Load("encoded in sections, " + enc.contentType()); ok3 && ok {
-			fmt.Printf("BenchmarkComposeNode: per node in %s, encoded whole %s; in sections, nothing kept %s (x%.2f)\n", enc.contentType(),
+	for _, enc := range []Encoding{{}, {json: true}} {
+		whole, ok3 := perNode.Load("encoded whole, " + enc.ContentType())
+		if sections, ok := perNode.Load("encoded in sections, " + enc.ContentType()); ok3 && ok {
+			fmt.Printf("BenchmarkComposeNode: per node in %s, encoded whole %s; in sections, nothing kept %s (x%.2f)\n", enc.ContentType(),
 				time.Duration(whole.(float64)), time.Duration(sections.(float64)), sections.(float64)/whole.(float64))
 		}
 	}
@@ -442,7 +442,7 @@ func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv
 	if err != nil {
 		return nil, err
 	}
-	first, _, werr := composeFrom(pending, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: keepViews})
+	first, _, werr := composeFrom(pending, &provisionerv1.ComposeRequest{Node: node}, Encoding{}, unpaged, reading{views: keepViews})
 	if werr != nil {
 		return nil, werr
 	}
@@ -468,7 +468,7 @@ func (c *byKeyComposer) compose(ctx context.Context, node string) (*provisionerv
 	if err != nil {
 		return nil, err
 	}
-	out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, encoding{}, unpaged, reading{views: keepViews})
+	out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node}, Encoding{}, unpaged, reading{views: keepViews})
 	if werr != nil {
 		return nil, werr
 	}

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"bytes"
@@ -96,7 +96,7 @@ func readToken(text string, digestOf func() string) (pageToken, *wire.Error) {
 // measured as it is added, in the answer's encoding, so no answer is ever
 // built whole only to be refused.
 type page struct {
-	enc    encoding
+	enc    Encoding
 	size   int
 	budget int
 	used   int

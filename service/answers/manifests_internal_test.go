@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"testing"
@@ -36,7 +36,7 @@ func TestAManifestIsDecodedOncePerDigest(t *testing.T) {
 	}
 	var provisions, offered int
 	for _, node := range mesh.Nodes {
-		out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node.Name}, encoding{}, unpaged, reading{views: keepViews})
+		out, _, werr := composeFrom(m, &provisionerv1.ComposeRequest{Node: node.Name}, Encoding{}, unpaged, reading{views: keepViews})
 		if werr != nil {
 			t.Fatal(werr)
 		}

@@ -1,4 +1,4 @@
-package service
+package answers
 
 import (
 	"slices"
@@ -16,25 +16,25 @@ import (
 )
 
 // provisioningEndpoint answers mesh-provisioner.provisioning.
-func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse] {
-	return endpoint[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
-		name:       wire.ProvisioningEndpoint,
-		subject:    wire.ProvisioningSubject,
-		newRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
-		check:      checkProvisioning,
-		waits: func(in *provisionerv1.ProvisioningRequest) []revisionWait {
+func (s *Answers) provisioningEndpoint() Verb[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse] {
+	return Verb[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
+		Name:       wire.ProvisioningEndpoint,
+		Subject:    wire.ProvisioningSubject,
+		NewRequest: func() *provisionerv1.ProvisioningRequest { return &provisionerv1.ProvisioningRequest{} },
+		Check:      checkProvisioning,
+		Waits: func(in *provisionerv1.ProvisioningRequest) []RevisionWait {
 			return provisioningWaits(s.mirror, in)
 		},
-		keyOf: func(in *provisionerv1.ProvisioningRequest) string {
+		KeyOf: func(in *provisionerv1.ProvisioningRequest) string {
 			least := in.GetMinRevision()
 			in.MinRevision = 0
 			defer func() { in.MinRevision = least }()
 			return requestKey(in)
 		},
-		stamp: func(in *provisionerv1.ProvisioningRequest) stamp {
-			st, _ := copyOf(s.mirror, whatOf(in)).Stamp(in.GetNode())
-			read := stamp{behind: behindBits(s.mirror)}
-			switch whatOf(in) {
+		StampOf: func(in *provisionerv1.ProvisioningRequest) Stamp {
+			st, _ := copyOf(s.mirror, WhatOf(in)).Stamp(in.GetNode())
+			read := Stamp{behind: behindBits(s.mirror)}
+			switch WhatOf(in) {
 			case provisionerv1.What_WHAT_NEEDS:
 				read.needs = st
 			case provisionerv1.What_WHAT_APPLIED:
@@ -48,36 +48,36 @@ func (s *Service) provisioningEndpoint() endpoint[*provisionerv1.ProvisioningReq
 			}
 			return read
 		},
-		answer: provisioningAnswer(s.mirror),
-		early:  s.provisioningEarly,
-		tail:   provisioningTail,
+		Answer: provisioningAnswer(s.mirror),
+		Early:  s.provisioningEarly,
+		Tail:   provisioningTail,
 	}
 }
 
 // provisioningWaits are the revisions a provisioning request asks m to
 // reach: its min_revision and its page token's, of the bucket it reads.
-func provisioningWaits(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest) []revisionWait {
-	c := copyOf(m, whatOf(in))
-	waits := []revisionWait{{c, in.GetMinRevision()}}
+func provisioningWaits(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest) []RevisionWait {
+	c := copyOf(m, WhatOf(in))
+	waits := []RevisionWait{{c, in.GetMinRevision()}}
 	// checkProvisioning read the token already: it decodes.
 	if t, _ := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) }); len(t.Revisions) == 1 {
-		waits = append(waits, revisionWait{c, t.Revisions[0]})
+		waits = append(waits, RevisionWait{c, t.Revisions[0]})
 	}
 	return waits
 }
 
 // provisioningTail is the tail of a provisioning answer: the revision of
 // the bucket it read.
-func provisioningTail(in *provisionerv1.ProvisioningRequest, _ timings, revs mirror.Revisions) *provisionerv1.ProvisioningResponse {
-	return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, whatOf(in))}
+func provisioningTail(in *provisionerv1.ProvisioningRequest, _ Timings, revs mirror.Revisions) *provisionerv1.ProvisioningResponse {
+	return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, WhatOf(in))}
 }
 
 // provisioningAnswer answers a provisioning request from m.
-func provisioningAnswer(m *mirror.Mirror) func(*provisionerv1.ProvisioningRequest, encoding, int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
-	return func(in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, timings, func(), *wire.Error) {
+func provisioningAnswer(m *mirror.Mirror) func(*provisionerv1.ProvisioningRequest, Encoding, int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
+	return func(in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
 		start := time.Now()
 		out, werr := provisioningFrom(m, in, enc, budget)
-		return out, timings{read: time.Since(start)}, nil, werr
+		return out, Timings{read: time.Since(start)}, nil, werr
 	}
 }
 
@@ -95,7 +95,7 @@ var filtersOf = map[provisionerv1.What][]string{
 // it, a filter value that no key could hold, and a page token that is not
 // this request's.
 func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
-	what := whatOf(in)
+	what := WhatOf(in)
 	allowed, ok := filtersOf[what]
 	if !ok {
 		return wire.Errorf(wire.CodeBadRequest, "what %d is not one of WHAT_REGISTRY, WHAT_NEEDS, WHAT_APPLIED, WHAT_COLLECT, WHAT_MANIFESTS", in.GetWhat())
@@ -126,11 +126,13 @@ func checkProvisioning(in *provisionerv1.ProvisioningRequest) *wire.Error {
 // provisioningDigest identifies a provisioning request for its page tokens.
 func provisioningDigest(in *provisionerv1.ProvisioningRequest) string {
 	return requestDigest(&provisionerv1.ProvisioningRequest{
-		What: whatOf(in), Node: in.GetNode(), Module: in.GetModule(), Contributor: in.GetContributor(), Collection: in.GetCollection(),
+		What: WhatOf(in), Node: in.GetNode(), Module: in.GetModule(), Contributor: in.GetContributor(), Collection: in.GetCollection(),
 	})
 }
 
-func whatOf(in *provisionerv1.ProvisioningRequest) provisionerv1.What {
+// WhatOf returns the bucket a provisioning request reads: the registry
+// when it names none.
+func WhatOf(in *provisionerv1.ProvisioningRequest) provisionerv1.What {
 	if in.GetWhat() == provisionerv1.What_WHAT_UNSPECIFIED {
 		return provisionerv1.What_WHAT_REGISTRY
 	}
@@ -155,12 +157,12 @@ func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
 // provisioningFrom answers a checked request from a mirror: one page of it,
 // at most budget bytes once encoded, without the revision, which is added as
 // the answer is sent.
-func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, enc encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) })
 	if werr != nil {
 		return nil, werr
 	}
-	out := &provisionerv1.ProvisioningResponse{What: whatOf(in), Behind: m.Behind()}
+	out := &provisionerv1.ProvisioningResponse{What: WhatOf(in), Behind: m.Behind()}
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
 	// A malformed key is kept unless one of its tokens contradicts a filter;
 	// a key too short to have the filter's token is kept.
