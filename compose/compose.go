@@ -244,64 +244,63 @@ func (c *Composer) Part(needs []*provisionerv1.NeedRecord, malformed []*provisio
 	start := time.Now()
 	in := c.in
 	out := &provisionerv1.ComposeResponse{Node: in.Node, Module: in.Module, Revisions: in.Revisions}
-	rs := c.rs
-
+	c.arena.reserve(len(needs))
 	// Needs come in key order, so a module's items are contiguous: each
 	// plan's items are a window on one backing array.
-	items := make([]*provisionerv1.PlanItem, 0, len(needs))
-	arena := c.arena
-	arena.reserve(len(needs))
-	var plan *provisionerv1.ModulePlan
-	var planStart int
-	var collections []*provisionerv1.PlanItem
-	for _, need := range needs {
-		if in.Module != "" && need.GetModule() != in.Module {
-			continue
-		}
-		moduleBuilds := rs.buildsOf(in.Node, need.GetModule())
-		builds, inPlan := moduleBuilds.of(need.GetNeed())
-		if !inPlan {
-			continue // of a build the node neither wants nor knows as newest
-		}
-		res, refusal := rs.resolveNeed(in.Node, need, rs.resolve(need.GetKind()), builds)
-		if refusal != nil {
-			out.Refusals = append(out.Refusals, refusal)
-			continue
-		}
-		item := res.item(need, builds, arena)
-		if item.GetCollection() != "" {
-			collections = append(collections, item)
-		}
-		if plan == nil || plan.GetModule() != need.GetModule() {
-			plan = &provisionerv1.ModulePlan{Module: need.GetModule(), WantedBuild: moduleBuilds.wanted, NewestBuild: moduleBuilds.newest}
-			out.Plans = append(out.Plans, plan)
-			planStart = len(items)
-		}
-		items = append(items, item)
-		plan.Items = items[planStart:len(items):len(items)]
-		if res.provided {
-			out.Provisions = append(out.Provisions, res.provisionOf(need, builds))
-		}
-	}
+	p := &partSink{out: out, arena: c.arena, items: make([]*provisionerv1.PlanItem, 0, len(needs))}
+	c.rs.walk(&in, needs, p)
 	out.Refusals = refuseMalformed(out.GetRefusals(), malformed, in.Module)
 	mark := time.Now()
 	out.Phases = append(out.Phases, phase("resolve", mark.Sub(start)))
 
-	if len(collections) > 0 {
+	if len(p.collections) > 0 {
 		if c.byCollection == nil {
 			c.byCollection = map[string][]*provisionerv1.CollectedItem{}
-			arena.reserveCollected(len(in.Items))
+			c.arena.reserveCollected(len(in.Items))
 			for _, it := range in.Items {
-				c.byCollection[it.GetCollection()] = append(c.byCollection[it.GetCollection()], arena.collected(it))
+				c.byCollection[it.GetCollection()] = append(c.byCollection[it.GetCollection()], c.arena.collected(it))
 			}
 		}
-		for _, item := range collections {
+		for _, item := range p.collections {
 			item.Items = c.byCollection[item.GetCollection()]
 		}
 	}
 	out.Phases = append(out.Phases, phase("items", time.Since(mark)))
 	return out
 }
+
+// partSink makes the messages of a Part as walk composes it.
+type partSink struct {
+	out       *provisionerv1.ComposeResponse
+	arena     *Arena
+	items     []*provisionerv1.PlanItem
+	plans     *provisionerv1.ModulePlan // the plan being made
+	planStart int
+	// collections are the items that read a collection, filled once the
+	// walk is done.
+	collections []*provisionerv1.PlanItem
+}
+
+func (p *partSink) plan(module string, b *builds) {
+	p.plans = &provisionerv1.ModulePlan{Module: module, WantedBuild: b.wanted, NewestBuild: b.newest}
+	p.out.Plans = append(p.out.Plans, p.plans)
+	p.planStart = len(p.items)
+}
+
+func (p *partSink) item(need *provisionerv1.NeedRecord, res resolution, builds []string) {
+	item := res.item(need, builds, p.arena)
+	if item.GetCollection() != "" {
+		p.collections = append(p.collections, item)
+	}
+	p.items = append(p.items, item)
+	p.plans.Items = p.items[p.planStart:len(p.items):len(p.items)]
+}
+
+func (p *partSink) provision(x *provisionerv1.Provision) {
+	p.out.Provisions = append(p.out.Provisions, x)
+}
+
+func (p *partSink) refusal(r *provisionerv1.Refusal) { p.out.Refusals = append(p.out.Refusals, r) }
 
 func phase(name string, d time.Duration) *provisionerv1.Phase {
 	return &provisionerv1.Phase{Name: name, Duration: durationpb.New(d)}

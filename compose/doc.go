@@ -15,4 +15,9 @@
 // [DigestPart]s, which a [PartDigester] reads: the service keeps a node's
 // last composition a module at a time, and composes again only the modules
 // whose needs changed.
+//
+// These are one composition: Compose, Composer.Part and PlanDigester.Digest
+// each walk the needs the same way, resolving each once, and differ only in
+// what they make of it (messages, or a digest). The service's answers, its
+// plans writer and the benchmarks' by-key check all reach it so.
 package compose

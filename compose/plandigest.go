@@ -29,55 +29,21 @@ type PlanDigester struct {
 	// once the first need that reads a collection is met.
 	byCollection map[string][]*provisionerv1.CollectRecord
 	grouped      bool
+	// What Digest is walking: its input, the plan being appended (its
+	// module, builds and items so far), and the plans and provisions
+	// appended.
+	in                          *Input
+	planOf, wanted, newest      string
+	items                       int
+	plansCount, provisionsCount int
 }
 
 // Digest returns Digest(Compose(in)). in.Arena is not read.
 func (d *PlanDigester) Digest(in Input) string {
 	d.reset()
-	rs := newResolver(in.Sources)
-	var (
-		plans, items, provisions int
-		// The plan being appended: its module and builds. A module's
-		// needs are contiguous in key order; a module met again after
-		// another (needs out of order) starts a plan again, as in Part.
-		planOf         string
-		wanted, newest string
-	)
-	endPlan := func() {
-		if items == 0 {
-			return
-		}
-		d.plans = appendPlanFields(d.plans, planOf, wanted, newest, items)
-		d.plans = append(d.plans, d.module...)
-		d.module, items = d.module[:0], 0
-	}
-	for _, need := range in.Needs {
-		if in.Module != "" && need.GetModule() != in.Module {
-			continue
-		}
-		moduleBuilds := rs.buildsOf(in.Node, need.GetModule())
-		builds, inPlan := moduleBuilds.of(need.GetNeed())
-		if !inPlan {
-			continue
-		}
-		res, refusal := rs.resolveNeed(in.Node, need, rs.resolve(need.GetKind()), builds)
-		if refusal != nil {
-			d.refusals = append(d.refusals, refusal)
-			continue
-		}
-		if items == 0 || planOf != need.GetModule() {
-			endPlan()
-			planOf, wanted, newest = need.GetModule(), moduleBuilds.wanted, moduleBuilds.newest
-			plans++
-		}
-		d.module = d.appendResolved(d.module, &in, need, &res, builds)
-		items++
-		if res.provided {
-			d.provisions = appendProvision(d.provisions, res.provisionOf(need, builds))
-			provisions++
-		}
-	}
-	endPlan()
+	d.in = &in
+	newResolver(in.Sources).walk(&in, in.Needs, d)
+	d.endPlan()
 	d.refusals = refuseMalformed(d.refusals, in.Malformed, in.Module)
 
 	// The plans are whole: the module's buffer is free for the head and
@@ -85,9 +51,9 @@ func (d *PlanDigester) Digest(in Input) string {
 	h := sha256.New()
 	b := appendString(d.module[:0], in.Node)
 	b = appendString(b, in.Module)
-	h.Write(binary.AppendUvarint(b, uint64(plans)))
+	h.Write(binary.AppendUvarint(b, uint64(d.plansCount)))
 	h.Write(d.plans)
-	h.Write(binary.AppendUvarint(b[:0], uint64(provisions)))
+	h.Write(binary.AppendUvarint(b[:0], uint64(d.provisionsCount)))
 	h.Write(d.provisions)
 	b = binary.AppendUvarint(b[:0], uint64(len(d.refusals)))
 	for _, r := range d.refusals {
@@ -95,8 +61,38 @@ func (d *PlanDigester) Digest(in Input) string {
 	}
 	h.Write(b)
 	d.module = b[:0]
+	d.in = nil
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
+
+// plan ends the plan being appended, if any, and starts module's.
+func (d *PlanDigester) plan(module string, b *builds) {
+	d.endPlan()
+	d.planOf, d.wanted, d.newest = module, b.wanted, b.newest
+	d.plansCount++
+}
+
+// endPlan appends the plan being appended, its items counted first.
+func (d *PlanDigester) endPlan() {
+	if d.items == 0 {
+		return
+	}
+	d.plans = appendPlanFields(d.plans, d.planOf, d.wanted, d.newest, d.items)
+	d.plans = append(d.plans, d.module...)
+	d.module, d.items = d.module[:0], 0
+}
+
+func (d *PlanDigester) item(need *provisionerv1.NeedRecord, res resolution, builds []string) {
+	d.module = d.appendResolved(d.module, d.in, need, &res, builds)
+	d.items++
+}
+
+func (d *PlanDigester) provision(p *provisionerv1.Provision) {
+	d.provisions = appendProvision(d.provisions, p)
+	d.provisionsCount++
+}
+
+func (d *PlanDigester) refusal(r *provisionerv1.Refusal) { d.refusals = append(d.refusals, r) }
 
 // appendResolved appends the plan item need resolved to, as appendItem
 // appends the item Part makes of it.
@@ -131,4 +127,6 @@ func (d *PlanDigester) reset() {
 	clear(d.collections.sums)
 	clear(d.byCollection)
 	d.grouped = false
+	d.planOf, d.wanted, d.newest, d.items = "", "", "", 0
+	d.plansCount, d.provisionsCount = 0, 0
 }
