@@ -18,7 +18,6 @@ import (
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/permissions"
-	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -185,17 +184,8 @@ func (m deputyMesh) snapshots(t *testing.T) []map[string]string {
 // waits until its copy is loaded; stopSeat hands the seat back.
 func serveAs(ctx context.Context, t *testing.T, s *server.Server) (answering *identity, stopSeat func()) {
 	t.Helper()
-	writer, _, _, stopSeat := startProvisioner(ctx, t, s)
-	answering = connectAs(t, s, wire.RoleServer, wire.ServerIdentity)
-	svc, err := service.Start(ctx, service.Config{Conn: answering.nc, WatchConn: writer.nc, Version: "1.2.3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	if err := svc.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return answering, stopSeat
+	p := startProvisioner(ctx, t, s)
+	return p.answering, p.stopSeat
 }
 
 // TestNoNodeCanMakeTheServiceWrite is the confused deputy, tried on a real

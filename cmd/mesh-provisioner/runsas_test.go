@@ -17,11 +17,9 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
-	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
-	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -39,15 +37,8 @@ func TestRunsAsOnARealServer(t *testing.T) {
 
 	// The server's identity creates the buckets in its account, takes the
 	// seat, reconciles the registry and serves.
-	srv, _, _, stopSeat := startProvisioner(ctx, t, s)
-	svc, err := service.Start(ctx, service.Config{Conn: connectAs(t, s, wire.RoleServer, wire.ServerIdentity).nc, WatchConn: srv.nc, Version: "1.2.3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	if err := svc.WaitReady(ctx); err != nil {
-		t.Fatalf("server identity watches the buckets: %v", err)
-	}
+	p := startProvisioner(ctx, t, s)
+	stopSeat := p.stopSeat
 
 	// Nodes in MESH write their own state through the imports.
 	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
@@ -235,9 +226,8 @@ func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
 	s := runsAsServer(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	t.Cleanup(cancel)
-	srv, _, _, _ := startProvisioner(ctx, t, s)
-	svc := servicetest.StartAs(t, connectAs(t, s, wire.RoleServer, wire.ServerIdentity).nc, srv.nc)
-	servicetest.RunPlans(t, svc, srv.nc, 10*time.Millisecond)
+	// The instance writes each node's plan digest while it holds the seat.
+	startProvisioner(ctx, t, s)
 
 	ace := connectAs(t, s, wire.RoleNode, "ace")
 	aceNode, err := nodeclient.New(ctx, nodeclient.Config{Conn: ace.nc, Node: "ace"})

@@ -23,15 +23,14 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
-	"github.com/novox/mesh-provisioner/seat"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -164,38 +163,54 @@ func serveAuthorized(t *testing.T, s *server.Server) {
 	servicetest.StartAs(t, srv.nc, writer.nc, func(c *service.Config) { c.NodeMaxBytes = 16 << 20 })
 }
 
-// startProvisioner sets the server's writing identity up on s as serve does:
-// it creates the buckets, takes the seat, and reconciles the registry
-// through it. stopSeat hands the seat back and waits for it.
-func startProvisioner(ctx context.Context, t *testing.T, s *server.Server) (srv *identity, registryKV jetstream.KeyValue, provisionerSeat *seat.Seat, stopSeat func()) {
+// provisioner is the server's two identities on a real server, serving as
+// serve does through one instance, which contends for the seat (making the
+// buckets, reconciling the registry, writing plans) until stopSeat: it then
+// hands the seat back, so that the streams hold still, and answers on as a
+// standby.
+type provisioner struct {
+	srv, answering *identity // the writing identity, and the answering one
+	registryKV     jetstream.KeyValue
+	inst           *instance.Instance
+	stopSeat       func()
+}
+
+// startProvisioner starts the server's instance on s as its two identities,
+// contending for the seat, and returns once it serves: its copy loaded, and
+// holding the registry it wrote.
+func startProvisioner(ctx context.Context, t *testing.T, s *server.Server) *provisioner {
 	t.Helper()
-	srv = connectAs(t, s, wire.RoleServer, wire.WriterIdentity)
-	if err := buckets.Ensure(ctx, srv.js, buckets.Config{}); err != nil {
-		t.Fatalf("server identity creates the buckets: %v (violations %v)", err, srv.violations)
-	}
-	registryKV, err := srv.js.KeyValue(ctx, keys.RegistryBucket)
+	p := &provisioner{srv: connectAs(t, s, wire.RoleServer, wire.WriterIdentity), answering: connectAs(t, s, wire.RoleServer, wire.ServerIdentity)}
+	var err error
+	p.inst, err = instance.Start(ctx, instance.Config{
+		Service: service.Config{Conn: p.answering.nc, WatchConn: p.srv.nc, Version: "1.2.3", Logger: slog.New(slog.DiscardHandler)},
+	})
 	if err != nil {
+		t.Fatalf("the server's identities start an instance: %v (violations: writer %v, answering %v)", err, p.srv.violations, p.answering.violations)
+	}
+	t.Cleanup(p.inst.Stop)
+	if p.registryKV, err = p.srv.js.KeyValue(ctx, keys.RegistryBucket); err != nil {
 		t.Fatal(err)
 	}
-	provisionerSeat, err = seat.New(ctx, seat.Config{JS: srv.js, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reconciler := &registry.Reconciler{KV: registryKV, Publisher: provisionerSeat, Logger: slog.New(slog.DiscardHandler)}
-	seatCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	seatDone := make(chan error, 1)
-	go func() { seatDone <- provisionerSeat.Run(seatCtx, reconciler.Run) }()
+	contending, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan error, 1)
+	go func() { done <- p.inst.Contend(contending) }()
 	var once sync.Once
-	stopSeat = func() {
+	p.stopSeat = func() {
 		once.Do(func() {
 			cancel()
-			if err := <-seatDone; err != nil {
+			if err := <-done; err != nil {
 				t.Errorf("the server identity's seat: %v", err)
 			}
 		})
 	}
-	t.Cleanup(stopSeat)
-	return srv, registryKV, provisionerSeat, stopSeat
+	t.Cleanup(p.stopSeat) // before the instance stops
+	select {
+	case <-p.inst.Serving():
+	case <-ctx.Done():
+		t.Fatalf("the instance does not serve: %v (violations: writer %v, answering %v)", ctx.Err(), p.srv.violations, p.answering.violations)
+	}
+	return p
 }
 
 func TestPermissionsOnARealServer(t *testing.T) {
@@ -206,11 +221,12 @@ func TestPermissionsOnARealServer(t *testing.T) {
 
 	// The server's identity creates the buckets, reconciles the registry
 	// and serves.
-	srv, registryKV, provisionerSeat, stopSeat := startProvisioner(ctx, t, s)
+	p := startProvisioner(ctx, t, s)
+	srv := p.srv
 	natstest.CheckFor(t, 5*time.Second, func() error {
 		// The stream holds the table's entries and the seat's lease.
-		st, _ := registryKV.Status(ctx)
-		if held, _ := provisionerSeat.Held(); !held || st == nil || st.Values() != uint64(len(registry.Table())+1) {
+		st, _ := p.registryKV.Status(ctx)
+		if held, _ := p.inst.Seat().Held(); !held || st == nil || st.Values() != uint64(len(registry.Table())+1) {
 			srv.mu.Lock()
 			defer srv.mu.Unlock()
 			return fmt.Errorf("server identity takes the seat and reconciles the registry (violations %v)", srv.violations)
@@ -218,16 +234,8 @@ func TestPermissionsOnARealServer(t *testing.T) {
 		return nil
 	})
 	// It hands the seat back, so that the streams hold still for the
-	// attempts below.
-	stopSeat()
-	svc, err := service.Start(ctx, service.Config{Conn: connectAs(t, s, wire.RoleServer, wire.ServerIdentity).nc, WatchConn: srv.nc, Version: "1.2.3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(svc.Stop)
-	if err := svc.WaitReady(ctx); err != nil {
-		t.Fatalf("server identity watches the buckets: %v", err)
-	}
+	// attempts below, and serves on.
+	p.stopSeat()
 
 	admin := connectAs(t, s, "", "admin")
 	if _, err := admin.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"}); err != nil {

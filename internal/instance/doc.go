@@ -11,7 +11,8 @@
 // connections: it drains them after Run (or Stop) returns.
 //
 // Start returns an instance that answers (503 while its copy loads) but
-// neither contends for the seat nor writes; Run contends for it and serves
-// until its context ends. A harness that writes the registry itself uses
-// Start alone.
+// neither contends for the seat nor writes. Contend contends for it until
+// its context ends, then leaves the instance answering as a standby; Run
+// is Contend, then the service stopped, as serve runs it. A harness that
+// writes the registry itself uses Start alone.
 package instance

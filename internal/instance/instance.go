@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,6 +65,8 @@ type Instance struct {
 	registry jetstream.KeyValue
 	plans    jetstream.KeyValue
 	serving  chan struct{}
+	// servingOnce closes serving: Contend may run again after it returned.
+	servingOnce sync.Once
 }
 
 // Start checks that JetStream is there, ensures the buckets, binds the seat
@@ -161,46 +164,31 @@ func (in *Instance) Service() *service.Service { return in.svc }
 // Seat returns the instance's seat.
 func (in *Instance) Seat() *seat.Seat { return in.seat }
 
-// Serving is closed once Run has found the copy whole and holding the
-// registry: the instance answers right.
+// Serving is closed once Contend (or Run) has found the copy whole and
+// holding the registry: the instance answers right.
 func (in *Instance) Serving() <-chan struct{} { return in.serving }
 
 // Stop stops the service. Run stops it too; Stop is for an instance that
 // was started and never run.
 func (in *Instance) Stop() { in.svc.Stop() }
 
-// Run contends for the seat and, while this instance holds it, reconciles
-// the registry and writes the plan digests; meanwhile it waits for the copy
-// to be whole and to hold the registry, then closes Serving. It returns once
-// ctx ends (nil) or either side fails, with the seat handed back and the
-// service stopped; the caller drains the connections then.
+// Run is Contend, then the service stopped: it returns once ctx ends (nil)
+// or Contend fails, with the seat handed back and the service stopped; the
+// caller drains the connections then.
 func (in *Instance) Run(ctx context.Context) error {
 	defer in.svc.Stop()
+	return in.Contend(ctx)
+}
+
+// Contend contends for the seat until ctx ends and, while this instance
+// holds it, reconciles the registry and writes the plan digests; meanwhile
+// it waits for the copy to be whole and to hold the registry, then closes
+// Serving. It returns once ctx ends (nil) or either side fails, with the
+// seat handed back; the service answers on as a standby until Stop.
+func (in *Instance) Contend(ctx context.Context) error {
 	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
-	reconciler := &registry.Reconciler{KV: in.registry, Interval: in.cfg.RegistryInterval, RestoreDelay: in.cfg.RestoreDelay,
-		Publisher: in.seat, Logger: in.logger,
-		Reconciled: func(r registry.Report) {
-			select {
-			case reconciled <- r.Revision:
-			default:
-			}
-		}}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		// The holder's tenure: the registry, and each node's plan digest.
-		tenure := func(ctx context.Context) error {
-			tg, tctx := errgroup.WithContext(ctx)
-			tg.Go(func() error { return reconciler.Run(tctx) })
-			tg.Go(func() error {
-				return in.svc.RunPlans(tctx, service.PlansConfig{KV: in.plans, Interval: in.cfg.PlansInterval})
-			})
-			return tg.Wait()
-		}
-		if err := in.seat.Run(gctx, tenure); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
-			return fmt.Errorf("reconcile registry: %w", err)
-		}
-		return nil
-	})
+	g.Go(func() error { return in.contend(gctx, reconciled) })
 	g.Go(func() error {
 		readyCtx, cancel := context.WithTimeout(gctx, in.cfg.ReadyTimeout)
 		defer cancel()
@@ -219,10 +207,37 @@ func (in *Instance) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		close(in.serving)
+		in.servingOnce.Do(func() { close(in.serving) })
 		return nil
 	})
 	return g.Wait()
+}
+
+// contend runs the seat's tenure while this instance holds it, until ctx
+// ends, telling reconciled the revision of the first reconciliation that
+// wrote the registry whole.
+func (in *Instance) contend(ctx context.Context, reconciled chan<- uint64) error {
+	reconciler := &registry.Reconciler{KV: in.registry, Interval: in.cfg.RegistryInterval, RestoreDelay: in.cfg.RestoreDelay,
+		Publisher: in.seat, Logger: in.logger,
+		Reconciled: func(r registry.Report) {
+			select {
+			case reconciled <- r.Revision:
+			default:
+			}
+		}}
+	// The holder's tenure: the registry, and each node's plan digest.
+	tenure := func(ctx context.Context) error {
+		tg, tctx := errgroup.WithContext(ctx)
+		tg.Go(func() error { return reconciler.Run(tctx) })
+		tg.Go(func() error {
+			return in.svc.RunPlans(tctx, service.PlansConfig{KV: in.plans, Interval: in.cfg.PlansInterval})
+		})
+		return tg.Wait()
+	}
+	if err := in.seat.Run(ctx, tenure); err != nil && ctx.Err() == nil { // not a write cut short by shutdown
+		return fmt.Errorf("reconcile registry: %w", err)
+	}
+	return nil
 }
 
 // waitForRegistry returns once the service's copy holds the whole registry:

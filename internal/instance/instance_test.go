@@ -152,3 +152,37 @@ func TestStartSaysJetStreamIsOff(t *testing.T) {
 		t.Errorf("Start: %q, want it to contain %q", err, want)
 	}
 }
+
+// TestContendHandsTheSeatBackAndKeepsServing: an instance that stops
+// contending hands the seat back and answers on as a standby, until Stop.
+func TestContendHandsTheSeatBackAndKeepsServing(t *testing.T) {
+	t.Parallel()
+	s := natstest.Start(t)
+	nc := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	inst, err := instance.Start(ctx, instance.Config{Service: service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Stop)
+	contending, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- inst.Contend(contending) }()
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if held, _ := inst.Seat().Held(); !held {
+			return errors.New("the only instance does not hold the seat")
+		}
+		return nil
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Contend: %v", err)
+	}
+	if held, _ := inst.Seat().Held(); held {
+		t.Error("the seat is still held after Contend returned")
+	}
+	if _, err := nc.Request("$SRV.PING.mesh-provisioner", nil, 2*time.Second); err != nil {
+		t.Errorf("the standby does not answer discovery: %v", err)
+	}
+}
