@@ -14,6 +14,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // A reader that stops reading while the watcher's delivery waits on a full
@@ -31,7 +32,7 @@ func TestAReaderThatStopsEarlyLeavesNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 1000 { // four times what Updates holds
-		if _, err := js.PublishAsync("$KV.early.k"+strconv.Itoa(i), []byte("v")); err != nil {
+		if _, err := js.PublishAsync(wire.KVSubject("early", "k"+strconv.Itoa(i)), []byte("v")); err != nil {
 			t.Fatal(err)
 		}
 	}

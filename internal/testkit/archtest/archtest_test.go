@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -227,5 +230,44 @@ func TestImportRules(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKVSubjectsAreWiresAlone: a KV key's subject is spelled in one place,
+// wire (KVSubject, and the prefixes it names), so that every other package,
+// tests included, builds it the one way.
+func TestKVSubjectsAreWiresAlone(t *testing.T) {
+	t.Parallel()
+	root := "../../.."
+	needle := []byte(`"$KV` + `.`) // split, so that this file does not spell it
+	var spelled []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			if name := d.Name(); name == "node_modules" || name == ".venv" || strings.HasPrefix(name, ".") && rel != "." || rel == "wire" || rel == "build" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(src, needle) {
+			spelled = append(spelled, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spelled) > 0 {
+		t.Errorf("%s is spelled outside wire, in %s: build the subject with wire.KVSubject", needle, strings.Join(spelled, ", "))
 	}
 }
