@@ -73,7 +73,7 @@ type Instance struct {
 // and starts the service, each step tried again while what the bus causes
 // makes it fail (an election, a stream not yet placed), until ctx ends. The
 // instance answers once Start returns, if only with a 503 while its copy
-// loads; Run makes it contend for the seat.
+// loads; Contend (or Run) makes it contend for the seat.
 func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	if cfg.Service.WatchConn == nil {
 		return nil, errors.New("instance: Config.Service.WatchConn is required")
