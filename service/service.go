@@ -301,16 +301,9 @@ func (cfg *Config) Validate() error {
 	return nil
 }
 
-// Start opens the provisioning buckets, starts watching them and adds the
-// micro service. Alone on the bus, it returns once the server has the
-// endpoints' subscriptions, without waiting for the copy: until it is loaded
-// (see WaitReady), the endpoints answer 503. Beside instances that answer
-// already, it adds its endpoints only once its copy is whole, so that it
-// takes no request from the queue group before it can answer it.
-func Start(ctx context.Context, cfg Config) (*Service, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// withDefaults returns cfg with each zero field at its default, and no
+// answer cache with NoAnswerCache.
+func (cfg Config) withDefaults() Config {
 	if cfg.Version == "" {
 		cfg.Version = "0.0.0-dev"
 	}
@@ -359,6 +352,20 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.ReplyPrefixes == nil {
 		cfg.ReplyPrefixes = wire.ReplyPrefixes()
 	}
+	return cfg
+}
+
+// Start opens the provisioning buckets, starts watching them and adds the
+// micro service. Alone on the bus, it returns once the server has the
+// endpoints' subscriptions, without waiting for the copy: until it is loaded
+// (see WaitReady), the endpoints answer 503. Beside instances that answer
+// already, it adds its endpoints only once its copy is whole, so that it
+// takes no request from the queue group before it can answer it.
+func Start(ctx context.Context, cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
 	watchConn := cfg.WatchConn
 	if watchConn == nil {
 		watchConn = cfg.Conn
@@ -420,29 +427,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 
 	othersServe := s.othersServe(ctx) // before this instance answers discovery too
-	s.micro, err = micro.AddService(cfg.Conn, micro.Config{
-		Name:         wire.ServiceName,
-		Version:      cfg.Version,
-		Description:  "Says which module answers each kind of placeholder, what nodes need, have applied and collect, and composes each node's plan.",
-		StatsHandler: s.stats,
-		DoneHandler: func(micro.Service) {
-			// After Stop, or when micro stopped itself on a fatal error.
-			s.logger.Info("micro service stopped", "service", wire.ServiceName)
-		},
-		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
-			// A slow consumer or permission error on a subscription: the
-			// service keeps serving, and the operator is told; a flood's
-			// drops once per burst.
-			if errors.Is(err, nats.ErrSlowConsumer) {
-				if c := s.counterOf(err.Subject); c != nil {
-					c.slowConsumer.Add(1)
-				}
-				s.slow.Event(err.Subject)
-				return
-			}
-			s.logger.Error("service subscription error", "subject", err.Subject, "err", err.Description)
-		},
-	})
+	s.micro, err = micro.AddService(cfg.Conn, s.microConfig(cfg.Version))
 	if err != nil {
 		s.stopWatchers()
 		return nil, fmt.Errorf("add micro service: %w", err)
@@ -463,6 +448,34 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// microConfig is the micro service's configuration: its name and
+// description, the stats handler, and what micro tells of itself.
+func (s *Service) microConfig(version string) micro.Config {
+	return micro.Config{
+		Name:         wire.ServiceName,
+		Version:      version,
+		Description:  "Says which module answers each kind of placeholder, what nodes need, have applied and collect, and composes each node's plan.",
+		StatsHandler: s.stats,
+		DoneHandler: func(micro.Service) {
+			// After Stop, or when micro stopped itself on a fatal error.
+			s.logger.Info("micro service stopped", "service", wire.ServiceName)
+		},
+		ErrorHandler: func(_ micro.Service, err *micro.NATSError) {
+			// A slow consumer or permission error on a subscription: the
+			// service keeps serving, and the operator is told; a flood's
+			// drops once per burst.
+			if errors.Is(err, nats.ErrSlowConsumer) {
+				if c := s.counterOf(err.Subject); c != nil {
+					c.slowConsumer.Add(1)
+				}
+				s.slow.Event(err.Subject)
+				return
+			}
+			s.logger.Error("service subscription error", "subject", err.Subject, "err", err.Description)
+		},
+	}
 }
 
 // probeTimeout bounds the question whether other instances serve.
