@@ -118,6 +118,8 @@ type plansWriter struct {
 	// is followed for as long as a node's needs name it, not forgotten
 	// while no request composes the node (mirror.Bound's forgetting).
 	buckets map[string][]string
+	// writing holds the digest of each node's write in flight (write).
+	writing map[string]string
 	// notBefore holds, for each node of many records composed lately,
 	// when it may be composed again (Share); entries go once past.
 	notBefore map[string]time.Time
@@ -188,7 +190,7 @@ const (
 func keepPlans(ctx context.Context, cfg Config) error {
 	w := &plansWriter{
 		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
-		buckets: map[string][]string{}, notBefore: map[string]time.Time{},
+		buckets: map[string][]string{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
 	}
 	watcher, err := cfg.KV.WatchAll(ctx)
 	if err != nil {
@@ -258,7 +260,7 @@ func (w *plansWriter) follow(ctx context.Context, watcher jetstream.KeyWatcher, 
 					digest.Digest = "" // unreadable: rewritten on the next pass
 					w.redo[e.Key()] = true
 				}
-				if seen && !initial && held.digest != digest.GetDigest() {
+				if seen && !initial && held.digest != digest.GetDigest() && w.writing[e.Key()] != digest.GetDigest() {
 					w.redo[e.Key()] = true // another writer's: checked again
 				}
 				w.key[e.Key()] = heldDigest{digest: digest.GetDigest(), revision: e.Revision()}
@@ -512,6 +514,16 @@ func (w *plansWriter) write(ctx context.Context, pw planWrite) {
 		w.failed(pw.node, "encode", err)
 		return
 	}
+	// The watcher may hear this write before it is acknowledged here: it
+	// is the writer's own, not another's to check again.
+	w.mu.Lock()
+	w.writing[pw.node] = pw.digest
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		delete(w.writing, pw.node)
+		w.mu.Unlock()
+	}()
 	var revision uint64
 	if pw.has {
 		revision, err = w.kv.Update(ctx, pw.node, value, pw.held.revision)
