@@ -14,8 +14,11 @@ type Plan struct {
 	Digest string
 	// revisions are those the copies had reached after it was composed.
 	Revisions *provisionerv1.Revisions
-	// buckets are the providers' buckets it read keys of, sorted.
-	Buckets []string
+	// Buckets are the providers' buckets it read keys of, Kinds the
+	// registry entries it read (answering or not), and Providers the
+	// providers whose manifests it read, each sorted: what, changed, may
+	// change it.
+	Buckets, Kinds, Providers []string
 	// records is how many needs and collection items it read: a measure
 	// of its cost.
 	Records int
@@ -23,7 +26,8 @@ type Plan struct {
 
 // Compose returns the digest of node's whole composition in the copy m, the
 // revisions the copies had reached after it was composed (of the
-// providers' buckets, those it read) and the providers' buckets it read.
+// providers' buckets, those it read), and what it read beside the node's
+// own records: the providers' buckets, registry entries and manifests.
 // It makes no composition (planDigestOf): the digest is what the bucket
 // holds, and a node notified asks for its composition, which is made then.
 // Nor does it keep a decoded view of the node: the writer reads every
@@ -31,17 +35,33 @@ type Plan struct {
 func Compose(m *mirror.Mirror, node string) Plan {
 	scratch := scratches.Get().(*digestScratch)
 	defer scratches.Put(scratch)
-	var buckets []string
-	read := func(bucket string) {
-		if !slices.Contains(buckets, bucket) {
-			buckets = append(buckets, bucket)
-		}
-	}
-	digest, records := planDigestOf(m, node, scratch, read)
-	slices.Sort(buckets)
+	var r reads
+	digest, records := planDigestOf(m, node, scratch, &r)
+	buckets := r.buckets.sorted()
 	// Read after composing: a node that asks at these revisions is
 	// answered a composition at least as new as the digest.
-	return Plan{Digest: digest, Revisions: m.RevisionsNow().Only(buckets).Proto(), Buckets: buckets, Records: records}
+	return Plan{Digest: digest, Revisions: m.RevisionsNow().Only(buckets).Proto(), Records: records,
+		Buckets: buckets, Kinds: r.kinds.sorted(), Providers: r.providers.sorted()}
+}
+
+// reads are what a composition read beside the node's own records.
+type reads struct {
+	buckets, kinds, providers names
+}
+
+// names are names heard, each once, in the order heard: a composition
+// reads few of each, so a slice is the cheapest set.
+type names []string
+
+func (n *names) add(name string) {
+	if !slices.Contains(*n, name) {
+		*n = append(*n, name)
+	}
+}
+
+func (n names) sorted() []string {
+	slices.Sort(n)
+	return n
 }
 
 // digestScratch is where the plans writer digests a node (planDigestOf),
@@ -62,15 +82,16 @@ var scratches = sync.Pool{New: func() any { return new(digestScratch) }}
 // planDigestOf returns the plan digest of node's whole composition, the
 // one its compose answer carries, without making the composition
 // (compose.PlanDigester), nor keeping the node's decoded views, and how
-// many needs and collection items it read. boundRead, if set, hears each
-// providers' bucket the composition reads a key of.
-func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRead func(bucket string)) (digest string, read int) {
+// many needs and collection items it read. r, if set, hears what else it
+// reads: each providers' bucket it reads a key of, each registry entry and
+// each provider's manifest.
+func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, r *reads) (digest string, read int) {
 	entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
 	items, _, _ := m.Collect.GroupInto(node, &scratch.collect)
 	builds, _ := m.BuildsOf(node)
 	sources := m.Sources(&builds)
-	if boundRead != nil {
-		sources = hearBound(sources, boundRead)
+	if r != nil {
+		sources = r.hear(sources)
 	}
 	records, malformed := mirror.SplitNeeds(scratch.records[:0], scratch.malformed[:0], entries)
 	in := compose.Input{Node: node, Sources: sources, Needs: records, Malformed: malformed, Items: mirror.WellFormed(scratch.items[:0], items)}
@@ -80,13 +101,21 @@ func planDigestOf(m *mirror.Mirror, node string, scratch *digestScratch, boundRe
 	return digest, len(entries) + len(items)
 }
 
-// hearBound returns sources whose Bound tells heard each providers' bucket
-// it reads a key of.
-func hearBound(sources compose.Sources, heard func(bucket string)) compose.Sources {
-	key := sources.Bound
+// hear returns sources that tell r each providers' bucket they read a key
+// of, each registry entry and each provider's manifest they read.
+func (r *reads) hear(sources compose.Sources) compose.Sources {
+	key, entry, manifest := sources.Bound, sources.Registry, sources.Manifest
 	sources.Bound = func(bucket, k string) uint64 {
-		heard(bucket)
+		r.buckets.add(bucket)
 		return key(bucket, k)
+	}
+	sources.Registry = func(kind string) *provisionerv1.RegistryEntry {
+		r.kinds.add(kind)
+		return entry(kind)
+	}
+	sources.Manifest = func(provider string) *provisionerv1.ManifestRecord {
+		r.providers.add(provider)
+		return manifest(provider)
 	}
 	return sources
 }

@@ -120,6 +120,14 @@ type plansWriter struct {
 	buckets map[string][]string
 	// writing holds the digest of each node's write in flight (write).
 	writing map[string]string
+	// lastRead are the registry entries and providers' manifests each
+	// node's last composition read: a change of one composes its readers
+	// only.
+	lastRead map[string]nodeReads
+	// registry and manifests are the revisions of each registry entry
+	// (by kind) and each provider's newest manifest (by provider) as the
+	// writer last looked, to tell which changed.
+	registry, manifests map[string]uint64
 	// notBefore holds, for each node of many records composed lately,
 	// when it may be composed again (Share); entries go once past.
 	notBefore map[string]time.Time
@@ -140,9 +148,9 @@ const plansSweep = time.Second
 // the one the bucket holds. It first brings every node's digest up to date
 // (rewriting none that is), then, every interval, composes again the nodes
 // whose composition may have changed: those whose needs, applied records,
-// collection items or providers' keys changed, and every node when the
-// registry or the manifests did; a node of many records no more often
-// than Share says. The seat's holder runs it in its tenure;
+// collection items or providers' keys changed, and those whose last
+// composition read a registry entry or a provider's manifest that changed;
+// a node of many records no more often than Share says. The seat's holder runs it in its tenure;
 // a write that meets another writer's (a revision it did not expect) is
 // read again and retried, so two writers for a moment leave the bucket
 // right.
@@ -190,7 +198,7 @@ const (
 func keepPlans(ctx context.Context, cfg Config) error {
 	w := &plansWriter{
 		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
-		buckets: map[string][]string{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
+		buckets: map[string][]string{}, lastRead: map[string]nodeReads{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
 	}
 	watcher, err := cfg.KV.WatchAll(ctx)
 	if err != nil {
@@ -289,15 +297,31 @@ func groupsOf(m *mirror.Mirror) int {
 }
 
 // changed returns the nodes whose composition may have changed since mark,
-// in order, and the mark now; every node when all is set, or when the
-// registry or the manifests changed.
+// in order, and the mark now; every node when all is set. A registry entry
+// or a provider's manifest that changed composes the nodes whose last
+// composition read it.
 func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	m := w.copy
 	var next plansMark
 	next.registry, _ = m.Registry.Stamp("")
 	next.manifests, _ = m.Manifests.Stamp("")
-	all = all || next.registry != mark.registry || next.manifests != mark.manifests
+	var kinds, providers []string
+	if all || next.registry != mark.registry {
+		kinds = w.registryChanged()
+	}
+	if all || next.manifests != mark.manifests {
+		providers = w.manifestsChanged()
+	}
 	set := map[string]bool{}
+	if !all && len(kinds)+len(providers) > 0 {
+		w.mu.Lock()
+		for node, r := range w.lastRead {
+			if r.readsAny(kinds, providers) {
+				set[node] = true
+			}
+		}
+		w.mu.Unlock()
+	}
 	since := mark
 	if all {
 		since = plansMark{}
@@ -359,6 +383,74 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	w.stats.Deferred.Store(uint64(deferred))
 	w.mu.Unlock()
 	return slices.Sorted(maps.Keys(set)), next
+}
+
+// nodeReads are the registry entries (by kind) and the providers' manifests
+// (by provider) a node's last composition read, each sorted.
+type nodeReads struct {
+	kinds, providers []string
+}
+
+// readsAny reports whether r holds any of kinds or providers.
+func (r nodeReads) readsAny(kinds, providers []string) bool {
+	for _, k := range kinds {
+		if _, ok := slices.BinarySearch(r.kinds, k); ok {
+			return true
+		}
+	}
+	for _, p := range providers {
+		if _, ok := slices.BinarySearch(r.providers, p); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// registryChanged returns the kinds whose registry entry changed (written,
+// deleted, or out of shape now or before) since the writer last looked,
+// and keeps their revisions for the next look. The registry holds tens
+// of entries: comparing them all costs little, and misses no deletion.
+func (w *plansWriter) registryChanged() []string {
+	entries, _ := w.copy.Registry.All()
+	now := make(map[string]uint64, len(entries))
+	for _, e := range entries {
+		now[e.Key] = e.Record.GetRevision() // zero for a malformed entry
+	}
+	changed := changedKeys(w.registry, now)
+	w.registry = now
+	return changed
+}
+
+// manifestsChanged is registryChanged for the providers' newest manifests.
+func (w *plansWriter) manifestsChanged() []string {
+	entries, _ := w.copy.Manifests.All()
+	now := map[string]uint64{}
+	for _, e := range entries {
+		if e.Malformed == nil {
+			now[e.Record.GetProvider()] = max(now[e.Record.GetProvider()], e.Record.GetRevision())
+		}
+	}
+	changed := changedKeys(w.manifests, now)
+	w.manifests = now
+	return changed
+}
+
+// changedKeys returns the keys whose values differ between before and now,
+// or that either lacks, sorted.
+func changedKeys(before, now map[string]uint64) []string {
+	var changed []string
+	for k, rev := range now {
+		if was, ok := before[k]; !ok || was != rev {
+			changed = append(changed, k)
+		}
+	}
+	for k := range before {
+		if _, ok := now[k]; !ok {
+			changed = append(changed, k)
+		}
+	}
+	slices.Sort(changed)
+	return changed
 }
 
 // reads reports whether node's last composition read keys of any of
@@ -472,6 +564,7 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	if !w.known(node) {
 		w.mu.Lock()
 		delete(w.buckets, node)
+		delete(w.lastRead, node)
 		w.mu.Unlock()
 		return planWrite{node: node, held: held, has: has, gone: true}, has
 	}
@@ -493,6 +586,7 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	} else {
 		delete(w.buckets, node)
 	}
+	w.lastRead[node] = nodeReads{kinds: plan.Kinds, providers: plan.Providers}
 	w.mu.Unlock()
 	if has && held.digest == plan.Digest {
 		return planWrite{}, false

@@ -17,6 +17,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // RunPlans keeps each node's digest equal to its composition's, writes
@@ -165,4 +166,129 @@ func TestRunPlansRemovesTheKeyOfANodeGoneAsAnotherCame(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A registry entry or a provider's manifest that changes composes again
+// the nodes whose last composition read it, and no other: ace reads the
+// port entry, novox the secret entry, bob the bound entry and provider
+// pg's manifest.
+func TestAChangeComposesOnlyItsReaders(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc)
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	registryKV := servicetest.Bucket(t, nc, keys.RegistryBucket)
+	node := func(name string) *nodeclient.Client {
+		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ace, novox, bob, pgHost := node("ace"), node("novox"), node("bob"), node("pghost")
+	for _, w := range []struct {
+		c          *nodeclient.Client
+		kind, name string
+		need       *provisionerv1.Need
+	}{
+		{ace, "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}},
+		{novox, "secret", "token", &provisionerv1.Need{Placeholder: "${secret:token}"}},
+		{bob, "bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "pg", Provision: "db"}},
+	} {
+		if _, err := w.c.PutNeed(ctx, "web", w.kind, w.name, w.need); err != nil {
+			t.Fatal(err)
+		}
+	}
+	manifest := &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}}
+	if _, _, err := pgHost.PutManifest(ctx, "pg", manifest); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.RunPlans(t, svc, nc, 5*time.Millisecond)
+
+	digestOf := func(node string) (string, error) {
+		e, err := plans.Get(ctx, node)
+		if err != nil {
+			return "", err
+		}
+		d := &provisionerv1.PlanDigest{}
+		err = proto.Unmarshal(e.Value(), d)
+		return d.GetDigest(), err
+	}
+	composed := func() uint64 {
+		data, err := wire.DecodeStatsData(svc.Stats().Endpoints[0].Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data.GetPlans().GetComposed()
+	}
+	digests := map[string]string{}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		for _, n := range []string{"ace", "novox", "bob"} {
+			d, err := digestOf(n)
+			if err != nil {
+				return fmt.Errorf("%s's digest: %w", n, err)
+			}
+			digests[n] = d
+		}
+		return nil
+	})
+	// changes applies change, waits for node's digest to change with it,
+	// and returns how many compositions the writer made meanwhile: a pass
+	// composes every node it takes before it writes any digest.
+	changes := func(node string, change func()) uint64 {
+		t.Helper()
+		before := composed()
+		change()
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			d, err := digestOf(node)
+			if err != nil {
+				return fmt.Errorf("%s's digest: %w", node, err)
+			}
+			if d == digests[node] {
+				return fmt.Errorf("%s's digest is still %s", node, d)
+			}
+			digests[node] = d
+			return nil
+		})
+		return composed() - before
+	}
+
+	// The secret entry answers on another subject now: novox's plan.
+	n := changes("novox", func() {
+		e, err := registryKV.Get(ctx, "secret")
+		if err != nil {
+			t.Fatal(err)
+		}
+		entry := &provisionerv1.RegistryEntry{}
+		if err := proto.Unmarshal(e.Value(), entry); err != nil {
+			t.Fatal(err)
+		}
+		entry.GetVerb().Subject = "mesh-vault.secret.v2"
+		value, err := proto.Marshal(entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := registryKV.Put(ctx, "secret", value); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 1 {
+		t.Errorf("the secret entry changed: %d compositions, want 1 (novox's)", n)
+	}
+	// pg offers more: bob's plan, which names pg's manifest.
+	n = changes("bob", func() {
+		manifest.Offers = append(manifest.Offers, &provisionerv1.Offer{Provision: "cache"})
+		if _, _, err := pgHost.PutManifest(ctx, "pg", manifest); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 1 {
+		t.Errorf("pg's manifest changed: %d compositions, want 1 (bob's)", n)
+	}
+	for _, other := range []string{"ace", "novox"} {
+		if d, err := digestOf(other); err != nil || d != digests[other] {
+			t.Errorf("%s's digest changed to %s (%v)", other, d, err)
+		}
+	}
 }
