@@ -6,7 +6,9 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/service/admission"
+	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -17,7 +19,9 @@ import (
 // endpoint's own stands before prepare, at most rate a second of each asker
 // (no bound when zero), and the answer waits in the asker's line; the
 // service closes the door as it stops. Elsewhere the answer follows on the
-// callback.
+// callback. A request dropped past the rate is unanswered, but for one an
+// asker each second, answered on the callback with why (a 503 micro
+// counts), to the asker's own inbox only.
 func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, count *counters, prepare func(micro.Request) func(onCallback bool)) micro.Handler {
 	if owner == "" {
 		return micro.HandlerFunc(func(r micro.Request) {
@@ -38,13 +42,27 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 	s.doorsMu.Unlock()
 	return micro.HandlerFunc(func(r micro.Request) {
 		who := admission.Asker{Role: owner, Name: admission.AskerToken(r.Subject(), prefix)}
-		if !d.Admit(who) {
+		if admitted, tell := d.Admit(who); !admitted {
+			if tell && s.replies.AnswersTo(r.Reply(), who.Role, who.Name) {
+				s.refuse(r, answers.EncodingOf(r), count, pastRate(who, name, rate), true)
+			}
 			return
 		}
 		if answer := prepare(r); answer != nil {
 			d.Put(who, answer)
 		}
 	})
+}
+
+// pastRate is the refusal of a request dropped at the door of endpoint
+// name because who asked faster than rate a second.
+func pastRate(who admission.Asker, name string, rate int) *wire.Error {
+	slower := "ask less often"
+	if name == wire.PutEndpoint || name == wire.DeleteEndpoint {
+		slower = "write a module's records at once with apply, or write less often"
+	}
+	return wire.Errorf(wire.CodeUnavailable, "%s %s asks %s more than %d times a second, the most the server takes of one %s: it drops what comes past that unanswered (this answer says why, at most once a second); %s",
+		who.Role, keys.Echo(who.Name), name, rate, who.Role, slower)
 }
 
 // pendingLimits bounds the pending buffer of an endpoint whose asker its

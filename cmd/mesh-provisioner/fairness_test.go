@@ -44,6 +44,13 @@ func TestAFloodingNodeLosesItsOwnExcess(t *testing.T) {
 	defer cancel()
 
 	ace := connectAs(t, s, wire.RoleNode, "ace")
+	// ace hears what it is answered: what passes the door, and why the
+	// rest does not, once a second.
+	heard, err := ace.nc.SubscribeSync(wire.InboxPrefix(wire.RoleNode, "ace") + ".gone.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	flooded := time.Now()
 	const flood = 5_000
 	body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: "ace"})
 	for i := range flood {
@@ -61,6 +68,24 @@ func TestAFloodingNodeLosesItsOwnExcess(t *testing.T) {
 		if _, err := novox.Compose(ctx, &provisionerv1.ComposeRequest{Node: "novox"}); err != nil {
 			t.Fatalf("novox's compose %d: %v", i, err)
 		}
+	}
+
+	// Of its dropped requests, ace is told why at most once a second.
+	var told int
+	for {
+		msg, err := heard.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		if reason := msg.Header.Get(wire.ErrorHeader); reason != "" {
+			if !strings.Contains(reason, "more than 200 times a second") || msg.Header.Get(wire.ErrorCodeHeader) != "503" {
+				t.Errorf("ace is told %s %q, want a 503 that names its rate", msg.Header.Get(wire.ErrorCodeHeader), reason)
+			}
+			told++
+		}
+	}
+	if most := int(time.Since(flooded).Seconds()) + 1; told < 1 || told > most {
+		t.Errorf("ace was told why its requests were dropped %d times in %s, want 1 to %d", told, time.Since(flooded).Round(time.Millisecond), most)
 	}
 
 	ops := connectAs(t, s, wire.RoleOperator, "ops")

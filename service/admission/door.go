@@ -74,6 +74,8 @@ type line[R any] struct {
 	// is read at one in refillEvery of them, so that a flood's drops cost
 	// no clock read each.
 	refused uint
+	// told is when the asker was last told it asks past its rate.
+	told time.Time
 }
 
 // refillEvery is how many tries without a token pass between two refills:
@@ -81,23 +83,34 @@ type line[R any] struct {
 const refillEvery = 64
 
 // take spends one of l's tokens, refilling them first when none is left, and
-// reports whether there was one.
-func (l *line[R]) take(rate, burst float64) bool {
+// reports whether there was one; and, when there was none, whether the
+// asker is to be told so: at most once every tellEvery, on a try that read
+// the clock anyway.
+func (l *line[R]) take(rate, burst float64) (ok, tell bool) {
 	if l.tokens < 1 {
 		if l.refused++; l.refused%refillEvery != 1 {
-			return false
+			return false, false
 		}
 		now := time.Now()
 		l.tokens = min(burst, l.tokens+now.Sub(l.refilled).Seconds()*rate)
 		l.refilled = now
 		if l.tokens < 1 {
-			return false
+			if now.Sub(l.told) < tellEvery {
+				return false, false
+			}
+			l.told = now
+			return false, true
 		}
 		l.refused = 0
 	}
 	l.tokens--
-	return true
+	return true, false
 }
+
+// tellEvery is how often at most an asker past its rate is told so, in an
+// answer to one of its dropped requests: an honest asker learns why its
+// requests go unanswered, and a flood costs one answer a second.
+const tellEvery = time.Second
 
 // minSweep is the fewest lines a door keeps before it forgets the idle.
 const minSweep = 1024
@@ -116,7 +129,7 @@ func NewDoor[R any](most, total int, rate float64, serve func(R), onDrop func(As
 // Enter puts r in who's line, or drops it and reports false (Admit, then
 // Put).
 func (d *Door[R]) Enter(who Asker, r R) bool {
-	if !d.Admit(who) {
+	if admitted, _ := d.Admit(who); !admitted {
 		return false
 	}
 	d.Put(who, r)
@@ -125,10 +138,12 @@ func (d *Door[R]) Enter(who Asker, r R) bool {
 
 // Admit reports whether who may put a request in its line now: the door is
 // open, its line and all lines have room, and who asks within the rate.
-// Otherwise the request is dropped, counted by asker. Only the goroutine
+// Otherwise the request is dropped, counted by asker, and tell says whether
+// to answer this one with why (past the rate, at most once every
+// tellEvery an asker; a drop is otherwise unanswered). Only the goroutine
 // that puts requests in the door admits them, so a line admitted has room
 // until put.
-func (d *Door[R]) Admit(who Asker) bool {
+func (d *Door[R]) Admit(who Asker) (admitted, tell bool) {
 	d.mu.Lock()
 	l := d.lines[who]
 	if l == nil {
@@ -139,9 +154,16 @@ func (d *Door[R]) Admit(who Asker) bool {
 		d.lines[who] = l
 	}
 	n := len(l.reqs)
-	if !d.closed && n < d.most && (n == 0 || d.queued < d.total) && (d.rate == 0 || l.take(d.rate, d.burst)) {
-		d.mu.Unlock()
-		return true
+	if !d.closed && n < d.most && (n == 0 || d.queued < d.total) {
+		if d.rate == 0 {
+			d.mu.Unlock()
+			return true, false
+		}
+		var ok bool
+		if ok, tell = l.take(d.rate, d.burst); ok {
+			d.mu.Unlock()
+			return true, false
+		}
 	}
 	dropped := d.countDrop(who)
 	d.mu.Unlock()
@@ -151,7 +173,7 @@ func (d *Door[R]) Admit(who Asker) bool {
 	if d.onDrop != nil && dropped%dropTold == 1 {
 		d.onDrop(who)
 	}
-	return false
+	return false, tell
 }
 
 // Put puts r, admitted, at the end of who's line.

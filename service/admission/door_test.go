@@ -125,6 +125,30 @@ func TestDoorForgetsIdleLines(t *testing.T) {
 	}
 }
 
+// An asker past its rate is told so on one dropped request, then not again
+// within tellEvery: its flood costs one answer a second.
+func TestDoorTellsOncePastTheRate(t *testing.T) {
+	t.Parallel()
+	d := NewDoor(10, 16, 1, func(string) {}, nil) // 1 a second, burst 1
+	t.Cleanup(d.Close)
+	var got []string
+	for range 200 {
+		admitted, tell := d.Admit(ace)
+		switch {
+		case admitted:
+			got = append(got, "admitted")
+		case tell:
+			got = append(got, "told")
+		}
+	}
+	if want := []string{"admitted", "told"}; !slices.Equal(got, want) {
+		t.Errorf("200 tries at once: %v, want %v", got, want)
+	}
+	if _, tell := d.Admit(bob); tell {
+		t.Error("bob, within his rate, was told he is past it")
+	}
+}
+
 // BenchmarkDoorDrop is what a flood's request past its asker's line costs
 // the door: no allocation, and no clock read or log call each.
 func BenchmarkDoorDrop(b *testing.B) {
