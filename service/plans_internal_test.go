@@ -12,12 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/synth"
+	"github.com/novox/mesh-provisioner/internal/testkit/meshtest"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service/plans"
 )
 
@@ -44,25 +43,8 @@ func startOnMeshDenying(t testing.TB, deny []string, meshConfig synth.Config, cf
 // the service on svc once its copy is whole.
 func startOnMeshAs(t testing.TB, admin, svc *nats.Conn, meshConfig synth.Config, cfg Config) (*Service, *synth.Mesh, *nats.Conn) {
 	t.Helper()
+	mesh := meshtest.Write(t, admin, meshConfig)
 	ctx := context.Background()
-	js, err := jetstream.New(admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
-		t.Fatal(err)
-	}
-	mesh := synth.Generate(meshConfig)
-	if err := mesh.Write(ctx, js, 8, nil); err != nil {
-		t.Fatal(err)
-	}
 	cfg.Conn = svc
 	s, err := Start(ctx, cfg)
 	if err != nil {

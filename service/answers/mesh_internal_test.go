@@ -11,14 +11,12 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 	"github.com/novox/mesh-provisioner/internal/synth"
+	"github.com/novox/mesh-provisioner/internal/testkit/meshtest"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
-	"github.com/novox/mesh-provisioner/keys"
-	"github.com/novox/mesh-provisioner/registry"
 )
 
 // startOnMesh writes a synthetic mesh into an embedded server's buckets,
@@ -29,22 +27,9 @@ func startOnMesh(t testing.TB, meshConfig synth.Config, options ...func(*Config)
 	t.Helper()
 	ctx := context.Background()
 	nc := natstest.Connect(t, natstest.Start(t))
+	mesh := meshtest.Write(t, nc, meshConfig)
 	js, err := jetstream.New(nc)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, keys.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := registry.Reconcile(ctx, kv, registry.Table()); err != nil {
-		t.Fatal(err)
-	}
-	mesh := synth.Generate(meshConfig)
-	if err := mesh.Write(ctx, js, 8, nil); err != nil {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
