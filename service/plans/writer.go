@@ -268,7 +268,8 @@ func (w *plansWriter) follow(ctx context.Context, watcher jetstream.KeyWatcher, 
 					digest.Digest = "" // unreadable: rewritten on the next pass
 					w.redo[e.Key()] = true
 				}
-				if seen && !initial && held.digest != digest.GetDigest() && w.writing[e.Key()] != digest.GetDigest() {
+				own, inFlight := w.writing[e.Key()]
+				if seen && !initial && held.digest != digest.GetDigest() && (!inFlight || own != digest.GetDigest()) {
 					w.redo[e.Key()] = true // another writer's: checked again
 				}
 				w.key[e.Key()] = heldDigest{digest: digest.GetDigest(), revision: e.Revision()}

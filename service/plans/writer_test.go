@@ -292,3 +292,43 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 		}
 	}
 }
+
+// A node's key that another writes with no digest (an empty value, or an
+// empty digest) is another writer's, and the writer writes the node's
+// digest back; it is not taken for the writer's own write in flight.
+func TestRunPlansRepairsAnEmptyDigest(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc)
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ace.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.RunPlans(t, svc, nc, 5*time.Millisecond)
+	digest := func() error {
+		e, err := plans.Get(ctx, "ace")
+		if err != nil {
+			return err
+		}
+		d := &provisionerv1.PlanDigest{}
+		if err := proto.Unmarshal(e.Value(), d); err != nil {
+			return err
+		}
+		if d.GetDigest() == "" {
+			return errors.New("ace's key holds no digest")
+		}
+		return nil
+	}
+	natstest.CheckFor(t, 10*time.Second, digest)
+	for _, foreign := range [][]byte{{}, {0x0a, 0x00}} { // empty, and digest ""
+		if _, err := plans.Put(ctx, "ace", foreign); err != nil {
+			t.Fatal(err)
+		}
+		natstest.CheckFor(t, 10*time.Second, digest)
+	}
+}
