@@ -2,6 +2,7 @@ package service
 
 import (
 	"log/slog"
+	"time"
 
 	"github.com/nats-io/nats.go/micro"
 
@@ -43,8 +44,13 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 	return micro.HandlerFunc(func(r micro.Request) {
 		who := admission.Asker{Role: owner, Name: admission.AskerToken(r.Subject(), prefix)}
 		if admitted, tell := d.Admit(who); !admitted {
-			if tell && s.replies.AnswersTo(r.Reply(), who.Role, who.Name) {
+			switch {
+			case !tell:
+			case s.replies.AnswersTo(r.Reply(), who.Role, who.Name):
+				r = s.observed(r, name, time.Now())
 				s.refuse(r, answers.EncodingOf(r), count, pastRate(who, name, rate), true)
+			default:
+				d.Untell(who)
 			}
 			return
 		}

@@ -89,8 +89,9 @@ type Config struct {
 	MaxPerAsker int
 	// MaxRatePerAsker bounds the requests a second that one node or
 	// provider makes on each of its own subjects, as many at once: more
-	// are dropped unanswered where they arrive, counted by asker, so that
-	// a flood costs the service as little as reading it. Zero means
+	// are dropped where they arrive, counted by asker, so that a flood
+	// costs the service as little as reading it; one drop an asker a
+	// second is answered with why (a 503), the others not at all. Zero means
 	// DefaultMaxRatePerAsker; negative (NoLimit) means no limit.
 	MaxRatePerAsker int
 	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose

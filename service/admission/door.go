@@ -11,7 +11,8 @@ import (
 // reads only whom a request is from (the subject's token, which nats-server
 // confines to the asker's own) and puts it in that asker's line, unless the
 // asker asks faster than the door's rate or its line is full: then the
-// request is dropped unanswered, counted by asker. One goroutine takes the
+// request is dropped, counted by asker, and unanswered but for one an
+// asker each second past the rate (Admit's tell). One goroutine takes the
 // lines' heads in turn, so that an asker with a long line delays another's
 // request by at most one of its own.
 //
@@ -174,6 +175,17 @@ func (d *Door[R]) Admit(who Asker) (admitted, tell bool) {
 		d.onDrop(who)
 	}
 	return false, tell
+}
+
+// Untell takes back the tell Admit just gave who, when the request it was
+// for may not be answered (its reply subject is not the asker's inbox):
+// the next drop past the rate tells instead.
+func (d *Door[R]) Untell(who Asker) {
+	d.mu.Lock()
+	if l := d.lines[who]; l != nil {
+		l.told = time.Time{}
+	}
+	d.mu.Unlock()
 }
 
 // Put puts r, admitted, at the end of who's line.

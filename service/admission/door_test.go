@@ -147,6 +147,18 @@ func TestDoorTellsOncePastTheRate(t *testing.T) {
 	if _, tell := d.Admit(bob); tell {
 		t.Error("bob, within his rate, was told he is past it")
 	}
+	// A tell taken back (its request could not be answered) is given at
+	// the next drop that reads the clock: one in refillEvery.
+	d.Untell(ace)
+	told := 0
+	for range refillEvery {
+		if _, tell := d.Admit(ace); tell {
+			told++
+		}
+	}
+	if told != 1 {
+		t.Errorf("%d tries after Untell: told %d times, want once", refillEvery, told)
+	}
 }
 
 // BenchmarkDoorDrop is what a flood's request past its asker's line costs

@@ -49,7 +49,7 @@ var endpointCounters = []struct {
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetQueueFull()) }},
 	{"asker_full_total", "Requests answered 503 because the node or provider that asked on its own subject already held as many requests at once as one asker may, --max-per-asker (stats data asker_full).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetAskerFull()) }},
-	{"dropped_total", "Requests of nodes and providers dropped unanswered where they arrived: their asker asked faster than --max-rate-per-asker, or than its requests were read (stats data dropped).",
+	{"dropped_total", "Requests of nodes and providers dropped where they arrived, one an asker a second answered with why: their asker asked faster than --max-rate-per-asker, or than its requests were read (stats data dropped).",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetDropped()) }},
 	{"large_shed_total", "Answers over 64 KiB refused with a 503 because the bytes already queued for their asker, or for all askers, were at their bound (stats data large_shed); counted in answer_errors_total too.",
 		func(_ *micro.EndpointStats, d endpointData) float64 { return float64(d.GetLargeShed()) }},
@@ -190,7 +190,7 @@ var (
 	descReady = prometheus.NewDesc(namespace+"_ready",
 		"1 while /readyz answers 200.", nil, nil)
 	descDroppedBy = prometheus.NewDesc(namespace+"_asker_dropped_total",
-		"Requests of one node or provider dropped unanswered where they arrived, for the ten askers with the most on each endpoint (stats data dropped_by_asker).",
+		"Requests of one node or provider dropped where they arrived, for the ten askers with the most on each endpoint (stats data dropped_by_asker).",
 		[]string{"endpoint", "role", "name"}, nil)
 
 	// The plans writer: what this instance did of mesh-provisioner_plans

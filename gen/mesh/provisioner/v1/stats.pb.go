@@ -86,11 +86,13 @@ type EndpointStatsData struct {
 	// own subject, already had as many requests waiting for revisions, queued
 	// or being answered as one asker may (serve --max-per-asker).
 	AskerFull uint64 `protobuf:"varint,19,opt,name=asker_full,json=askerFull,proto3" json:"asker_full,omitempty"`
-	// Requests dropped unanswered at the endpoint's door, before they were
-	// read: their asker's line already held serve --max-per-asker requests,
-	// or every asker's lines together held as many as they may. Only the
-	// endpoints that nodes and providers ask on their own subjects have a
-	// door.
+	// Requests dropped at the endpoint's door, before they were read: their
+	// asker asked faster than serve --max-rate-per-asker
+	// (--max-write-rate-per-asker on the write verbs), its line already held
+	// 256 requests, or every asker's lines together held as many as they may.
+	// One of an asker's drops a second is answered with why (a 503); the
+	// others get no answer. Only the endpoints that nodes and providers ask on
+	// their own subjects have a door.
 	Dropped uint64 `protobuf:"varint,20,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// The askers with the most requests dropped at the door, the most first;
 	// at most 10.

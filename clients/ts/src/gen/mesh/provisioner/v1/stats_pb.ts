@@ -176,11 +176,13 @@ export type EndpointStatsData = Message<"mesh.provisioner.v1.EndpointStatsData">
   askerFull: bigint;
 
   /**
-   * Requests dropped unanswered at the endpoint's door, before they were
-   * read: their asker's line already held serve --max-per-asker requests,
-   * or every asker's lines together held as many as they may. Only the
-   * endpoints that nodes and providers ask on their own subjects have a
-   * door.
+   * Requests dropped at the endpoint's door, before they were read: their
+   * asker asked faster than serve --max-rate-per-asker
+   * (--max-write-rate-per-asker on the write verbs), its line already held
+   * 256 requests, or every asker's lines together held as many as they may.
+   * One of an asker's drops a second is answered with why (a 503); the
+   * others get no answer. Only the endpoints that nodes and providers ask on
+   * their own subjects have a door.
    *
    * @generated from field: uint64 dropped = 20;
    */
