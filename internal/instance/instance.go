@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,7 +68,13 @@ type Instance struct {
 	serving  chan struct{}
 	// servingOnce closes serving: Contend may run again after it returned.
 	servingOnce sync.Once
+	// contending is set while Contend runs: one seat, one tenure at once.
+	contending atomic.Bool
 }
+
+// ErrContending is returned by Contend and Run while the instance already
+// contends for the seat.
+var ErrContending = errors.New("instance: Contend or Run is already running")
 
 // Start checks that JetStream is there, ensures the buckets, binds the seat
 // and starts the service, each step tried again while what the bus causes
@@ -174,7 +181,7 @@ func (in *Instance) Stop() { in.svc.Stop() }
 
 // Run is Contend, then the service stopped: it returns once ctx ends (nil)
 // or Contend fails, with the seat handed back and the service stopped; the
-// caller drains the connections then.
+// caller drains the connections then. An instance runs once.
 func (in *Instance) Run(ctx context.Context) error {
 	defer in.svc.Stop()
 	return in.Contend(ctx)
@@ -184,8 +191,13 @@ func (in *Instance) Run(ctx context.Context) error {
 // holds it, reconciles the registry and writes the plan digests; meanwhile
 // it waits for the copy to be whole and to hold the registry, then closes
 // Serving. It returns once ctx ends (nil) or either side fails, with the
-// seat handed back; the service answers on as a standby until Stop.
+// seat handed back; the service answers on as a standby until Stop. It may
+// run again after it returned, not twice at once (ErrContending).
 func (in *Instance) Contend(ctx context.Context) error {
+	if !in.contending.CompareAndSwap(false, true) {
+		return ErrContending
+	}
+	defer in.contending.Store(false)
 	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return in.contend(gctx, reconciled) })

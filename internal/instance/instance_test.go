@@ -186,3 +186,32 @@ func TestContendHandsTheSeatBackAndKeepsServing(t *testing.T) {
 		t.Errorf("the standby does not answer discovery: %v", err)
 	}
 }
+
+// Contend runs once at a time: a second call while the first contends is
+// refused, and the first goes on.
+func TestContendRunsOnceAtATime(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	inst, err := instance.Start(ctx, instance.Config{Service: service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Stop)
+	contending, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- inst.Contend(contending) }()
+	select {
+	case <-inst.Serving():
+	case <-ctx.Done():
+		t.Fatal("the instance did not serve within 30s")
+	}
+	if err := inst.Contend(ctx); !errors.Is(err, instance.ErrContending) {
+		t.Errorf("a second Contend: %v, want ErrContending", err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("the first Contend: %v", err)
+	}
+}
