@@ -54,6 +54,24 @@ func (m *Mirror) ManifestDecodes() uint64 { return m.manifests.decodes.Load() }
 // ManifestOf returns the manifest of provider: the one written last by any
 // node that runs it, or nil when none declares one.
 func (m *Mirror) ManifestOf(provider string) *provisionerv1.ManifestRecord {
+	return m.manifestIndex().byProvider[provider]
+}
+
+// ManifestRevisions returns the revision of each provider's manifest as
+// ManifestOf returns it, from the same index: read once a change of the
+// manifests, however many ask.
+func (m *Mirror) ManifestRevisions() map[string]uint64 {
+	byProvider := m.manifestIndex().byProvider
+	revisions := make(map[string]uint64, len(byProvider))
+	for provider, r := range byProvider {
+		revisions[provider] = r.GetRevision()
+	}
+	return revisions
+}
+
+// manifestIndex returns each provider's newest manifest, made again once
+// the manifests' copy changed.
+func (m *Mirror) manifestIndex() *manifestIndex {
 	gen, _ := m.Manifests.Stamp("")
 	idx := m.manifests.index.Load()
 	if idx == nil || idx.gen != gen {
@@ -70,5 +88,5 @@ func (m *Mirror) ManifestOf(provider string) *provisionerv1.ManifestRecord {
 		}
 		m.manifests.index.Store(idx)
 	}
-	return idx.byProvider[provider]
+	return idx
 }

@@ -150,10 +150,10 @@ const plansSweep = time.Second
 // whose composition may have changed: those whose needs, applied records,
 // collection items or providers' keys changed, and those whose last
 // composition read a registry entry or a provider's manifest that changed;
-// a node of many records no more often than Share says. The seat's holder runs it in its tenure;
-// a write that meets another writer's (a revision it did not expect) is
-// read again and retried, so two writers for a moment leave the bucket
-// right.
+// a node of many records no more often than Share says. The seat's holder
+// runs it in its tenure; a write that meets another writer's (a revision
+// it did not expect) is read again and retried, so two writers for a
+// moment leave the bucket right.
 //
 // It returns when ctx is done, and ends on nothing the bus can cause: a
 // watcher lost or a bucket unreachable is logged and tried again, each
@@ -422,15 +422,10 @@ func (w *plansWriter) registryChanged() []string {
 	return changed
 }
 
-// manifestsChanged is registryChanged for the providers' newest manifests.
+// manifestsChanged is registryChanged for the providers' newest manifests,
+// read from the index compositions read them through (one a provider).
 func (w *plansWriter) manifestsChanged() []string {
-	entries, _ := w.copy.Manifests.All()
-	now := map[string]uint64{}
-	for _, e := range entries {
-		if e.Malformed == nil {
-			now[e.Record.GetProvider()] = max(now[e.Record.GetProvider()], e.Record.GetRevision())
-		}
-	}
+	now := w.copy.ManifestRevisions()
 	changed := changedKeys(w.manifests, now)
 	w.manifests = now
 	return changed
