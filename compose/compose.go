@@ -287,13 +287,14 @@ func (p *partSink) plan(module string, b *builds) {
 	p.planStart = len(p.items)
 }
 
-func (p *partSink) item(need *provisionerv1.NeedRecord, res resolution, builds []string) {
+func (p *partSink) item(need *provisionerv1.NeedRecord, res resolution, builds []string) string {
 	item := res.item(need, builds, p.arena)
 	if item.GetCollection() != "" {
 		p.collections = append(p.collections, item)
 	}
 	p.items = append(p.items, item)
 	p.plans.Items = p.items[p.planStart:len(p.items):len(p.items)]
+	return res.keyString
 }
 
 func (p *partSink) provision(x *provisionerv1.Provision) {

@@ -82,9 +82,10 @@ func (d *PlanDigester) endPlan() {
 	d.module, d.items = d.module[:0], 0
 }
 
-func (d *PlanDigester) item(need *provisionerv1.NeedRecord, res resolution, builds []string) {
+func (d *PlanDigester) item(need *provisionerv1.NeedRecord, res resolution, builds []string) string {
 	d.module = d.appendResolved(d.module, d.in, need, &res, builds)
 	d.items++
+	return "" // appended as bytes
 }
 
 func (d *PlanDigester) provision(p *provisionerv1.Provision) {

@@ -8,7 +8,9 @@ import provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 // Part makes messages of them; PlanDigester appends them to a digest.
 type sink interface {
 	plan(module string, b *builds)
-	item(need *provisionerv1.NeedRecord, res resolution, builds []string)
+	// item returns the key's string if it made one, for the provision
+	// that follows to reuse rather than make again.
+	item(need *provisionerv1.NeedRecord, res resolution, builds []string) (key string)
 	provision(p *provisionerv1.Provision)
 	refusal(r *provisionerv1.Refusal)
 }
@@ -40,7 +42,9 @@ func (rs *resolver) walk(in *Input, needs []*provisionerv1.NeedRecord, s sink) {
 			planOf, planned = need.GetModule(), true
 			s.plan(planOf, moduleBuilds)
 		}
-		s.item(need, res, builds)
+		if key := s.item(need, res, builds); key != "" {
+			res.keyString = key
+		}
 		if res.provided {
 			s.provision(res.provisionOf(need, builds))
 		}
