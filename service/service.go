@@ -134,9 +134,9 @@ type Config struct {
 	// latency (see Observer).
 	Observe Observer
 
-	// boundTimings, in tests, replace how often the copy looks again for
-	// a provider's bucket found missing and how long it keeps one that
-	// nothing names (mirror.Bound.SetTimings).
+	// boundRetry and boundForget, in tests, replace how often the copy
+	// looks again for a provider's bucket found missing and how long it
+	// keeps one that nothing names (mirror.Bound.SetTimings).
 	boundRetry, boundForget time.Duration
 	// earlyReadsPerSecond, in tests, replaces the bound on reads of a
 	// node alone (earlyReadsPerSecond): a bound under what the test's

@@ -1,6 +1,7 @@
 package answers
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"strings"
@@ -70,11 +71,8 @@ func New(cfg Config) *Answers {
 	a := &Answers{
 		mirror: cfg.Copy, followers: cfg.Followers, stopping: cfg.Stopping, maxPayload: cfg.MaxPayload,
 		revisionWait: cfg.RevisionWait, slowCompose: cfg.SlowCompose, logger: cfg.Logger, warnings: cfg.Warnings,
-		earlyReads: newEarlyBound(max(cfg.EarlyReadsPerSecond, 0), earlyReadsPerNode),
+		earlyReads: newEarlyBound(cmp.Or(cfg.EarlyReadsPerSecond, earlyReadsPerSecond), earlyReadsPerNode),
 		cache:      newAnswerCache(cfg.CacheMaxBytes),
-	}
-	if cfg.EarlyReadsPerSecond == 0 {
-		a.earlyReads = newEarlyBound(earlyReadsPerSecond, earlyReadsPerNode)
 	}
 	if cfg.CacheMaxBytes > 0 {
 		a.sections = newSectionCache(cfg.CacheMaxBytes / 2)

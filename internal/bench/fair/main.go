@@ -1,4 +1,4 @@
-// Command benchfair measures what one node can do to another with its own
+// Command fair (internal/bench/fair, formerly benchfair) measures what one node can do to another with its own
 // grant (issue 37), each figure against the quiet one in the same run:
 //
 //   - flood: node ace publishes compose requests on its own subject,

@@ -1,4 +1,4 @@
-// Command benchplans measures issue 22's figures: how soon a node watching
+// Command plans (internal/bench/plans, formerly benchplans) measures issue 22's figures: how soon a node watching
 // its plan (client.WatchPlan) learns that it changed. It fills a synthetic
 // mesh into a nats-server with JetStream (a process of its own), starts
 // the service and RunPlans (as the seat's holder runs it), and one watcher

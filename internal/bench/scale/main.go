@@ -1,4 +1,4 @@
-// Command benchscale measures how one instance grows with the mesh, as an
+// Command scale (internal/bench/scale, formerly benchscale) measures how one instance grows with the mesh, as an
 // operator sees it: for each mesh size it writes a synthetic mesh into a
 // nats-server of its own process, execs bin/mesh-provisioner serve against
 // it, and reports

@@ -1,4 +1,4 @@
-// Command benchverb measures the verbs against the bus itself: it fills a
+// Command verb (internal/bench/verb, formerly benchverb) measures the verbs against the bus itself: it fills a
 // mesh into an embedded JetStream, starts the service, and for each kind of
 // request serves an echo endpoint that returns the very same answer bytes
 // (what NATS alone costs). It alternates rounds of the real verb and of the

@@ -1,4 +1,4 @@
-// Command benchwrite measures the write verbs against direct KV puts of the
+// Command write (internal/bench/write, formerly benchwrite) measures the write verbs against direct KV puts of the
 // same records on the same nats-server, in one run (issue 36: the service
 // is the only writer, one hop more than a direct put):
 //

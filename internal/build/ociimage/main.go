@@ -6,7 +6,7 @@
 // (-out).
 //
 //	CGO_ENABLED=0 GOOS=linux go build -o bin/linux/mesh-provisioner ./cmd/mesh-provisioner
-//	go run ./internal/ociimage -binary bin/linux/mesh-provisioner -tag mesh-provisioner:dev -layout build/image -out build/mesh-provisioner-image.tar
+//	go run ./internal/build/ociimage -binary bin/linux/mesh-provisioner -tag mesh-provisioner:dev -layout build/image -out build/mesh-provisioner-image.tar
 //
 // make image does both. go-containerregistry writes the image (the library
 // under crane and ko); an empty base means nothing to pull, so the build
