@@ -200,6 +200,15 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// pg's bucket, as pg makes it: bob's composition reads it, and the
+	// copy follows it from the start rather than looking for it again.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BoundBucket("pg")}); err != nil {
+		t.Fatal(err)
+	}
 	manifest := &provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: "db"}}}
 	if _, _, err := pgHost.PutManifest(ctx, "pg", manifest); err != nil {
 		t.Fatal(err)
@@ -215,13 +224,14 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 		err = proto.Unmarshal(e.Value(), d)
 		return d.GetDigest(), err
 	}
-	composed := func() uint64 {
+	stats := func() *provisionerv1.PlansStats {
 		data, err := wire.DecodeStatsData(svc.Stats().Endpoints[0].Data)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return data.GetPlans().GetComposed()
+		return data.GetPlans()
 	}
+	composed := func() uint64 { return stats().GetComposed() }
 	digests := map[string]string{}
 	natstest.CheckFor(t, 10*time.Second, func() error {
 		for _, n := range []string{"ace", "novox", "bob"} {
@@ -233,12 +243,38 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 		}
 		return nil
 	})
+	// settled waits until the writer has composed nothing for ten of its
+	// intervals and written what it composed, and reads every digest
+	// then: a record that reached the copy after a pass's look is
+	// composed by the next, and must not count as the change's.
+	settled := func() uint64 {
+		t.Helper()
+		last, still := composed(), 0
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			st := stats()
+			if st.GetComposed() != last || st.GetPending() != 0 {
+				last, still = st.GetComposed(), 0
+			}
+			if still++; still < 5 { // polled every 10 ms
+				return fmt.Errorf("the writer composed until %d compositions, %d pending", last, st.GetPending())
+			}
+			return nil
+		})
+		for _, n := range []string{"ace", "novox", "bob"} {
+			d, err := digestOf(n)
+			if err != nil {
+				t.Fatalf("%s's digest: %v", n, err)
+			}
+			digests[n] = d
+		}
+		return last
+	}
 	// changes applies change, waits for node's digest to change with it,
 	// and returns how many compositions the writer made meanwhile: a pass
 	// composes every node it takes before it writes any digest.
 	changes := func(node string, change func()) uint64 {
 		t.Helper()
-		before := composed()
+		before := settled()
 		change()
 		natstest.CheckFor(t, 10*time.Second, func() error {
 			d, err := digestOf(node)
