@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -157,15 +158,9 @@ func TestStartSaysJetStreamIsOff(t *testing.T) {
 // contending hands the seat back and answers on as a standby, until Stop.
 func TestContendHandsTheSeatBackAndKeepsServing(t *testing.T) {
 	t.Parallel()
-	s := natstest.Start(t)
-	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	inst, err := instance.Start(ctx, instance.Config{Service: service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(inst.Stop)
+	inst, nc := startStandby(ctx, t)
 	contending, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- inst.Contend(contending) }()
@@ -191,14 +186,9 @@ func TestContendHandsTheSeatBackAndKeepsServing(t *testing.T) {
 // refused, and the first goes on.
 func TestContendRunsOnceAtATime(t *testing.T) {
 	t.Parallel()
-	nc := natstest.Connect(t, natstest.Start(t))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	inst, err := instance.Start(ctx, instance.Config{Service: service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(inst.Stop)
+	inst, _ := startStandby(ctx, t)
 	contending, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- inst.Contend(contending) }()
@@ -214,4 +204,17 @@ func TestContendRunsOnceAtATime(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("the first Contend: %v", err)
 	}
+}
+
+// startStandby starts an instance on a server of its own, not contending
+// for the seat, and stops it when the test ends.
+func startStandby(ctx context.Context, t *testing.T) (*instance.Instance, *nats.Conn) {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.Start(t))
+	inst, err := instance.Start(ctx, instance.Config{Service: service.Config{Conn: nc, WatchConn: nc, Logger: slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(inst.Stop)
+	return inst, nc
 }

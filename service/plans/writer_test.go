@@ -44,15 +44,7 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- svc.RunPlans(runCtx, service.PlansConfig{KV: plans, Interval: 5 * time.Millisecond}) }()
 
-	// digestOf returns a node's key: its digest and revision.
-	digestOf := func(node string) (*provisionerv1.PlanDigest, uint64, error) {
-		e, err := plans.Get(ctx, node)
-		if err != nil {
-			return nil, 0, err
-		}
-		d := &provisionerv1.PlanDigest{}
-		return d, e.Revision(), proto.Unmarshal(e.Value(), d)
-	}
+	digestOf := func(node string) (*provisionerv1.PlanDigest, uint64, error) { return readKey(ctx, plans, node) }
 	// current says whether node's digest is its composition's at least at
 	// needs revision rev.
 	current := func(node string, rev uint64) error {
@@ -216,12 +208,7 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 	servicetest.RunPlans(t, svc, nc, 5*time.Millisecond)
 
 	digestOf := func(node string) (string, error) {
-		e, err := plans.Get(ctx, node)
-		if err != nil {
-			return "", err
-		}
-		d := &provisionerv1.PlanDigest{}
-		err = proto.Unmarshal(e.Value(), d)
+		d, _, err := readKey(ctx, plans, node)
 		return d.GetDigest(), err
 	}
 	stats := func() *provisionerv1.PlansStats {
@@ -347,12 +334,8 @@ func TestRunPlansRepairsAnEmptyDigest(t *testing.T) {
 	}
 	servicetest.RunPlans(t, svc, nc, 5*time.Millisecond)
 	digest := func() error {
-		e, err := plans.Get(ctx, "ace")
+		d, _, err := readKey(ctx, plans, "ace")
 		if err != nil {
-			return err
-		}
-		d := &provisionerv1.PlanDigest{}
-		if err := proto.Unmarshal(e.Value(), d); err != nil {
 			return err
 		}
 		if d.GetDigest() == "" {
@@ -367,4 +350,17 @@ func TestRunPlansRepairsAnEmptyDigest(t *testing.T) {
 		}
 		natstest.CheckFor(t, 10*time.Second, digest)
 	}
+}
+
+// readKey returns node's key in the plans bucket: its digest and revision.
+func readKey(ctx context.Context, plans jetstream.KeyValue, node string) (*provisionerv1.PlanDigest, uint64, error) {
+	e, err := plans.Get(ctx, node)
+	if err != nil {
+		return nil, 0, err
+	}
+	d := &provisionerv1.PlanDigest{}
+	if err := proto.Unmarshal(e.Value(), d); err != nil {
+		return nil, 0, err
+	}
+	return d, e.Revision(), nil
 }
