@@ -111,7 +111,7 @@ func ExampleDigest() {
 	changed.Items[0].Item.Order = 2
 	fmt.Println(compose.Digest(compose.Compose(changed)))
 	// Output:
-	// sha256:92055ccf79a00a4eedaa53839c14fa0c57aa6682d5b339b498de4150072800dd
-	// sha256:92055ccf79a00a4eedaa53839c14fa0c57aa6682d5b339b498de4150072800dd
-	// sha256:9dac63a75acb9b851df3c0b4b4d3ba85ed8d0f4da1869879e236cde3cb7e33bd
+	// xxh3:2ddc07ef792b2797687a6863a0017850
+	// xxh3:2ddc07ef792b2797687a6863a0017850
+	// xxh3:cea6a0e94a3dc6c0541592c9a6d964f3
 }

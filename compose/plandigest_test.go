@@ -49,6 +49,7 @@ func FuzzPlanDigest(f *testing.F) {
 		{0, 2, 0, 5, 0, 2, 0, 6, 0, 9, 0, 7}, // a bad provider token, builds named
 		{2, 0, 0, 0, 0, 0, 0, 0, 2, 0, 1, 0}, // a module met again after another
 		{1, 10, 0, 0, 1, 2, 0, 0, 1},         // one module's, malformed keys too
+		[]byte("2800070020000000"),           // a plan going on past another module's refusal
 	} {
 		f.Add(seed)
 	}

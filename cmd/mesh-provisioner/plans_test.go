@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
+	"github.com/novox/mesh-provisioner/compose"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
@@ -241,7 +242,7 @@ func startWatchCommand(ctx context.Context, t *testing.T, node string, args ...s
 func (w *watchCommand) printed(t *testing.T, n int) {
 	t.Helper()
 	natstest.CheckFor(t, 10*time.Second, func() error {
-		if got := strings.Count(w.out.String(), "plan digest sha256:"); got < n {
+		if got := strings.Count(w.out.String(), "plan digest "+compose.DigestPrefix); got < n {
 			return fmt.Errorf("%d compositions printed, want %d:\n%s", got, n, w.out.String())
 		}
 		return nil

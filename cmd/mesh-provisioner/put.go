@@ -27,7 +27,7 @@ verbs, as the node's provisioner client does (package nodeclient), without
 encoding protobuf by hand:
 
   put need --node ace --module web --placeholder '${port:http}' --required --builds b2
-  put applied --node ace --module web --plan-digest sha256:... --placeholders '${port:http}' --wanted-build b1 --newest-build b2
+  put applied --node ace --module web --plan-digest xxh3:... --placeholders '${port:http}' --wanted-build b1 --newest-build b2
   put collect --node ace --collection shell:zsh:normal --contributor web --value 'export PORT=8080' --order 10
   put manifest --node g14 --provider postgres --offers db,ro --attributes version=16
 

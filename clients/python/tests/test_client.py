@@ -571,7 +571,7 @@ async def test_watch_plan_yields_a_new_composition_each_time_the_plan_changes(nc
 
     plans = client.watch_plan("wes")
     first = await asyncio.wait_for(anext(plans), 10)
-    assert re.fullmatch(r"sha256:[0-9a-f]{64}", first.plan_digest)
+    assert re.fullmatch(r"xxh3:[0-9a-f]{32}", first.plan_digest)
     assert first.node == "wes"
 
     revision = await wes.put_need("web", "port", "admin", Need(placeholder="${port:admin}"))
@@ -762,7 +762,7 @@ async def test_watch_plan_waits_for_the_service() -> None:
                 async with serve(args):
                     first = await asyncio.wait_for(pending, 10)
                     assert first.node == "ace"
-                    assert re.fullmatch(r"sha256:[0-9a-f]{64}", first.plan_digest)
+                    assert re.fullmatch(r"xxh3:[0-9a-f]{32}", first.plan_digest)
                     while not first.plans:  # composed before the need reached the copy
                         first = await asyncio.wait_for(anext(plans), 10)
                     assert [plan.module for plan in first.plans] == ["web"]

@@ -58,7 +58,7 @@ def test_compose_join_carries_the_plan_digest_and_keeps_a_continued_plans_builds
     last page's. A plan continued on the next page keeps the builds of the
     page it starts on, and the pages stay as they came."""
     whole = json_format.ParseDict(expected("compose-builds-between")["answer"], ComposeResponse())
-    assert whole.plan_digest.startswith("sha256:") and len(whole.plan_digest) == len("sha256:") + 64
+    assert whole.plan_digest.startswith("xxh3:") and len(whole.plan_digest) == len("xxh3:") + 32
     web = [i for i, plan in enumerate(whole.plans) if plan.module == "web"][0]
     assert len(whole.plans[web].items) > 1 and whole.plans[web].wanted_build
     first, second = ComposeResponse(), ComposeResponse()
