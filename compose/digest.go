@@ -54,10 +54,13 @@ func (g *grouper) digest(c *provisionerv1.ComposeResponse) string {
 	return planDigest(c.GetNode(), c.GetModule(), groups, malformed, &g.hashed)
 }
 
-// A moduleSum is the sum of one module's group of a composition.
-type moduleSum struct {
-	module string
-	sum    [16]byte
+// A ModuleSum is the sum of one module's group of a composition, as its
+// plan digest reads it (Digest): a caller that keeps a node's sums
+// composes again only the modules whose needs changed (PlanDigester.Sums)
+// and digests the node from its sums (DigestOfSums).
+type ModuleSum struct {
+	Module string
+	Sum    [16]byte
 }
 
 // group is one module's group being appended: its plans, provisions and
@@ -106,14 +109,14 @@ func malformed(r *provisionerv1.Refusal) bool {
 
 // planDigest returns the digest of node's (and module's) composition of
 // groups, in key order, and malformed refusals.
-func planDigest(node, module string, groups []moduleSum, m malformedRefusals, hashed *int) string {
+func planDigest(node, module string, groups []ModuleSum, m malformedRefusals, hashed *int) string {
 	b := make([]byte, 0, 64+len(groups)*32+len(m.b))
 	b = appendString(b, node)
 	b = appendString(b, module)
 	b = binary.AppendUvarint(b, uint64(len(groups)))
 	for _, g := range groups {
-		b = appendString(b, g.module)
-		b = append(b, g.sum[:]...)
+		b = appendString(b, g.Module)
+		b = append(b, g.Sum[:]...)
 	}
 	b = binary.AppendUvarint(b, uint64(m.n))
 	b = append(b, m.b...)
@@ -122,10 +125,10 @@ func planDigest(node, module string, groups []moduleSum, m malformedRefusals, ha
 	return DigestPrefix + hex.EncodeToString(sum[:])
 }
 
-// moduleOrder orders modules as their needs' keys are: by the module's
-// token and the dot after it ("a-b" before "a", as "n.a-b." is before
-// "n.a.").
-func moduleOrder(a, b string) int {
+// ModuleOrder orders modules as their needs' keys are, and a plan digest
+// its modules' sums: by the module's token and the dot after it ("a-b"
+// before "a", as "n.a-b." is before "n.a.").
+func ModuleOrder(a, b string) int {
 	n := min(len(a), len(b))
 	if c := strings.Compare(a[:n], b[:n]); c != 0 {
 		return c
@@ -152,7 +155,7 @@ type grouper struct {
 
 // groupsOf returns the sums of c's modules' groups, in key order, and its
 // malformed needs' refusals.
-func (g *grouper) groupsOf(c *provisionerv1.ComposeResponse) ([]moduleSum, malformedRefusals) {
+func (g *grouper) groupsOf(c *provisionerv1.ComposeResponse) ([]ModuleSum, malformedRefusals) {
 	var m malformedRefusals
 	plans, provisions := c.GetPlans(), c.GetProvisions()
 	refusals := make([]*provisionerv1.Refusal, 0, len(c.GetRefusals()))
@@ -168,7 +171,7 @@ func (g *grouper) groupsOf(c *provisionerv1.ComposeResponse) ([]moduleSum, malfo
 	plans = inModuleOrder(plans)
 	provisions = inModuleOrder(provisions)
 	refusals = inModuleOrder(refusals)
-	var groups []moduleSum
+	var groups []ModuleSum
 	for len(plans)+len(provisions)+len(refusals) > 0 {
 		module := firstModule(plans, provisions, refusals)
 		g.g.reset()
@@ -189,7 +192,7 @@ func (g *grouper) groupsOf(c *provisionerv1.ComposeResponse) ([]moduleSum, malfo
 		}
 		var sum [16]byte
 		sum, g.scratch = g.g.sum(g.scratch, &g.hashed)
-		groups = append(groups, moduleSum{module: module, sum: sum})
+		groups = append(groups, ModuleSum{Module: module, Sum: sum})
 	}
 	return groups, m
 }
@@ -200,7 +203,7 @@ type moduled interface{ GetModule() string }
 // inModuleOrder returns list in the modules' key order, list itself when it
 // is (a copy sorted stably when not).
 func inModuleOrder[T moduled](list []T) []T {
-	byModule := func(a, b T) int { return moduleOrder(a.GetModule(), b.GetModule()) }
+	byModule := func(a, b T) int { return ModuleOrder(a.GetModule(), b.GetModule()) }
 	if slices.IsSortedFunc(list, byModule) {
 		return list
 	}
@@ -218,7 +221,7 @@ func firstModule(plans []*provisionerv1.ModulePlan, provisions []*provisionerv1.
 		if m == nil {
 			continue
 		}
-		if module := m.GetModule(); !met || moduleOrder(module, first) < 0 {
+		if module := m.GetModule(); !met || ModuleOrder(module, first) < 0 {
 			first, met = module, true
 		}
 	}
@@ -248,7 +251,7 @@ func appendPlan(b []byte, p *provisionerv1.ModulePlan, collections *collectionSu
 // needs changed, is digested from its parts' DigestParts (DigestOf)
 // without reading the parts kept again. A PartDigester reads them.
 type DigestPart struct {
-	groups    []moduleSum
+	groups    []ModuleSum
 	malformed malformedRefusals
 }
 
@@ -275,7 +278,7 @@ func (p DigestPart) Size() int { return len(p.groups)*(16+16) + len(p.malformed.
 // refusals are the parts' one after the other. No module may have needs
 // in two parts.
 func DigestOf(node, module string, parts ...DigestPart) string {
-	var groups []moduleSum
+	var groups []ModuleSum
 	var m malformedRefusals
 	for _, p := range parts {
 		groups = append(groups, p.groups...)

@@ -22,7 +22,7 @@ type PlanDigester struct {
 	open      bool
 	module    string
 	planItems []byte
-	groups    []moduleSum
+	groups    []ModuleSum
 	scratch   []byte
 	// outOfOrder is set when a module's group was met after another's it
 	// does not follow in key order, or a refusal after one of a later key
@@ -31,6 +31,10 @@ type PlanDigester struct {
 	outOfOrder  bool
 	lastRefusal string
 	collections collectionSums
+	// cache and loadItems are SumsOf's: the caller's sums of the node's
+	// collections, and what reads the node's items when one is missing.
+	cache     *CollectionCache
+	loadItems func() []*provisionerv1.CollectRecord
 	// byCollection lists the node's items of each collection, grouped
 	// once the first need that reads a collection is met.
 	byCollection map[string][]*provisionerv1.CollectRecord
@@ -40,24 +44,57 @@ type PlanDigester struct {
 	in                     *Input
 	planOf, wanted, newest string
 	items                  int
-	hashed                 int
+	hashed                 int // not read: Digest's count, for group.sum
 }
 
 // Digest returns Digest(Compose(in)). in.Arena is not read.
 func (d *PlanDigester) Digest(in Input) string {
-	d.reset()
-	d.in = &in
-	newResolver(in.Sources).walk(&in, in.Needs, d)
-	d.closeGroup()
-	d.in = nil
-	if d.outOfOrder {
+	sums, ok := d.Sums(in)
+	if !ok {
 		return Digest(Compose(in))
 	}
+	return DigestOfSums(in.Node, in.Module, sums, in.Malformed)
+}
+
+// Sums returns the sums of the groups in's needs make, module by module in
+// key order, as Digest(Compose(in)) reads them; the needs may be some
+// modules' of the node alone. ok is false when the needs are not in key
+// order: the node is then to be digested whole. in.Malformed is not read
+// (DigestOfSums reads the node's). The sums are valid until the next call.
+func (d *PlanDigester) Sums(in Input) (sums []ModuleSum, ok bool) {
+	return d.SumsOf(in, nil, nil)
+}
+
+// SumsOf is Sums for a caller that keeps the sums of the node's
+// collections from one call to the next in cache, for as long as the
+// node's items do not change, and whose items (in.Items unset) are read
+// by items only when a collection's sum is missing from the cache.
+func (d *PlanDigester) SumsOf(in Input, cache *CollectionCache, items func() []*provisionerv1.CollectRecord) (sums []ModuleSum, ok bool) {
+	d.reset()
+	d.in, d.cache, d.loadItems = &in, cache, items
+	newResolver(in.Sources).walk(&in, in.Needs, d)
+	d.closeGroup()
+	d.in, d.cache, d.loadItems = nil, nil, nil
+	return d.groups, !d.outOfOrder
+}
+
+// A CollectionCache keeps the sums of one node's collections between
+// PlanDigester.SumsOf's calls, while the node's items do not change. The
+// zero CollectionCache is empty.
+type CollectionCache struct {
+	sums map[string][16]byte
+}
+
+// DigestOfSums returns the Digest of the composition of node (and module)
+// whose modules' groups have sums, in key order, and whose malformed needs
+// are malformed.
+func DigestOfSums(node, module string, sums []ModuleSum, malformed []*provisionerv1.MalformedKey) string {
 	var m malformedRefusals
-	for _, r := range refuseMalformed(nil, in.Malformed, in.Module) {
+	for _, r := range refuseMalformed(nil, malformed, module) {
 		m.add(r)
 	}
-	return planDigest(in.Node, in.Module, d.groups, m, &d.hashed)
+	var hashed int
+	return planDigest(node, module, sums, m, &hashed)
 }
 
 // groupOf makes module's group the one appended to, closing the one open.
@@ -66,7 +103,7 @@ func (d *PlanDigester) groupOf(module string) {
 		return
 	}
 	d.closeGroup()
-	if n := len(d.groups); n > 0 && moduleOrder(d.groups[n-1].module, module) >= 0 {
+	if n := len(d.groups); n > 0 && ModuleOrder(d.groups[n-1].Module, module) >= 0 {
 		d.outOfOrder = true
 	}
 	d.open, d.module = true, module
@@ -80,7 +117,7 @@ func (d *PlanDigester) closeGroup() {
 	}
 	var sum [16]byte
 	sum, d.scratch = d.g.sum(d.scratch, &d.hashed)
-	d.groups = append(d.groups, moduleSum{module: d.module, sum: sum})
+	d.groups = append(d.groups, ModuleSum{Module: d.module, Sum: sum})
 	d.g.reset()
 	d.open = false
 }
@@ -146,16 +183,25 @@ func (d *PlanDigester) appendResolved(b []byte, in *Input, need *provisionerv1.N
 	if res.collection == "" {
 		return appendNoCollection(b)
 	}
+	if sum, ok := d.cache.sum(res.collection); ok {
+		return appendCollection(b, res.collection, sum)
+	}
 	if !d.grouped {
 		if d.byCollection == nil {
 			d.byCollection = map[string][]*provisionerv1.CollectRecord{}
 		}
 		d.grouped = true
-		for _, it := range in.Items {
+		items := in.Items
+		if items == nil && d.loadItems != nil {
+			items = d.loadItems()
+		}
+		for _, it := range items {
 			d.byCollection[it.GetCollection()] = append(d.byCollection[it.GetCollection()], it)
 		}
 	}
-	return appendCollection(b, res.collection, collectionSum(&d.collections, res.collection, d.byCollection[res.collection]))
+	sum := collectionSum(&d.collections, res.collection, d.byCollection[res.collection])
+	d.cache.put(res.collection, sum)
+	return appendCollection(b, res.collection, sum)
 }
 
 // reset readies the buffers for a composition, keeping their room.
@@ -169,4 +215,22 @@ func (d *PlanDigester) reset() {
 	clear(d.byCollection)
 	d.grouped = false
 	d.planOf, d.wanted, d.newest = "", "", ""
+}
+
+func (c *CollectionCache) sum(collection string) ([16]byte, bool) {
+	if c == nil {
+		return [16]byte{}, false
+	}
+	sum, ok := c.sums[collection]
+	return sum, ok
+}
+
+func (c *CollectionCache) put(collection string, sum [16]byte) {
+	if c == nil {
+		return
+	}
+	if c.sums == nil {
+		c.sums = map[string][16]byte{}
+	}
+	c.sums[collection] = sum
 }

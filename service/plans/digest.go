@@ -19,8 +19,8 @@ type Plan struct {
 	// providers whose manifests it read, each sorted: what, changed, may
 	// change it.
 	Buckets, Kinds, Providers []string
-	// records is how many needs and collection items it read: a measure
-	// of its cost.
+	// Records is how many needs the node holds and collection items the
+	// composition read: the node's size, which the writer's Share is of.
 	Records int
 }
 
@@ -28,11 +28,21 @@ type Plan struct {
 // revisions the copies had reached after it was composed (of the
 // providers' buckets, those it read), and what it read beside the node's
 // own records: the providers' buckets, registry entries and manifests.
-// It makes no composition (planDigestOf): the digest is what the bucket
-// holds, and a node notified asks for its composition, which is made then.
-// Nor does it keep a decoded view of the node: the writer reads every
-// node, each decoded in a scratch of the pool.
+// It makes no composition (compose.PlanDigester): the digest is what the
+// bucket holds, and a node notified asks for its composition, which is
+// made then. Nor does it keep a decoded view of the node: the writer reads
+// every node, each decoded in a scratch of the pool. The writer composes
+// with ComposeChanged, which keeps what composes a node's next change
+// module by module.
 func Compose(m *mirror.Mirror, node string) Plan {
+	plan, _ := ComposeChanged(m, node, nil)
+	return plan
+}
+
+// composeWhole is Compose for a node whose needs the copy holds out of key
+// order, which it never does: digested from its composition, keeping
+// nothing.
+func composeWhole(m *mirror.Mirror, node string) Plan {
 	scratch := scratches.Get().(*digestScratch)
 	defer scratches.Put(scratch)
 	var r reads
@@ -73,6 +83,8 @@ type digestScratch struct {
 	records   []*provisionerv1.NeedRecord
 	malformed []*provisionerv1.MalformedKey
 	items     []*provisionerv1.CollectRecord
+	marks     []moduleMark
+	applied   []appliedRevision
 	digester  compose.PlanDigester
 }
 

@@ -1,0 +1,90 @@
+package mirror
+
+import (
+	"slices"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// KeyRevisions calls each with the key and the revision of each key the
+// group first holds well formed, in key order, and returns the copy's
+// revision: for a reader that tells which keys changed since it last
+// looked, without decoding a value. each runs under the copy's read lock,
+// and must not call the copy; the key is the copy's, a window on its
+// value's string: keep a clone of it, not it.
+func (c *Copy[R]) KeyRevisions(first string, each func(key string, revision uint64)) (revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if g := c.groups[first]; g != nil {
+		for _, s := range g.inOrder() {
+			each(s.key(), s.revision)
+		}
+	}
+	return c.revision
+}
+
+// Odd returns the entries of the keys the group first holds otherwise than
+// well formed (malformed, or not held: over the node's budget), in key
+// order, each with its Malformed set.
+func (c *Copy[R]) Odd(first string) []*Entry[R] {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	g := c.groups[first]
+	if g == nil || len(g.odd) == 0 {
+		return nil
+	}
+	odd := make([]*Entry[R], 0, len(g.odd))
+	for _, e := range g.odd {
+		odd = append(odd, e)
+	}
+	slices.SortFunc(odd, byKey)
+	return odd
+}
+
+// RangeInto returns the entries of the group first held well formed whose
+// keys start with prefix, in key order, decoded in scratch's arrays as
+// GroupInto decodes (a view kept already is read, not decoded): for a
+// reader of one module's needs of a node, which decodes no other's.
+func (c *Copy[R]) RangeInto(first, prefix string, scratch *Scratch[R]) []*Entry[R] {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	g := c.groups[first]
+	if g == nil {
+		return nil
+	}
+	if v := g.view.Load(); v != nil {
+		return withPrefix(v.entries, prefix)
+	}
+	slots := g.inOrder()
+	lo, _ := slices.BinarySearchFunc(slots, prefix, func(s slot, p string) int { return strings.Compare(s.key(), p) })
+	hi := lo
+	for hi < len(slots) && strings.HasPrefix(slots[hi].key(), prefix) {
+		hi++
+	}
+	n := hi - lo
+	entries := cleared(&scratch.entries, n)
+	if n == 0 {
+		return entries
+	}
+	made, record := cleared(&scratch.made, n), c.recordsOf(n, &scratch.records)
+	for _, s := range slots[lo:hi] {
+		key, value := s.key(), s.value()
+		// made never grows past its capacity: its elements do not move.
+		made = append(made, Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision})
+		entries = append(entries, &made[len(made)-1])
+	}
+	return entries
+}
+
+// withPrefix returns the well-formed entries of a view whose keys start
+// with prefix.
+func withPrefix[R proto.Message](entries []*Entry[R], prefix string) []*Entry[R] {
+	var out []*Entry[R]
+	for _, e := range entries {
+		if e.Malformed == nil && strings.HasPrefix(e.Key, prefix) {
+			out = append(out, e)
+		}
+	}
+	return out
+}

@@ -1,0 +1,230 @@
+package plans
+
+import (
+	"encoding/binary"
+	"slices"
+	"strings"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/novox/mesh-provisioner/compose"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+)
+
+// Kept is what the plans writer keeps of a node's last composition, module
+// by module in key order: a mark of each module's needs (their keys'
+// revisions) and builds, and the sum of its group in the plan digest
+// (compose.ModuleSum), so that a change of some modules' needs or builds
+// composes those modules again and no other (ComposeChanged). Some 50
+// bytes a module, its name cloned.
+type Kept struct {
+	modules []keptModule
+	// collections are the sums of the node's collections its modules
+	// read: the node's items, whose change composes it whole, are read
+	// only for a collection met anew.
+	collections compose.CollectionCache
+}
+
+type keptModule struct {
+	module string
+	mark   uint64
+	sum    [16]byte
+	// grouped says the module made a group: a module whose every need is
+	// of a build out of the plan makes none, and has no sum.
+	grouped bool
+}
+
+// moduleMark is a module's mark as the copy holds it now: its name is a
+// window on the copy's key, to be cloned before it is kept.
+type moduleMark struct {
+	module string
+	mark   uint64
+}
+
+// appliedRevision is the revision of a module's applied record.
+type appliedRevision struct {
+	module   string
+	revision uint64
+}
+
+// marksOf returns the marks of node's modules, in key order, appended to
+// marks: of each module, its needs' count, newest and summed revisions (a
+// put moves the newest, a delete the count) and its applied record's
+// revision (its builds), and how many needs it holds well formed. It
+// decodes no value.
+func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []moduleMark, held int) {
+	applied := scratch.applied[:0]
+	m.Applied.KeyRevisions(node, func(key string, revision uint64) {
+		applied = append(applied, appliedRevision{module: key[len(node)+1:], revision: revision})
+	})
+	scratch.applied = applied
+	marks = scratch.marks[:0]
+	var module string
+	var count, newest, total uint64
+	flush := func() {
+		if count == 0 {
+			return
+		}
+		var builds uint64
+		if i, ok := slices.BinarySearchFunc(applied, module, func(a appliedRevision, m string) int { return strings.Compare(a.module, m) }); ok {
+			builds = applied[i].revision
+		}
+		var b [32]byte
+		binary.LittleEndian.PutUint64(b[0:], count)
+		binary.LittleEndian.PutUint64(b[8:], newest)
+		binary.LittleEndian.PutUint64(b[16:], total)
+		binary.LittleEndian.PutUint64(b[24:], builds)
+		marks = append(marks, moduleMark{module: module, mark: xxh3.Hash(b[:])})
+	}
+	m.Needs.KeyRevisions(node, func(key string, revision uint64) {
+		rest := key[len(node)+1:]
+		next := rest[:max(strings.IndexByte(rest, '.'), 0)]
+		if next != module || count == 0 {
+			flush()
+			module, count, newest, total = next, 0, 0, 0
+		}
+		count++
+		held++
+		newest = max(newest, revision)
+		total += revision
+	})
+	flush()
+	scratch.marks = marks
+	return marks, held
+}
+
+// ComposeChanged returns node's Plan as Compose does, composing again only
+// the modules whose needs or applied records changed since kept was made
+// (all of them when kept is nil), and what to keep for the next. With a
+// kept, the Plan's Buckets, Kinds, Providers and Revisions are those of
+// the modules composed alone: the caller adds them to what it knew of the
+// node. Its Records counts the node's needs and the items read, whichever
+// were composed: the node's size, which the writer's Share is of. Any
+// other change a node's composition
+// reads (its items, its providers' keys, the registry, the manifests) is
+// for ComposeChanged with a nil kept.
+func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
+	scratch := scratches.Get().(*digestScratch)
+	defer scratches.Put(scratch)
+	var r reads
+	marks, held := marksOf(m, node, scratch)
+	changed := changedModules(marks, kept)
+	next := &Kept{modules: make([]keptModule, 0, len(marks))}
+	if kept != nil {
+		next.collections = kept.collections
+	}
+	items := 0
+	loadItems := func() []*provisionerv1.CollectRecord {
+		entries, _, _ := m.Collect.GroupInto(node, &scratch.collect)
+		items = len(entries)
+		scratch.items = mirror.WellFormed(scratch.items[:0], entries)
+		return scratch.items
+	}
+	if kept == nil || 2*count(changed) > len(changed) {
+		// Most modules changed: the node's needs decoded at once and
+		// walked once.
+		entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
+		builds, _ := m.BuildsOf(node)
+		in := compose.Input{Node: node, Sources: r.hear(m.Sources(&builds))}
+		in.Needs, _ = mirror.SplitNeeds(scratch.records[:0], nil, entries)
+		sums, ok := scratch.digester.SumsOf(in, &next.collections, loadItems)
+		scratch.records = emptied(in.Needs)
+		if !ok {
+			return composeWhole(m, node), nil // not in key order, which the copy's keys are
+		}
+		for _, mk := range marks {
+			km := keptModule{module: strings.Clone(mk.module), mark: mk.mark}
+			if len(sums) > 0 && sums[0].Module == mk.module {
+				km.sum, km.grouped, sums = sums[0].Sum, true, sums[1:]
+			}
+			next.modules = append(next.modules, km)
+		}
+		if len(sums) > 0 {
+			return composeWhole(m, node), nil // a group of no module marked: never so
+		}
+	} else {
+		// Each module's builds read as the walk asks (Sources(nil)): of a
+		// few modules, rather than all of the node's (BuildsOf).
+		in := compose.Input{Node: node, Sources: r.hear(m.Sources(nil))}
+		old := keptModules(kept)
+		for i, mk := range marks {
+			for len(old) > 0 && compose.ModuleOrder(old[0].module, mk.module) < 0 {
+				old = old[1:]
+			}
+			if !changed[i] {
+				next.modules = append(next.modules, old[0]) // kept holds it as it is
+				continue
+			}
+			entries := m.Needs.RangeInto(node, node+"."+mk.module+".", &scratch.needs)
+			in.Needs, _ = mirror.SplitNeeds(scratch.records[:0], nil, entries)
+			sums, ok := scratch.digester.SumsOf(in, &next.collections, loadItems)
+			scratch.records = emptied(in.Needs)
+			if !ok || len(sums) > 1 {
+				return composeWhole(m, node), nil // not in key order, which the copy's keys are
+			}
+			km := keptModule{module: mk.module, mark: mk.mark}
+			if len(old) > 0 && old[0].module == mk.module {
+				km.module = old[0].module // a clone of its own already
+			} else {
+				km.module = strings.Clone(mk.module)
+			}
+			if len(sums) == 1 {
+				km.sum, km.grouped = sums[0].Sum, true
+			}
+			next.modules = append(next.modules, km)
+		}
+	}
+	scratch.items = emptied(scratch.items)
+	sums := make([]compose.ModuleSum, 0, len(next.modules))
+	for _, km := range next.modules {
+		if km.grouped {
+			sums = append(sums, compose.ModuleSum{Module: km.module, Sum: km.sum})
+		}
+	}
+	var malformed []*provisionerv1.MalformedKey
+	for _, e := range m.Needs.Odd(node) {
+		malformed = append(malformed, e.Malformed)
+	}
+	digest := compose.DigestOfSums(node, "", sums, malformed)
+	buckets := r.buckets.sorted()
+	// Read after composing: a node that asks at these revisions is
+	// answered a composition at least as new as the digest.
+	return Plan{Digest: digest, Revisions: m.RevisionsNow().Only(buckets).Proto(), Records: held + items,
+		Buckets: buckets, Kinds: r.kinds.sorted(), Providers: r.providers.sorted()}, next
+}
+
+// changedModules reports, for each of marks, whether kept lacks its module
+// or holds another mark of it: all of them when kept is nil.
+func changedModules(marks []moduleMark, kept *Kept) []bool {
+	changed := make([]bool, len(marks))
+	old := keptModules(kept)
+	for i, mk := range marks {
+		for len(old) > 0 && compose.ModuleOrder(old[0].module, mk.module) < 0 {
+			old = old[1:]
+		}
+		changed[i] = kept == nil || len(old) == 0 || old[0].module != mk.module || old[0].mark != mk.mark
+	}
+	return changed
+}
+
+func keptModules(k *Kept) []keptModule {
+	if k == nil {
+		return nil
+	}
+	return k.modules
+}
+
+// Modules returns how many modules k holds: what the writer keeps.
+func (k *Kept) Modules() int { return len(keptModules(k)) }
+
+// count counts the true of bs.
+func count(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
