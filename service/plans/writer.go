@@ -128,6 +128,10 @@ type plansWriter struct {
 	// (by kind) and each provider's newest manifest (by provider) as the
 	// writer last looked, to tell which changed.
 	registry, manifests map[string]uint64
+	// kept is what composes each node's next change of its needs or
+	// applied records module by module (ComposeChanged); a node without
+	// is composed whole.
+	kept map[string]*Kept
 	// notBefore holds, for each node of many records composed lately,
 	// when it may be composed again (Share); entries go once past.
 	notBefore map[string]time.Time
@@ -199,6 +203,7 @@ func keepPlans(ctx context.Context, cfg Config) error {
 	w := &plansWriter{
 		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
 		buckets: map[string][]string{}, lastRead: map[string]nodeReads{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
+		kept: map[string]*Kept{},
 	}
 	watcher, err := cfg.KV.WatchAll(ctx)
 	if err != nil {
@@ -313,12 +318,14 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	if all || next.manifests != mark.manifests {
 		providers = w.manifestsChanged()
 	}
-	set := map[string]bool{}
+	// set holds the nodes to compose; whole those whose change is not of
+	// their needs or applied records alone (ComposeChanged).
+	set, whole := map[string]bool{}, map[string]bool{}
 	if !all && len(kinds)+len(providers) > 0 {
 		w.mu.Lock()
 		for node, r := range w.lastRead {
 			if r.readsAny(kinds, providers) {
-				set[node] = true
+				set[node], whole[node] = true, true
 			}
 		}
 		w.mu.Unlock()
@@ -334,6 +341,7 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	addAll(set, firsts)
 	firsts, next.collect = m.Collect.Changed(since.collect)
 	addAll(set, firsts)
+	addAll(whole, firsts)
 	firsts, buckets, bound := m.Bound.Changed(since.bound)
 	next.bound = bound
 	for _, first := range firsts {
@@ -341,7 +349,7 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 		// composition read: a provider writing keys of every node costs
 		// compositions of its own consumers only.
 		if w.known(first) && w.reads(first, buckets) {
-			set[first] = true
+			set[first], whole[first] = true, true
 		}
 	}
 	next.groups = groupsOf(m)
@@ -365,8 +373,18 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	if all {
 		addAll(set, slices.Collect(maps.Keys(w.key)))
 	}
+	// A node to compose again for its key's sake (another writer's, a
+	// write failed) or put off keeps what it kept: what composes it is
+	// the copy, not the bucket; a change it was put off for that needs it
+	// whole dropped it then, below.
 	addAll(set, slices.Collect(maps.Keys(w.redo)))
 	clear(w.redo)
+	if all {
+		clear(w.kept)
+	}
+	for node := range whole {
+		delete(w.kept, node)
+	}
 	// A node put off stays to be composed: in redo until its time comes.
 	now, deferred := time.Now(), 0
 	for node, at := range w.notBefore {
@@ -474,6 +492,19 @@ func (w *plansWriter) known(node string) bool {
 	return false
 }
 
+// union returns the sorted union of sorted a and b. What a node's modules
+// composed alone read is added to what it read before: a module that no
+// longer reads a name leaves it until the node is composed whole, which
+// costs a composition of it at most.
+func union(a, b []string) []string {
+	if len(b) == 0 {
+		return a
+	}
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 func addAll(set map[string]bool, keys []string) {
 	for _, k := range keys {
 		set[k] = true
@@ -561,15 +592,21 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 		w.mu.Lock()
 		delete(w.buckets, node)
 		delete(w.lastRead, node)
+		delete(w.kept, node)
 		w.mu.Unlock()
 		return planWrite{node: node, held: held, has: has, gone: true}, has
 	}
+	w.mu.Lock()
+	kept := w.kept[node]
+	w.mu.Unlock()
 	start := time.Now()
-	plan := Compose(w.copy, node)
+	plan, next := ComposeChanged(w.copy, node, kept)
 	took := time.Since(start)
 	w.stats.Composed.Add(1)
 	w.mu.Lock()
-	if plan.Records >= planCostSample {
+	// A record's cost is timed on whole compositions: one of a few
+	// modules costs a fraction of its node's records.
+	if kept == nil && plan.Records >= planCostSample {
 		if cost := took / time.Duration(plan.Records); w.recordCost == 0 || cost < w.recordCost {
 			w.recordCost = cost
 		}
@@ -577,12 +614,24 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	if pause := (Share - 1) * time.Duration(plan.Records) * cmp.Or(w.recordCost, planRecordCost); pause > w.interval {
 		w.notBefore[node] = start.Add(took + pause)
 	}
+	if kept != nil {
+		// Of the modules composed alone: added to what the others read.
+		was := w.lastRead[node]
+		plan.Buckets = union(w.buckets[node], plan.Buckets)
+		plan.Kinds, plan.Providers = union(was.kinds, plan.Kinds), union(was.providers, plan.Providers)
+		plan.Revisions = w.copy.RevisionsNow().Only(plan.Buckets).Proto()
+	}
 	if len(plan.Buckets) > 0 {
 		w.buckets[node] = plan.Buckets
 	} else {
 		delete(w.buckets, node)
 	}
 	w.lastRead[node] = nodeReads{kinds: plan.Kinds, providers: plan.Providers}
+	if next != nil {
+		w.kept[node] = next
+	} else {
+		delete(w.kept, node)
+	}
 	w.mu.Unlock()
 	if has && held.digest == plan.Digest {
 		return planWrite{}, false

@@ -277,25 +277,29 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 		return composed() - before
 	}
 
+	// secretOn makes the secret entry answer on subject.
+	secretOn := func(subject string) func() {
+		return func() {
+			e, err := registryKV.Get(ctx, "secret")
+			if err != nil {
+				t.Fatal(err)
+			}
+			entry := &provisionerv1.RegistryEntry{}
+			if err := proto.Unmarshal(e.Value(), entry); err != nil {
+				t.Fatal(err)
+			}
+			entry.GetVerb().Subject = subject
+			value, err := proto.Marshal(entry)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := registryKV.Put(ctx, "secret", value); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	// The secret entry answers on another subject now: novox's plan.
-	n := changes("novox", func() {
-		e, err := registryKV.Get(ctx, "secret")
-		if err != nil {
-			t.Fatal(err)
-		}
-		entry := &provisionerv1.RegistryEntry{}
-		if err := proto.Unmarshal(e.Value(), entry); err != nil {
-			t.Fatal(err)
-		}
-		entry.GetVerb().Subject = "mesh-vault.secret.v2"
-		value, err := proto.Marshal(entry)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := registryKV.Put(ctx, "secret", value); err != nil {
-			t.Fatal(err)
-		}
-	})
+	n := changes("novox", secretOn("mesh-vault.secret.v2"))
 	if n != 1 {
 		t.Errorf("the secret entry changed: %d compositions, want 1 (novox's)", n)
 	}
@@ -313,6 +317,21 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 		if d, err := digestOf(other); err != nil || d != digests[other] {
 			t.Errorf("%s's digest changed to %s (%v)", other, d, err)
 		}
+	}
+
+	// ace needs a secret in module api, then a port more in module web:
+	// each composes that module alone, and what api reads stays known, so
+	// the secret entry's next change composes ace too.
+	for _, w := range []struct{ module, kind, name string }{{"api", "secret", "key"}, {"web", "port", "admin"}} {
+		changes("ace", func() {
+			need := &provisionerv1.Need{Placeholder: "${" + w.kind + ":" + w.name + "}"}
+			if _, err := ace.PutNeed(ctx, w.module, w.kind, w.name, need); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	if n := changes("ace", secretOn("mesh-vault.secret.v3")); n != 2 {
+		t.Errorf("the secret entry changed again: %d compositions, want 2 (novox's and ace's)", n)
 	}
 }
 
