@@ -187,7 +187,7 @@ bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers'
 	go test ./service/... ./compose -run '^$$' -bench 'BenchmarkCompose|BenchmarkDigest' -benchtime $(or $(BENCHTIME),2s) -count $(or $(BENCHCOUNT),1)
 
 .PHONY: bench-plans
-bench-plans: ## Plan digests at 1,000 nodes and watchers: a need to its watcher (p50, p99, vs a bare KV watch), a registry change to all watchers, an hour of reconciles writing nothing (BENCHPLANS_ARGS="-writes 500 ...")
+bench-plans: ## Plan digests at 1,000 nodes and watchers: a need to its watcher (p50, p99, vs a bare KV watch; again while 1,000 others write once a second), a registry change to all watchers, an hour of reconciles writing nothing (BENCHPLANS_ARGS="-writes 500 ...")
 	go run ./internal/bench/plans $(BENCHPLANS_ARGS)
 
 .PHONY: bench-verb

@@ -10,5 +10,7 @@
 // the one the bucket holds (a compare-and-set on the key's revision).
 // [Compose] is its composition of one node: the digest the node's compose
 // answer carries, read from the copy (mirror.Mirror.Sources) and digested
-// by compose.PlanDigester without making the composition.
+// by compose.PlanDigester without making the composition. The writer
+// composes with [ComposeChanged], which keeps each module's sum ([Kept])
+// so that a change of some modules' needs composes those modules alone.
 package plans

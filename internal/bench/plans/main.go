@@ -41,6 +41,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/buckets"
@@ -61,6 +62,8 @@ const (
 	goalNeedP50     = 50 * time.Millisecond
 	goalNeedP99     = 250 * time.Millisecond
 	goalRegistryAll = time.Second
+	// Issue 38's: a need to its node's new digest while others write.
+	goalLoadedP99 = 20 * time.Millisecond
 )
 
 type config struct {
@@ -72,6 +75,9 @@ type config struct {
 	plansInterval         time.Duration
 	reconciles            int
 	cpuProfile            string
+	// background is how many other nodes each write a need once a second
+	// while (a) is measured again.
+	background int
 }
 
 func main() {
@@ -85,6 +91,7 @@ func main() {
 	flag.IntVar(&cfg.conns, "conns", 8, "connections the watchers share")
 	flag.DurationVar(&cfg.plansInterval, "plans-interval", service.DefaultPlansInterval, "RunPlans's interval")
 	flag.IntVar(&cfg.reconciles, "reconciles", 3600, "registry reconciles with nothing changed (3600: an hour at serve's shortest --registry-interval, 1s)")
+	flag.IntVar(&cfg.background, "background", 1000, "(a) again while this many nodes each write a need once a second (0: not measured)")
 	flag.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write a CPU profile of (b), the registry change and its restore, to this file")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
@@ -270,29 +277,52 @@ func run(cfg config) error {
 		return err
 	}
 	rng := rand.New(rand.NewPCG(cfg.seed, 0x62656e6368))
-	var need []time.Duration
-	for w := range cfg.writes {
-		i := rng.IntN(len(nodes))
-		name := fmt.Sprintf("bench%d", w)
-		key, err := keys.NeedKey{Node: nodes[i], Module: "bench", Kind: "port", Name: name}.Key()
+	// writeNeeds writes cfg.writes needs, each to a random node, and
+	// returns each one's time to its watcher's new composition.
+	writeNeeds := func(round string) ([]time.Duration, error) {
+		var took []time.Duration
+		for w := range cfg.writes {
+			i := rng.IntN(len(nodes))
+			name := fmt.Sprintf("bench%s%d", round, w)
+			key, err := keys.NeedKey{Node: nodes[i], Module: "bench", Kind: "port", Name: name}.Key()
+			if err != nil {
+				return nil, err
+			}
+			value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:" + name + "}", Required: true})
+			if err != nil {
+				return nil, err
+			}
+			began := time.Now()
+			rev, err := needsKV.Put(ctx, key, value)
+			if err != nil {
+				return nil, err
+			}
+			at, err := waitDelivery(deliveries, i, rev, 10*time.Second, &watchErr)
+			if err != nil {
+				return nil, fmt.Errorf("need %s: %w", key, err)
+			}
+			took = append(took, at.Sub(began))
+			time.Sleep(cfg.pace)
+		}
+		return took, nil
+	}
+	need, err := writeNeeds("")
+	if err != nil {
+		return err
+	}
+	var loaded []time.Duration
+	var backgroundWrites int
+	if cfg.background > 0 {
+		stopBackground, err := writeInBackground(ctx, url, nodes, cfg.background)
 		if err != nil {
 			return err
 		}
-		value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:" + name + "}", Required: true})
+		loaded, err = writeNeeds("loaded")
+		backgroundWrites = stopBackground()
 		if err != nil {
 			return err
 		}
-		began := time.Now()
-		rev, err := needsKV.Put(ctx, key, value)
-		if err != nil {
-			return err
-		}
-		took, err := waitDelivery(deliveries, i, rev, 10*time.Second, &watchErr)
-		if err != nil {
-			return fmt.Errorf("need %s: %w", key, err)
-		}
-		need = append(need, took.Sub(began))
-		time.Sleep(cfg.pace)
+		drain(deliveries)
 	}
 
 	// (b) A registry entry every node reads, changed.
@@ -426,6 +456,13 @@ func run(cfg config) error {
 	fmt.Fprintf(w, "(a) need written -> its watcher's new composition, p99\t%s\t<= %s\t%s\tbare KV put -> watch, p99 %s\t%.1f\n",
 		ms(np99), goalNeedP99, met(np99 <= goalNeedP99), ms(bp99), float64(np99)/float64(bp99))
 	fmt.Fprintf(w, "(a) ... max\t%s\t\t\tbare max %s\t\n", ms(slices.Max(need)), ms(slices.Max(bare)))
+	if len(loaded) > 0 {
+		lp50, lp99 := quantile(loaded, 50), quantile(loaded, 99)
+		fmt.Fprintf(w, "(a) the same while %d other nodes each write once a second (%d written), p50\t%s\t\t\tquiet p50 %s\t%.1f\n",
+			cfg.background, backgroundWrites, ms(lp50), ms(np50), float64(lp50)/float64(np50))
+		fmt.Fprintf(w, "(a) ... p99\t%s\t<= %s\t%s\tquiet p99 %s\t%.1f\n",
+			ms(lp99), goalLoadedP99, met(lp99 <= goalLoadedP99), ms(np99), float64(lp99)/float64(np99))
+	}
 	fmt.Fprintf(w, "(b) registry entry changed -> all %d nodes notified (the last new digest delivered)\t%s\t<= %s\t%s\t\t\n",
 		covered, ms(registryNotified), goalRegistryAll, met(registryNotified <= goalRegistryAll))
 	fmt.Fprintf(w, "(b) registry entry restored (Reconcile) -> all %d nodes notified\t%s\t<= %s\t%s\t\t\n",
@@ -444,6 +481,66 @@ func run(cfg config) error {
 	fmt.Fprintf(w, "writer totals: written %d, composed %d, failed %d, last pass %d ms\t\t\t\t\t\n",
 		after.GetWritten(), after.GetComposed(), after.GetFailed(), after.GetLastPassMs())
 	return w.Flush()
+}
+
+// writeInBackground has n nodes each write a need once a second, on a
+// connection of their own, spread evenly over the second, until stop,
+// which returns how many were written.
+func writeInBackground(ctx context.Context, url string, nodes []string, n int) (stop func() int, err error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	var wrote atomic.Int64
+	bgCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Puts in flight, so that one slow acknowledgement does not hold
+		// back the next second's writes.
+		var puts errgroup.Group
+		puts.SetLimit(64)
+		defer func() { _ = puts.Wait() }()
+		tick := time.NewTicker(time.Second / time.Duration(n))
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-bgCtx.Done():
+				return
+			case <-tick.C:
+			}
+			key, err := keys.NeedKey{Node: nodes[i%min(n, len(nodes))], Module: "background", Kind: "port", Name: "churn"}.Key()
+			if err != nil {
+				return
+			}
+			value, err := proto.Marshal(&provisionerv1.Need{Placeholder: fmt.Sprintf("${port:churn%d}", i/n)})
+			if err != nil {
+				return
+			}
+			puts.Go(func() error {
+				if _, err := kv.Put(bgCtx, key, value); err == nil {
+					wrote.Add(1)
+				}
+				return nil
+			})
+		}
+	}()
+	return func() int {
+		cancel()
+		<-done
+		nc.Close()
+		return int(wrote.Load())
+	}, nil
 }
 
 func met(ok bool) string {
