@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,6 +37,12 @@ type Config struct {
 type Client struct {
 	nc   *nats.Conn
 	node string
+	// written is, by module, the revision of the last write of its needs
+	// this client was answered: an apply names it, and the service
+	// compares the set with its copy once the copy holds it, rather than
+	// first asking the bucket (ApplyRequest.min_revision).
+	mu      sync.Mutex
+	written map[string]uint64
 }
 
 // New returns a client of cfg.Node. It sends nothing: the service checks
@@ -47,7 +54,7 @@ func New(_ context.Context, cfg Config) (*Client, error) {
 	if _, err := keys.NodeFilter(cfg.Node); err != nil {
 		return nil, fmt.Errorf("nodeclient: %w", err)
 	}
-	return &Client{nc: cfg.Conn, node: cfg.Node}, nil
+	return &Client{nc: cfg.Conn, node: cfg.Node, written: map[string]uint64{}}, nil
 }
 
 // Node returns the node the client writes for.
@@ -60,7 +67,9 @@ func (c *Client) PutNeed(ctx context.Context, module, kind, name string, need *p
 	if err != nil {
 		return 0, err
 	}
-	return c.put(ctx, provisionerv1.What_WHAT_NEEDS, key, need)
+	revision, err := c.put(ctx, provisionerv1.What_WHAT_NEEDS, key, need)
+	c.wrote(module, revision)
+	return revision, err
 }
 
 // DeleteNeed deletes a need and returns the revision of its delete marker.
@@ -69,7 +78,9 @@ func (c *Client) DeleteNeed(ctx context.Context, module, kind, name string) (uin
 	if err != nil {
 		return 0, err
 	}
-	return c.delete(ctx, provisionerv1.What_WHAT_NEEDS, key)
+	revision, err := c.delete(ctx, provisionerv1.What_WHAT_NEEDS, key)
+	c.wrote(module, revision)
+	return revision, err
 }
 
 // ModuleNeed is one need of a module's set (ApplyNeeds): the placeholder
@@ -84,7 +95,7 @@ type ModuleNeed struct {
 // module's that the set does not hold, and says what it changed and at
 // which revision. An empty set deletes every need of the module.
 func (c *Client) ApplyNeeds(ctx context.Context, module string, needs []ModuleNeed) (*provisionerv1.ApplyResponse, error) {
-	req := &provisionerv1.ApplyRequest{Module: module, Needs: make([]*provisionerv1.Record, 0, len(needs))}
+	req := &provisionerv1.ApplyRequest{Module: module, Needs: make([]*provisionerv1.Record, 0, len(needs)), MinRevision: c.lastWrite(module)}
 	for _, n := range needs {
 		key, err := keys.NeedKey{Node: c.node, Module: module, Kind: n.Kind, Name: n.Name}.Key()
 		if err != nil {
@@ -100,7 +111,28 @@ func (c *Client) ApplyNeeds(ctx context.Context, module string, needs []ModuleNe
 	if err := c.call(ctx, wire.NodeSubject(wire.ApplySubject, c.node), req, out); err != nil {
 		return nil, fmt.Errorf("apply module %s's needs: %w", module, err)
 	}
+	if out.GetWritten()+out.GetDeleted() > 0 {
+		// Else the revision is the copy's, which may be past the
+		// module's last write: another instance's copy need not wait.
+		c.wrote(module, out.GetRevision())
+	}
 	return out, nil
+}
+
+// wrote keeps revision as module's last write of needs, if it is newer
+// (zero: a write that failed).
+func (c *Client) wrote(module string, revision uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.written[module] = max(c.written[module], revision)
+}
+
+// lastWrite returns the revision of module's last write of needs this
+// client was answered, or zero.
+func (c *Client) lastWrite(module string) uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.written[module]
 }
 
 // PutApplied writes what is applied of module and returns the revision it

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
@@ -193,5 +194,62 @@ func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 		if n := s.CachedInfo().State.LastSeq; n != 0 {
 			t.Errorf("bucket %s got %d messages from refused writes", bucket, n)
 		}
+	}
+}
+
+// A client names its last write of a module's needs in the module's next
+// apply, so the service does not ask the bucket for it: one direct get for
+// a module it has not written yet, none after; a write of the module by
+// another client of the node is read from the bucket by the apply that
+// does not know of it.
+func TestApplyNamesTheModulesLastWrite(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	servicetest.Start(t, nc)
+	gets, err := nc.SubscribeSync("$JS.API.DIRECT.GET." + wire.StreamOf(keys.NeedsBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := func() int {
+		n := 0
+		for {
+			if _, err := gets.NextMsg(100 * time.Millisecond); err != nil {
+				return n
+			}
+			n++
+		}
+	}
+	need := func(name string, required bool) nodeclient.ModuleNeed {
+		return nodeclient.ModuleNeed{Kind: "port", Name: name, Need: &provisionerv1.Need{Placeholder: "${port:" + name + "}", Required: required}}
+	}
+	c, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if _, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", false)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := asked(); n != 1 {
+		t.Errorf("the first apply of web asked the bucket %d times, want 1", n)
+	}
+	for _, required := range []bool{true, false} {
+		if _, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", required)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := asked(); n != 0 {
+		t.Errorf("two more applies of web asked the bucket %d times, want 0", n)
+	}
+
+	// Another client of ace writes web's need; the first knows nothing of
+	// it, and its apply of the set it had keeps the set it had.
+	other, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if _, err := other.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", true)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := asked(); n != 1 {
+		t.Errorf("another client's first apply of web asked the bucket %d times, want 1", n)
+	}
+	out, err := other.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", true)})
+	if err != nil || out.GetUnchanged() != 1 {
+		t.Fatalf("the same set again: %v, %v; want 1 unchanged", out, err)
 	}
 }

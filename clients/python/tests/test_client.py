@@ -335,11 +335,23 @@ async def test_a_node_writes_each_record_through_the_verbs(nc: NATS) -> None:
         ModuleNeed("port", "http", Need(placeholder="${port:http}", required=True, builds=["b2", "b1"])),
         ModuleNeed("secret", "api_token", Need(placeholder="${secret:api_token}")),
     ]
+    # The client names web's last write it was answered (the put above) in
+    # each apply, so the service does not ask the bucket for it.
+    direct_gets = 0
+
+    async def count(_: Msg) -> None:
+        nonlocal direct_gets
+        direct_gets += 1
+
+    gets = await nc.subscribe("$JS.API.DIRECT.GET.KV_mesh-provisioner_needs", cb=count)
     applied = await ace.apply_needs("web", web)
     assert (applied.written, applied.deleted, applied.unchanged) == (2, 1, 0)
     again = await ace.apply_needs("web", web)
     assert (again.written, again.deleted, again.unchanged) == (0, 0, 2)
     assert again.revision >= applied.revision
+    await nc.flush()
+    await gets.unsubscribe()
+    assert direct_gets == 0, f"the applies asked the bucket {direct_gets} times"
     needs = await ace.provisioning(ProvisioningRequest(what=WHAT_NEEDS, node="ace", min_revision=applied.revision))
     assert [(r.kind, r.name, r.need) for r in needs.needs] == [(n.kind, n.name, n.need) for n in web]
     gone = await ace.delete_need("web", "secret", "api_token")

@@ -953,6 +953,13 @@ export class ProvisionerClient {
   readonly #provider: string | undefined;
   readonly #timeout: number | undefined;
   readonly #apiPrefix: string;
+  /**
+   * By module, the revision of the last write of its needs this client was
+   * answered: an apply names it (`minRevision`), and the service compares
+   * the set with its copy once the copy holds it, rather than first asking
+   * the bucket.
+   */
+  readonly #written = new Map<string, bigint>();
 
   constructor(nc: NatsConnection, opts: ProvisionerClientOptions = {}) {
     if (opts.node !== undefined) {
@@ -1337,7 +1344,9 @@ export class ProvisionerClient {
    */
   async putNeed(module: string, kind: string, name: string, need: MessageInitShape<typeof NeedSchema>, opts: RequestOptions = {}): Promise<bigint> {
     const node = this.#writer("putNeed");
-    return this.#put(What.NEEDS, needKey(node, module, kind, name), encodeDeterministic(NeedSchema, need), opts);
+    const revision = await this.#put(What.NEEDS, needKey(node, module, kind, name), encodeDeterministic(NeedSchema, need), opts);
+    this.#wrote(module, revision);
+    return revision;
   }
 
   /**
@@ -1348,7 +1357,9 @@ export class ProvisionerClient {
    */
   async deleteNeed(module: string, kind: string, name: string, opts: RequestOptions = {}): Promise<bigint> {
     const node = this.#writer("deleteNeed");
-    return this.#delete(What.NEEDS, needKey(node, module, kind, name), opts);
+    const revision = await this.#delete(What.NEEDS, needKey(node, module, kind, name), opts);
+    this.#wrote(module, revision);
+    return revision;
   }
 
   /**
@@ -1368,7 +1379,21 @@ export class ProvisionerClient {
       key: needKey(node, module, kind, name),
       value: encodeDeterministic(NeedSchema, need),
     }));
-    return this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT);
+    const minRevision = this.#written.get(module) ?? 0n;
+    const out = await this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records, minRevision }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT);
+    if (out.written + out.deleted > 0) {
+      // Else the revision is the copy's, which may be past the module's
+      // last write: another instance's copy need not wait for it.
+      this.#wrote(module, out.revision);
+    }
+    return out;
+  }
+
+  /** Keeps revision as module's last write of needs, if it is newer. */
+  #wrote(module: string, revision: bigint): void {
+    if (revision > (this.#written.get(module) ?? 0n)) {
+      this.#written.set(module, revision);
+    }
   }
 
   /**

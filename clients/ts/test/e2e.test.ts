@@ -1623,6 +1623,10 @@ describe("writes", () => {
       { kind: "config", name: "db:url", need: { placeholder: "${config:db:url}" } },
     ]);
     assert.deepStrictEqual([first.written, first.deleted, first.unchanged], [3, 0, 0]);
+    // Each apply after the first names the module's last write it was
+    // answered, so the service does not ask the bucket for it.
+    let directGets = 0;
+    const gets = nc!.subscribe("$JS.API.DIRECT.GET.KV_mesh-provisioner_needs", { callback: () => { directGets++; } });
     const second = await zoe.applyNeeds("api", [
       { kind: "port", name: "http", need: { placeholder: "${port:http}" } },
       { kind: "port", name: "admin", need: { placeholder: "${port:admin}", required: true } },
@@ -1639,6 +1643,9 @@ describe("writes", () => {
     assert.deepStrictEqual([again.written, again.deleted, again.unchanged], [0, 0, 2]);
     const none = await zoe.applyNeeds("api", []);
     assert.deepStrictEqual([none.written, none.deleted, none.unchanged], [0, 2, 0]);
+    await nc!.flush();
+    gets.unsubscribe();
+    assert.equal(directGets, 0, `the applies after the first asked the bucket ${directGets} times`);
     assert.deepStrictEqual((await zoe.provisioning({ what: What.NEEDS, node: "zoe", minRevision: none.revision })).needs, []);
   });
 

@@ -535,6 +535,11 @@ class ProvisionerClient:
         self._provisions_subject = provisions_subject
         self._api_prefix = api_prefix or None
         self._timeout = timeout
+        # By module, the revision of the last write of its needs this client
+        # was answered: an apply names it (min_revision), and the service
+        # compares the set with its copy once the copy holds it, rather than
+        # first asking the bucket.
+        self._written: dict[str, int] = {}
 
     @property
     def node(self) -> str | None:
@@ -827,14 +832,18 @@ class ProvisionerClient:
         node's budget of keys or bytes), 503 (ask again); and nats-py's
         errors otherwise (TimeoutError, NoRespondersError)."""
         node = self._writer("put_need")
-        return await self._put(What.WHAT_NEEDS, need_key(node, module, kind, name), need, timeout)
+        revision = await self._put(What.WHAT_NEEDS, need_key(node, module, kind, name), need, timeout)
+        self._wrote(module, revision)
+        return revision
 
     async def delete_need(self, module: str, kind: str, name: str, *, timeout: float | None = None) -> int:
         """Deletes a need through the delete verb,
         mesh-provisioner.delete.<node>, and returns the revision of its
         delete marker. Raises as put_need does."""
         node = self._writer("delete_need")
-        return await self._delete(What.WHAT_NEEDS, need_key(node, module, kind, name), timeout)
+        revision = await self._delete(What.WHAT_NEEDS, need_key(node, module, kind, name), timeout)
+        self._wrote(module, revision)
+        return revision
 
     async def apply_needs(
         self, module: str, needs: Iterable[ModuleNeed], *, timeout: float | None = None
@@ -849,10 +858,20 @@ class ProvisionerClient:
         encoded deterministically, so that a need applied again as it was is
         unchanged. Raises as put_need does."""
         node = self._writer("apply_needs")
-        request = ApplyRequest(module=module)
+        request = ApplyRequest(module=module, min_revision=self._written.get(module, 0))
         for kind, name, need in needs:
             request.needs.append(Record(what=What.WHAT_NEEDS, key=need_key(node, module, kind, name), value=_encode(need)))
-        return await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)
+        out = await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)
+        if out.written + out.deleted > 0:
+            # Else the revision is the copy's, which may be past the module's
+            # last write: another instance's copy need not wait for it.
+            self._wrote(module, out.revision)
+        return out
+
+    def _wrote(self, module: str, revision: int) -> None:
+        """Keeps revision as module's last write of needs, if it is newer."""
+        if revision > self._written.get(module, 0):
+            self._written[module] = revision
 
     async def put_applied(self, module: str, applied: Applied, *, timeout: float | None = None) -> int:
         """Writes what is applied of module (key <node>.<module>) through the

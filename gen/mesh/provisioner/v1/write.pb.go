@@ -204,7 +204,16 @@ type ApplyRequest struct {
 	// The module's needs, each keyed <node>.<module>.<kind>.<name> with its
 	// Need as value; WHAT_NEEDS or unset. An empty set deletes every need of
 	// the module.
-	Needs         []*Record `protobuf:"bytes,2,rep,name=needs,proto3" json:"needs,omitempty"`
+	Needs []*Record `protobuf:"bytes,2,rep,name=needs,proto3" json:"needs,omitempty"`
+	// The revision of the node's last write of the module's needs that the
+	// sender knows of (the answer to its last put, delete or apply of them),
+	// or zero. Set, the service compares the set with its copy once the copy
+	// holds this revision, rather than first asking the bucket for the
+	// module's last write; zero, it asks. A write of the module the sender
+	// does not know of (another process of the node's) may then be compared
+	// as it was before it. Past what the copy reaches within the server's
+	// revision wait, the apply is refused with 503.
+	MinRevision   uint64 `protobuf:"varint,3,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,6 +260,13 @@ func (x *ApplyRequest) GetNeeds() []*Record {
 		return x.Needs
 	}
 	return nil
+}
+
+func (x *ApplyRequest) GetMinRevision() uint64 {
+	if x != nil {
+		return x.MinRevision
+	}
+	return 0
 }
 
 // DeclareRequest declares, or withdraws, the manifest of a provider that
@@ -544,10 +560,11 @@ const file_mesh_provisioner_v1_write_proto_rawDesc = "" +
 	"\x06record\x18\x01 \x01(\v2\x1b.mesh.provisioner.v1.RecordR\x06record\"P\n" +
 	"\rDeleteRequest\x12-\n" +
 	"\x04what\x18\x01 \x01(\x0e2\x19.mesh.provisioner.v1.WhatR\x04what\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"Y\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"|\n" +
 	"\fApplyRequest\x12\x16\n" +
 	"\x06module\x18\x01 \x01(\tR\x06module\x121\n" +
-	"\x05needs\x18\x02 \x03(\v2\x1b.mesh.provisioner.v1.RecordR\x05needs\"H\n" +
+	"\x05needs\x18\x02 \x03(\v2\x1b.mesh.provisioner.v1.RecordR\x05needs\x12!\n" +
+	"\fmin_revision\x18\x03 \x01(\x04R\vminRevision\"H\n" +
 	"\x0eDeclareRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\fR\bmanifest\x12\x1a\n" +
 	"\bwithdraw\x18\x02 \x01(\bR\bwithdraw\"M\n" +

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from mesh.provisioner.v1 import provisioning_pb2 as mesh_dot_provisioner_dot_v1_dot_provisioning__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmesh/provisioner/v1/write.proto\x12\x13mesh.provisioner.v1\x1a&mesh/provisioner/v1/provisioning.proto\"M\n\x06Record\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\"9\n\nPutRequest\x12+\n\x06record\x18\x01 \x01(\x0b\x32\x1b.mesh.provisioner.v1.Record\"E\n\rDeleteRequest\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x0b\n\x03key\x18\x02 \x01(\t\"J\n\x0c\x41pplyRequest\x12\x0e\n\x06module\x18\x01 \x01(\t\x12*\n\x05needs\x18\x02 \x03(\x0b\x32\x1b.mesh.provisioner.v1.Record\"4\n\x0e\x44\x65\x63lareRequest\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x10\n\x08withdraw\x18\x02 \x01(\x08\"9\n\x0b\x42indRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x0e\n\x06unbind\x18\x03 \x01(\x08\"N\n\rWriteResponse\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\"V\n\rApplyResponse\x12\x10\n\x08revision\x18\x01 \x01(\x04\x12\x0f\n\x07written\x18\x02 \x01(\r\x12\x0f\n\x07\x64\x65leted\x18\x03 \x01(\r\x12\x11\n\tunchanged\x18\x04 \x01(\rb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1fmesh/provisioner/v1/write.proto\x12\x13mesh.provisioner.v1\x1a&mesh/provisioner/v1/provisioning.proto\"M\n\x06Record\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\"9\n\nPutRequest\x12+\n\x06record\x18\x01 \x01(\x0b\x32\x1b.mesh.provisioner.v1.Record\"E\n\rDeleteRequest\x12\'\n\x04what\x18\x01 \x01(\x0e\x32\x19.mesh.provisioner.v1.What\x12\x0b\n\x03key\x18\x02 \x01(\t\"`\n\x0c\x41pplyRequest\x12\x0e\n\x06module\x18\x01 \x01(\t\x12*\n\x05needs\x18\x02 \x03(\x0b\x32\x1b.mesh.provisioner.v1.Record\x12\x14\n\x0cmin_revision\x18\x03 \x01(\x04\"4\n\x0e\x44\x65\x63lareRequest\x12\x10\n\x08manifest\x18\x01 \x01(\x0c\x12\x10\n\x08withdraw\x18\x02 \x01(\x08\"9\n\x0b\x42indRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x0e\n\x06unbind\x18\x03 \x01(\x08\"N\n\rWriteResponse\x12\x0e\n\x06\x62ucket\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x10\n\x08revision\x18\x03 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\"V\n\rApplyResponse\x12\x10\n\x08revision\x18\x01 \x01(\x04\x12\x0f\n\x07written\x18\x02 \x01(\r\x12\x0f\n\x07\x64\x65leted\x18\x03 \x01(\r\x12\x11\n\tunchanged\x18\x04 \x01(\rb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,13 +39,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETEREQUEST']._serialized_start=234
   _globals['_DELETEREQUEST']._serialized_end=303
   _globals['_APPLYREQUEST']._serialized_start=305
-  _globals['_APPLYREQUEST']._serialized_end=379
-  _globals['_DECLAREREQUEST']._serialized_start=381
-  _globals['_DECLAREREQUEST']._serialized_end=433
-  _globals['_BINDREQUEST']._serialized_start=435
-  _globals['_BINDREQUEST']._serialized_end=492
-  _globals['_WRITERESPONSE']._serialized_start=494
-  _globals['_WRITERESPONSE']._serialized_end=572
-  _globals['_APPLYRESPONSE']._serialized_start=574
-  _globals['_APPLYRESPONSE']._serialized_end=660
+  _globals['_APPLYREQUEST']._serialized_end=401
+  _globals['_DECLAREREQUEST']._serialized_start=403
+  _globals['_DECLAREREQUEST']._serialized_end=455
+  _globals['_BINDREQUEST']._serialized_start=457
+  _globals['_BINDREQUEST']._serialized_end=514
+  _globals['_WRITERESPONSE']._serialized_start=516
+  _globals['_WRITERESPONSE']._serialized_end=594
+  _globals['_APPLYRESPONSE']._serialized_start=596
+  _globals['_APPLYRESPONSE']._serialized_end=682
 # @@protoc_insertion_point(module_scope)

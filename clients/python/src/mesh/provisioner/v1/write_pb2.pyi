@@ -32,12 +32,14 @@ class DeleteRequest(_message.Message):
     def __init__(self, what: _Optional[_Union[_provisioning_pb2.What, str]] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ApplyRequest(_message.Message):
-    __slots__ = ("module", "needs")
+    __slots__ = ("module", "needs", "min_revision")
     MODULE_FIELD_NUMBER: _ClassVar[int]
     NEEDS_FIELD_NUMBER: _ClassVar[int]
+    MIN_REVISION_FIELD_NUMBER: _ClassVar[int]
     module: str
     needs: _containers.RepeatedCompositeFieldContainer[Record]
-    def __init__(self, module: _Optional[str] = ..., needs: _Optional[_Iterable[_Union[Record, _Mapping]]] = ...) -> None: ...
+    min_revision: int
+    def __init__(self, module: _Optional[str] = ..., needs: _Optional[_Iterable[_Union[Record, _Mapping]]] = ..., min_revision: _Optional[int] = ...) -> None: ...
 
 class DeclareRequest(_message.Message):
     __slots__ = ("manifest", "withdraw")

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/write.proto.
  */
 export const file_mesh_provisioner_v1_write: GenFile = /*@__PURE__*/
-  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3dyaXRlLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIk0KBlJlY29yZBInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EgsKA2tleRgCIAEoCRINCgV2YWx1ZRgDIAEoDCI5CgpQdXRSZXF1ZXN0EisKBnJlY29yZBgBIAEoCzIbLm1lc2gucHJvdmlzaW9uZXIudjEuUmVjb3JkIkUKDURlbGV0ZVJlcXVlc3QSJwoEd2hhdBgBIAEoDjIZLm1lc2gucHJvdmlzaW9uZXIudjEuV2hhdBILCgNrZXkYAiABKAkiSgoMQXBwbHlSZXF1ZXN0Eg4KBm1vZHVsZRgBIAEoCRIqCgVuZWVkcxgCIAMoCzIbLm1lc2gucHJvdmlzaW9uZXIudjEuUmVjb3JkIjQKDkRlY2xhcmVSZXF1ZXN0EhAKCG1hbmlmZXN0GAEgASgMEhAKCHdpdGhkcmF3GAIgASgIIjkKC0JpbmRSZXF1ZXN0EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoDBIOCgZ1bmJpbmQYAyABKAgiTgoNV3JpdGVSZXNwb25zZRIOCgZidWNrZXQYASABKAkSCwoDa2V5GAIgASgJEhAKCHJldmlzaW9uGAMgASgEEg4KBmRpZ2VzdBgEIAEoCSJWCg1BcHBseVJlc3BvbnNlEhAKCHJldmlzaW9uGAEgASgEEg8KB3dyaXR0ZW4YAiABKA0SDwoHZGVsZXRlZBgDIAEoDRIRCgl1bmNoYW5nZWQYBCABKA1C3AEKF2NvbS5tZXNoLnByb3Zpc2lvbmVyLnYxQgpXcml0ZVByb3RvUAFaR2dpdGh1Yi5jb20vbm92b3gvbWVzaC1wcm92aXNpb25lci9nZW4vbWVzaC9wcm92aXNpb25lci92MTtwcm92aXNpb25lcnYxogIDTVBYqgITTWVzaC5Qcm92aXNpb25lci5WMcoCE01lc2hcUHJvdmlzaW9uZXJcVjHiAh9NZXNoXFByb3Zpc2lvbmVyXFYxXEdQQk1ldGFkYXRh6gIVTWVzaDo6UHJvdmlzaW9uZXI6OlYxYgZwcm90bzM", [file_mesh_provisioner_v1_provisioning]);
+  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3dyaXRlLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIk0KBlJlY29yZBInCgR3aGF0GAEgASgOMhkubWVzaC5wcm92aXNpb25lci52MS5XaGF0EgsKA2tleRgCIAEoCRINCgV2YWx1ZRgDIAEoDCI5CgpQdXRSZXF1ZXN0EisKBnJlY29yZBgBIAEoCzIbLm1lc2gucHJvdmlzaW9uZXIudjEuUmVjb3JkIkUKDURlbGV0ZVJlcXVlc3QSJwoEd2hhdBgBIAEoDjIZLm1lc2gucHJvdmlzaW9uZXIudjEuV2hhdBILCgNrZXkYAiABKAkiYAoMQXBwbHlSZXF1ZXN0Eg4KBm1vZHVsZRgBIAEoCRIqCgVuZWVkcxgCIAMoCzIbLm1lc2gucHJvdmlzaW9uZXIudjEuUmVjb3JkEhQKDG1pbl9yZXZpc2lvbhgDIAEoBCI0Cg5EZWNsYXJlUmVxdWVzdBIQCghtYW5pZmVzdBgBIAEoDBIQCgh3aXRoZHJhdxgCIAEoCCI5CgtCaW5kUmVxdWVzdBILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAwSDgoGdW5iaW5kGAMgASgIIk4KDVdyaXRlUmVzcG9uc2USDgoGYnVja2V0GAEgASgJEgsKA2tleRgCIAEoCRIQCghyZXZpc2lvbhgDIAEoBBIOCgZkaWdlc3QYBCABKAkiVgoNQXBwbHlSZXNwb25zZRIQCghyZXZpc2lvbhgBIAEoBBIPCgd3cml0dGVuGAIgASgNEg8KB2RlbGV0ZWQYAyABKA0SEQoJdW5jaGFuZ2VkGAQgASgNQtwBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIKV3JpdGVQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z", [file_mesh_provisioner_v1_provisioning]);
 
 /**
  * Record is one key of a node's records and its value.
@@ -129,6 +129,20 @@ export type ApplyRequest = Message<"mesh.provisioner.v1.ApplyRequest"> & {
    * @generated from field: repeated mesh.provisioner.v1.Record needs = 2;
    */
   needs: Record[];
+
+  /**
+   * The revision of the node's last write of the module's needs that the
+   * sender knows of (the answer to its last put, delete or apply of them),
+   * or zero. Set, the service compares the set with its copy once the copy
+   * holds this revision, rather than first asking the bucket for the
+   * module's last write; zero, it asks. A write of the module the sender
+   * does not know of (another process of the node's) may then be compared
+   * as it was before it. Past what the copy reaches within the server's
+   * revision wait, the apply is refused with 503.
+   *
+   * @generated from field: uint64 min_revision = 3;
+   */
+  minRevision: bigint;
 };
 
 /**
