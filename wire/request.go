@@ -47,7 +47,11 @@ func Request(ctx context.Context, nc *nats.Conn, role Role, name string, msg *na
 		return nc.RequestMsgWithContext(ctx, msg)
 	}
 	inbox := prefix + "." + nuid.Next()
-	sub, err := nc.SubscribeSync(inbox)
+	// One answer is awaited: a channel of one, where a synchronous
+	// subscription would make one of the connection's SubChanLen (64 Ki
+	// messages, 512 KiB cleared for each request).
+	replies := make(chan *nats.Msg, 1)
+	sub, err := nc.ChanSubscribe(inbox, replies)
 	if err != nil {
 		return nil, err
 	}
@@ -56,9 +60,11 @@ func Request(ctx context.Context, nc *nats.Conn, role Role, name string, msg *na
 	if err := nc.PublishMsg(msg); err != nil {
 		return nil, err
 	}
-	reply, err := sub.NextMsgWithContext(ctx)
-	if err != nil {
-		return nil, err
+	var reply *nats.Msg
+	select {
+	case reply = <-replies:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
 	// As nats.go's request: a status 503 without a body is nats-server
 	// saying no one subscribes to the subject.
