@@ -28,7 +28,7 @@ type PlansConfig struct {
 // seat's holder runs it in its tenure.
 func (s *Service) RunPlans(ctx context.Context, cfg PlansConfig) error {
 	return plans.Run(ctx, plans.Config{
-		KV: cfg.KV, Interval: cfg.Interval, Copy: s.mirror, Ready: s.WaitReady,
+		KV: cfg.KV, JS: s.store.js, Interval: cfg.Interval, Copy: s.mirror, Ready: s.WaitReady,
 		Stats: &s.plans, Logger: s.logger, Warnings: s.warnings,
 	})
 }

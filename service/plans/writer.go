@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
@@ -23,6 +24,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // DefaultInterval is how often the plans' writer looks at what changed
@@ -59,6 +61,9 @@ type Config struct {
 	// KV is the bucket mesh-provisioner_plans, bound by the identity that
 	// writes it (permissions.ServerWriter). Required.
 	KV jetstream.KeyValue
+	// JS is that identity's JetStream, which publishes a pass's digests
+	// many at once. Required.
+	JS jetstream.JetStream
 	// Interval is how often changes are looked for; zero means
 	// DefaultInterval.
 	Interval time.Duration
@@ -105,6 +110,7 @@ type plansWriter struct {
 	stats    *Stats
 	warnings *ratelog.Limiter
 	kv       jetstream.KeyValue
+	js       jetstream.JetStream
 	interval time.Duration
 	mu       sync.Mutex
 	key      map[string]heldDigest // what the bucket holds, by node
@@ -163,8 +169,8 @@ const plansSweep = time.Second
 // watcher lost or a bucket unreachable is logged and tried again, each
 // pass first bringing every digest up to date.
 func Run(ctx context.Context, cfg Config) error {
-	if cfg.KV == nil || cfg.Copy == nil || cfg.Ready == nil || cfg.Stats == nil || cfg.Logger == nil || cfg.Warnings == nil {
-		return errors.New("plans: Config.KV, Copy, Ready, Stats, Logger and Warnings are required")
+	if cfg.KV == nil || cfg.JS == nil || cfg.Copy == nil || cfg.Ready == nil || cfg.Stats == nil || cfg.Logger == nil || cfg.Warnings == nil {
+		return errors.New("plans: Config.KV, JS, Copy, Ready, Stats, Logger and Warnings are required")
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultInterval
@@ -201,7 +207,7 @@ const (
 // watcher fails.
 func keepPlans(ctx context.Context, cfg Config) error {
 	w := &plansWriter{
-		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
+		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, js: cfg.JS, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
 		buckets: map[string][]string{}, lastRead: map[string]nodeReads{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
 		kept: map[string]*Kept{},
 	}
@@ -511,18 +517,21 @@ func addAll(set map[string]bool, keys []string) {
 	}
 }
 
-// planWriters bounds the writes of a pass in flight: each waits for its
-// acknowledgement, so a thousand digests cost a few round trips' time.
-const planWriters = 64
+// planWindow bounds the digests a pass publishes before it awaits their
+// acknowledgements: under the JetStream's pending publishes' bound.
+const planWindow = 1024
 
 // pass brings the nodes' keys up to date in two steps: it composes every
 // node (on as many workers as the process has cores), then writes the
-// digests that changed, many at a time; a node with no record left loses
-// its key. Composing first keeps the notified nodes' requests for their
+// digests that changed; a node with no record left loses its key.
+// Composing first keeps the notified nodes' requests for their
 // compositions from slowing the composing of the rest: for a change that
 // touches all of 1,000 plans, the last digest was written 1.5 s after the
 // change when each node was written as soon as composed, and well within
-// a second in two steps (make bench-plans).
+// a second in two steps (make bench-plans). The digests are published a
+// window at a time (publish), and only then awaited: the nodes notified
+// first ask their compositions of the same cores, and digests awaited 64
+// at a time waited behind them.
 func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 	if len(nodes) == 0 {
 		return nil
@@ -556,19 +565,18 @@ func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 		})
 	}
 	_ = composing.Wait() // plan reports its own failures
-	var writing errgroup.Group
-	writing.SetLimit(planWriters)
-	for _, pw := range writes {
-		if ctx.Err() != nil {
-			break
+	for len(writes) > 0 && ctx.Err() == nil {
+		window := writes[:min(planWindow, len(writes))]
+		writes = writes[len(window):]
+		acks := make([]jetstream.PubAckFuture, len(window))
+		for i, pw := range window {
+			acks[i] = w.publish(ctx, pw)
 		}
-		writing.Go(func() error {
-			w.write(ctx, pw)
+		for i, pw := range window {
+			w.acked(ctx, pw, acks[i])
 			stats.Pending.Add(^uint64(0))
-			return nil
-		})
+		}
 	}
-	_ = writing.Wait() // write reports its own failures
 	return nil
 }
 
@@ -639,40 +647,65 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	return planWrite{node: node, held: held, has: has, digest: plan.Digest, revisions: plan.Revisions}, true
 }
 
-// write writes one node's key: a compare-and-set on the revision the
-// writer saw, so that a key written meanwhile by another is read again.
-func (w *plansWriter) write(ctx context.Context, pw planWrite) {
+// publish publishes one node's digest, a compare-and-set on the revision
+// the writer saw of its key (none: the key is made), without awaiting it,
+// or deletes the key of a node gone (awaited); nil when nothing is left
+// to await.
+func (w *plansWriter) publish(ctx context.Context, pw planWrite) jetstream.PubAckFuture {
 	if pw.gone {
 		if err := w.kv.Delete(ctx, pw.node, jetstream.LastRevision(pw.held.revision)); err != nil && ctx.Err() == nil {
 			w.failed(pw.node, "delete", err)
 		}
-		return
+		return nil
 	}
 	value, err := proto.MarshalOptions{Deterministic: true}.Marshal(&provisionerv1.PlanDigest{Digest: pw.digest, Revisions: pw.revisions})
 	if err != nil {
 		w.failed(pw.node, "encode", err)
-		return
+		return nil
 	}
 	// The watcher may hear this write before it is acknowledged here: it
 	// is the writer's own, not another's to check again.
 	w.mu.Lock()
 	w.writing[pw.node] = pw.digest
 	w.mu.Unlock()
-	defer func() {
-		w.mu.Lock()
-		delete(w.writing, pw.node)
-		w.mu.Unlock()
-	}()
-	var revision uint64
-	if pw.has {
-		revision, err = w.kv.Update(ctx, pw.node, value, pw.held.revision)
-	} else {
-		revision, err = w.kv.Create(ctx, pw.node, value)
-	}
+	msg := nats.NewMsg(wire.KVSubject(w.kv.Bucket(), pw.node))
+	msg.Data = value
+	ack, err := w.js.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(pw.held.revision))
 	if err != nil {
+		w.done(pw.node)
 		if ctx.Err() == nil {
 			w.failed(pw.node, "write", err)
 		}
+		return nil
+	}
+	return ack
+}
+
+// acked awaits a digest published (nil: none) and keeps what the bucket
+// now holds. A key made anew after a delete marker, which the writer does
+// not follow, is made again as KeyValue.Create makes it.
+func (w *plansWriter) acked(ctx context.Context, pw planWrite, ack jetstream.PubAckFuture) {
+	if ack == nil {
+		return
+	}
+	defer w.done(pw.node)
+	var revision uint64
+	select {
+	case pa := <-ack.Ok():
+		revision = pa.Sequence
+	case err := <-ack.Err():
+		var apiErr *jetstream.APIError
+		if pw.has || !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+			w.failed(pw.node, "write", err)
+			return
+		}
+		if revision, err = w.kv.Create(ctx, pw.node, ack.Msg().Data); err != nil {
+			if ctx.Err() == nil {
+				w.failed(pw.node, "write", err)
+			}
+			return
+		}
+	case <-ctx.Done():
 		return
 	}
 	w.mu.Lock()
@@ -682,6 +715,13 @@ func (w *plansWriter) write(ctx context.Context, pw planWrite) {
 	w.mu.Unlock()
 	w.stats.Written.Add(1)
 	w.stats.LastWritten.Store(time.Now().UnixNano())
+}
+
+// done ends a write of node's key in flight.
+func (w *plansWriter) done(node string) {
+	w.mu.Lock()
+	delete(w.writing, node)
+	w.mu.Unlock()
 }
 
 // failed counts a node's failed write and composes it again on the next

@@ -88,6 +88,15 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 			return nil
 		})
 	})
+	t.Run("a node that comes back gets its key again", func(t *testing.T) {
+		// Its key's last message is a delete marker: the digest is
+		// published expecting none, refused, and made as Create makes it.
+		rev, err := novox.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		natstest.CheckFor(t, 5*time.Second, func() error { return current("novox", rev) })
+	})
 	t.Run("a new tenure rewrites nothing current", func(t *testing.T) {
 		stop()
 		if err := <-done; err != nil {
