@@ -3,6 +3,7 @@ package wire
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
@@ -50,11 +51,15 @@ func Request(ctx context.Context, nc *nats.Conn, role Role, name string, msg *na
 	// One answer is awaited: a channel of one, where a synchronous
 	// subscription would make one of the connection's SubChanLen (64 Ki
 	// messages, 512 KiB cleared for each request).
-	replies := make(chan *nats.Msg, 1)
+	// nats.go closes no such channel when the connection closes: the
+	// subscription's closed handler says so.
+	replies, closed := make(chan *nats.Msg, 1), make(chan struct{})
 	sub, err := nc.ChanSubscribe(inbox, replies)
 	if err != nil {
 		return nil, err
 	}
+	var once sync.Once
+	sub.SetClosedHandler(func(string) { once.Do(func() { close(closed) }) })
 	defer func() { _ = sub.Unsubscribe() }()
 	msg.Reply = inbox
 	if err := nc.PublishMsg(msg); err != nil {
@@ -63,6 +68,8 @@ func Request(ctx context.Context, nc *nats.Conn, role Role, name string, msg *na
 	var reply *nats.Msg
 	select {
 	case reply = <-replies:
+	case <-closed:
+		return nil, nats.ErrConnectionClosed
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
