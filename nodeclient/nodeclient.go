@@ -68,7 +68,7 @@ func (c *Client) PutNeed(ctx context.Context, module, kind, name string, need *p
 		return 0, err
 	}
 	revision, err := c.put(ctx, provisionerv1.What_WHAT_NEEDS, key, need)
-	c.wrote(module, revision)
+	c.wrote(module, revision, err)
 	return revision, err
 }
 
@@ -79,7 +79,7 @@ func (c *Client) DeleteNeed(ctx context.Context, module, kind, name string) (uin
 		return 0, err
 	}
 	revision, err := c.delete(ctx, provisionerv1.What_WHAT_NEEDS, key)
-	c.wrote(module, revision)
+	c.wrote(module, revision, err)
 	return revision, err
 }
 
@@ -109,21 +109,28 @@ func (c *Client) ApplyNeeds(ctx context.Context, module string, needs []ModuleNe
 	}
 	out := &provisionerv1.ApplyResponse{}
 	if err := c.call(ctx, wire.NodeSubject(wire.ApplySubject, c.node), req, out); err != nil {
+		c.wrote(module, 0, err)
 		return nil, fmt.Errorf("apply module %s's needs: %w", module, err)
 	}
 	if out.GetWritten()+out.GetDeleted() > 0 {
 		// Else the revision is the copy's, which may be past the
 		// module's last write: another instance's copy need not wait.
-		c.wrote(module, out.GetRevision())
+		c.wrote(module, out.GetRevision(), nil)
 	}
 	return out, nil
 }
 
-// wrote keeps revision as module's last write of needs, if it is newer
-// (zero: a write that failed).
-func (c *Client) wrote(module string, revision uint64) {
+// wrote keeps revision as module's last write of needs, if it is newer.
+// A write that failed may have been stored all the same (its answer
+// lost, or an apply stored in part): the module's last write is then
+// unknown, and the next apply has the service read it.
+func (c *Client) wrote(module string, revision uint64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err != nil {
+		delete(c.written, module)
+		return
+	}
 	c.written[module] = max(c.written[module], revision)
 }
 

@@ -201,7 +201,7 @@ func TestClientRefusesInvalidPartsBeforeSending(t *testing.T) {
 // apply, so the service does not ask the bucket for it: one direct get for
 // a module it has not written yet, none after; a write of the module by
 // another client of the node is read from the bucket by the apply that
-// does not know of it.
+// does not know of it, and so is one after a failed write.
 func TestApplyNamesTheModulesLastWrite(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -251,5 +251,18 @@ func TestApplyNamesTheModulesLastWrite(t *testing.T) {
 	out, err := other.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", true)})
 	if err != nil || out.GetUnchanged() != 1 {
 		t.Fatalf("the same set again: %v, %v; want 1 unchanged", out, err)
+	}
+	_ = asked()
+
+	// A write that fails may have been stored all the same: the module's
+	// last write is unknown again, and the next apply asks the bucket.
+	if _, err := other.PutNeed(ctx, "web", "port", "huge", &provisionerv1.Need{Placeholder: "${port:huge}", Local: strings.Repeat("x", 128<<10)}); err == nil {
+		t.Fatal("a need of 128 KiB was stored")
+	}
+	if _, err := other.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", false)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := asked(); n != 1 {
+		t.Errorf("the apply after a failed write asked the bucket %d times, want 1", n)
 	}
 }

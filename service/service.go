@@ -405,7 +405,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if s.followers, err = s.mirror.Open(ctx, js, s.logger); err != nil {
 		return nil, err
 	}
-	if s.store, err = openWriteStore(ctx, js, s.mirror, cfg.RevisionWait); err != nil {
+	if s.store, err = openWriteStore(ctx, js, s.mirror); err != nil {
 		return nil, err
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())

@@ -216,9 +216,6 @@ type heldCopy interface {
 type writeStore struct {
 	js      jetstream.JetStream
 	buckets map[string]*stateBucket
-	// revisionWait bounds an apply's wait for the revision its sender
-	// names, as a read's min_revision is bounded.
-	revisionWait time.Duration
 
 	// bound are the providers' buckets bound so far, made on a provider's
 	// first bind.
@@ -228,8 +225,8 @@ type writeStore struct {
 
 // openWriteStore binds the state buckets through js, which is the writing
 // identity's.
-func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirror, revisionWait time.Duration) (*writeStore, error) {
-	w := &writeStore{js: js, buckets: map[string]*stateBucket{}, bound: map[string]jetstream.KeyValue{}, revisionWait: revisionWait}
+func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirror) (*writeStore, error) {
+	w := &writeStore{js: js, buckets: map[string]*stateBucket{}, bound: map[string]jetstream.KeyValue{}}
 	for _, b := range []struct {
 		bucket string
 		held   heldCopy
@@ -390,19 +387,18 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	// undeleted. Only the module's own writes are waited for: under a
 	// mesh's writes the copy may trail the stream's last revision by more
 	// than an apply may wait. A sender that knows the module's last write
-	// says its revision, and the bucket is not asked.
-	last, waitCtx := in.GetMinRevision(), ctx
-	if last == 0 {
+	// says its revision: when the copy holds it, the bucket is not asked.
+	// A revision the copy does not hold yet is not waited for, but read
+	// from the bucket: a sender that names one past any write would
+	// otherwise hold a write's place for as long as it waits.
+	last := in.GetMinRevision()
+	if last == 0 || b.held.Revision() < last {
 		var err error
 		if last, err = s.store.lastUnder(ctx, b.bucket, prefix); err != nil {
 			return nil, stored("the apply of "+keys.Echo(module), err)
 		}
-	} else {
-		var cancel context.CancelFunc
-		waitCtx, cancel = context.WithTimeout(ctx, s.store.revisionWait)
-		defer cancel()
 	}
-	if !b.held.WaitFor(waitCtx, last) {
+	if !b.held.WaitFor(ctx, last) {
 		return nil, wire.Errorf(wire.CodeUnavailable, "the server's copy of %s has not reached revision %d yet; apply again shortly", b.bucket, last)
 	}
 	var held []string

@@ -1344,7 +1344,7 @@ export class ProvisionerClient {
    */
   async putNeed(module: string, kind: string, name: string, need: MessageInitShape<typeof NeedSchema>, opts: RequestOptions = {}): Promise<bigint> {
     const node = this.#writer("putNeed");
-    const revision = await this.#put(What.NEEDS, needKey(node, module, kind, name), encodeDeterministic(NeedSchema, need), opts);
+    const revision = await this.#forgetOnError(module, this.#put(What.NEEDS, needKey(node, module, kind, name), encodeDeterministic(NeedSchema, need), opts));
     this.#wrote(module, revision);
     return revision;
   }
@@ -1357,7 +1357,7 @@ export class ProvisionerClient {
    */
   async deleteNeed(module: string, kind: string, name: string, opts: RequestOptions = {}): Promise<bigint> {
     const node = this.#writer("deleteNeed");
-    const revision = await this.#delete(What.NEEDS, needKey(node, module, kind, name), opts);
+    const revision = await this.#forgetOnError(module, this.#delete(What.NEEDS, needKey(node, module, kind, name), opts));
     this.#wrote(module, revision);
     return revision;
   }
@@ -1380,13 +1380,28 @@ export class ProvisionerClient {
       value: encodeDeterministic(NeedSchema, need),
     }));
     const minRevision = this.#written.get(module) ?? 0n;
-    const out = await this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records, minRevision }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT);
+    const out = await this.#forgetOnError(module, this.#call(nodeSubject(APPLY_SUBJECT, node), ApplyRequestSchema, ApplyResponseSchema, { module, needs: records, minRevision }, opts, ["node", node], DEFAULT_WRITE_TIMEOUT));
     if (out.written + out.deleted > 0) {
       // Else the revision is the copy's, which may be past the module's
       // last write: another instance's copy need not wait for it.
       this.#wrote(module, out.revision);
     }
     return out;
+  }
+
+  /**
+   * Awaits a write of module's needs. One that fails may have been stored
+   * all the same (its answer lost, or an apply stored in part): the
+   * module's last write is then unknown, and the next apply has the service
+   * read it.
+   */
+  async #forgetOnError<T>(module: string, write: Promise<T>): Promise<T> {
+    try {
+      return await write;
+    } catch (err) {
+      this.#written.delete(module);
+      throw err;
+    }
   }
 
   /** Keeps revision as module's last write of needs, if it is newer. */

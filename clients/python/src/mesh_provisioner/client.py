@@ -10,7 +10,7 @@ import contextlib
 import hashlib
 import json
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from typing import Any, Literal, NamedTuple, TypedDict, TypeVar
 
 from google.protobuf import json_format
@@ -832,7 +832,8 @@ class ProvisionerClient:
         node's budget of keys or bytes), 503 (ask again); and nats-py's
         errors otherwise (TimeoutError, NoRespondersError)."""
         node = self._writer("put_need")
-        revision = await self._put(What.WHAT_NEEDS, need_key(node, module, kind, name), need, timeout)
+        with self._forget_on_error(module):
+            revision = await self._put(What.WHAT_NEEDS, need_key(node, module, kind, name), need, timeout)
         self._wrote(module, revision)
         return revision
 
@@ -841,7 +842,8 @@ class ProvisionerClient:
         mesh-provisioner.delete.<node>, and returns the revision of its
         delete marker. Raises as put_need does."""
         node = self._writer("delete_need")
-        revision = await self._delete(What.WHAT_NEEDS, need_key(node, module, kind, name), timeout)
+        with self._forget_on_error(module):
+            revision = await self._delete(What.WHAT_NEEDS, need_key(node, module, kind, name), timeout)
         self._wrote(module, revision)
         return revision
 
@@ -861,12 +863,24 @@ class ProvisionerClient:
         request = ApplyRequest(module=module, min_revision=self._written.get(module, 0))
         for kind, name, need in needs:
             request.needs.append(Record(what=What.WHAT_NEEDS, key=need_key(node, module, kind, name), value=_encode(need)))
-        out = await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)
+        with self._forget_on_error(module):
+            out = await self._call(node_subject(APPLY_SUBJECT, node), request, ApplyResponse(), timeout, ("node", node), DEFAULT_WRITE_TIMEOUT)
         if out.written + out.deleted > 0:
             # Else the revision is the copy's, which may be past the module's
             # last write: another instance's copy need not wait for it.
             self._wrote(module, out.revision)
         return out
+
+    @contextlib.contextmanager
+    def _forget_on_error(self, module: str) -> Iterator[None]:
+        """A write of module's needs that fails may have been stored all the
+        same (its answer lost, or an apply stored in part): the module's last
+        write is then unknown, and the next apply has the service read it."""
+        try:
+            yield
+        except BaseException:
+            self._written.pop(module, None)
+            raise
 
     def _wrote(self, module: str, revision: int) -> None:
         """Keeps revision as module's last write of needs, if it is newer."""

@@ -207,12 +207,12 @@ type ApplyRequest struct {
 	Needs []*Record `protobuf:"bytes,2,rep,name=needs,proto3" json:"needs,omitempty"`
 	// The revision of the node's last write of the module's needs that the
 	// sender knows of (the answer to its last put, delete or apply of them),
-	// or zero. Set, the service compares the set with its copy once the copy
-	// holds this revision, rather than first asking the bucket for the
-	// module's last write; zero, it asks. A write of the module the sender
-	// does not know of (another process of the node's) may then be compared
-	// as it was before it. Past what the copy reaches within the server's
-	// revision wait, the apply is refused with 503.
+	// or zero. When the service's copy holds this revision, the set is
+	// compared with the copy without first asking the bucket for the
+	// module's last write; zero, or a revision the copy does not hold yet,
+	// and it asks. A write of the module the sender does not know of
+	// (another process of the node's) may then be compared as it was before
+	// it.
 	MinRevision   uint64 `protobuf:"varint,3,opt,name=min_revision,json=minRevision,proto3" json:"min_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
