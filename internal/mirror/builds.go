@@ -45,6 +45,17 @@ func (m *Mirror) BuildsOf(node string) (Builds, uint64) {
 	return b, revision
 }
 
+// moduleBuilds returns the wanted and newest builds node's module's applied
+// record names, read in place as BuildsOf reads them: empty when it names
+// none, has no record, or its record is malformed.
+func (m *Mirror) moduleBuilds(node, module string) (wanted, newest string) {
+	key := node + "." + module
+	if value, ok := m.Applied.valueOf(node, key); ok {
+		return readBuilds(key, value)
+	}
+	return "", ""
+}
+
 // readBuilds reads the wanted and newest builds of an Applied's wire
 // bytes, which decodeApplied accepted, skipping its other fields. A
 // field it does not expect (a group, a wire type it does not skip) sends

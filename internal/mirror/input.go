@@ -13,12 +13,9 @@ import (
 // Sources returns what compositions read of the copy beyond a node's own
 // needs and items. The builds are builds, the node's read with its needs
 // (BuildsOf), or, when nil, each module's as the copy holds it when it is
-// read.
+// read (moduleBuilds: in place, keeping no decoded view of the node).
 func (m *Mirror) Sources(builds *Builds) compose.Sources {
-	read := func(node, module string) (string, string) {
-		r, _ := m.Applied.Get(node, node+"."+module)
-		return r.GetApplied().GetWantedBuild(), r.GetApplied().GetNewestBuild()
-	}
+	read := m.moduleBuilds
 	if builds != nil {
 		read = func(_, module string) (string, string) { return builds.Of(module) }
 	}

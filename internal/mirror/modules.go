@@ -88,3 +88,20 @@ func withPrefix[R proto.Message](entries []*Entry[R], prefix string) []*Entry[R]
 	}
 	return out
 }
+
+// valueOf returns the value the group first holds well formed at key, a
+// window on the copy's string, decoding nothing and keeping no view.
+func (c *Copy[R]) valueOf(first, key string) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	g := c.groups[first]
+	if g == nil {
+		return "", false
+	}
+	slots := g.inOrder()
+	i, found := slices.BinarySearchFunc(slots, key, func(s slot, key string) int { return strings.Compare(s.key(), key) })
+	if !found {
+		return "", false
+	}
+	return slots[i].value(), true
+}

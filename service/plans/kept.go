@@ -144,8 +144,9 @@ func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
 			return composeWhole(m, node), nil // a group of no module marked: never so
 		}
 	} else {
-		// Each module's builds read as the walk asks (Sources(nil)): of a
-		// few modules, rather than all of the node's (BuildsOf).
+		// Each module's builds read in place as the walk asks
+		// (Sources(nil)): of a few modules, rather than all of the
+		// node's (BuildsOf).
 		in := compose.Input{Node: node, Sources: r.hear(m.Sources(nil))}
 		old := keptModules(kept)
 		for i, mk := range marks {
@@ -176,6 +177,9 @@ func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
 		}
 	}
 	scratch.items = emptied(scratch.items)
+	// The marks and revisions hold windows on the copy's strings: not
+	// kept in the pool.
+	scratch.marks, scratch.applied = emptied(scratch.marks), emptied(scratch.applied)
 	sums := make([]compose.ModuleSum, 0, len(next.modules))
 	for _, km := range next.modules {
 		if km.grouped {
