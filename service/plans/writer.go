@@ -363,11 +363,19 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	if all || next.groups < mark.groups || time.Since(w.swept) >= plansSweep {
 		// A node whose records are all gone has no group left to say so:
 		// fewer groups remain, or, if another node came meanwhile, the
-		// next sweep finds it.
+		// next sweep finds it. Nor has a node whose items, applied records
+		// or needs alone are all gone (the copy names no group emptied):
+		// it is composed whole once its groups differ from those of its
+		// last composition.
 		w.swept = time.Now()
 		for node := range w.key {
 			if !w.known(node) {
 				set[node] = true
+			}
+		}
+		for node, r := range w.lastRead {
+			if r.groups != groupsHeld(m, node) {
+				set[node], whole[node] = true, true
 			}
 		}
 		for _, buckets := range w.buckets {
@@ -414,6 +422,21 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 // (by provider) a node's last composition read, each sorted.
 type nodeReads struct {
 	kinds, providers []string
+	// groups are the copies that held records of the node before it was
+	// composed (groupsHeld).
+	groups uint8
+}
+
+// groupsHeld has a bit for each of the copies of needs, applied records and
+// items that holds records of node.
+func groupsHeld(m *mirror.Mirror, node string) uint8 {
+	var held uint8
+	for i, stamp := range []func(string) (uint64, uint64){m.Needs.Stamp, m.Applied.Stamp, m.Collect.Stamp} {
+		if st, _ := stamp(node); st != 0 {
+			held |= 1 << i
+		}
+	}
+	return held
 }
 
 // readsAny reports whether r holds any of kinds or providers.
@@ -607,6 +630,9 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	w.mu.Lock()
 	kept := w.kept[node]
 	w.mu.Unlock()
+	// Read before composing: a group emptied meanwhile differs at the
+	// next sweep.
+	groups := groupsHeld(w.copy, node)
 	start := time.Now()
 	plan, next := ComposeChanged(w.copy, node, kept)
 	took := time.Since(start)
@@ -634,7 +660,7 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 	} else {
 		delete(w.buckets, node)
 	}
-	w.lastRead[node] = nodeReads{kinds: plan.Kinds, providers: plan.Providers}
+	w.lastRead[node] = nodeReads{kinds: plan.Kinds, providers: plan.Providers, groups: groups}
 	if next != nil {
 		w.kept[node] = next
 	} else {

@@ -392,3 +392,50 @@ func readKey(ctx context.Context, plans jetstream.KeyValue, node string) (*provi
 	}
 	return d, e.Revision(), nil
 }
+
+// A node whose last collection item goes, while its needs stay, has its
+// digest written anew: the copy names no group emptied, so the writer's
+// sweep finds the node's groups changed and composes it whole.
+func TestRunPlansFollowsANodesLastItemGone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc)
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	ace, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if _, err := ace.PutNeed(ctx, "web", "shell", "zsh:normal", &provisionerv1.Need{Placeholder: "${shell:zsh:normal}"}); err != nil {
+		t.Fatal(err)
+	}
+	rev, err := ace.PutCollectItem(ctx, "shell:zsh:normal", "web", &provisionerv1.CollectItem{Value: "export A=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servicetest.RunPlans(t, svc, nc, 5*time.Millisecond)
+	// current says whether ace's digest is its composition's at least at
+	// collect revision rev.
+	current := func(rev uint64) error {
+		d, _, err := readKey(ctx, plans, "ace")
+		if err != nil {
+			return err
+		}
+		c, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Collect: rev}})
+		if err != nil {
+			return err
+		}
+		if d.GetDigest() != c.GetPlanDigest() {
+			return fmt.Errorf("ace's digest %s, its composition's %s", d.GetDigest(), c.GetPlanDigest())
+		}
+		return nil
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error { return current(rev) })
+	// A need of another module changes: composed module by module, with
+	// the item's collection kept.
+	if _, err := ace.PutNeed(ctx, "api", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := ace.DeleteCollectItem(ctx, "shell:zsh:normal", "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error { return current(gone) })
+}
