@@ -595,13 +595,21 @@ func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 		for i, pw := range window {
 			acks[i] = w.publish(ctx, pw)
 		}
+		// An acknowledgement lost (the connection dropped while the
+		// window was out) is awaited no longer than a write's time.
+		awaiting, cancel := context.WithTimeout(ctx, planAckTimeout)
 		for i, pw := range window {
-			w.acked(ctx, pw, acks[i])
+			w.acked(awaiting, pw, acks[i])
 			stats.Pending.Add(^uint64(0))
 		}
+		cancel()
 	}
 	return nil
 }
+
+// planAckTimeout bounds the wait for a window's acknowledgements: past it,
+// a digest not acknowledged is written again on the next pass.
+const planAckTimeout = 5 * time.Second
 
 // planWrite is what a pass writes to one node's key.
 type planWrite struct {
@@ -707,8 +715,8 @@ func (w *plansWriter) publish(ctx context.Context, pw planWrite) jetstream.PubAc
 	return ack
 }
 
-// acked awaits a digest published (nil: none) and keeps what the bucket
-// now holds. A key made anew after a delete marker, which the writer does
+// acked awaits a digest published (nil: none), until ctx is done, and
+// keeps what the bucket now holds. A key made anew after a delete marker, which the writer does
 // not follow, is made again as KeyValue.Create makes it.
 func (w *plansWriter) acked(ctx context.Context, pw planWrite, ack jetstream.PubAckFuture) {
 	if ack == nil {
@@ -732,6 +740,9 @@ func (w *plansWriter) acked(ctx context.Context, pw planWrite, ack jetstream.Pub
 			return
 		}
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			w.failed(pw.node, "write", fmt.Errorf("no acknowledgement within %s", planAckTimeout))
+		}
 		return
 	}
 	w.mu.Lock()
