@@ -101,9 +101,8 @@ func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []mod
 // the modules composed alone: the caller adds them to what it knew of the
 // node. Its Records counts the node's needs and the items read, whichever
 // were composed: the node's size, which the writer's Share is of. Any
-// other change a node's composition
-// reads (its items, its providers' keys, the registry, the manifests) is
-// for ComposeChanged with a nil kept.
+// other change a node's composition reads (its items, its providers' keys,
+// the registry, the manifests) is for ComposeChanged with a nil kept.
 func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
 	scratch := scratches.Get().(*digestScratch)
 	defer scratches.Put(scratch)
