@@ -134,20 +134,31 @@ func TestApplyNeedsWritesWhatDiffersAndDeletesWhatIsGone(t *testing.T) {
 		t.Errorf("the same set again = %v, %v; want nothing written at revision %d or later", again, err, second.GetRevision())
 	}
 
-	// A key of the module stored just before the apply by another writer
-	// (another instance's put) is compared too: the apply waits for its
-	// copy to hold the module's newest write, so it deletes the key.
+	// A key of the module stored just before the apply is compared too:
+	// by this client (its put's revision named in the apply, which waits
+	// for the copy to hold it), or by another writer this client knows
+	// nothing of, as another client's apply knows nothing (the service
+	// reads the module's newest write from the bucket). Either way the
+	// apply deletes the key.
 	value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:late}"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
-		if _, err := needs.Put(ctx, fmt.Sprintf("ace.web.port.late%d", i), value); err != nil {
-			t.Fatal(err)
+		applier := c
+		if i%2 == 0 {
+			if _, err := c.PutNeed(ctx, "web", "port", fmt.Sprintf("late%d", i), &provisionerv1.Need{Placeholder: "${port:late}"}); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			if _, err := needs.Put(ctx, fmt.Sprintf("ace.web.port.late%d", i), value); err != nil {
+				t.Fatal(err)
+			}
+			applier, _ = nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
 		}
-		got, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), changed})
+		got, err := applier.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http"), changed})
 		if err != nil || got.GetDeleted() != 1 || got.GetUnchanged() != 2 {
-			t.Fatalf("apply %d after a key stored by another writer = %v, %v; want it deleted, the set unchanged", i, got, err)
+			t.Fatalf("apply %d after a key stored just before = %v, %v; want it deleted, the set unchanged", i, got, err)
 		}
 	}
 }
