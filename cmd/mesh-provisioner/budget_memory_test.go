@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,31 +30,10 @@ func TestANodeAtItsBudgetStaysCheap(t *testing.T) {
 	}
 	s := authorizedServer(t)
 	host := strings.TrimPrefix(s.ClientURL(), "nats://")
-	cmd := exec.Command(binary, "serve",
-		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@"+host,
-		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@"+host,
-		"--log-format", "json")
-	cmd.Env = append(os.Environ(), "MESH_PROVISIONER_SERVE_STATE_DIR="+t.TempDir())
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan string, 1000)
-	go func() {
-		defer close(lines)
-		scanner := bufio.NewScanner(stderr)
-		for scanner.Scan() {
-			select {
-			case lines <- scanner.Text():
-			default: // the test reads the first lines alone
-			}
-		}
-	}()
-	waitForLine(t, lines, `"msg":"serving"`)
+	cmd := serveBinary(t, []string{"serve",
+		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@" + host,
+		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@" + host,
+		"--log-format", "json"}, []string{"MESH_PROVISIONER_SERVE_STATE_DIR=" + t.TempDir()})
 	pid := cmd.Process.Pid
 	before := settledRSS(t, pid)
 

@@ -113,6 +113,37 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	}
 }
 
+// serveBinary runs the built binary with args, and env beside the test's
+// own, and returns once it logs "serving" (with --log-format json); its
+// further output is read and dropped, so that the pipe keeps flowing.
+func serveBinary(t *testing.T, args, env []string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 100)
+	go func() {
+		defer close(lines)
+		scanner := bufio.NewScanner(stderr)
+		for scanner.Scan() {
+			lines <- scanner.Text()
+		}
+	}()
+	waitForLine(t, lines, `"msg":"serving"`)
+	go func() {
+		for range lines { // keep the pipe flowing
+		}
+	}()
+	return cmd
+}
+
 func waitForLine(t *testing.T, lines <-chan string, want string) {
 	t.Helper()
 	deadline := time.After(20 * time.Second)

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -53,28 +52,7 @@ func TestStateDirLockIsExclusiveAndNamesItsHolder(t *testing.T) {
 func startServing(t *testing.T, stateDir string) (*exec.Cmd, string) {
 	t.Helper()
 	port := freePort(t)
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:"+strconv.Itoa(port), "--state-dir", stateDir, "--log-format", "json")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	lines := make(chan string, 100)
-	go func() {
-		defer close(lines)
-		scanner := bufio.NewScanner(stderr)
-		for scanner.Scan() {
-			lines <- scanner.Text()
-		}
-	}()
-	waitForLine(t, lines, `"msg":"serving"`)
-	go func() {
-		for range lines { // keep the pipe flowing
-		}
-	}()
+	cmd := serveBinary(t, []string{"--listen", "127.0.0.1:" + strconv.Itoa(port), "--state-dir", stateDir, "--log-format", "json"}, nil)
 	return cmd, "nats://127.0.0.1:" + strconv.Itoa(port)
 }
 
