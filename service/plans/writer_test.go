@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -48,16 +49,9 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 	// current says whether node's digest is its composition's at least at
 	// needs revision rev.
 	current := func(node string, rev uint64) error {
-		d, _, err := digestOf(node)
+		d, err := composedAs(ctx, nc, plans, node, &provisionerv1.Revisions{Needs: rev})
 		if err != nil {
 			return err
-		}
-		c, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: &provisionerv1.Revisions{Needs: rev}})
-		if err != nil {
-			return err
-		}
-		if d.GetDigest() != c.GetPlanDigest() {
-			return fmt.Errorf("%s: digest %s, composition's %s", node, d.GetDigest(), c.GetPlanDigest())
 		}
 		if d.GetRevisions().GetNeeds() < rev || d.GetRevisions().GetRegistry() == 0 {
 			return fmt.Errorf("%s: the digest's revisions %v, want needs at least %d and the registry's", node, d.GetRevisions(), rev)
@@ -393,6 +387,23 @@ func readKey(ctx context.Context, plans jetstream.KeyValue, node string) (*provi
 	return d, e.Revision(), nil
 }
 
+// composedAs returns node's key in the plans bucket if its digest is the
+// one of node's composition at least at revisions least, and why not if not.
+func composedAs(ctx context.Context, nc *nats.Conn, plans jetstream.KeyValue, node string, least *provisionerv1.Revisions) (*provisionerv1.PlanDigest, error) {
+	d, _, err := readKey(ctx, plans, node)
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: least})
+	if err != nil {
+		return nil, err
+	}
+	if d.GetDigest() != c.GetPlanDigest() {
+		return nil, fmt.Errorf("%s: digest %s, composition's %s", node, d.GetDigest(), c.GetPlanDigest())
+	}
+	return d, nil
+}
+
 // A node whose last collection item goes, while its needs stay, has its
 // digest written anew: the copy names no group emptied, so the writer's
 // sweep finds the node's groups changed and composes it whole.
@@ -414,18 +425,8 @@ func TestRunPlansFollowsANodesLastItemGone(t *testing.T) {
 	// current says whether ace's digest is its composition's at least at
 	// collect revision rev.
 	current := func(rev uint64) error {
-		d, _, err := readKey(ctx, plans, "ace")
-		if err != nil {
-			return err
-		}
-		c, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: "ace", MinRevisions: &provisionerv1.Revisions{Collect: rev}})
-		if err != nil {
-			return err
-		}
-		if d.GetDigest() != c.GetPlanDigest() {
-			return fmt.Errorf("ace's digest %s, its composition's %s", d.GetDigest(), c.GetPlanDigest())
-		}
-		return nil
+		_, err := composedAs(ctx, nc, plans, "ace", &provisionerv1.Revisions{Collect: rev})
+		return err
 	}
 	natstest.CheckFor(t, 5*time.Second, func() error { return current(rev) })
 	// A need of another module changes: composed module by module, with
