@@ -1,0 +1,78 @@
+package wire
+
+import (
+	"hash/fnv"
+	"strconv"
+	"strings"
+)
+
+// A mesh may split its nodes and providers into partitions, so that the
+// service can shut one partition's askers out at nats-server (a flood of
+// one of them) while it answers every other. nats-server does the routing:
+// a subject mapping appends the asker's partition to each addressed verb's
+// subject, mesh-provisioner.compose.ace becoming
+// mesh-provisioner.compose.ace.3, and the service subscribes to each
+// partition's subjects apart. Clients publish as before.
+//
+// nats-server applies a mapping before it checks the publisher's
+// permissions, so a node's grant names its mapped subjects
+// (permissions.Partitioned): with a wildcard in their place, a node could
+// publish into another partition.
+
+// MaxPartitions is the most partitions a mesh may be split into.
+const MaxPartitions = 1024
+
+// addressedSubjects are the verbs' subjects whose next token names the
+// asker, with how many tokens follow it (the declare verb's provider).
+var addressedSubjects = []struct {
+	subject string
+	after   int
+}{
+	{ProvisioningSubject, 0}, {ComposeSubject, 0},
+	{PutSubject, 0}, {DeleteSubject, 0}, {ApplySubject, 0},
+	{DeclareSubject, 1},
+	{ProvisionsSubject, 0}, {BindSubject, 0},
+}
+
+// PartitionOf returns the partition of a node or provider among n, as
+// nats-server's {{partition(n,1)}} computes it of the name's token: FNV-1a
+// (32 bits) of the name, modulo n.
+func PartitionOf(name string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(name))
+	return int(h.Sum32() % uint32(n))
+}
+
+// Mapping is one subject mapping of a nats-server configuration.
+type Mapping struct{ Source, Destination string }
+
+// PartitionMappings returns the subject mappings of a mesh of n partitions:
+// each addressed verb's subject to itself with the asker's partition
+// appended.
+func PartitionMappings(n int) []Mapping {
+	out := make([]Mapping, 0, len(addressedSubjects))
+	for _, a := range addressedSubjects {
+		source, destination := a.subject+".*", a.subject+".{{wildcard(1)}}"
+		for i := range a.after {
+			source += ".*"
+			destination += ".{{wildcard(" + strconv.Itoa(i+2) + ")}}"
+		}
+		out = append(out, Mapping{source, destination + ".{{partition(" + strconv.Itoa(n) + ",1)}}"})
+	}
+	return out
+}
+
+// PartitionedSubject returns subject as a mesh of n partitions maps it: an
+// addressed verb's subject with its asker's partition appended; any other
+// subject as it is.
+func PartitionedSubject(subject string, n int) string {
+	for _, a := range addressedSubjects {
+		rest, ok := strings.CutPrefix(subject, a.subject+".")
+		if !ok || strings.Count(rest, ".") != a.after {
+			continue
+		}
+		name, _, _ := strings.Cut(rest, ".")
+		return subject + "." + strconv.Itoa(PartitionOf(name, n))
+	}
+	return subject
+}

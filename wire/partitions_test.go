@@ -1,0 +1,50 @@
+package wire_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// PartitionedSubject agrees with nats-server's own mappings, for every
+// addressed verb, across names and partition counts.
+func TestPartitionedSubjectIsNatsServersMapping(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{1, 2, 7, 16, wire.MaxPartitions} {
+		for _, m := range wire.PartitionMappings(n) {
+			transform, err := server.NewSubjectTransform(m.Source, m.Destination)
+			if err != nil {
+				t.Fatalf("mapping %s -> %s: %v", m.Source, m.Destination, err)
+			}
+			for i := range 200 {
+				name := fmt.Sprintf("node-%d", i*7919)
+				subject := m.Source[:len(m.Source)-1] + name
+				if len(m.Source) > 2 && m.Source[len(m.Source)-3:] == "*.*" {
+					subject = m.Source[:len(m.Source)-3] + name + ".postgres"
+				}
+				want, err := transform.Match(subject)
+				if err != nil {
+					t.Fatalf("nats-server maps %s: %v", subject, err)
+				}
+				if got := wire.PartitionedSubject(subject, n); got != want {
+					t.Fatalf("PartitionedSubject(%q, %d) = %q, nats-server maps it to %q", subject, n, got, want)
+				}
+			}
+		}
+	}
+}
+
+// A node's compose subject, in a mesh of 8 partitions, as nats-server maps
+// it.
+func ExamplePartitionedSubject() {
+	fmt.Println(wire.PartitionedSubject(wire.NodeSubject(wire.ComposeSubject, "ace"), 8))
+	fmt.Println(wire.PartitionedSubject(wire.DeclareSubjectOf("ace", "postgres"), 8))
+	fmt.Println(wire.PartitionedSubject(wire.ComposeSubject, 8))
+	// Output:
+	// mesh-provisioner.compose.ace.0
+	// mesh-provisioner.declare.ace.postgres.0
+	// mesh-provisioner.compose
+}
