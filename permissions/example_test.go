@@ -29,3 +29,21 @@ func ExampleNode() {
 	// [_INBOX_MESH.node.ace.> $KV.mesh-provisioner_plans.ace]
 	// permissions for node: invalid key part: node "ace.web" holds '.' at byte 3; a token holds only A-Z a-z 0-9 - _ = /
 }
+
+// In a mesh of 8 partitions, a node's grant names its verbs' subjects as
+// nats-server maps them: its own partition's, and no other's.
+func ExamplePermissions_Partitioned() {
+	ace, err := permissions.Node("ace")
+	if err != nil {
+		panic(err)
+	}
+	for _, subject := range ace.Partitioned(8).Publish.Allow {
+		fmt.Println(subject)
+	}
+	// Output:
+	// mesh-provisioner.provisioning.ace.0
+	// mesh-provisioner.compose.ace.0
+	// mesh-provisioner.put.ace.0
+	// mesh-provisioner.delete.ace.0
+	// mesh-provisioner.apply.ace.0
+}

@@ -44,6 +44,11 @@ type RunsAs struct {
 	Providers []string
 	// Hosts names, by node, the providers whose manifests it declares.
 	Hosts map[string][]string
+	// Partitions, 2 or more, splits the nodes and providers into that many
+	// partitions (wire.PartitionMappings): each account imports its verbs
+	// from their partition's subjects, where the service answers them
+	// (serve --partitions), under the subjects its client publishes to.
+	Partitions int
 }
 
 // AccountOf is the account of a node's or a provider's user in RunsAs:
@@ -79,6 +84,9 @@ func (r RunsAs) Config() (string, error) {
 	server := r.ServerAccount
 	if server == "" {
 		server = DefaultServerAccount
+	}
+	if err := CheckPartitions(r.Partitions); err != nil {
+		return "", err
 	}
 	type identity struct {
 		account, user string
@@ -139,6 +147,9 @@ func (r RunsAs) Config() (string, error) {
 	if len(identities) > 0 {
 		b.WriteString("    exports = [\n")
 		for _, subject := range runsAsServices() {
+			if r.Partitions > 1 {
+				subject += ".*"
+			}
 			fmt.Fprintf(&b, "      { service: %s, accounts: [%s] }\n", q(subject), strings.Join(importers, ", "))
 		}
 		fmt.Fprintf(&b, "      { stream: %s, accounts: [%s] }\n", q(wire.KVSubject(keys.PlansBucket, "*")), strings.Join(importers, ", "))
@@ -150,6 +161,10 @@ func (r RunsAs) Config() (string, error) {
 		writeUser(&b, id.user, id.grant)
 		b.WriteString("    ]\n    imports = [\n")
 		for _, subject := range id.imports {
+			if r.Partitions > 1 {
+				fmt.Fprintf(&b, "      { service: { account: %s, subject: %s }, to: %s }\n", q(server), q(wire.PartitionedSubject(subject, r.Partitions)), q(subject))
+				continue
+			}
 			fmt.Fprintf(&b, "      { service: { account: %s, subject: %s } }\n", q(server), q(subject))
 		}
 		if id.stream != "" {

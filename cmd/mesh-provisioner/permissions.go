@@ -11,7 +11,7 @@ import (
 	"github.com/novox/mesh-provisioner/permissions"
 )
 
-const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE | --operator NAME) [--providers MODULES] [--json]
+const permissionsSynopsis = `Usage: mesh-provisioner permissions (--node NAME | --server | --server-writer | --provider MODULE | --operator NAME | --runs-as NODES | --mappings) [--providers MODULES] [--partitions N] [--json]
 
 Prints the NATS permissions of one identity of the mesh, granting the least
 that works, as a block to stand as a user's "permissions" in a nats-server
@@ -46,6 +46,15 @@ configuration (or as JSON with --json, which nats-server reads too):
                      under $PROVISIONER.API; --hosts NODE:PROVIDER,...
                      names the providers each node runs; passwords are read
                      from the environment ($ACE_PASSWORD for node ace)
+  --mappings         with --partitions N, the nats-server "mappings" block
+                     that routes each verb's subject to its asker's
+                     partition (serve --partitions N), to stand at the top
+                     of the configuration
+
+  --partitions N     in a mesh split into N partitions (2 to 1024): a
+                     node's and a provider's grant names its verbs'
+                     subjects as nats-server maps them, its own
+                     partition's and no other's; --runs-as imports them
 
 Nodes and providers publish nothing into JetStream: they write through the
 service's verbs, which check each write and store it with the writer's
@@ -67,16 +76,28 @@ func definePermissions(fs *flag.FlagSet) action {
 	operator := fs.String("operator", "", "the operator whose identity the permissions are for")
 	asJSON := fs.Bool("json", false, "print JSON instead of nats-server configuration text")
 	runsAs := fs.String("runs-as", "", "the accounts configuration of a mesh whose server runs in its own account, for these nodes (comma-separated)")
+	mappings := fs.Bool("mappings", false, "with --partitions, the nats-server mappings block of the partitions")
+	partitions := fs.Int("partitions", 0, "the partitions the mesh is split into (serve --partitions): 0, or 2 to 1024")
 	return func(_ context.Context, inv invocation) error {
 		warnAll(slog.New(slog.NewTextHandler(inv.stderr, nil)), inv.warnings)
 		var chosen int
-		for _, set := range []bool{*node != "", *server, *writer, *provider != "", *operator != "", *runsAs != ""} {
+		for _, set := range []bool{*node != "", *server, *writer, *provider != "", *operator != "", *runsAs != "", *mappings} {
 			if set {
 				chosen++
 			}
 		}
 		if chosen != 1 {
-			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE, --operator NAME or --runs-as NODES")
+			return errors.New("permissions: give exactly one of --node NAME, --server, --server-writer, --provider MODULE, --operator NAME, --runs-as NODES or --mappings")
+		}
+		if err := permissions.CheckPartitions(*partitions); err != nil {
+			return fmt.Errorf("permissions: --%w", err)
+		}
+		if *mappings {
+			if *partitions < 2 {
+				return errors.New("permissions: --mappings needs --partitions N, 2 or more")
+			}
+			_, err := fmt.Fprintln(inv.stdout, permissions.MappingsConfig(*partitions))
+			return err
 		}
 		if *providers != "" && !*writer && *operator == "" && *node == "" && *runsAs == "" {
 			return errors.New("permissions: --providers goes with --server-writer, --operator, --node or --runs-as")
@@ -100,7 +121,7 @@ func definePermissions(fs *flag.FlagSet) action {
 				}
 				byNode[n] = append(byNode[n], p)
 			}
-			text, err := permissions.RunsAs{Nodes: strings.Split(*runsAs, ","), Providers: modules, Hosts: byNode}.Config()
+			text, err := permissions.RunsAs{Nodes: strings.Split(*runsAs, ","), Providers: modules, Hosts: byNode, Partitions: *partitions}.Config()
 			if err != nil {
 				return err
 			}
@@ -116,10 +137,12 @@ func definePermissions(fs *flag.FlagSet) action {
 			p, err = permissions.ServerWriter(modules...)
 		case *node != "":
 			p, err = permissions.Node(*node, modules...)
+			p = p.Partitioned(*partitions)
 		case *operator != "":
 			p, err = permissions.Operator(*operator, modules...)
 		default:
 			p, err = permissions.Provider(*provider)
+			p = p.Partitioned(*partitions)
 		}
 		if err != nil {
 			return err
