@@ -22,8 +22,11 @@ import (
 // service closes the door as it stops. Elsewhere the answer follows on the
 // callback. A request dropped past the rate is unanswered, but for one an
 // asker each second, answered on the callback with why (a 503 micro
-// counts), to the asker's own inbox only.
-func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, count *counters, prepare func(micro.Request) func(onCallback bool)) micro.Handler {
+// counts), to the asker's own inbox only. In partition pt (when not nil),
+// the request is read without the partition's token, and its drops are
+// counted for the partition too; every partition's instance of the
+// endpoint shares its door.
+func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, count *counters, pt *partition, prepare func(micro.Request) func(onCallback bool)) micro.Handler {
 	if owner == "" {
 		return micro.HandlerFunc(func(r micro.Request) {
 			if answer := prepare(r); answer != nil {
@@ -31,19 +34,16 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 			}
 		})
 	}
-	// Precomputed, so that a flood's drops allocate nothing to be told.
-	cause := "dropped at " + name
-	message := "requests of a " + string(owner) + " dropped unanswered at the " + name + " endpoint: it asked faster than its rate (serve --max-rate-per-asker; --max-write-rate-per-asker on the write verbs), or than its requests are read"
-	d := admission.NewDoor(admission.LineLength, PendingMsgsLimit, float64(rate), func(answer func(bool)) { answer(false) }, func(who admission.Asker) {
-		s.warnings.Log(slog.LevelWarn, cause, who.Name, message)
-	})
-	count.door = d
-	s.doorsMu.Lock()
-	s.doors = append(s.doors, d)
-	s.doorsMu.Unlock()
+	d := s.doorOf(name, owner, rate, count)
 	return micro.HandlerFunc(func(r micro.Request) {
+		if pt != nil {
+			r = pt.unpartitioned(r)
+		}
 		who := admission.Asker{Role: owner, Name: admission.AskerToken(r.Subject(), prefix)}
 		if admitted, tell := d.Admit(who); !admitted {
+			if pt != nil {
+				s.dropped(pt)
+			}
 			switch {
 			case !tell:
 			case s.replies.AnswersTo(r.Reply(), who.Role, who.Name):
@@ -58,6 +58,25 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 			d.Put(who, answer)
 		}
 	})
+}
+
+// doorOf returns the door of the addressed endpoint name, made at its
+// first call and kept in count: one for every partition's instance of it.
+func (s *Service) doorOf(name string, owner wire.Role, rate int, count *counters) *admission.Door[func(bool)] {
+	s.doorsMu.Lock()
+	defer s.doorsMu.Unlock()
+	if count.door != nil {
+		return count.door
+	}
+	// Precomputed, so that a flood's drops allocate nothing to be told.
+	cause := "dropped at " + name
+	message := "requests of a " + string(owner) + " dropped unanswered at the " + name + " endpoint: it asked faster than its rate (serve --max-rate-per-asker; --max-write-rate-per-asker on the write verbs), or than its requests are read"
+	d := admission.NewDoor(admission.LineLength, PendingMsgsLimit, float64(rate), func(answer func(bool)) { answer(false) }, func(who admission.Asker) {
+		s.warnings.Log(slog.LevelWarn, cause, who.Name, message)
+	})
+	count.door = d
+	s.doors = append(s.doors, d)
+	return d
 }
 
 // pastRate is the refusal of a request dropped at the door of endpoint

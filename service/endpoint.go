@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/service/admission"
@@ -63,7 +64,36 @@ type registrar interface {
 	// names returns the endpoint's name and subject, which its counters
 	// are made with before micro can ask for them.
 	names() (name, subject string)
-	register(s *Service) error
+	// namesAsker reports whether the endpoint's subject names its asker:
+	// in a partitioned mesh, each partition's instance has it.
+	namesAsker() bool
+	// register adds the endpoint to svc: on its subject, or on partition
+	// pt's (when not nil).
+	register(s *Service, svc micro.Service, pt *partition) error
+}
+
+// addEndpoint adds an endpoint to svc, on subject, or on partition pt's
+// (when not nil): its door, if owner is set, drops past rate a second of
+// each asker (the token after prefix), and prepare reads and checks each
+// request it lets in.
+func (s *Service) addEndpoint(svc micro.Service, pt *partition, name, prefix, subject string, owner wire.Role, rate int, prepare func(micro.Request) func(bool), request, response protoreflect.FullName) error {
+	count := s.counters[name] // made by Start before the stats handler was live
+	if pt != nil {
+		subject += pt.token
+	}
+	err := svc.AddEndpoint(name, s.handlerOf(name, prefix, owner, rate, count, pt, prepare),
+		micro.WithEndpointSubject(subject),
+		pendingLimits(owner),
+		micro.WithEndpointMetadata(map[string]string{
+			"request":       string(request),
+			"response":      string(response),
+			"content_types": wire.ContentTypeProtobuf + ", " + wire.ContentTypeJSON,
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("add endpoint %s: %w", name, err)
+	}
+	return nil
 }
 
 func (ep endpoint[Req, Res]) names() (name, subject string) { return ep.Name, ep.subjectOf() }
@@ -83,24 +113,14 @@ func (s *Service) endpoints() []registrar {
 	}, s.writeVerbs()...)
 }
 
-func (ep endpoint[Req, Res]) register(s *Service) error {
-	req := ep.NewRequest()
-	var res Res                  // a typed nil: its descriptor is all that is read
-	count := s.counters[ep.Name] // made by Start before the stats handler was live
+func (ep endpoint[Req, Res]) namesAsker() bool { return ep.owner != "" }
+
+func (ep endpoint[Req, Res]) register(s *Service, svc micro.Service, pt *partition) error {
+	var res Res // a typed nil: its descriptor is all that is read
+	count := s.counters[ep.Name]
 	prepare := func(r micro.Request) func(bool) { return ep.prepare(s, count, r) }
-	err := s.micro.AddEndpoint(ep.Name, s.handlerOf(ep.Name, ep.Subject, ep.owner, s.maxRatePerAsker, count, prepare),
-		micro.WithEndpointSubject(ep.subjectOf()),
-		pendingLimits(ep.owner),
-		micro.WithEndpointMetadata(map[string]string{
-			"request":       string(req.ProtoReflect().Descriptor().FullName()),
-			"response":      string(res.ProtoReflect().Descriptor().FullName()),
-			"content_types": wire.ContentTypeProtobuf + ", " + wire.ContentTypeJSON,
-		}),
-	)
-	if err != nil {
-		return fmt.Errorf("add endpoint %s: %w", ep.Name, err)
-	}
-	return nil
+	return s.addEndpoint(svc, pt, ep.Name, ep.Subject, ep.subjectOf(), ep.owner, s.maxRatePerAsker, prepare,
+		ep.NewRequest().ProtoReflect().Descriptor().FullName(), res.ProtoReflect().Descriptor().FullName())
 }
 
 // prepare reads and checks a request on the micro callback, where micro

@@ -55,7 +55,7 @@ func TestWorkersAreBounded(t *testing.T) {
 		},
 	}}
 	s.counters["blocking"] = &counters{subject: "test.blocking"} // as Start makes them; no stats are asked here
-	if err := blocking.register(s); err != nil {
+	if err := blocking.register(s, s.micro, nil); err != nil {
 		t.Fatal(err)
 	}
 	const requests = 5

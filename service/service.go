@@ -94,6 +94,14 @@ type Config struct {
 	// second is answered with why (a 503), the others not at all. Zero means
 	// DefaultMaxRatePerAsker; negative (NoLimit) means no limit.
 	MaxRatePerAsker int
+	// Partitions, 2 or more, is how many partitions nats-server's subject
+	// mapping splits the nodes and providers into (wire.PartitionMappings,
+	// which the server must be configured with): each partition's
+	// addressed endpoints answer on its own subjects, as a micro instance
+	// of their own, and a partition one of whose askers floods is
+	// unsubscribed for a while so that nats-server drops its requests
+	// before sending them. Zero or 1: one subject each, unpartitioned.
+	Partitions int
 	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose
 	// every request JetStream stores. Zero means
 	// DefaultMaxWriteRatePerAsker; negative (NoLimit) means no limit.
@@ -235,7 +243,15 @@ type Service struct {
 	maxRatePerAsker, maxWriteRatePerAsker int
 	doorsMu                               sync.Mutex
 	doors                                 []*admission.Door[func(bool)]
-	logger                                *slog.Logger
+	// partitions are Config.Partitions' (none when fewer than 2): their
+	// micro instances are opened and shut out under registering.
+	partitions []*partition
+	// flooded tells weighPartitions of a partition whose drops reached
+	// floodAt since its last weighing.
+	flooded chan *partition
+	floodAt uint64
+	version string
+	logger  *slog.Logger
 
 	// stopping is cancelled by Stop: watchers and waiting requests end.
 	stopping     context.Context
@@ -291,10 +307,14 @@ func (cfg *Config) Validate() error {
 		{"SlowCompose", cfg.SlowCompose < 0},
 		{"MaxWaiting", cfg.MaxWaiting < 0},
 		{"AnswerCacheMaxBytes", cfg.AnswerCacheMaxBytes < 0},
+		{"Partitions", cfg.Partitions < 0},
 	} {
 		if f.negative {
 			return fmt.Errorf("service: Config.%s is negative: use zero for the default or a positive value; it has no \"no limit\"", f.name)
 		}
+	}
+	if cfg.Partitions > wire.MaxPartitions {
+		return fmt.Errorf("service: Config.Partitions is %d, more than %d", cfg.Partitions, wire.MaxPartitions)
 	}
 	if cfg.ReplyPrefixes != nil {
 		return admission.CheckReplyPrefixes(cfg.ReplyPrefixes)
@@ -390,9 +410,17 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		counters:             map[string]*counters{},
 		seat:                 cfg.Seat,
 		observe:              cfg.Observe,
+		partitions:           newPartitions(cfg.Partitions),
+		flooded:              make(chan *partition, max(cfg.Partitions, 1)),
+		version:              cfg.Version,
 
 		replies:  admission.NewReplies(cfg.ReplyPrefixes),
 		warnings: ratelog.New(cfg.Logger, ratelog.Period),
+	}
+	if s.maxRatePerAsker > 0 {
+		// More than one asker may ask between two weighings: with no
+		// bound the doors drop nothing, and no partition is shut out.
+		s.floodAt = uint64(float64(s.maxRatePerAsker)*weighEvery.Seconds()) + 1
 	}
 	if !cfg.NoAnswerCache {
 		s.flights = admission.NewFlights[answers.CacheKey, answers.Stamp](flightWaiters)
@@ -548,9 +576,18 @@ func (s *Service) registerEndpoints(ctx context.Context) error {
 		return nil
 	}
 	for _, ep := range s.endpoints() {
-		if err := ep.register(s); err != nil {
+		if s.partitions != nil && ep.namesAsker() {
+			continue // in each partition's instance
+		}
+		if err := ep.register(s, s.micro, nil); err != nil {
 			return err
 		}
+	}
+	if s.partitions != nil {
+		if err := s.openPartitions(); err != nil {
+			return err
+		}
+		s.watchers.Go(s.weighPartitions)
 	}
 	if err := s.conn.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("register the service's subscriptions: %w", err)
@@ -588,7 +625,49 @@ func (s *Service) HasRegistry() bool { return !s.mirror.Registry.Empty() }
 func (s *Service) Info() micro.Info { return s.micro.Info() }
 
 // Stats returns the micro service's statistics, as $SRV.STATS reports them.
-func (s *Service) Stats() micro.Stats { return s.micro.Stats() }
+// In a partitioned mesh, each addressed endpoint's micro counts are summed
+// over the partitions open now, on the subject with "*" for the partition
+// (a partition shut out takes its micro counts with it; the data's counters
+// are the endpoint's, whole).
+func (s *Service) Stats() micro.Stats {
+	st := s.micro.Stats()
+	if s.partitions == nil {
+		return st
+	}
+	s.registering.Lock()
+	open := make([]micro.Service, 0, len(s.partitions))
+	for _, pt := range s.partitions {
+		if pt.micro != nil {
+			open = append(open, pt.micro)
+		}
+	}
+	s.registering.Unlock()
+	summed := map[string]*micro.EndpointStats{}
+	for _, svc := range open {
+		for _, e := range svc.Stats().Endpoints {
+			sum, ok := summed[e.Name]
+			if !ok {
+				sum = e
+				sum.Subject = e.Subject[:strings.LastIndexByte(e.Subject, '.')] + ".*"
+				summed[e.Name] = sum
+				st.Endpoints = append(st.Endpoints, sum)
+				continue
+			}
+			sum.NumRequests += e.NumRequests
+			sum.NumErrors += e.NumErrors
+			sum.ProcessingTime += e.ProcessingTime
+			if e.LastError != "" {
+				sum.LastError = e.LastError
+			}
+		}
+	}
+	for _, sum := range summed {
+		if sum.NumRequests > 0 {
+			sum.AverageProcessingTime = sum.ProcessingTime / time.Duration(sum.NumRequests)
+		}
+	}
+	return st
+}
 
 // Stop stops answering: the endpoints' subscriptions are drained, answers in
 // progress are sent (those waiting for a revision get a 503), and the
@@ -598,6 +677,7 @@ func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
 		s.registering.Lock()
 		s.unregistered = true // no endpoint is added after this
+		s.closePartitions()
 		s.registering.Unlock()
 		if err := s.micro.Stop(); err != nil {
 			s.logger.Warn("stopping micro service", "err", err)
@@ -678,6 +758,7 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		Refused:        c.refused.Load(),
 		Dropped:        c.dropped(),
 		DroppedByAsker: c.droppedByAsker(),
+		ShutOut:        s.shutOutStats(),
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.answers.CacheStats(),

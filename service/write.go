@@ -65,22 +65,13 @@ func (v writeVerb[Req]) subjectOf() string { return v.subject + strings.Repeat("
 
 func (v writeVerb[Req]) names() (name, subject string) { return v.name, v.subjectOf() }
 
-func (v writeVerb[Req]) register(s *Service) error {
+func (v writeVerb[Req]) namesAsker() bool { return v.owner != "" }
+
+func (v writeVerb[Req]) register(s *Service, svc micro.Service, pt *partition) error {
 	count := s.counters[v.name]
 	prepare := func(r micro.Request) func(bool) { return v.prepare(s, count, r) }
-	err := s.micro.AddEndpoint(v.name, s.handlerOf(v.name, v.subject, v.owner, s.maxWriteRatePerAsker, count, prepare),
-		micro.WithEndpointSubject(v.subjectOf()),
-		pendingLimits(v.owner),
-		micro.WithEndpointMetadata(map[string]string{
-			"request":       string(v.newRequest().ProtoReflect().Descriptor().FullName()),
-			"response":      string(v.response.ProtoReflect().Descriptor().FullName()),
-			"content_types": wire.ContentTypeProtobuf + ", " + wire.ContentTypeJSON,
-		}),
-	)
-	if err != nil {
-		return fmt.Errorf("add endpoint %s: %w", v.name, err)
-	}
-	return nil
+	return s.addEndpoint(svc, pt, v.name, v.subject, v.subjectOf(), v.owner, s.maxWriteRatePerAsker, prepare,
+		v.newRequest().ProtoReflect().Descriptor().FullName(), v.response.ProtoReflect().Descriptor().FullName())
 }
 
 // writeVerbs lists the write verbs.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -226,7 +227,15 @@ func TestEachNodeReadsOnlyItsOwnAcrossAccounts(t *testing.T) {
 // aimed into the asker's own account is stored either.
 func runsAsServer(t *testing.T) *server.Server {
 	t.Helper()
-	config := printed(t, "--runs-as", "ace,novox")
+	return runsAsPartitionedServer(t, 0)
+}
+
+// runsAsPartitionedServer is runsAsServer for a mesh of n partitions
+// (none below 2): each account imports its verbs from their partition's
+// subjects.
+func runsAsPartitionedServer(t *testing.T, n int) *server.Server {
+	t.Helper()
+	config := printed(t, "--runs-as", "ace,novox", "--partitions", strconv.Itoa(n))
 	config = regexp.MustCompile(`user: "([^"]+)", password: \$[A-Z0-9_]+`).ReplaceAllString(config, `user: "$1", password: "$1-secret"`)
 	config = strings.Replace(config, "users = [\n", "users = [\n      { user: \"admin\", password: \"admin-secret\" }\n", 1)
 	aceAccount := `"` + permissions.AccountOf(wire.RoleNode, "ace") + `" {`

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // ErrListenAddressInUse: something already listens on --listen.
@@ -46,8 +48,10 @@ func (e *embedded) stop() {
 
 // startEmbedded runs a nats-server with JetStream listening on listen
 // (host:port; port 0 picks a free one), its store under stateDir, which it
-// locks first: a second instance on the same directory fails at once.
-func startEmbedded(ctx context.Context, listen, stateDir string, logger *slog.Logger) (*embedded, error) {
+// locks first: a second instance on the same directory fails at once. With
+// 2 or more partitions, it maps the verbs' subjects to them
+// (wire.PartitionMappings).
+func startEmbedded(ctx context.Context, listen, stateDir string, partitions int, logger *slog.Logger) (*embedded, error) {
 	host, portText, err := net.SplitHostPort(listen)
 	if err != nil {
 		return nil, fmt.Errorf("--listen %q: want host:port, such as 127.0.0.1:4222", listen)
@@ -63,7 +67,7 @@ func startEmbedded(ctx context.Context, listen, stateDir string, logger *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	e, err := startLocked(ctx, host, port, listen, stateDir, logger)
+	e, err := startLocked(ctx, host, port, listen, stateDir, partitions, logger)
 	if err != nil {
 		lock.release()
 		return nil, err
@@ -72,7 +76,7 @@ func startEmbedded(ctx context.Context, listen, stateDir string, logger *slog.Lo
 	return e, nil
 }
 
-func startLocked(ctx context.Context, host string, port int, listen, stateDir string, logger *slog.Logger) (*embedded, error) {
+func startLocked(ctx context.Context, host string, port int, listen, stateDir string, partitions int, logger *slog.Logger) (*embedded, error) {
 	if port == 0 {
 		port = server.RANDOM_PORT
 	} else if err := probeListen(listen); err != nil {
@@ -89,6 +93,13 @@ func startLocked(ctx context.Context, host string, port int, listen, stateDir st
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats-server: %w", err)
+	}
+	if partitions > 1 {
+		for _, m := range wire.PartitionMappings(partitions) {
+			if err := s.GlobalAccount().AddMapping(m.Source, m.Destination); err != nil {
+				return nil, fmt.Errorf("embedded nats-server: mapping %s: %w", m.Source, err)
+			}
+		}
 	}
 	sl := &serverLogger{logger: logger.With("component", "nats-server")}
 	s.SetLoggerV2(sl, logger.Enabled(ctx, slog.LevelDebug), false, false)

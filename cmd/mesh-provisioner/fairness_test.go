@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -116,6 +118,128 @@ func TestAFloodingNodeLosesItsOwnExcess(t *testing.T) {
 }
 
 // endpointStats asks the service's $SRV.STATS as asker's identity.
+// In a partitioned mesh, a node that floods its own subject has its
+// partition shut out: the service unsubscribes the partition's subjects
+// for a while, so that nats-server drops the flood unsent, and another
+// partition's node is answered throughout. A node of the flooder's
+// partition hears "no responders" meanwhile, and is answered again once
+// the flood stops; the stats, the metrics and one log line name the
+// partition and the flooder. A door alone reads the whole flood, which
+// takes the cores from every asker (make bench-fair).
+func TestAFloodingNodesPartitionIsShutOutAlone(t *testing.T) {
+	t.Parallel()
+	const partitions = 8
+	s := authorizedPartitionedServer(t, partitions)
+	host := strings.TrimPrefix(s.ClientURL(), "nats://")
+	tokenFile, token := writeTokenFile(t)
+	page := statusPage{base: "http://127.0.0.1:" + strconv.Itoa(freePort(t)), token: token}
+	sv := serveInProcess(t, []string{
+		"--nats-url", "nats://mesh-provisioner:mesh-provisioner-secret@" + host,
+		"--writer-nats-url", "nats://mesh-provisioner-writer:mesh-provisioner-writer-secret@" + host,
+		"--state-dir", t.TempDir(), "--log-format", "json", "--max-rate-per-asker", "200", "--partitions", strconv.Itoa(partitions),
+		"--http", strings.TrimPrefix(page.base, "http://"), "--http-token-file", tokenFile,
+	}, nil)
+	sv.log.waitFor(t, `"msg":"serving"`, 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	flooded := wire.PartitionOf("ace", partitions)
+	if wire.PartitionOf("novox", partitions) == flooded {
+		t.Fatal("novox shares ace's partition: choose another count")
+	}
+	// A node of ace's partition, asked of by admin in its name.
+	mate := ""
+	for i := 0; mate == ""; i++ {
+		if name := "mate" + strconv.Itoa(i); wire.PartitionOf(name, partitions) == flooded {
+			mate = name
+		}
+	}
+	admin := connectAs(t, s, wire.RoleNode, "admin")
+	askMate := func() error {
+		body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: mate})
+		msg := nats.NewMsg(wire.NodeSubject(wire.ComposeSubject, mate))
+		msg.Data = body
+		inbox := wire.InboxPrefix(wire.RoleNode, mate) + "." + nats.NewInbox()[len("_INBOX."):]
+		sub, err := admin.nc.SubscribeSync(inbox)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		msg.Reply = inbox
+		msg.Header = nats.Header{}
+		if err := admin.nc.PublishMsg(msg); err != nil {
+			return err
+		}
+		answer, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			return err
+		}
+		if answer.Header.Get("Status") == "503" && len(answer.Data) == 0 {
+			return nats.ErrNoResponders
+		}
+		return nil
+	}
+	if err := askMate(); err != nil {
+		t.Fatalf("%s, of ace's partition, before the flood: %v", mate, err)
+	}
+
+	ace := connectAs(t, s, wire.RoleNode, "ace")
+	// ace's grant names its own partition's subjects: nats-server maps
+	// before it checks, so ace floods neither novox's subject nor its own
+	// name in novox's partition.
+	into := wire.NodeSubject(wire.ComposeSubject, "ace") + "." + strconv.Itoa(wire.PartitionOf("novox", partitions))
+	for _, subject := range []string{into, wire.NodeSubject(wire.ComposeSubject, "novox")} {
+		if err := ace.nc.Publish(subject, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !ace.violated(wire.PartitionedSubject(subject, partitions)) {
+			t.Errorf("ace published to %s unrefused", subject)
+		}
+	}
+	flood, stopFlood := context.WithCancel(ctx)
+	defer stopFlood()
+	floodDone := make(chan struct{})
+	go func() {
+		defer close(floodDone)
+		body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: "ace"})
+		gone := wire.InboxPrefix(wire.RoleNode, "ace") + ".gone"
+		for flood.Err() == nil {
+			for range 1000 {
+				_ = ace.nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "ace"), gone, body)
+			}
+			_ = ace.nc.FlushWithContext(flood)
+		}
+	}()
+	novox := client.New(connectAs(t, s, wire.RoleNode, "novox").nc, client.AsNode("novox"))
+	natstest.CheckFor(t, 20*time.Second, func() error {
+		if err := askMate(); !errors.Is(err, nats.ErrNoResponders) {
+			return fmt.Errorf("%s, of ace's partition, during the flood: %w, want no responders", mate, err)
+		}
+		return nil
+	})
+	for i := range 20 {
+		if _, err := novox.Compose(ctx, &provisionerv1.ComposeRequest{Node: "novox"}); err != nil {
+			t.Fatalf("novox's compose %d during the flood: %v", i, err)
+		}
+	}
+	stopFlood()
+	<-floodDone
+
+	ops := connectAs(t, s, wire.RoleOperator, "ops")
+	data, _ := wire.DecodeStatsData(endpointStats(t, ops.nc)[0].Data)
+	if got := data.GetShutOut(); len(got) != 1 || got[0].GetPartition() != uint32(flooded) || got[0].GetAsker() != "ace" || got[0].GetTimes() < 1 {
+		t.Errorf("shut out %v, want partition %d alone, for ace", got, flooded)
+	}
+	code, metrics := page.get(t, "/metrics")
+	if want := fmt.Sprintf(`mesh_provisioner_partition_shut_outs_total{partition="%d"}`, flooded); code != 200 || !strings.Contains(metrics, want) {
+		t.Errorf("/metrics (%d) has no line %s", code, want)
+	}
+	if n := strings.Count(sv.log.String(), "its partition's subjects are unsubscribed for a while"); n != 1 {
+		t.Errorf("%d log lines of a partition shut out, want 1:\n%s", n, sv.log.String())
+	}
+	// The pause ends, and the flood with it: the partition is answered.
+	natstest.CheckFor(t, 30*time.Second, func() error { return askMate() })
+}
+
 func endpointStats(t *testing.T, asker *nats.Conn) []*micro.EndpointStats {
 	t.Helper()
 	subject, _ := micro.ControlSubject(micro.StatsVerb, wire.ServiceName, "")

@@ -20,6 +20,7 @@ import (
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
 	"github.com/novox/mesh-provisioner/registry"
+	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -296,5 +297,61 @@ func TestANodeWatchesItsPlanRunsAs(t *testing.T) {
 	}
 	if !ace.violated(novox) {
 		t.Errorf("no permission violation for ace's message on novox's key: %v", ace.violations)
+	}
+}
+
+// In the runs-as layout, a mesh's partitions travel through the imports:
+// each node's account imports its verbs from its own partition's subjects,
+// so that a node is answered as before, and a node that floods shuts out
+// its own partition alone: the other node is answered meanwhile.
+func TestPartitionsRunsAs(t *testing.T) {
+	t.Parallel()
+	const partitions = 8
+	s := runsAsPartitionedServer(t, partitions)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	t.Cleanup(cancel)
+	p := startProvisioner(ctx, t, s, func(c *service.Config) { c.Partitions, c.MaxRatePerAsker = partitions, 200 })
+	if wire.PartitionOf("ace", partitions) == wire.PartitionOf("novox", partitions) {
+		t.Fatal("ace and novox share a partition: choose another count")
+	}
+	ace, novox := connectAs(t, s, wire.RoleNode, "ace"), connectAs(t, s, wire.RoleNode, "novox")
+	for _, id := range []*identity{ace, novox} {
+		nc, err := nodeclient.New(ctx, nodeclient.Config{Conn: id.nc, Node: id.name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := nc.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+			t.Fatalf("%s puts its need through its partition's import: %v (violations %v)", id.name, err, id.violations)
+		}
+		if _, err := client.New(id.nc, client.AsNode(id.name)).Compose(ctx, &provisionerv1.ComposeRequest{Node: id.name}); err != nil {
+			t.Fatalf("%s asks its compose through its partition's import: %v", id.name, err)
+		}
+	}
+
+	body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: "ace"})
+	for range 5_000 {
+		if err := ace.nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "ace"), wire.InboxPrefix(wire.RoleNode, "ace")+".gone", body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ace.nc.FlushWithContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		for _, e := range p.inst.Service().Stats().Endpoints {
+			data, _ := wire.DecodeStatsData(e.Data)
+			for _, x := range data.GetShutOut() {
+				if x.GetPartition() == uint32(wire.PartitionOf("ace", partitions)) && x.GetAsker() == "ace" {
+					return nil
+				}
+			}
+		}
+		return errors.New("ace's partition is not shut out")
+	})
+	asker := client.New(novox.nc, client.AsNode("novox"))
+	for i := range 20 {
+		if _, err := asker.Compose(ctx, &provisionerv1.ComposeRequest{Node: "novox"}); err != nil {
+			t.Fatalf("novox's compose %d while ace's partition is shut out: %v", i, err)
+		}
 	}
 }

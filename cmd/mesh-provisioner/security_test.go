@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -137,7 +138,20 @@ func snapshot(t *testing.T, admin jetstream.JetStream) map[string]string {
 // password is its name and "-secret".
 func authorizedServer(t *testing.T) *server.Server {
 	t.Helper()
-	return natstest.StartWithConfig(t, fmt.Sprintf(`
+	return authorizedPartitionedServer(t, 0)
+}
+
+// authorizedPartitionedServer is authorizedServer for a mesh of n
+// partitions (none below 2): the mappings and the grants that
+// permissions --mappings and --partitions print.
+func authorizedPartitionedServer(t *testing.T, n int) *server.Server {
+	t.Helper()
+	partitions := []string{"--partitions", strconv.Itoa(n)}
+	mappings := ""
+	if n > 1 {
+		mappings = printed(t, "--mappings", "--partitions", strconv.Itoa(n))
+	}
+	return natstest.StartWithConfig(t, mappings+fmt.Sprintf(`
 authorization {
   users = [
     { user: "mesh-provisioner", password: "mesh-provisioner-secret", permissions: %s }
@@ -148,7 +162,8 @@ authorization {
     { user: "ops", password: "ops-secret", permissions: %s }
     { user: "admin", password: "admin-secret" }
   ]
-}`, printed(t, "--server"), printed(t, "--server-writer", "--providers", "pg"), printed(t, "--node", "ace", "--providers", "pg"), printed(t, "--node", "novox"), printed(t, "--provider", "pg", "--json"), printed(t, "--operator", "ops", "--providers", "pg")))
+}`, printed(t, "--server"), printed(t, "--server-writer", "--providers", "pg"), printed(t, append([]string{"--node", "ace", "--providers", "pg"}, partitions...)...),
+		printed(t, append([]string{"--node", "novox"}, partitions...)...), printed(t, append([]string{"--provider", "pg", "--json"}, partitions...)...), printed(t, "--operator", "ops", "--providers", "pg")))
 }
 
 // serveAuthorized starts the service on s as the server's two identities,
@@ -177,14 +192,16 @@ type provisioner struct {
 
 // startProvisioner starts the server's instance on s as its two identities,
 // contending for the seat, and returns once it serves: its copy loaded, and
-// holding the registry it wrote.
-func startProvisioner(ctx context.Context, t *testing.T, s *server.Server) *provisioner {
+// holding the registry it wrote. options change the service's Config.
+func startProvisioner(ctx context.Context, t *testing.T, s *server.Server, options ...func(*service.Config)) *provisioner {
 	t.Helper()
 	p := &provisioner{srv: connectAs(t, s, wire.RoleServer, wire.WriterIdentity), answering: connectAs(t, s, wire.RoleServer, wire.ServerIdentity)}
+	cfg := service.Config{Conn: p.answering.nc, WatchConn: p.srv.nc, Version: "1.2.3", Logger: slog.New(slog.DiscardHandler)}
+	for _, option := range options {
+		option(&cfg)
+	}
 	var err error
-	p.inst, err = instance.Start(ctx, instance.Config{
-		Service: service.Config{Conn: p.answering.nc, WatchConn: p.srv.nc, Version: "1.2.3", Logger: slog.New(slog.DiscardHandler)},
-	})
+	p.inst, err = instance.Start(ctx, instance.Config{Service: cfg})
 	if err != nil {
 		t.Fatalf("the server's identities start an instance: %v (violations: writer %v, answering %v)", err, p.srv.violations, p.answering.violations)
 	}

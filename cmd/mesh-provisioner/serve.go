@@ -16,6 +16,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/observe/ops"
 	"github.com/novox/mesh-provisioner/internal/observe/sdnotify"
+	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/service/admission"
@@ -69,6 +70,7 @@ type serveFlags struct {
 	connectRetry     bool
 	maxQueueWait     time.Duration
 	maxPerAsker      int
+	partitions       int
 	maxRatePerAsker  int
 	maxWriteRate     int
 	http             string
@@ -102,6 +104,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.providerMaxKeys, "provider-max-keys", service.DefaultProviderMaxKeys, "most keys the server holds of one provider's bucket; one holding more is not followed, its provisions pending, until it holds fewer (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
 	fs.IntVar(&f.maxRatePerAsker, "max-rate-per-asker", service.DefaultMaxRatePerAsker, "most requests a second of one node or provider on each of its own subjects, as many at once; more are dropped where they arrive, counted by asker in the stats and metrics, one a second answered with a 503 that says why (-1: no limit)")
+	fs.IntVar(&f.partitions, "partitions", 0, "split the nodes and providers into this many partitions (2 to 1024), as nats-server's subject mapping does (init --partitions, permissions --partitions write it; the embedded server has it): each partition's verbs are answered on subjects of its own, and one whose asker floods is unsubscribed for a while, so that nats-server drops its requests unsent and every other partition is answered as before; 0: unpartitioned")
 	fs.IntVar(&f.maxWriteRate, "max-write-rate-per-asker", service.DefaultMaxWriteRatePerAsker, "--max-rate-per-asker for the write verbs (put, delete, apply, declare, bind), each of which JetStream stores (-1: no limit)")
 	fs.IntVar(&f.maxPerAsker, "max-per-asker", service.DefaultMaxPerAsker, "most requests of one node or provider, on its own subjects, that wait for revisions, queue or are being answered at once; more get a 503, so that one cannot take the others' places (-1: no limit)")
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
@@ -127,6 +130,9 @@ func defineServe(fs *flag.FlagSet) action {
 		}
 		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 || f.providerMaxKeys == 0 || f.maxPerAsker == 0 || f.maxRatePerAsker == 0 || f.maxWriteRate == 0 {
 			return fmt.Errorf("--node-max-keys, --node-max-bytes, --provider-max-keys, --max-per-asker, --max-rate-per-asker and --max-write-rate-per-asker must be positive, or -1 for no limit")
+		}
+		if err := permissions.CheckPartitions(f.partitions); err != nil {
+			return fmt.Errorf("--%w", err)
 		}
 		if err := admission.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
 			return fmt.Errorf("--reply-prefixes %q: %w", f.replyPrefixes, err)
@@ -262,7 +268,7 @@ func (f *serveFlags) joinNATS(ctx context.Context, logger *slog.Logger) (url str
 	if f.connect.url != "" {
 		return f.connect.url, nil, func() {}, nil
 	}
-	embedded, err := startEmbedded(ctx, f.listen, f.stateDir, logger)
+	embedded, err := startEmbedded(ctx, f.listen, f.stateDir, f.partitions, logger)
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -323,6 +329,7 @@ func (f *serveFlags) instanceConfig(conns *serveConns, httpServer *ops.Server, l
 			MaxQueueWait:         f.maxQueueWait,
 			MaxPerAsker:          f.maxPerAsker,
 			MaxRatePerAsker:      f.maxRatePerAsker,
+			Partitions:           f.partitions,
 			MaxWriteRatePerAsker: f.maxWriteRate,
 			ReplyPrefixes:        splitList(f.replyPrefixes),
 			Observe:              httpServer.Observer(),

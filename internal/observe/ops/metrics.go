@@ -192,6 +192,11 @@ var (
 	descDroppedBy = prometheus.NewDesc(namespace+"_asker_dropped_total",
 		"Requests of one node or provider dropped where they arrived, for the ten askers with the most on each endpoint (stats data dropped_by_asker).",
 		[]string{"endpoint", "role", "name"}, nil)
+	descShutOuts = prometheus.NewDesc(namespace+"_partition_shut_outs_total",
+		"Times this instance shut a partition of nodes and providers out (serve --partitions): one of its askers asked far past its rate, so its subjects were unsubscribed for a while (stats data shut_out[].times).",
+		[]string{"partition"}, nil)
+	descShutOut = prometheus.NewDesc(namespace+"_partitions_shut_out",
+		"Partitions this instance has shut out now, whose askers hear no responders (stats data shut_out[] with until).", nil, nil)
 
 	// The plans writer: what this instance did of mesh-provisioner_plans
 	// while it held the seat, counted since it started (stats data plans).
@@ -214,7 +219,7 @@ var (
 // serviceDescs are the collector's descriptions but the endpoints' counters.
 var serviceDescs = []*prometheus.Desc{
 	descReused, descRevision, descLag, descLoaded, descBehind, descRecords, descNodes, descMalformed, descOverBudget,
-	descSeatHeld, descSeatSince, descReady, descDroppedBy,
+	descSeatHeld, descSeatSince, descReady, descDroppedBy, descShutOuts, descShutOut,
 	descPlansWritten, descPlansComposed, descPlansFailed, descPlansPending, descPlansDeferred, descPlansLastPass, descPlansLastWritten,
 }
 
@@ -277,6 +282,14 @@ func (c *serviceCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		collectPlans(ch, first.GetPlans())
+		shutOut := 0
+		for _, x := range first.GetShutOut() {
+			ch <- prometheus.MustNewConstMetric(descShutOuts, prometheus.CounterValue, float64(x.GetTimes()), strconv.Itoa(int(x.GetPartition())))
+			if x.GetUntil() != "" {
+				shutOut++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(descShutOut, prometheus.GaugeValue, float64(shutOut))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), min(c.s.cfg.Timeout, 2*time.Second))
 	defer cancel()

@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/service"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -44,7 +46,8 @@ type exercised struct {
 func exercise(t *testing.T) exercised {
 	t.Helper()
 	ctx := t.Context()
-	nc := natstest.Connect(t, natstest.Start(t))
+	// Partitioned, so that the flood shuts its partition out too.
+	nc := natstest.Connect(t, natstest.StartWithConfig(t, permissions.MappingsConfig(2)))
 	srv, err := ops.Start(context.WithoutCancel(ctx), ops.Config{Addr: "127.0.0.1:0", Token: []byte(testToken), Version: "1.2.3"})
 	if err != nil {
 		t.Fatal(err)
@@ -55,6 +58,7 @@ func exercise(t *testing.T) exercised {
 		c.Observe = srv.Observer()
 		c.Seat = func() (bool, time.Time, string) { return true, since, "this" }
 		c.MaxRatePerAsker = 1 // the flooding node's burst is one request
+		c.Partitions = 2
 	})
 	srv.Attach(ops.Target{Service: svc, Conns: []*nats.Conn{nc}, Ask: nc, Read: nc})
 	servicetest.RunPlans(t, svc, nc, 10*time.Millisecond)
@@ -106,6 +110,8 @@ func (x exercised) gather(t *testing.T) map[string]*dto.MetricFamily {
 			return errors.New("the copy holds no manifest yet")
 		case value(families, "mesh_provisioner_asker_dropped_total", "name", "flood") < 1:
 			return errors.New("no request of the flood dropped yet")
+		case value(families, "mesh_provisioner_partition_shut_outs_total", "partition", strconv.Itoa(wire.PartitionOf("flood", 2))) < 1:
+			return errors.New("the flood's partition is not shut out yet")
 		}
 		return nil
 	})

@@ -97,8 +97,15 @@ type EndpointStatsData struct {
 	// The askers with the most requests dropped at the door, the most first;
 	// at most 10.
 	DroppedByAsker []*AskerDrops `protobuf:"bytes,21,rep,name=dropped_by_asker,json=droppedByAsker,proto3" json:"dropped_by_asker,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The partitions of nodes and providers this instance has shut out
+	// (serve --partitions): one of their askers asked so much faster than
+	// its rate that the instance unsubscribed the partition's subjects for a
+	// while, so that nats-server drops its requests before they are sent;
+	// its askers hear "no responders" meanwhile. Those shut out now, and
+	// those shut out before, with how often.
+	ShutOut       []*PartitionShutOut `protobuf:"bytes,22,rep,name=shut_out,json=shutOut,proto3" json:"shut_out,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EndpointStatsData) Reset() {
@@ -278,6 +285,87 @@ func (x *EndpointStatsData) GetDroppedByAsker() []*AskerDrops {
 	return nil
 }
 
+func (x *EndpointStatsData) GetShutOut() []*PartitionShutOut {
+	if x != nil {
+		return x.ShutOut
+	}
+	return nil
+}
+
+// PartitionShutOut is one partition that an instance has shut out.
+type PartitionShutOut struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition's number, as nats-server's mapping appends it.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The partition's asker with the most requests dropped: the one it was
+	// shut out for, as its subject names it.
+	Asker string `protobuf:"bytes,2,opt,name=asker,proto3" json:"asker,omitempty"`
+	// How many times it was shut out since the instance started.
+	Times uint64 `protobuf:"varint,3,opt,name=times,proto3" json:"times,omitempty"`
+	// Until when it is shut out now (RFC 3339), or empty when it is open.
+	Until         string `protobuf:"bytes,4,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionShutOut) Reset() {
+	*x = PartitionShutOut{}
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionShutOut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionShutOut) ProtoMessage() {}
+
+func (x *PartitionShutOut) ProtoReflect() protoreflect.Message {
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionShutOut.ProtoReflect.Descriptor instead.
+func (*PartitionShutOut) Descriptor() ([]byte, []int) {
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PartitionShutOut) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionShutOut) GetAsker() string {
+	if x != nil {
+		return x.Asker
+	}
+	return ""
+}
+
+func (x *PartitionShutOut) GetTimes() uint64 {
+	if x != nil {
+		return x.Times
+	}
+	return 0
+}
+
+func (x *PartitionShutOut) GetUntil() string {
+	if x != nil {
+		return x.Until
+	}
+	return ""
+}
+
 // AskerDrops counts one asker's requests dropped at an endpoint's door.
 type AskerDrops struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -293,7 +381,7 @@ type AskerDrops struct {
 
 func (x *AskerDrops) Reset() {
 	*x = AskerDrops{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +393,7 @@ func (x *AskerDrops) String() string {
 func (*AskerDrops) ProtoMessage() {}
 
 func (x *AskerDrops) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[1]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +406,7 @@ func (x *AskerDrops) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AskerDrops.ProtoReflect.Descriptor instead.
 func (*AskerDrops) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{1}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AskerDrops) GetRole() string {
@@ -372,7 +460,7 @@ type PlansStats struct {
 
 func (x *PlansStats) Reset() {
 	*x = PlansStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +472,7 @@ func (x *PlansStats) String() string {
 func (*PlansStats) ProtoMessage() {}
 
 func (x *PlansStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[2]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +485,7 @@ func (x *PlansStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlansStats.ProtoReflect.Descriptor instead.
 func (*PlansStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{2}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PlansStats) GetWritten() uint64 {
@@ -469,7 +557,7 @@ type OverBudget struct {
 
 func (x *OverBudget) Reset() {
 	*x = OverBudget{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +569,7 @@ func (x *OverBudget) String() string {
 func (*OverBudget) ProtoMessage() {}
 
 func (x *OverBudget) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[3]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +582,7 @@ func (x *OverBudget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OverBudget.ProtoReflect.Descriptor instead.
 func (*OverBudget) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{3}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *OverBudget) GetBucket() string {
@@ -551,7 +639,7 @@ type AnswerCacheStats struct {
 
 func (x *AnswerCacheStats) Reset() {
 	*x = AnswerCacheStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +651,7 @@ func (x *AnswerCacheStats) String() string {
 func (*AnswerCacheStats) ProtoMessage() {}
 
 func (x *AnswerCacheStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[4]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +664,7 @@ func (x *AnswerCacheStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerCacheStats.ProtoReflect.Descriptor instead.
 func (*AnswerCacheStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{4}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AnswerCacheStats) GetEntries() uint64 {
@@ -637,7 +725,7 @@ type BucketStats struct {
 
 func (x *BucketStats) Reset() {
 	*x = BucketStats{}
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[5]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +737,7 @@ func (x *BucketStats) String() string {
 func (*BucketStats) ProtoMessage() {}
 
 func (x *BucketStats) ProtoReflect() protoreflect.Message {
-	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[5]
+	mi := &file_mesh_provisioner_v1_stats_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +750,7 @@ func (x *BucketStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BucketStats.ProtoReflect.Descriptor instead.
 func (*BucketStats) Descriptor() ([]byte, []int) {
-	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{5}
+	return file_mesh_provisioner_v1_stats_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *BucketStats) GetBucket() string {
@@ -704,7 +792,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xbe\x06\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\x80\a\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -733,7 +821,13 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
 	"asker_full\x18\x13 \x01(\x04R\taskerFull\x12\x18\n" +
 	"\adropped\x18\x14 \x01(\x04R\adropped\x12I\n" +
-	"\x10dropped_by_asker\x18\x15 \x03(\v2\x1f.mesh.provisioner.v1.AskerDropsR\x0edroppedByAsker\"N\n" +
+	"\x10dropped_by_asker\x18\x15 \x03(\v2\x1f.mesh.provisioner.v1.AskerDropsR\x0edroppedByAsker\x12@\n" +
+	"\bshut_out\x18\x16 \x03(\v2%.mesh.provisioner.v1.PartitionShutOutR\ashutOut\"r\n" +
+	"\x10PartitionShutOut\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
+	"\x05asker\x18\x02 \x01(\tR\x05asker\x12\x14\n" +
+	"\x05times\x18\x03 \x01(\x04R\x05times\x12\x14\n" +
+	"\x05until\x18\x04 \x01(\tR\x05until\"N\n" +
 	"\n" +
 	"AskerDrops\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x12\n" +
@@ -783,26 +877,28 @@ func file_mesh_provisioner_v1_stats_proto_rawDescGZIP() []byte {
 	return file_mesh_provisioner_v1_stats_proto_rawDescData
 }
 
-var file_mesh_provisioner_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_mesh_provisioner_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_mesh_provisioner_v1_stats_proto_goTypes = []any{
 	(*EndpointStatsData)(nil), // 0: mesh.provisioner.v1.EndpointStatsData
-	(*AskerDrops)(nil),        // 1: mesh.provisioner.v1.AskerDrops
-	(*PlansStats)(nil),        // 2: mesh.provisioner.v1.PlansStats
-	(*OverBudget)(nil),        // 3: mesh.provisioner.v1.OverBudget
-	(*AnswerCacheStats)(nil),  // 4: mesh.provisioner.v1.AnswerCacheStats
-	(*BucketStats)(nil),       // 5: mesh.provisioner.v1.BucketStats
+	(*PartitionShutOut)(nil),  // 1: mesh.provisioner.v1.PartitionShutOut
+	(*AskerDrops)(nil),        // 2: mesh.provisioner.v1.AskerDrops
+	(*PlansStats)(nil),        // 3: mesh.provisioner.v1.PlansStats
+	(*OverBudget)(nil),        // 4: mesh.provisioner.v1.OverBudget
+	(*AnswerCacheStats)(nil),  // 5: mesh.provisioner.v1.AnswerCacheStats
+	(*BucketStats)(nil),       // 6: mesh.provisioner.v1.BucketStats
 }
 var file_mesh_provisioner_v1_stats_proto_depIdxs = []int32{
-	3, // 0: mesh.provisioner.v1.EndpointStatsData.over_budget:type_name -> mesh.provisioner.v1.OverBudget
-	4, // 1: mesh.provisioner.v1.EndpointStatsData.answer_cache:type_name -> mesh.provisioner.v1.AnswerCacheStats
-	5, // 2: mesh.provisioner.v1.EndpointStatsData.buckets:type_name -> mesh.provisioner.v1.BucketStats
-	2, // 3: mesh.provisioner.v1.EndpointStatsData.plans:type_name -> mesh.provisioner.v1.PlansStats
-	1, // 4: mesh.provisioner.v1.EndpointStatsData.dropped_by_asker:type_name -> mesh.provisioner.v1.AskerDrops
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	4, // 0: mesh.provisioner.v1.EndpointStatsData.over_budget:type_name -> mesh.provisioner.v1.OverBudget
+	5, // 1: mesh.provisioner.v1.EndpointStatsData.answer_cache:type_name -> mesh.provisioner.v1.AnswerCacheStats
+	6, // 2: mesh.provisioner.v1.EndpointStatsData.buckets:type_name -> mesh.provisioner.v1.BucketStats
+	3, // 3: mesh.provisioner.v1.EndpointStatsData.plans:type_name -> mesh.provisioner.v1.PlansStats
+	2, // 4: mesh.provisioner.v1.EndpointStatsData.dropped_by_asker:type_name -> mesh.provisioner.v1.AskerDrops
+	1, // 5: mesh.provisioner.v1.EndpointStatsData.shut_out:type_name -> mesh.provisioner.v1.PartitionShutOut
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_mesh_provisioner_v1_stats_proto_init() }
@@ -816,7 +912,7 @@ func file_mesh_provisioner_v1_stats_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_mesh_provisioner_v1_stats_proto_rawDesc), len(file_mesh_provisioner_v1_stats_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

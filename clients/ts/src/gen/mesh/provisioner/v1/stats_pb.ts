@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mesh/provisioner/v1/stats.proto.
  */
 export const file_mesh_provisioner_v1_stats: GenFile = /*@__PURE__*/
-  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3N0YXRzLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxItkEChFFbmRwb2ludFN0YXRzRGF0YRIQCghhbnN3ZXJlZBgBIAEoBBIVCg1hbnN3ZXJfZXJyb3JzGAIgASgEEgwKBHNoZWQYAyABKAQSEgoKcXVldWVfZnVsbBgEIAEoBBIVCg1zbG93X2NvbnN1bWVyGAUgASgEEhcKD3JlZnVzZWRfcmVwbGllcxgGIAEoBBIPCgdsb2FkaW5nGAcgAygJEg4KBmJlaGluZBgIIAMoCRI0CgtvdmVyX2J1ZGdldBgJIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuT3ZlckJ1ZGdldBI7CgxhbnN3ZXJfY2FjaGUYCiABKAsyJS5tZXNoLnByb3Zpc2lvbmVyLnYxLkFuc3dlckNhY2hlU3RhdHMSDAoEc2VhdBgLIAEoCRISCgpzZWF0X3NpbmNlGAwgASgJEhMKC3NlYXRfaG9sZGVyGA0gASgJEjEKB2J1Y2tldHMYDiADKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldFN0YXRzEhIKCmxhcmdlX3NoZWQYDyABKAQSDwoHcmVmdXNlZBgQIAEoBBIuCgVwbGFucxgRIAEoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuUGxhbnNTdGF0cxIWCg5hbnN3ZXJlZF9lYXJseRgSIAEoBBISCgphc2tlcl9mdWxsGBMgASgEEg8KB2Ryb3BwZWQYFCABKAQSOQoQZHJvcHBlZF9ieV9hc2tlchgVIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuQXNrZXJEcm9wcyI5CgpBc2tlckRyb3BzEgwKBHJvbGUYASABKAkSDAoEbmFtZRgCIAEoCRIPCgdkcm9wcGVkGAMgASgEIo4BCgpQbGFuc1N0YXRzEg8KB3dyaXR0ZW4YASABKAQSEAoIY29tcG9zZWQYAiABKAQSFAoMbGFzdF93cml0dGVuGAMgASgJEg8KB3BlbmRpbmcYBCABKAQSFAoMbGFzdF9wYXNzX21zGAUgASgEEg4KBmZhaWxlZBgGIAEoBBIQCghkZWZlcnJlZBgHIAEoBCJYCgpPdmVyQnVkZ2V0Eg4KBmJ1Y2tldBgBIAEoCRIMCgRub2RlGAIgASgJEgwKBGtleXMYAyABKAQSDQoFYnl0ZXMYBCABKAQSDwoHcmVmdXNlZBgFIAEoBCJfChBBbnN3ZXJDYWNoZVN0YXRzEg8KB2VudHJpZXMYASABKAQSDQoFYnl0ZXMYAiABKAQSDQoFbGltaXQYAyABKAMSDAoEaGl0cxgEIAEoBBIOCgZtaXNzZXMYBSABKAQiYgoLQnVja2V0U3RhdHMSDgoGYnVja2V0GAEgASgJEhAKCHJldmlzaW9uGAIgASgEEg8KB3JlY29yZHMYAyABKAQSEQoJbWFsZm9ybWVkGAQgASgEEg0KBW5vZGVzGAUgASgEQtwBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIKU3RhdHNQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z");
+  fileDesc("Ch9tZXNoL3Byb3Zpc2lvbmVyL3YxL3N0YXRzLnByb3RvEhNtZXNoLnByb3Zpc2lvbmVyLnYxIpIFChFFbmRwb2ludFN0YXRzRGF0YRIQCghhbnN3ZXJlZBgBIAEoBBIVCg1hbnN3ZXJfZXJyb3JzGAIgASgEEgwKBHNoZWQYAyABKAQSEgoKcXVldWVfZnVsbBgEIAEoBBIVCg1zbG93X2NvbnN1bWVyGAUgASgEEhcKD3JlZnVzZWRfcmVwbGllcxgGIAEoBBIPCgdsb2FkaW5nGAcgAygJEg4KBmJlaGluZBgIIAMoCRI0CgtvdmVyX2J1ZGdldBgJIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuT3ZlckJ1ZGdldBI7CgxhbnN3ZXJfY2FjaGUYCiABKAsyJS5tZXNoLnByb3Zpc2lvbmVyLnYxLkFuc3dlckNhY2hlU3RhdHMSDAoEc2VhdBgLIAEoCRISCgpzZWF0X3NpbmNlGAwgASgJEhMKC3NlYXRfaG9sZGVyGA0gASgJEjEKB2J1Y2tldHMYDiADKAsyIC5tZXNoLnByb3Zpc2lvbmVyLnYxLkJ1Y2tldFN0YXRzEhIKCmxhcmdlX3NoZWQYDyABKAQSDwoHcmVmdXNlZBgQIAEoBBIuCgVwbGFucxgRIAEoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuUGxhbnNTdGF0cxIWCg5hbnN3ZXJlZF9lYXJseRgSIAEoBBISCgphc2tlcl9mdWxsGBMgASgEEg8KB2Ryb3BwZWQYFCABKAQSOQoQZHJvcHBlZF9ieV9hc2tlchgVIAMoCzIfLm1lc2gucHJvdmlzaW9uZXIudjEuQXNrZXJEcm9wcxI3CghzaHV0X291dBgWIAMoCzIlLm1lc2gucHJvdmlzaW9uZXIudjEuUGFydGl0aW9uU2h1dE91dCJSChBQYXJ0aXRpb25TaHV0T3V0EhEKCXBhcnRpdGlvbhgBIAEoDRINCgVhc2tlchgCIAEoCRINCgV0aW1lcxgDIAEoBBINCgV1bnRpbBgEIAEoCSI5CgpBc2tlckRyb3BzEgwKBHJvbGUYASABKAkSDAoEbmFtZRgCIAEoCRIPCgdkcm9wcGVkGAMgASgEIo4BCgpQbGFuc1N0YXRzEg8KB3dyaXR0ZW4YASABKAQSEAoIY29tcG9zZWQYAiABKAQSFAoMbGFzdF93cml0dGVuGAMgASgJEg8KB3BlbmRpbmcYBCABKAQSFAoMbGFzdF9wYXNzX21zGAUgASgEEg4KBmZhaWxlZBgGIAEoBBIQCghkZWZlcnJlZBgHIAEoBCJYCgpPdmVyQnVkZ2V0Eg4KBmJ1Y2tldBgBIAEoCRIMCgRub2RlGAIgASgJEgwKBGtleXMYAyABKAQSDQoFYnl0ZXMYBCABKAQSDwoHcmVmdXNlZBgFIAEoBCJfChBBbnN3ZXJDYWNoZVN0YXRzEg8KB2VudHJpZXMYASABKAQSDQoFYnl0ZXMYAiABKAQSDQoFbGltaXQYAyABKAMSDAoEaGl0cxgEIAEoBBIOCgZtaXNzZXMYBSABKAQiYgoLQnVja2V0U3RhdHMSDgoGYnVja2V0GAEgASgJEhAKCHJldmlzaW9uGAIgASgEEg8KB3JlY29yZHMYAyABKAQSEQoJbWFsZm9ybWVkGAQgASgEEg0KBW5vZGVzGAUgASgEQtwBChdjb20ubWVzaC5wcm92aXNpb25lci52MUIKU3RhdHNQcm90b1ABWkdnaXRodWIuY29tL25vdm94L21lc2gtcHJvdmlzaW9uZXIvZ2VuL21lc2gvcHJvdmlzaW9uZXIvdjE7cHJvdmlzaW9uZXJ2MaICA01QWKoCE01lc2guUHJvdmlzaW9uZXIuVjHKAhNNZXNoXFByb3Zpc2lvbmVyXFYx4gIfTWVzaFxQcm92aXNpb25lclxWMVxHUEJNZXRhZGF0YeoCFU1lc2g6OlByb3Zpc2lvbmVyOjpWMWIGcHJvdG8z");
 
 /**
  * EndpointStatsData is the "data" of each endpoint in an instance's answer to
@@ -195,6 +195,18 @@ export type EndpointStatsData = Message<"mesh.provisioner.v1.EndpointStatsData">
    * @generated from field: repeated mesh.provisioner.v1.AskerDrops dropped_by_asker = 21;
    */
   droppedByAsker: AskerDrops[];
+
+  /**
+   * The partitions of nodes and providers this instance has shut out
+   * (serve --partitions): one of their askers asked so much faster than
+   * its rate that the instance unsubscribed the partition's subjects for a
+   * while, so that nats-server drops its requests before they are sent;
+   * its askers hear "no responders" meanwhile. Those shut out now, and
+   * those shut out before, with how often.
+   *
+   * @generated from field: repeated mesh.provisioner.v1.PartitionShutOut shut_out = 22;
+   */
+  shutOut: PartitionShutOut[];
 };
 
 /**
@@ -203,6 +215,49 @@ export type EndpointStatsData = Message<"mesh.provisioner.v1.EndpointStatsData">
  */
 export const EndpointStatsDataSchema: GenMessage<EndpointStatsData> = /*@__PURE__*/
   messageDesc(file_mesh_provisioner_v1_stats, 0);
+
+/**
+ * PartitionShutOut is one partition that an instance has shut out.
+ *
+ * @generated from message mesh.provisioner.v1.PartitionShutOut
+ */
+export type PartitionShutOut = Message<"mesh.provisioner.v1.PartitionShutOut"> & {
+  /**
+   * The partition's number, as nats-server's mapping appends it.
+   *
+   * @generated from field: uint32 partition = 1;
+   */
+  partition: number;
+
+  /**
+   * The partition's asker with the most requests dropped: the one it was
+   * shut out for, as its subject names it.
+   *
+   * @generated from field: string asker = 2;
+   */
+  asker: string;
+
+  /**
+   * How many times it was shut out since the instance started.
+   *
+   * @generated from field: uint64 times = 3;
+   */
+  times: bigint;
+
+  /**
+   * Until when it is shut out now (RFC 3339), or empty when it is open.
+   *
+   * @generated from field: string until = 4;
+   */
+  until: string;
+};
+
+/**
+ * Describes the message mesh.provisioner.v1.PartitionShutOut.
+ * Use `create(PartitionShutOutSchema)` to create a new message.
+ */
+export const PartitionShutOutSchema: GenMessage<PartitionShutOut> = /*@__PURE__*/
+  messageDesc(file_mesh_provisioner_v1_stats, 1);
 
 /**
  * AskerDrops counts one asker's requests dropped at an endpoint's door.
@@ -237,7 +292,7 @@ export type AskerDrops = Message<"mesh.provisioner.v1.AskerDrops"> & {
  * Use `create(AskerDropsSchema)` to create a new message.
  */
 export const AskerDropsSchema: GenMessage<AskerDrops> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 1);
+  messageDesc(file_mesh_provisioner_v1_stats, 2);
 
 /**
  * PlansStats is what the seat's holder has done of mesh-provisioner_plans.
@@ -307,7 +362,7 @@ export type PlansStats = Message<"mesh.provisioner.v1.PlansStats"> & {
  * Use `create(PlansStatsSchema)` to create a new message.
  */
 export const PlansStatsSchema: GenMessage<PlansStats> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 2);
+  messageDesc(file_mesh_provisioner_v1_stats, 3);
 
 /**
  * OverBudget is a node over its budget in one state bucket of the copy: keys
@@ -357,7 +412,7 @@ export type OverBudget = Message<"mesh.provisioner.v1.OverBudget"> & {
  * Use `create(OverBudgetSchema)` to create a new message.
  */
 export const OverBudgetSchema: GenMessage<OverBudget> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 3);
+  messageDesc(file_mesh_provisioner_v1_stats, 4);
 
 /**
  * AnswerCacheStats counts the encoded answers kept for reuse.
@@ -406,7 +461,7 @@ export type AnswerCacheStats = Message<"mesh.provisioner.v1.AnswerCacheStats"> &
  * Use `create(AnswerCacheStatsSchema)` to create a new message.
  */
 export const AnswerCacheStatsSchema: GenMessage<AnswerCacheStats> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 4);
+  messageDesc(file_mesh_provisioner_v1_stats, 5);
 
 /**
  * BucketStats is the copy of one bucket as the instance holds it.
@@ -459,5 +514,5 @@ export type BucketStats = Message<"mesh.provisioner.v1.BucketStats"> & {
  * Use `create(BucketStatsSchema)` to create a new message.
  */
 export const BucketStatsSchema: GenMessage<BucketStats> = /*@__PURE__*/
-  messageDesc(file_mesh_provisioner_v1_stats, 5);
+  messageDesc(file_mesh_provisioner_v1_stats, 6);
 

@@ -1,0 +1,228 @@
+package service
+
+import (
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/backoff"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// A partition is one of Config.Partitions shares of the nodes and
+// providers, which nats-server's subject mapping routes apart
+// (wire.PartitionMappings). Its addressed endpoints are a micro instance of
+// their own, so that the service can unsubscribe them alone: when one of
+// its askers floods, nats-server then drops the partition's requests
+// before it sends them, and the other partitions' askers are answered as
+// if nothing happened. A door drops a flood for less than it costs to
+// read, but reading it still takes the cores from every asker; only
+// nats-server not sending it gives them back (make bench-fair).
+type partition struct {
+	index int
+	token string // ".<index>", the last token of the partition's subjects
+	// drops counts its requests dropped at the doors since the last weighing.
+	drops atomic.Uint64
+
+	// Guarded by Service.registering.
+	micro micro.Service // nil while shut out, or before it first opens
+	until time.Time     // when a shut-out ends; zero before the first
+	times uint64        // shut-outs since the instance started
+	asker string        // whom it was last shut out for
+	pause *backoff.Backoff
+	// openSince is when it last opened: open a minute, its next pause is
+	// the first again.
+	openSince time.Time
+	// shown is what the stats say of it: written under
+	// Service.registering, read without it, since micro asks the stats
+	// holding a lock that stopping an instance takes.
+	shown atomic.Pointer[provisionerv1.PartitionShutOut]
+}
+
+// Shutting partitions out. The first shut-out lasts a second and each one
+// after it twice the last, up to a minute, so that a flooder that keeps on
+// is heard for a moment a minute; a partition open for a minute starts
+// again at a second.
+const (
+	// weighEvery is how often each partition's drops are weighed.
+	weighEvery     = 100 * time.Millisecond
+	shutOutFirst   = time.Second
+	shutOutLongest = time.Minute
+)
+
+// newPartitions returns n partitions, none for n below 2.
+func newPartitions(n int) []*partition {
+	if n < 2 {
+		return nil
+	}
+	out := make([]*partition, n)
+	for i := range out {
+		out[i] = &partition{index: i, token: "." + strconv.Itoa(i),
+			pause: backoff.New(backoff.Config{Min: shutOutFirst, Max: shutOutLongest, Factor: 2})}
+	}
+	return out
+}
+
+// partitioned is a request as its asker sent it: the subject without the
+// partition nats-server appended, which every verb reads its asker from.
+type partitioned struct {
+	micro.Request
+	subject string
+}
+
+func (r partitioned) Subject() string { return r.subject }
+
+// unpartitioned returns r with its subject as its asker sent it.
+func (pt *partition) unpartitioned(r micro.Request) micro.Request {
+	return partitioned{Request: r, subject: strings.TrimSuffix(r.Subject(), pt.token)}
+}
+
+// openPartitions opens every partition that is not shut out: its micro
+// instance and its addressed endpoints. Called with s.registering held.
+func (s *Service) openPartitions() error {
+	for _, pt := range s.partitions {
+		if pt.micro == nil && pt.until.IsZero() {
+			if err := s.openPartition(pt, time.Now()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// openPartition adds pt's micro instance and endpoints. Called with
+// s.registering held.
+func (s *Service) openPartition(pt *partition, now time.Time) error {
+	cfg := s.microConfig(s.version)
+	cfg.DoneHandler = nil // a shut-out stops it: logged as such
+	cfg.Metadata = map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions))}
+	svc, err := micro.AddService(s.conn, cfg)
+	if err != nil {
+		return err
+	}
+	for _, ep := range s.endpoints() {
+		if ep.namesAsker() {
+			if err := ep.register(s, svc, pt); err != nil {
+				_ = svc.Stop()
+				return err
+			}
+		}
+	}
+	pt.micro, pt.openSince = svc, now
+	if pt.times > 0 {
+		pt.shown.Store(&provisionerv1.PartitionShutOut{Partition: uint32(pt.index), Asker: pt.asker, Times: pt.times})
+	}
+	return nil
+}
+
+// dropped counts a request of pt dropped at a door, and has pt shut out
+// once its drops since the last weighing are more than an asker may ask
+// in that time: at once, so that a flood reaches the service for no more
+// than the moment it takes to cross that count.
+func (s *Service) dropped(pt *partition) {
+	if pt.drops.Add(1) == s.floodAt {
+		select {
+		case s.flooded <- pt:
+		default: // already told
+		}
+	}
+}
+
+// weighPartitions shuts out each partition that floods (dropped), and
+// every weighEvery opens again those whose pause is over and starts each
+// partition's count of drops afresh, until the service stops.
+func (s *Service) weighPartitions() {
+	tick := time.NewTicker(weighEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stopping.Done():
+			return
+		case pt := <-s.flooded:
+			s.registering.Lock()
+			if !s.unregistered && pt.micro != nil {
+				s.shutOut(pt, time.Now())
+			}
+			s.registering.Unlock()
+		case now := <-tick.C:
+			s.registering.Lock()
+			for _, pt := range s.partitions {
+				pt.drops.Store(0)
+				if !s.unregistered && pt.micro == nil && !pt.until.IsZero() && now.After(pt.until) {
+					if err := s.openPartition(pt, now); err != nil {
+						pt.until = now.Add(shutOutFirst)
+						s.logger.Error("opening a partition again failed; trying again in a second", "partition", pt.index, "err", err)
+					}
+				}
+			}
+			s.registering.Unlock()
+		}
+	}
+}
+
+// shutOut unsubscribes pt's endpoints for its next pause. Called with
+// s.registering held.
+func (s *Service) shutOut(pt *partition, now time.Time) {
+	if now.Sub(pt.openSince) >= shutOutLongest {
+		pt.pause.Reset()
+	}
+	if err := pt.micro.Stop(); err != nil {
+		s.logger.Warn("stopping a partition's endpoints", "partition", pt.index, "err", err)
+	}
+	pause := pt.pause.Next()
+	pt.micro, pt.until, pt.asker = nil, now.Add(pause), s.topDropperOf(pt)
+	pt.times++
+	pt.shown.Store(&provisionerv1.PartitionShutOut{Partition: uint32(pt.index), Asker: pt.asker, Times: pt.times,
+		Until: pt.until.UTC().Format(time.RFC3339)})
+	s.warnings.Log(slog.LevelWarn, "partition shut out", pt.asker,
+		"a node or provider asked its own subjects far faster than its rate (serve --max-rate-per-asker): its partition's subjects are unsubscribed for a while, so that nats-server drops their requests before sending them, and its partition's askers hear no responders meanwhile; every other partition is answered as before",
+		"partition", pt.index, "for", pause.String())
+}
+
+// topDropperOf returns the asker of pt with the most requests dropped at
+// any door, or "" when none is counted by name.
+func (s *Service) topDropperOf(pt *partition) string {
+	s.doorsMu.Lock()
+	doors := s.doors
+	s.doorsMu.Unlock()
+	var name string
+	var most uint64
+	for _, d := range doors {
+		top, _ := d.Drops(topDroppers)
+		for _, x := range top {
+			if x.Count > most && wire.PartitionOf(x.Who.Name, len(s.partitions)) == pt.index {
+				name, most = x.Who.Name, x.Count
+			}
+		}
+	}
+	return name
+}
+
+// closePartitions stops every open partition's endpoints. Called with
+// s.registering held, as the service stops.
+func (s *Service) closePartitions() {
+	for _, pt := range s.partitions {
+		if pt.micro != nil {
+			if err := pt.micro.Stop(); err != nil {
+				s.logger.Warn("stopping a partition's endpoints", "partition", pt.index, "err", err)
+			}
+			pt.micro = nil
+		}
+	}
+}
+
+// shutOutStats are the partitions shut out now or before, for the stats.
+func (s *Service) shutOutStats() []*provisionerv1.PartitionShutOut {
+	var out []*provisionerv1.PartitionShutOut
+	for _, pt := range s.partitions {
+		if x := pt.shown.Load(); x != nil {
+			out = append(out, x)
+		}
+	}
+	return out
+}
