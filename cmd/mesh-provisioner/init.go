@@ -50,6 +50,9 @@ type initState struct {
 	Providers []string            `json:"providers"`
 	Operators []string            `json:"operators"`
 	Hosts     map[string][]string `json:"hosts,omitempty"`
+	// Partitions, 2 or more, is how many partitions the nodes and
+	// providers are split into (serve --partitions).
+	Partitions int `json:"partitions,omitempty"`
 }
 
 // initStateFile names initState's file in DIR.
@@ -70,6 +73,7 @@ func defineInit(fs *flag.FlagSet) action {
 		nodes, providers, operators, hosts string
 		natsURL                            string
 		force                              bool
+		partitions                         int
 	)
 	fs.StringVar(&nodes, "nodes", "", "comma-separated names of the mesh's nodes")
 	fs.StringVar(&providers, "providers", "", "comma-separated names of the provider modules")
@@ -77,11 +81,15 @@ func defineInit(fs *flag.FlagSet) action {
 	fs.StringVar(&hosts, "hosts", "", "comma-separated node:provider pairs: the node runs the provider and declares its manifest")
 	fs.StringVar(&natsURL, "url", defaultClientURL, "the URL the mesh's nats-server listens at, and every context connects to")
 	fs.BoolVar(&force, "force", false, "write into DIR even if it holds files init did not write")
+	fs.IntVar(&partitions, "partitions", 0, "split the nodes and providers into this many partitions (2 to 1024; serve --partitions): nats-server.conf maps each verb's subject to its asker's partition, and each node's and provider's grant names its own; 0 keeps what an earlier init wrote (none at first)")
 	return func(_ context.Context, inv invocation) error {
 		if inv.word == "" {
 			return errors.New("init: name the directory to write: mesh-provisioner init DIR --nodes ace,bob")
 		}
-		want := initState{URL: natsURL, Nodes: splitList(nodes), Providers: splitList(providers), Operators: splitList(operators), Hosts: map[string][]string{}}
+		if err := permissions.CheckPartitions(partitions); err != nil {
+			return fmt.Errorf("--%w", err)
+		}
+		want := initState{URL: natsURL, Nodes: splitList(nodes), Providers: splitList(providers), Operators: splitList(operators), Hosts: map[string][]string{}, Partitions: partitions}
 		for _, pair := range splitList(hosts) {
 			node, provider, ok := strings.Cut(pair, ":")
 			if !ok {
@@ -111,6 +119,9 @@ func writeInit(dir string, want initState, force bool) (int, error) {
 	}
 	if state.URL == "" {
 		state.URL = want.URL
+	}
+	if want.Partitions > 0 {
+		state.Partitions = want.Partitions
 	}
 	state.Nodes = union(state.Nodes, want.Nodes)
 	state.Providers = union(state.Providers, want.Providers)
@@ -165,7 +176,7 @@ authorization {
   users = [
 %s  ]
 }
-`, filepath.Join(abs, "nats-server.conf"), listen, filepath.Join(abs, "jetstream"), users.String())
+%s`, filepath.Join(abs, "nats-server.conf"), listen, filepath.Join(abs, "jetstream"), users.String(), mappingsOf(state.Partitions))
 	if err := os.WriteFile(filepath.Join(dir, "nats-server.conf"), []byte(conf), 0o600); err != nil {
 		return 0, err
 	}
@@ -223,6 +234,7 @@ func identitiesOf(state initState) ([]initIdentity, error) {
 		if err != nil {
 			return nil, err
 		}
+		grant = grant.Partitioned(state.Partitions)
 		ids = append(ids, initIdentity{role: wire.RoleNode, name: node, file: "node-" + node, grant: grant})
 	}
 	for _, provider := range state.Providers {
@@ -230,6 +242,7 @@ func identitiesOf(state initState) ([]initIdentity, error) {
 		if err != nil {
 			return nil, err
 		}
+		grant = grant.Partitioned(state.Partitions)
 		ids = append(ids, initIdentity{role: wire.RoleProvider, name: provider, file: "provider-" + provider, grant: grant})
 	}
 	for _, operator := range state.Operators {
@@ -314,6 +327,15 @@ func union(a, b []string) []string {
 	return out
 }
 
+// mappingsOf is nats-server.conf's mappings of a mesh of n partitions,
+// with what they are for; "" for fewer than 2.
+func mappingsOf(n int) string {
+	if n < 2 {
+		return ""
+	}
+	return fmt.Sprintf("# Each verb's subject, mapped to its asker's partition (serve --partitions %d).\n%s\n", n, permissions.MappingsConfig(n))
+}
+
 func indent(block, prefix string) string {
 	return strings.ReplaceAll(strings.TrimRight(block, "\n"), "\n", "\n"+prefix)
 }
@@ -325,8 +347,12 @@ func initReadme(dir string, state initState) string {
 	fmt.Fprintf(&b, "# A mesh written by mesh-provisioner init\n\n")
 	fmt.Fprintf(&b, "Its nats-server listens at %s. Each identity has a key in `keys/` and a natscli context in\n`contexts/`; keep both where only that identity's owner reads them.\n\n", state.URL)
 	fmt.Fprintf(&b, "1. Start nats-server:\n\n       nats-server -c %s\n\n", filepath.Join(dir, "nats-server.conf"))
-	fmt.Fprintf(&b, "2. Check that the service's identities have what it needs, then start it:\n\n       mesh-provisioner check --context %s --writer-context %s\n       mesh-provisioner serve --context %s --writer-context %s\n\n",
-		ctx("server"), ctx("server-writer"), ctx("server"), ctx("server-writer"))
+	partitions := ""
+	if state.Partitions > 1 {
+		partitions = fmt.Sprintf(" --partitions %d", state.Partitions)
+	}
+	fmt.Fprintf(&b, "2. Check that the service's identities have what it needs, then start it:\n\n       mesh-provisioner check --context %s --writer-context %s\n       mesh-provisioner serve --context %s --writer-context %s%s\n\n",
+		ctx("server"), ctx("server-writer"), ctx("server"), ctx("server-writer"), partitions)
 	if len(state.Nodes) > 0 {
 		node := state.Nodes[0]
 		fmt.Fprintf(&b, "3. On each node, its client writes and reads as the node, with the node's context only; for %s:\n\n", node)

@@ -38,7 +38,7 @@ func TestInitWritesAMeshThatServes(t *testing.T) {
 		err := runWithEnv(ctx, args, envOf(env), &out, &errOut)
 		return out.String() + errOut.String(), err
 	}
-	if out, err := cli(t, nil, "init", dir, "--nodes", "ace,bob", "--providers", "pg", "--operators", "alice", "--hosts", "ace:pg", "--url", natsURL); err != nil {
+	if out, err := cli(t, nil, "init", dir, "--nodes", "ace,bob", "--providers", "pg", "--operators", "alice", "--hosts", "ace:pg", "--url", natsURL, "--partitions", "4"); err != nil {
 		t.Fatalf("init: %v\n%s", err, out)
 	}
 	// Again on the same directory: refused for another URL, and one more
@@ -62,6 +62,12 @@ func TestInitWritesAMeshThatServes(t *testing.T) {
 	if strings.Contains(strings.ToLower(string(conf)), "password") {
 		t.Error("nats-server.conf holds a password")
 	}
+	// The mesh is split into 4 partitions: the mappings, each grant of
+	// its own partition, and serve told so.
+	readme, _ := os.ReadFile(filepath.Join(dir, "README.md"))
+	if !strings.Contains(string(conf), "{{partition(4,1)}}") || !strings.Contains(string(readme), "serve --context") || !strings.Contains(string(readme), "--partitions 4") {
+		t.Error("init --partitions 4 wrote no mappings in nats-server.conf, or no serve --partitions 4 in README.md")
+	}
 
 	startInitServer(t, dir)
 	context := func(file string) string { return filepath.Join(dir, "contexts", file+".json") }
@@ -81,7 +87,7 @@ func TestInitWritesAMeshThatServes(t *testing.T) {
 
 	tokenFile, token := writeTokenFile(t)
 	page := statusPage{base: "http://127.0.0.1:" + strconv.Itoa(freePort(t)), token: token}
-	sv := serveInProcess(t, []string{"--context", context("server"), "--writer-context", context("server-writer"),
+	sv := serveInProcess(t, []string{"--context", context("server"), "--writer-context", context("server-writer"), "--partitions", "4",
 		"--http", strings.TrimPrefix(page.base, "http://"), "--http-token-file", tokenFile, "--http-context", context("operator-alice"),
 		"--state-dir", t.TempDir(), "--log-format", "json"}, nil)
 	sv.log.waitFor(t, `"msg":"serving"`, 30*time.Second)
