@@ -100,7 +100,8 @@ func (s *Service) openPartitions() error {
 func (s *Service) openPartition(pt *partition, now time.Time) error {
 	cfg := s.microConfig(s.version)
 	cfg.DoneHandler = nil // a shut-out stops it: logged as such
-	cfg.Metadata = map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions))}
+	cfg.Metadata = map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions)),
+		wire.PartitionOfInstance: s.micro.Info().ID}
 	svc, err := micro.AddService(s.conn, cfg)
 	if err != nil {
 		return err

@@ -625,10 +625,9 @@ func (s *Service) HasRegistry() bool { return !s.mirror.Registry.Empty() }
 func (s *Service) Info() micro.Info { return s.micro.Info() }
 
 // Stats returns the micro service's statistics, as $SRV.STATS reports them.
-// In a partitioned mesh, each addressed endpoint's micro counts are summed
-// over the partitions open now, on the subject with "*" for the partition
-// (a partition shut out takes its micro counts with it; the data's counters
-// are the endpoint's, whole).
+// In a partitioned mesh, the partitions open now are folded in
+// (wire.FoldPartitions): a partition shut out takes its micro counts with
+// it; the data's counters are the endpoint's, whole.
 func (s *Service) Stats() micro.Stats {
 	st := s.micro.Stats()
 	if s.partitions == nil {
@@ -642,31 +641,11 @@ func (s *Service) Stats() micro.Stats {
 		}
 	}
 	s.registering.Unlock()
-	summed := map[string]*micro.EndpointStats{}
+	partitions := make([]micro.Stats, 0, len(open))
 	for _, svc := range open {
-		for _, e := range svc.Stats().Endpoints {
-			sum, ok := summed[e.Name]
-			if !ok {
-				sum = e
-				sum.Subject = e.Subject[:strings.LastIndexByte(e.Subject, '.')] + ".*"
-				summed[e.Name] = sum
-				st.Endpoints = append(st.Endpoints, sum)
-				continue
-			}
-			sum.NumRequests += e.NumRequests
-			sum.NumErrors += e.NumErrors
-			sum.ProcessingTime += e.ProcessingTime
-			if e.LastError != "" {
-				sum.LastError = e.LastError
-			}
-		}
+		partitions = append(partitions, svc.Stats())
 	}
-	for _, sum := range summed {
-		if sum.NumRequests > 0 {
-			sum.AverageProcessingTime = sum.ProcessingTime / time.Duration(sum.NumRequests)
-		}
-	}
-	return st
+	return wire.FoldPartitions(st, partitions)
 }
 
 // Stop stops answering: the endpoints' subscriptions are drained, answers in

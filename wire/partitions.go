@@ -4,6 +4,9 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
 )
 
 // A mesh may split its nodes and providers into partitions, so that the
@@ -75,4 +78,40 @@ func PartitionedSubject(subject string, n int) string {
 		return subject + "." + strconv.Itoa(PartitionOf(name, n))
 	}
 	return subject
+}
+
+// PartitionOfInstance is the metadata key of a partition's micro instance
+// that names the instance (its micro ID) whose partition it is: discovery
+// folds the partition's endpoints into that instance's (FoldPartitions).
+const PartitionOfInstance = "instance"
+
+// FoldPartitions returns an instance's $SRV.STATS with its partitions'
+// endpoints folded in: each addressed endpoint's micro counts summed over
+// the partitions, on its subject with "*" for the partition, its data one
+// partition's (the endpoint's whole).
+func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats {
+	summed := map[string]*micro.EndpointStats{}
+	for _, p := range partitions {
+		for _, e := range p.Endpoints {
+			sum, ok := summed[e.Name]
+			if !ok {
+				sum = &micro.EndpointStats{Name: e.Name, QueueGroup: e.QueueGroup, Data: e.Data,
+					Subject: e.Subject[:strings.LastIndexByte(e.Subject, '.')+1] + "*"}
+				summed[e.Name] = sum
+				instance.Endpoints = append(instance.Endpoints, sum)
+			}
+			sum.NumRequests += e.NumRequests
+			sum.NumErrors += e.NumErrors
+			sum.ProcessingTime += e.ProcessingTime
+			if e.LastError != "" {
+				sum.LastError = e.LastError
+			}
+		}
+	}
+	for _, sum := range summed {
+		if sum.NumRequests > 0 {
+			sum.AverageProcessingTime = sum.ProcessingTime / time.Duration(sum.NumRequests)
+		}
+	}
+	return instance
 }

@@ -3,8 +3,11 @@ package wire_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -47,4 +50,25 @@ func ExamplePartitionedSubject() {
 	// mesh-provisioner.compose.ace.0
 	// mesh-provisioner.declare.ace.postgres.0
 	// mesh-provisioner.compose
+}
+
+// An instance's partitions fold into its stats: each addressed endpoint
+// once, its micro counts summed, on the subject with "*" for the
+// partition.
+func TestFoldPartitions(t *testing.T) {
+	t.Parallel()
+	instance := micro.Stats{Endpoints: []*micro.EndpointStats{{Name: "compose", Subject: "mesh-provisioner.compose", NumRequests: 1}}}
+	partition := func(p string, requests, errs int, took time.Duration) micro.Stats {
+		return micro.Stats{Endpoints: []*micro.EndpointStats{{Name: "compose-node", Subject: "mesh-provisioner.compose.*." + p,
+			NumRequests: requests, NumErrors: errs, ProcessingTime: took, Data: []byte(`{}`)}}}
+	}
+	got := wire.FoldPartitions(instance, []micro.Stats{partition("0", 3, 1, 3*time.Millisecond), partition("1", 1, 0, 5*time.Millisecond)})
+	want := []*micro.EndpointStats{
+		{Name: "compose", Subject: "mesh-provisioner.compose", NumRequests: 1},
+		{Name: "compose-node", Subject: "mesh-provisioner.compose.*.*", NumRequests: 4, NumErrors: 1,
+			ProcessingTime: 8 * time.Millisecond, AverageProcessingTime: 2 * time.Millisecond, Data: []byte(`{}`)},
+	}
+	if diff := cmp.Diff(want, got.Endpoints); diff != "" {
+		t.Errorf("folded endpoints (-want +got):\n%s", diff)
+	}
 }

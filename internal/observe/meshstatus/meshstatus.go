@@ -329,7 +329,8 @@ func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration, c
 		}
 	}
 	deadline := time.Now().Add(wait)
-	var instances []Instance
+	var all []micro.Stats
+	partitions := map[string][]micro.Stats{} // by the instance they are of
 	for {
 		msgCtx, cancel := context.WithDeadline(ctx, deadline)
 		msg, err := sub.NextMsgWithContext(msgCtx)
@@ -344,7 +345,15 @@ func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration, c
 		if err := json.Unmarshal(msg.Data, &stats); err != nil {
 			return nil, fmt.Errorf("a reply on %s does not decode: %w", subject, err)
 		}
-		instances = append(instances, InstanceOf(stats))
+		if of := stats.Metadata[wire.PartitionOfInstance]; of != "" {
+			partitions[of] = append(partitions[of], stats)
+			continue
+		}
+		all = append(all, stats)
+	}
+	instances := make([]Instance, 0, len(all))
+	for _, stats := range all {
+		instances = append(instances, InstanceOf(wire.FoldPartitions(stats, partitions[stats.ID])))
 	}
 	slices.SortFunc(instances, func(a, b Instance) int {
 		return cmp.Or(a.Started.Compare(b.Started), strings.Compare(a.ID, b.ID))
