@@ -36,6 +36,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +64,7 @@ type config struct {
 	timeout          time.Duration
 	attack, attackAt string
 	attackFor        time.Duration
+	partitions       int
 }
 
 func main() {
@@ -74,6 +76,7 @@ func main() {
 	flag.IntVar(&cfg.modules, "modules", 10, "modules of each node")
 	flag.IntVar(&cfg.needs, "needs", 3, "needs of each module")
 	flag.IntVar(&cfg.churners, "churners", 64, "ace's puts in flight while it churns")
+	flag.IntVar(&cfg.partitions, "partitions", 8, "partitions of the mesh (serve --partitions; ace and bob in two of them); 0: unpartitioned")
 	flag.IntVar(&cfg.publishers, "publishers", 2, "ace's goroutines publishing the flood, on one connection")
 	flag.DurationVar(&cfg.timeout, "timeout", 2*time.Second, "how long bob waits for an answer before counting it lost (nats.go's default)")
 	flag.StringVar(&cfg.attack, "attack", "", "internal: be ace, attacking (flood or churn) at -attack-url for -attack-for")
@@ -97,8 +100,9 @@ func main() {
 }
 
 // identities are the users of the bench's nats-server, each with the
-// permission set `mesh-provisioner permissions` prints for it.
-func identities() (map[string]permissions.Permissions, error) {
+// permission set `mesh-provisioner permissions` prints for it, in a mesh
+// of partitions partitions.
+func identities(partitions int) (map[string]permissions.Permissions, error) {
 	writer, err := permissions.ServerWriter()
 	if err != nil {
 		return nil, err
@@ -108,6 +112,7 @@ func identities() (map[string]permissions.Permissions, error) {
 		if grants[node], err = permissions.Node(node); err != nil {
 			return nil, err
 		}
+		grants[node] = grants[node].Partitioned(partitions)
 	}
 	if grants["alice"], err = permissions.Operator("alice"); err != nil {
 		return nil, err
@@ -115,8 +120,9 @@ func identities() (map[string]permissions.Permissions, error) {
 	return grants, nil
 }
 
-func serverConfig(grants map[string]permissions.Permissions) string {
+func serverConfig(grants map[string]permissions.Permissions, partitions int) string {
 	var b strings.Builder
+	b.WriteString(permissions.MappingsConfig(partitions) + "\n")
 	b.WriteString("authorization {\n  users = [\n")
 	for _, name := range slices.Sorted(maps.Keys(grants)) {
 		fmt.Fprintf(&b, "    { user: %q, password: %q, permissions: %s }\n", name, name+"-secret", grants[name].Config())
@@ -142,18 +148,25 @@ func run(cfg config) error {
 		return err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	grants, err := identities()
+	if cfg.partitions > 1 && wire.PartitionOf("ace", cfg.partitions) == wire.PartitionOf("bob", cfg.partitions) {
+		return fmt.Errorf("-partitions %d puts ace and bob in one partition: choose another count", cfg.partitions)
+	}
+	grants, err := identities(cfg.partitions)
 	if err != nil {
 		return err
 	}
-	base, stopNATS, err := benchnats.StartWith(dir, serverConfig(grants))
+	base, stopNATS, err := benchnats.StartWith(dir, serverConfig(grants, cfg.partitions))
 	if err != nil {
 		return err
 	}
 	defer stopNATS()
 
 	logFile := filepath.Join(dir, "serve.log")
-	stopService, err := startService(cfg.bin, strings.Fields(cfg.serveFlags), base, logFile)
+	serveFlags := strings.Fields(cfg.serveFlags)
+	if cfg.partitions > 1 {
+		serveFlags = append(serveFlags, "--partitions", strconv.Itoa(cfg.partitions))
+	}
+	stopService, err := startService(cfg.bin, serveFlags, base, logFile)
 	if err != nil {
 		return err
 	}
@@ -414,22 +427,38 @@ func (n *node) pushes(ctx context.Context, cfg config, heard <-chan *provisioner
 }
 
 // composeStats is the compose endpoints' micro stats, as alice reads them.
+// composeStats are the compose-node endpoint's stats, as every micro
+// instance of the service (each partition's is one) answers them within
+// half a second: micro's counts summed, and one instance's data (the
+// endpoint's whole).
 func composeStats(alice *nats.Conn) string {
-	msg, err := alice.Request("$SRV.STATS."+wire.ServiceName, nil, 2*time.Second)
+	inbox := alice.NewRespInbox()
+	sub, err := alice.SubscribeSync(inbox)
 	if err != nil {
 		return err.Error()
 	}
-	var stats micro.Stats
-	if err := json.Unmarshal(msg.Data, &stats); err != nil {
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := alice.PublishRequest("$SRV.STATS."+wire.ServiceName, inbox, nil); err != nil {
 		return err.Error()
 	}
-	var parts []string
-	for _, e := range stats.Endpoints {
-		if e.Name == wire.ComposeNodeEndpoint {
-			parts = append(parts, fmt.Sprintf("%s requests %d errors %d data %s", e.Name, e.NumRequests, e.NumErrors, e.Data))
+	var requests, errs int
+	var data []byte
+	for {
+		msg, err := sub.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		var stats micro.Stats
+		if err := json.Unmarshal(msg.Data, &stats); err != nil {
+			return err.Error()
+		}
+		for _, e := range stats.Endpoints {
+			if e.Name == wire.ComposeNodeEndpoint {
+				requests, errs, data = requests+e.NumRequests, errs+e.NumErrors, e.Data
+			}
 		}
 	}
-	return strings.Join(parts, "; ")
+	return fmt.Sprintf("%s requests %d errors %d data %s", wire.ComposeNodeEndpoint, requests, errs, data)
 }
 
 func startService(bin string, flags []string, base, logFile string) (stop func(), err error) {
