@@ -79,8 +79,9 @@ func (w *writer) putBuilds(tb testing.TB, module, wanted, newest string) {
 
 // A node's plan composed again module by module, as the writer keeps it,
 // is the plan composed whole, through needs written, rewritten unchanged
-// and deleted, modules made and emptied, builds moved, and values that
-// do not decode.
+// and deleted, modules made and emptied, builds moved, values that do not
+// decode, and registry entries and providers' manifests changed (the
+// modules naming them forgotten).
 func TestComposeChangedDigestsAsCompose(t *testing.T) {
 	t.Parallel()
 	m, mesh, revision := meshCopy(t, synth.Config{Nodes: 2, Modules: 8, Needs: 6, Builds: 50, Bound: 50})
@@ -89,12 +90,36 @@ func TestComposeChangedDigestsAsCompose(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	modules := []string{"m0", "m1", "m1-a", "m10", node.Needs[0].Module, node.Needs[len(node.Needs)-1].Module}
 	kinds := []string{"port", "secret", "config", "bound", "shell", "nobody"}
+	entries := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		entries[e.GetKind()] = e
+	}
+	registryRevision, manifestRevision := m.Registry.Revision(), m.Manifests.Revision()
 	var kept *plans.Kept
 	for step := range 400 {
 		module, kind := modules[rng.IntN(len(modules))], kinds[rng.IntN(len(kinds))]
 		name := fmt.Sprintf("n%d", rng.IntN(4))
 		what := rng.IntN(10)
 		switch {
+		case step%11 == 5: // a registry entry goes or comes back, as the writer then forgets
+			registryRevision++
+			if entry, ok := entries[kind]; ok && m.RegistryEntry(kind) == nil {
+				value, _ := proto.Marshal(entry)
+				m.Registry.Apply(kind, value, registryRevision, false)
+			} else {
+				m.Registry.Apply(kind, nil, registryRevision, true)
+			}
+			kept = kept.Forgetting(m, node.Name, []string{kind}, nil)
+		case step%13 == 7: // a provider's manifest, of another node
+			provider := []string{"pg", "redis"}[rng.IntN(2)]
+			key, err := keys.ManifestKey{Node: mesh.Nodes[1].Name, Provider: provider}.Key()
+			if err != nil {
+				t.Fatal(err)
+			}
+			value, _ := proto.Marshal(&provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: name}}})
+			manifestRevision++
+			m.Manifests.Apply(key, value, manifestRevision, false)
+			kept = kept.Forgetting(m, node.Name, nil, []string{provider})
 		case what < 5:
 			w.putNeed(t, module, kind, name, &provisionerv1.Need{Placeholder: fmt.Sprintf("${%s:%s}", kind, name), Provider: []string{"", "pg", "redis"}[rng.IntN(3)], Builds: [][]string{nil, {"b1"}, {"b2"}}[rng.IntN(3)]})
 		case what < 8:
@@ -179,5 +204,76 @@ func BenchmarkNeedWritten(b *testing.B) {
 	if whole > 0 && byModule > 0 {
 		fmt.Printf("BenchmarkNeedWritten: a 60 x 25 node's new digest after a need written: %s by module, %s whole (x%.2f)\n",
 			byModule, whole, float64(byModule)/float64(whole))
+	}
+}
+
+// BenchmarkRegistryEntryChanged is the CPU from a registry entry changed to
+// a 60 x 25 node's new digest: the modules whose needs are of its kind
+// composed again (Kept.Forgetting, what the writer does) against the node
+// composed whole, for a kind one module names (a need of a kind no module
+// of the synthetic mesh names, written to one) and for the one the most
+// modules name. Each op takes the entry away or puts it back.
+//
+//	go test ./service/plans -run '^$' -bench BenchmarkRegistryEntryChanged
+func BenchmarkRegistryEntryChanged(b *testing.B) {
+	m, mesh, _ := meshCopy(b, synth.Config{Nodes: 1, Modules: 60, Needs: 25, Bound: 50})
+	node := mesh.Nodes[0]
+	modulesOf := map[string]map[string]bool{}
+	for _, n := range node.Needs {
+		if modulesOf[n.Kind] == nil {
+			modulesOf[n.Kind] = map[string]bool{}
+		}
+		modulesOf[n.Kind][n.Module] = true
+	}
+	var most string
+	for kind, modules := range modulesOf {
+		if m.RegistryEntry(kind) != nil && (most == "" || len(modules) > len(modulesOf[most])) {
+			most = kind
+		}
+	}
+	// A kind of the registry's shape that one module names: the synthetic
+	// mesh names each kind in most modules.
+	const fewest = "rare"
+	rare := proto.Clone(m.RegistryEntry(most)).(*provisionerv1.RegistryEntry)
+	rare.Kind = fewest
+	revision := m.Registry.Revision() + 1
+	value, _ := proto.Marshal(rare)
+	m.Registry.Apply(fewest, value, revision, false)
+	w := &writer{m: m, node: node.Name, revision: max(m.Needs.Revision(), m.Applied.Revision())}
+	w.putNeed(b, node.Needs[0].Module, fewest, "one", &provisionerv1.Need{Placeholder: "${rare:one}"})
+	modulesOf[fewest] = map[string]bool{node.Needs[0].Module: true}
+	toggle := func(kind string, entry []byte) {
+		revision++
+		if m.RegistryEntry(kind) == nil {
+			m.Registry.Apply(kind, entry, revision, false)
+		} else {
+			m.Registry.Apply(kind, nil, revision, true)
+		}
+	}
+	for _, kind := range []string{fewest, most} {
+		entry, _ := proto.Marshal(m.RegistryEntry(kind))
+		var whole, byModule time.Duration
+		b.Run(kind+"/whole", func(b *testing.B) {
+			for b.Loop() {
+				toggle(kind, entry)
+				plans.Compose(m, node.Name)
+			}
+			whole = b.Elapsed() / time.Duration(b.N)
+		})
+		b.Run(kind+"/by module", func(b *testing.B) {
+			_, kept := plans.ComposeChanged(m, node.Name, nil)
+			for b.Loop() {
+				toggle(kind, entry)
+				_, kept = plans.ComposeChanged(m, node.Name, kept.Forgetting(m, node.Name, []string{kind}, nil))
+			}
+			byModule = b.Elapsed() / time.Duration(b.N)
+		})
+		if m.RegistryEntry(kind) == nil {
+			toggle(kind, entry)
+		}
+		if whole > 0 && byModule > 0 {
+			fmt.Printf("BenchmarkRegistryEntryChanged: kind %s, named by %d of 60 modules: %s by module, %s whole (x%.2f)\n",
+				kind, len(modulesOf[kind]), byModule, whole, float64(byModule)/float64(whole))
+		}
 	}
 }

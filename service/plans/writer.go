@@ -310,8 +310,8 @@ func groupsOf(m *mirror.Mirror) int {
 
 // changed returns the nodes whose composition may have changed since mark,
 // in order, and the mark now; every node when all is set. A registry entry
-// or a provider's manifest that changed composes the nodes whose last
-// composition read it.
+// or a provider's manifest that changed composes again, of the nodes whose
+// last composition read it, the modules whose needs name it.
 func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	m := w.copy
 	var next plansMark
@@ -325,13 +325,15 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 		providers = w.manifestsChanged()
 	}
 	// set holds the nodes to compose; whole those whose change is not of
-	// their needs or applied records alone (ComposeChanged).
-	set, whole := map[string]bool{}, map[string]bool{}
+	// their needs or applied records alone (ComposeChanged); forget those
+	// that read a registry entry or a manifest changed, whose modules
+	// naming it are composed again (Kept.Forgetting).
+	set, whole, forget := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	if !all && len(kinds)+len(providers) > 0 {
 		w.mu.Lock()
 		for node, r := range w.lastRead {
 			if r.readsAny(kinds, providers) {
-				set[node], whole[node] = true, true
+				set[node], forget[node] = true, true
 			}
 		}
 		w.mu.Unlock()
@@ -398,6 +400,11 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	}
 	for node := range whole {
 		delete(w.kept, node)
+	}
+	for node := range forget {
+		if kept := w.kept[node]; kept != nil {
+			w.kept[node] = kept.Forgetting(m, node, kinds, providers)
+		}
 	}
 	// A node put off stays to be composed: in redo until its time comes.
 	now, deferred := time.Now(), 0
