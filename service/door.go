@@ -42,7 +42,7 @@ func (s *Service) handlerOf(name, prefix string, owner wire.Role, rate int, coun
 		who := admission.Asker{Role: owner, Name: admission.AskerToken(r.Subject(), prefix)}
 		if admitted, tell := d.Admit(who); !admitted {
 			if pt != nil {
-				s.dropped(pt)
+				s.dropped(pt, who.Name)
 			}
 			switch {
 			case !tell:

@@ -38,6 +38,8 @@ type partition struct {
 	// openSince is when it last opened: open a minute, its next pause is
 	// the first again.
 	openSince time.Time
+	// flooder is the asker whose drop crossed floodAt last.
+	flooder atomic.Pointer[string]
 	// shown is what the stats say of it: written under
 	// Service.registering, read without it, since micro asks the stats
 	// holding a lock that stopping an instance takes.
@@ -121,12 +123,34 @@ func (s *Service) openPartition(pt *partition, now time.Time) error {
 	return nil
 }
 
-// dropped counts a request of pt dropped at a door, and has pt shut out
-// once its drops since the last weighing are more than an asker may ask
-// in that time: at once, so that a flood reaches the service for no more
-// than the moment it takes to cross that count.
-func (s *Service) dropped(pt *partition) {
+// floodAt is how many requests of a partition, dropped at its doors
+// between two weighings, shut it out: more than an asker may ask a read
+// verb in that time (the write verbs' rate when reads have no bound, the
+// default rate when neither has), and at least minFlood, so that a few
+// requests past a small rate shut out no one.
+func floodAt(rate, writeRate int) uint64 {
+	switch {
+	case rate > 0:
+	case writeRate > 0:
+		rate = writeRate
+	default:
+		rate = DefaultMaxRatePerAsker // the doors still drop what their lines have no room for
+	}
+	return uint64(max(float64(rate)*weighEvery.Seconds(), minFlood)) + 1
+}
+
+// minFlood is the fewest drops between two weighings that shut a partition
+// out: 1,000 a second.
+const minFlood = 100
+
+// dropped counts a request of asker dropped at a door of pt, and has pt
+// shut out once its drops since the last weighing reach floodAt: at once,
+// so that a flood reaches the service for no more than the moment it takes
+// to cross that count, and for the asker whose request crossed it.
+func (s *Service) dropped(pt *partition, asker string) {
 	if pt.drops.Add(1) == s.floodAt {
+		flooder := strings.Clone(asker) // a window on the request's subject
+		pt.flooder.Store(&flooder)
 		select {
 		case s.flooded <- pt:
 		default: // already told
@@ -172,11 +196,18 @@ func (s *Service) shutOut(pt *partition, now time.Time) {
 	if now.Sub(pt.openSince) >= shutOutLongest {
 		pt.pause.Reset()
 	}
+	counted := pt.micro.Stats() // before Stop, which forgets them
 	if err := pt.micro.Stop(); err != nil {
-		s.logger.Warn("stopping a partition's endpoints", "partition", pt.index, "err", err)
+		// Still subscribed, perhaps: shut out at the next flood's signal.
+		s.logger.Warn("stopping a partition's endpoints to shut it out", "partition", pt.index, "err", err)
+		return
 	}
+	s.retire(counted)
 	pause := pt.pause.Next()
-	pt.micro, pt.until, pt.asker = nil, now.Add(pause), s.topDropperOf(pt)
+	pt.micro, pt.until = nil, now.Add(pause)
+	if flooder := pt.flooder.Load(); flooder != nil {
+		pt.asker = *flooder
+	}
 	pt.times++
 	pt.shown.Store(&provisionerv1.PartitionShutOut{Partition: uint32(pt.index), Asker: pt.asker, Times: pt.times,
 		Until: pt.until.UTC().Format(time.RFC3339)})
@@ -185,23 +216,25 @@ func (s *Service) shutOut(pt *partition, now time.Time) {
 		"partition", pt.index, "for", pause.String())
 }
 
-// topDropperOf returns the asker of pt with the most requests dropped at
-// any door, or "" when none is counted by name.
-func (s *Service) topDropperOf(pt *partition) string {
-	s.doorsMu.Lock()
-	doors := s.doors
-	s.doorsMu.Unlock()
-	var name string
-	var most uint64
-	for _, d := range doors {
-		top, _ := d.Drops(topDroppers)
-		for _, x := range top {
-			if x.Count > most && wire.PartitionOf(x.Who.Name, len(s.partitions)) == pt.index {
-				name, most = x.Who.Name, x.Count
-			}
+// retire keeps the micro counts of a partition's instance stopped, by
+// endpoint, for Stats. Called with s.registering held.
+func (s *Service) retire(counted micro.Stats) {
+	if s.retired == nil {
+		s.retired = map[string]*micro.EndpointStats{}
+	}
+	for _, e := range counted.Endpoints {
+		sum, ok := s.retired[e.Name]
+		if !ok {
+			sum = &micro.EndpointStats{Name: e.Name, Subject: e.Subject, QueueGroup: e.QueueGroup}
+			s.retired[e.Name] = sum
+		}
+		sum.NumRequests += e.NumRequests
+		sum.NumErrors += e.NumErrors
+		sum.ProcessingTime += e.ProcessingTime
+		if e.LastError != "" {
+			sum.LastError = e.LastError
 		}
 	}
-	return name
 }
 
 // closePartitions stops every open partition's endpoints. Called with

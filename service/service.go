@@ -250,6 +250,10 @@ type Service struct {
 	// floodAt since its last weighing.
 	flooded chan *partition
 	floodAt uint64
+	// retired are the micro counts of the partitions' instances stopped,
+	// by endpoint, which Stats adds to the open ones', so that a count
+	// never goes back. Guarded by registering.
+	retired map[string]*micro.EndpointStats
 	version string
 	logger  *slog.Logger
 
@@ -417,11 +421,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		replies:  admission.NewReplies(cfg.ReplyPrefixes),
 		warnings: ratelog.New(cfg.Logger, ratelog.Period),
 	}
-	if s.maxRatePerAsker > 0 {
-		// More than one asker may ask between two weighings: with no
-		// bound the doors drop nothing, and no partition is shut out.
-		s.floodAt = uint64(float64(s.maxRatePerAsker)*weighEvery.Seconds()) + 1
-	}
+	s.floodAt = floodAt(s.maxRatePerAsker, s.maxWriteRatePerAsker)
 	if !cfg.NoAnswerCache {
 		s.flights = admission.NewFlights[answers.CacheKey, answers.Stamp](flightWaiters)
 	}
@@ -625,9 +625,9 @@ func (s *Service) HasRegistry() bool { return !s.mirror.Registry.Empty() }
 func (s *Service) Info() micro.Info { return s.micro.Info() }
 
 // Stats returns the micro service's statistics, as $SRV.STATS reports them.
-// In a partitioned mesh, the partitions open now are folded in
-// (wire.FoldPartitions): a partition shut out takes its micro counts with
-// it; the data's counters are the endpoint's, whole.
+// In a partitioned mesh, the partitions' instances are folded in
+// (wire.FoldPartitions), those stopped by a shut-out too, so that no count
+// goes back; the data's counters are the endpoint's, whole.
 func (s *Service) Stats() micro.Stats {
 	st := s.micro.Stats()
 	if s.partitions == nil {
@@ -641,11 +641,18 @@ func (s *Service) Stats() micro.Stats {
 		}
 	}
 	s.registering.Unlock()
-	partitions := make([]micro.Stats, 0, len(open))
+	partitions := make([]micro.Stats, 0, len(open)+1)
 	for _, svc := range open {
 		partitions = append(partitions, svc.Stats())
 	}
-	return wire.FoldPartitions(st, partitions)
+	s.registering.Lock()
+	retired := micro.Stats{}
+	for _, e := range s.retired {
+		copied := *e
+		retired.Endpoints = append(retired.Endpoints, &copied)
+	}
+	s.registering.Unlock()
+	return wire.FoldPartitions(st, append(partitions, retired))
 }
 
 // Stop stops answering: the endpoints' subscriptions are drained, answers in
@@ -710,12 +717,16 @@ type counters struct {
 	door *admission.Door[func(bool)]
 }
 
-// counterOf returns the counters of the endpoint on subject, or nil.
+// counterOf returns the counters of the endpoint on subject, or nil: a
+// partition's subject is its endpoint's, the partition's token last.
 func (s *Service) counterOf(subject string) *counters {
 	for _, c := range s.counters {
 		if c.subject == subject {
 			return c
 		}
+	}
+	if i := strings.LastIndexByte(subject, '.'); s.partitions != nil && i > 0 {
+		return s.counterOf(subject[:i])
 	}
 	return nil
 }

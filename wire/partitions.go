@@ -100,6 +100,9 @@ func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats 
 				summed[e.Name] = sum
 				instance.Endpoints = append(instance.Endpoints, sum)
 			}
+			if len(sum.Data) == 0 {
+				sum.Data = e.Data
+			}
 			sum.NumRequests += e.NumRequests
 			sum.NumErrors += e.NumErrors
 			sum.ProcessingTime += e.ProcessingTime

@@ -141,9 +141,11 @@ func (d *Door[R]) Enter(who Asker, r R) bool {
 // open, its line and all lines have room, and who asks within the rate.
 // Otherwise the request is dropped, counted by asker, and tell says whether
 // to answer this one with why (past the rate, at most once every
-// tellEvery an asker; a drop is otherwise unanswered). Only the goroutine
-// that puts requests in the door admits them, so a line admitted has room
-// until put.
+// tellEvery an asker; a drop is otherwise unanswered). An asker's
+// requests are admitted and put by one goroutine at a time (its
+// endpoint's subscription, or its partition's), so its line admitted has
+// room until put; all lines together may hold, beyond total, one request
+// more for each other goroutine admitting at once.
 func (d *Door[R]) Admit(who Asker) (admitted, tell bool) {
 	d.mu.Lock()
 	l := d.lines[who]

@@ -80,7 +80,7 @@ func exercise(t *testing.T) exercised {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 20 {
+	for i := range 500 { // past the 101 drops that shut a partition out
 		if err := nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "flood"), fmt.Sprintf("%s.gone.%d", wire.InboxPrefix(wire.RoleNode, "flood"), i), body); err != nil {
 			t.Fatal(err)
 		}
