@@ -1,14 +1,12 @@
 package service
 
 import (
-	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/novox/mesh-provisioner/backoff"
@@ -261,50 +259,4 @@ func (s *Service) shutOutStats() []*provisionerv1.PartitionShutOut {
 		}
 	}
 	return out
-}
-
-// watchMappings subscribes, on each addressed endpoint, to the subjects a
-// request takes when serve's partitions and nats-server's mappings
-// disagree: partitioned, the subjects as the asker sent them (nats-server
-// maps none); unpartitioned, with a partition appended (nats-server maps
-// them, serve was not told). Nothing arrives there in a mesh configured as
-// one; a request that does is answered a 503 that says what to fix, and
-// the log says it once a minute. Called with s.registering held.
-func (s *Service) watchMappings() error {
-	for _, ep := range s.endpoints() {
-		if !ep.namesAsker() {
-			continue
-		}
-		name, subject := ep.names()
-		prefix := subject[:strings.IndexByte(subject, '*')-1]
-		werr := wire.Errorf(wire.CodeUnavailable, "nats-server maps the verbs' subjects into partitions and this server was not started with them: start it with serve --partitions N, N as in nats-server's mappings")
-		cause := "verbs mapped into partitions, serve unpartitioned"
-		if s.partitions != nil {
-			werr = wire.Errorf(wire.CodeUnavailable, "nats-server does not map the verbs' subjects into the %d partitions this server answers: give it the mappings of mesh-provisioner permissions --mappings --partitions %d, or serve without --partitions", len(s.partitions), len(s.partitions))
-			cause = "serve partitioned, verbs not mapped"
-		} else {
-			subject += ".*"
-		}
-		owner := wire.RoleNode
-		if name == wire.ProvisionsEndpoint || name == wire.BindEndpoint {
-			owner = wire.RoleProvider
-		}
-		sub, err := s.conn.QueueSubscribe(subject, "q", func(m *nats.Msg) {
-			asker := strings.TrimPrefix(m.Subject, prefix+".")
-			asker, _, _ = strings.Cut(asker, ".")
-			s.warnings.Log(slog.LevelError, cause, "", werr.Sentence(), "subject", m.Subject)
-			if !s.replies.AnswersTo(m.Reply, owner, asker) {
-				return
-			}
-			reply := &nats.Msg{Subject: m.Reply, Header: nats.Header{}}
-			reply.Header.Set(wire.ErrorHeader, werr.Sentence())
-			reply.Header.Set(wire.ErrorCodeHeader, werr.Code().String())
-			_ = s.answer.PublishMsg(reply)
-		})
-		if err != nil {
-			return fmt.Errorf("watch the subjects of %s beside the mappings: %w", name, err)
-		}
-		s.mappingWatches = append(s.mappingWatches, sub)
-	}
-	return nil
 }

@@ -3,7 +3,6 @@ package service_test
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -78,42 +77,5 @@ func TestAPartitionShutOutNamesItsFlooder(t *testing.T) {
 	}
 	if requests == 0 {
 		t.Error("compose-node counted no request")
-	}
-}
-
-// When serve's partitions and nats-server's mappings disagree, a node's
-// request is answered a 503 that says which to fix, in both directions,
-// rather than "no responders" or nothing.
-func TestPartitionsAndMappingsThatDisagreeAreNamed(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name            string
-		mapped, serveIn int
-		want            string
-	}{
-		{"mapped, serve unpartitioned", 4, 0, "serve --partitions N"},
-		{"serve partitioned, not mapped", 0, 4, "permissions --mappings --partitions 4"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			nc := natstest.Connect(t, natstest.StartWithConfig(t, permissions.MappingsConfig(tc.mapped)))
-			servicetest.Start(t, nc, func(c *service.Config) { c.Partitions = tc.serveIn })
-			body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: "ace"})
-			inbox := wire.InboxPrefix(wire.RoleNode, "ace") + ".x"
-			sub, err := nc.SubscribeSync(inbox)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := nc.PublishRequest(wire.NodeSubject(wire.ComposeSubject, "ace"), inbox, body); err != nil {
-				t.Fatal(err)
-			}
-			answer, err := sub.NextMsg(5 * time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if code, sentence := answer.Header.Get(wire.ErrorCodeHeader), answer.Header.Get(wire.ErrorHeader); code != "503" || !strings.Contains(sentence, tc.want) {
-				t.Errorf("answered %s %q, want a 503 naming %s", code, sentence, tc.want)
-			}
-		})
 	}
 }

@@ -254,11 +254,8 @@ type Service struct {
 	// by endpoint, which Stats adds to the open ones', so that a count
 	// never goes back. Guarded by registering.
 	retired map[string]*micro.EndpointStats
-	// mappingWatches hear requests sent where serve's partitions and
-	// nats-server's mappings disagree (watchMappings).
-	mappingWatches []*nats.Subscription
-	version        string
-	logger         *slog.Logger
+	version string
+	logger  *slog.Logger
 
 	// stopping is cancelled by Stop: watchers and waiting requests end.
 	stopping     context.Context
@@ -592,9 +589,6 @@ func (s *Service) registerEndpoints(ctx context.Context) error {
 		}
 		s.watchers.Go(s.weighPartitions)
 	}
-	if err := s.watchMappings(); err != nil {
-		return err
-	}
 	if err := s.conn.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("register the service's subscriptions: %w", err)
 	}
@@ -670,9 +664,6 @@ func (s *Service) Stop() {
 		s.registering.Lock()
 		s.unregistered = true // no endpoint is added after this
 		s.closePartitions()
-		for _, sub := range s.mappingWatches {
-			_ = sub.Unsubscribe()
-		}
 		s.registering.Unlock()
 		if err := s.micro.Stop(); err != nil {
 			s.logger.Warn("stopping micro service", "err", err)
