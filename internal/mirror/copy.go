@@ -218,9 +218,16 @@ type Copy[R proto.Message] struct {
 	records, malformed int
 	// reached is revision, for readers that need nothing else: one atomic
 	// load rather than the lock.
-	reached  atomic.Uint64
-	gen      uint64        // counts the changes applied
-	advanced chan struct{} // closed and replaced when revision moves and waited is set
+	reached atomic.Uint64
+	gen     uint64 // counts the changes applied
+	// changes are the groups changed after generation changesFrom, the
+	// first token of one a change, in order, logged once the copy is
+	// loaded: Changed reads what changed since it last looked, not every
+	// group. Past changesLimit the log starts again, and a reader from
+	// before it walks every group.
+	changes     []string
+	changesFrom uint64
+	advanced    chan struct{} // closed and replaced when revision moves and waited is set
 	// waited says a WaitFor holds advanced: only then is it closed and
 	// made anew, not for every change of a loading copy.
 	waited atomic.Bool
@@ -364,6 +371,7 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	}
 	c.gen++
 	g.changedAt, g.gen = revision, c.gen
+	c.logChange(first)
 	g.invalidate()
 	records, malformed := g.counts()
 	freed := g.remove(key)
@@ -519,6 +527,7 @@ func (c *Copy[R]) keepOnly(live map[string]bool) {
 			g.invalidate()
 			c.gen++
 			g.changedAt, g.gen = c.revision, c.gen
+			c.logChange(first)
 		}
 		for h := range g.refused {
 			if _, ok := liveRefused[h]; !ok {
@@ -963,8 +972,17 @@ func (g *group[R]) dropView(dropped any) {
 func (c *Copy[R]) Changed(gen uint64) (firsts []string, now uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	if c.gen == gen {
-		return nil, gen
+	if gen >= c.gen {
+		return nil, c.gen
+	}
+	if gen >= c.changesFrom {
+		// The log: each group once, at its last change, if not emptied.
+		for i, first := range c.changes[gen-c.changesFrom:] {
+			if g := c.groups[first]; g != nil && g.gen == gen+uint64(i)+1 {
+				firsts = append(firsts, first)
+			}
+		}
+		return firsts, c.gen
 	}
 	for first, g := range c.groups {
 		if g.gen > gen {
@@ -972,4 +990,23 @@ func (c *Copy[R]) Changed(gen uint64) (firsts []string, now uint64) {
 		}
 	}
 	return firsts, c.gen
+}
+
+// changesLimit bounds the change log (Copy.changes): some 50 KB, many
+// times what the plans' writer, its one reader, finds between two looks;
+// a copy no writer reads starts it again each time it fills.
+const changesLimit = 4096
+
+// logChange logs the change that made the copy's generation c.gen, of
+// the group first. c.mu is held.
+func (c *Copy[R]) logChange(first string) {
+	if !c.ready.Load() || len(c.changes) == changesLimit {
+		// A load's changes are read by walking every group: not logged.
+		clear(c.changes)
+		c.changes, c.changesFrom = c.changes[:0], c.gen
+		return
+	}
+	// A clone: first is a window on the key and value's string, which the
+	// log must not keep once the key is gone.
+	c.changes = append(c.changes, strings.Clone(first))
 }

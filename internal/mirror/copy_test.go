@@ -6,6 +6,7 @@ import (
 	"iter"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -422,5 +423,96 @@ func checkAfter[R proto.Message](t *testing.T, all func() ([]*Entry[R], uint64),
 		if diff := cmp.Diff(want, got); diff != "" {
 			t.Errorf("After(%q) (-All's +After's):\n%s", from, diff)
 		}
+	}
+}
+
+// TestChangedReadsItsLogAsAWalkWould applies random puts and deletes to a
+// loaded copy, past the log's limit, and asks Changed from random earlier
+// generations: the log's answer (and the walk's, for a generation from
+// before the log) must be the groups whose last change is later and that
+// still hold something.
+func TestChangedReadsItsLogAsAWalkWould(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	value := need(t)
+	rng := rand.New(rand.NewPCG(7, 7))
+	key := func() string {
+		return fmt.Sprintf("n%d.web.port.p%d", rng.IntN(50), rng.IntN(3))
+	}
+	lastChange := map[string]uint64{} // the generation of each group's last change
+	revision, gen := uint64(0), uint64(0)
+	apply := func(deleted bool) {
+		revision++
+		k := key()
+		c.Apply(k, value, revision, deleted)
+		first, _, _ := strings.Cut(k, ".")
+		if _, now := c.Changed(^uint64(0)); now != gen { // a delete of nothing changes nothing
+			gen, lastChange[first] = now, now
+		}
+	}
+	for range 100 { // loading: not logged
+		apply(false)
+	}
+	c.MarkLoaded()
+	var gens []uint64
+	for step := range 3 * changesLimit {
+		apply(rng.IntN(3) == 0)
+		gens = append(gens, gen)
+		if step%97 != 0 {
+			continue
+		}
+		since := gens[rng.IntN(len(gens))]
+		if rng.IntN(5) == 0 {
+			since = 0 // from before the log: a walk
+		}
+		var want []string
+		for first, at := range lastChange {
+			if st, _ := c.Stamp(first); at > since && st != 0 {
+				want = append(want, first)
+			}
+		}
+		got, now := c.Changed(since)
+		slices.Sort(want)
+		slices.Sort(got)
+		if diff := cmp.Diff(want, got); diff != "" || now != gen {
+			t.Fatalf("step %d: Changed(%d) at generation %d (-want +got):\n%s", step, since, now, diff)
+		}
+	}
+}
+
+// BenchmarkChanged asks, of a copy of 100,000 nodes, which changed since
+// the last look, after one node's change: from the change log, and by
+// walking every group as a reader from before the log does.
+func BenchmarkChanged(b *testing.B) {
+	c := New().Needs
+	value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const nodes = 100_000
+	revision := uint64(0)
+	for n := range nodes {
+		revision++
+		c.Apply(fmt.Sprintf("n%d.web.port.http", n), value, revision, false)
+	}
+	c.MarkLoaded()
+	for _, from := range []string{"log", "walk"} {
+		b.Run(from, func(b *testing.B) {
+			i := 0
+			for b.Loop() {
+				_, mark := c.Changed(^uint64(0))
+				revision++
+				c.Apply(fmt.Sprintf("n%d.web.port.http", i%nodes), value, revision, false)
+				if from == "walk" { // the log starts after the change
+					c.mu.Lock()
+					c.changes, c.changesFrom = c.changes[:0], c.gen
+					c.mu.Unlock()
+				}
+				if firsts, _ := c.Changed(mark); len(firsts) != 1 {
+					b.Fatalf("%d changed, want 1", len(firsts))
+				}
+				i++
+			}
+		})
 	}
 }
