@@ -9,8 +9,9 @@ import (
 	"github.com/novox/mesh-provisioner/service/plans"
 )
 
-// DefaultPlansInterval is how often the plans' writer looks at what changed
-// in the copy: changes within one interval are composed once.
+// DefaultPlansInterval is how often the plans' writer looks at what the
+// copy does not announce; a change it announces is looked at within a few
+// milliseconds (plans.DefaultInterval).
 const DefaultPlansInterval = plans.DefaultInterval
 
 // PlansConfig is what RunPlans needs.
@@ -18,8 +19,8 @@ type PlansConfig struct {
 	// KV is the bucket mesh-provisioner_plans, bound by the identity that
 	// writes it (permissions.ServerWriter). Required.
 	KV jetstream.KeyValue
-	// Interval is how often changes are looked for; zero means
-	// DefaultPlansInterval.
+	// Interval is how often the writer looks at what the copy does not
+	// announce; zero means DefaultPlansInterval.
 	Interval time.Duration
 }
 

@@ -84,8 +84,8 @@ func TestANodeRewritingItsRecordsIsComposedLessOften(t *testing.T) {
 	}
 	measure()
 	const interval = time.Millisecond
-	if (plans.Share-1)*cost <= interval {
-		t.Fatalf("%s (%d records) composes in %s: too little to be put off at a %s interval", churner, records, cost, interval)
+	if (plans.Share-1)*cost <= plans.Settle {
+		t.Fatalf("%s (%d records) composes in %s: too little to be put off", churner, records, cost)
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()

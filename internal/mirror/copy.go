@@ -233,6 +233,9 @@ type Copy[R proto.Message] struct {
 	waited atomic.Bool
 	// views bounds the groups' views kept.
 	views viewCache
+	// moved, when set, is sent to (without waiting) whenever revision
+	// moves: Mirror.Moved.
+	moved chan<- struct{}
 
 	// budget bounds what one group (one node) may hold; onBudget hears
 	// when a group goes over it or comes back under.
@@ -306,6 +309,10 @@ func (c *Copy[R]) MarkLoaded() {
 		close(c.loaded)
 	})
 }
+
+// setMoved names the channel told of the copy's revision moving. Call it
+// before the copy is applied to.
+func (c *Copy[R]) setMoved(moved chan<- struct{}) { c.moved = moved }
 
 // setBehind records whether the copy may lag the bucket.
 func (c *Copy[R]) setBehind(behind bool) { c.behind.Store(behind) }
@@ -402,6 +409,12 @@ func (c *Copy[R]) advanceTo(revision uint64) {
 		if c.waited.Swap(false) {
 			close(c.advanced)
 			c.advanced = make(chan struct{})
+		}
+		if c.moved != nil {
+			select {
+			case c.moved <- struct{}{}:
+			default: // one value stands for every move until it is taken
+			}
 		}
 	}
 }

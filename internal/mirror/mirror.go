@@ -21,6 +21,7 @@ type Mirror struct {
 	Bound     *Bound
 
 	manifests *manifests
+	moved     chan struct{}
 }
 
 // New returns an empty mirror.
@@ -37,7 +38,7 @@ func New() *Mirror {
 		st, _ := needs.Stamp(first)
 		return st != 0
 	}
-	return &Mirror{
+	m := &Mirror{
 		Registry:  registry,
 		Needs:     needs,
 		Applied:   NewCopy(keys.AppliedBucket, decodeApplied),
@@ -45,8 +46,18 @@ func New() *Mirror {
 		Manifests: NewCopy(keys.ManifestsBucket, ms.decode),
 		Bound:     bound,
 		manifests: ms,
+		moved:     make(chan struct{}, 1),
 	}
+	for _, c := range m.followedCopies() {
+		c.setMoved(m.moved)
+	}
+	return m
 }
+
+// Moved receives once any of the five copies' revisions moved since it
+// last received: one value for every move meanwhile. It has one reader
+// (the plans' writer); a provider's bucket moving (Bound) is not sent.
+func (m *Mirror) Moved() <-chan struct{} { return m.moved }
 
 // Watched is what a reader asks of a bucket's copy, whatever its record:
 // how far it is, whether it may lag, what it holds.
@@ -70,6 +81,7 @@ type followed interface {
 	Apply(key string, value []byte, revision uint64, deleted bool)
 	MarkLoaded()
 	setBehind(bool)
+	setMoved(chan<- struct{})
 	keepOnly(live map[string]bool)
 	readmits() <-chan struct{}
 	takeReadmits() []string

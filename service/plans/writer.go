@@ -27,9 +27,18 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// DefaultInterval is how often the plans' writer looks at what changed
-// in the copy: changes within one interval are composed once.
+// DefaultInterval is how often the plans' writer looks at what the copy
+// does not announce (a node to compose again or gone, and the
+// providers' buckets): a change the copy announces is looked at within
+// Settle.
 const DefaultInterval = 20 * time.Millisecond
+
+// Settle is how long the writer, told that the copy moved, waits for what
+// moves with it (a module's apply, a reconcile's entries) before it looks:
+// a burst is composed once, and a change heard within a few milliseconds
+// rather than at the next interval. A pass still running gathers what
+// comes meanwhile into the next.
+const Settle = 2 * time.Millisecond
 
 // Share bounds what one node's compositions cost the seat's holder:
 // after composing a node of n records, the writer composes it again no
@@ -37,8 +46,9 @@ const DefaultInterval = 20 * time.Millisecond
 // rewriting its records without pause has about 1/Share of a core
 // spent on its digest, however fast it writes. A change meanwhile is put
 // off, not lost: the node is composed once its time comes. Nodes whose
-// pause is within the interval (thousands of records at the default) are
-// never put off.
+// pause is within Settle (some 700 records) are never put off, and only
+// those whose pause is longer than the interval (thousands of records at
+// the default) are logged.
 //
 // A record's cost is the least a record has taken to compose in the
 // tenure (planCostSample), not each node's own time: a composition's time
@@ -64,8 +74,8 @@ type Config struct {
 	// JS is that identity's JetStream, which publishes a pass's digests
 	// many at once. Required.
 	JS jetstream.JetStream
-	// Interval is how often changes are looked for; zero means
-	// DefaultInterval.
+	// Interval is how often the writer looks at what the copy does not
+	// announce (DefaultInterval); zero means DefaultInterval.
 	Interval time.Duration
 	// Copy is the watched copy the nodes are composed from. Required.
 	Copy *mirror.Mirror
@@ -156,8 +166,9 @@ const plansSweep = time.Second
 // the digest of its composition (ComposeResponse.plan_digest) and the
 // revisions it was composed at, written only when the digest differs from
 // the one the bucket holds. It first brings every node's digest up to date
-// (rewriting none that is), then, every interval, composes again the nodes
-// whose composition may have changed: those whose needs, applied records,
+// (rewriting none that is), then, once the copy moves (and every interval
+// for what it does not announce), composes again the nodes whose
+// composition may have changed: those whose needs, applied records,
 // collection items or providers' keys changed, and those whose last
 // composition read a registry entry or a provider's manifest that changed;
 // a node of many records no more often than Share says. The seat's holder
@@ -234,18 +245,27 @@ func keepPlans(ctx context.Context, cfg Config) error {
 	debug.FreeOSMemory()
 	ticker := time.NewTicker(cfg.Interval)
 	defer ticker.Stop()
+	// due fires when the first node put off may be composed.
+	due := time.NewTimer(cfg.Interval)
+	defer due.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-followed:
 			return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
+		case <-cfg.Copy.Moved():
+			if !backoff.Sleep(ctx, Settle) {
+				return ctx.Err()
+			}
 		case <-ticker.C:
+		case <-due.C:
 		}
 		nodes, mark = w.changed(mark, false)
 		if err := w.pass(ctx, nodes); err != nil {
 			return err
 		}
+		due.Reset(w.untilDue(cfg.Interval))
 	}
 }
 
@@ -416,13 +436,27 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 			delete(set, node)
 			w.redo[node] = true
 			deferred++
-			w.warnings.Log(slog.LevelWarn, "plan deferred", node, "a node's plan digest is composed again later: it has many records and changes often",
-				"in", at.Sub(now).Round(time.Millisecond))
+			if left := at.Sub(now); left > w.interval { // a burst's pause is not worth a line
+				w.warnings.Log(slog.LevelWarn, "plan deferred", node, "a node's plan digest is composed again later: it has many records and changes often",
+					"in", left.Round(time.Millisecond))
+			}
 		}
 	}
 	w.stats.Deferred.Store(uint64(deferred))
 	w.mu.Unlock()
 	return slices.Sorted(maps.Keys(set)), next
+}
+
+// untilDue returns how long until the first node put off may be composed,
+// at most limit.
+func (w *plansWriter) untilDue(limit time.Duration) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	until := limit
+	for _, at := range w.notBefore {
+		until = min(until, time.Until(at))
+	}
+	return max(until, 0)
 }
 
 // nodeReads are the registry entries (by kind) and the providers' manifests
@@ -660,7 +694,7 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 			w.recordCost = cost
 		}
 	}
-	if pause := (Share - 1) * time.Duration(plan.Records) * cmp.Or(w.recordCost, planRecordCost); pause > w.interval {
+	if pause := (Share - 1) * time.Duration(plan.Records) * cmp.Or(w.recordCost, planRecordCost); pause > Settle {
 		w.notBefore[node] = start.Add(took + pause)
 	}
 	if kept != nil {

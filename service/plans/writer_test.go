@@ -440,3 +440,39 @@ func TestRunPlansFollowsANodesLastItemGone(t *testing.T) {
 	}
 	natstest.CheckFor(t, 5*time.Second, func() error { return current(gone) })
 }
+
+// A change the copy announces is composed at once, not at the writer's
+// next interval (here an hour).
+func TestRunPlansComposesAChangeWithoutAwaitingItsInterval(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc)
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	ace, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	rev, err := ace.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	go func() { _ = svc.RunPlans(runCtx, service.PlansConfig{KV: plans, Interval: time.Hour}) }()
+	heard := func(rev uint64) error {
+		d, _, err := readKey(ctx, plans, "ace")
+		if err != nil {
+			return err
+		}
+		if d.GetRevisions().GetNeeds() < rev {
+			return fmt.Errorf("ace's digest at needs revision %d, want %d", d.GetRevisions().GetNeeds(), rev)
+		}
+		return nil
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error { return heard(rev) }) // the first pass
+	for _, name := range []string{"admin", "metrics", "debug"} {
+		rev, err := ace.PutNeed(ctx, "web", "port", name, &provisionerv1.Need{Placeholder: "${port:" + name + "}"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		natstest.CheckFor(t, 5*time.Second, func() error { return heard(rev) })
+	}
+}
