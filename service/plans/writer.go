@@ -249,13 +249,16 @@ func keepPlans(ctx context.Context, cfg Config) error {
 	due := time.NewTimer(cfg.Interval)
 	defer due.Stop()
 	for {
+		// A move heard during the last pass came while it ran: what came
+		// with it is gathered already, as a settle would.
+		movedMeanwhile := len(cfg.Copy.Moved()) > 0
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-followed:
 			return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
 		case <-cfg.Copy.Moved():
-			if !backoff.Sleep(ctx, Settle) {
+			if !movedMeanwhile && !backoff.Sleep(ctx, Settle) {
 				return ctx.Err()
 			}
 		case <-ticker.C:
