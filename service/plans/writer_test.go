@@ -336,6 +336,14 @@ func TestAChangeComposesOnlyItsReaders(t *testing.T) {
 	if n := changes("ace", secretOn("mesh-vault.secret.v3")); n != 2 {
 		t.Errorf("the secret entry changed again: %d compositions, want 2 (novox's and ace's)", n)
 	}
+	// Each digest composed of modules composed again and sums kept is the
+	// whole composition's.
+	settled()
+	for _, n := range []string{"ace", "novox", "bob"} {
+		if _, err := composedAs(ctx, nc, plans, n, nil); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // A node's key that another writes with no digest (an empty value, or an
