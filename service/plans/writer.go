@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"runtime"
 	"runtime/debug"
 	"slices"
@@ -246,7 +247,8 @@ func keepPlans(ctx context.Context, cfg Config) error {
 	ticker := time.NewTicker(cfg.Interval)
 	defer ticker.Stop()
 	// due fires when the first node put off may be composed.
-	due := time.NewTimer(cfg.Interval)
+	due := time.NewTimer(time.Hour)
+	due.Stop()
 	defer due.Stop()
 	for {
 		// A move heard during the last pass came while it ran: what came
@@ -268,7 +270,11 @@ func keepPlans(ctx context.Context, cfg Config) error {
 		if err := w.pass(ctx, nodes); err != nil {
 			return err
 		}
-		due.Reset(w.untilDue(cfg.Interval))
+		if until, ok := w.untilDue(); ok {
+			due.Reset(until)
+		} else {
+			due.Stop()
+		}
 	}
 }
 
@@ -451,15 +457,18 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 }
 
 // untilDue returns how long until the first node put off may be composed,
-// at most limit.
-func (w *plansWriter) untilDue(limit time.Duration) time.Duration {
+// if one is.
+func (w *plansWriter) untilDue() (time.Duration, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	until := limit
+	if len(w.notBefore) == 0 {
+		return 0, false
+	}
+	until := time.Duration(math.MaxInt64)
 	for _, at := range w.notBefore {
 		until = min(until, time.Until(at))
 	}
-	return max(until, 0)
+	return max(until, 0), true
 }
 
 // nodeReads are the registry entries (by kind) and the providers' manifests
