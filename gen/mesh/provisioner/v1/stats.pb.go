@@ -449,7 +449,7 @@ type PlansStats struct {
 	// revision): retried on the next pass.
 	Failed uint64 `protobuf:"varint,6,opt,name=failed,proto3" json:"failed,omitempty"`
 	// Nodes with a change whose composition is put off, at the last look:
-	// a node of thousands of records (needs and collection items) is
+	// a node of hundreds of records (needs and collection items) is
 	// composed again no sooner than nine times its composition's cost after
 	// its last composition, so that one node rewriting its records without
 	// pause costs the seat's holder about a tenth of a core.
