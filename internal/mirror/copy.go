@@ -233,8 +233,8 @@ type Copy[R proto.Message] struct {
 	waited atomic.Bool
 	// views bounds the groups' views kept.
 	views viewCache
-	// moved, when set, is sent to (without waiting) whenever revision
-	// moves: Mirror.Moved.
+	// moved, when set, is sent to (without waiting) whenever a group
+	// changes: Mirror.Moved.
 	moved chan<- struct{}
 
 	// budget bounds what one group (one node) may hold; onBudget hears
@@ -310,7 +310,7 @@ func (c *Copy[R]) MarkLoaded() {
 	})
 }
 
-// setMoved names the channel told of the copy's revision moving. Call it
+// setMoved names the channel told of the copy's groups changing. Call it
 // before the copy is applied to.
 func (c *Copy[R]) setMoved(moved chan<- struct{}) { c.moved = moved }
 
@@ -409,12 +409,6 @@ func (c *Copy[R]) advanceTo(revision uint64) {
 		if c.waited.Swap(false) {
 			close(c.advanced)
 			c.advanced = make(chan struct{})
-		}
-		if c.moved != nil {
-			select {
-			case c.moved <- struct{}{}:
-			default: // one value stands for every move until it is taken
-			}
 		}
 	}
 }
@@ -1011,8 +1005,16 @@ func (c *Copy[R]) Changed(gen uint64) (firsts []string, now uint64) {
 const changesLimit = 4096
 
 // logChange logs the change that made the copy's generation c.gen, of
-// the group first. c.mu is held.
+// the group first, and tells moved. Every change is one: a key applied
+// at a revision the copy had passed (a bucket made again) and a key
+// dropped by keepOnly move no revision. c.mu is held.
 func (c *Copy[R]) logChange(first string) {
+	if c.moved != nil {
+		select {
+		case c.moved <- struct{}{}:
+		default: // one value stands for every change until it is taken
+		}
+	}
 	if !c.ready.Load() || len(c.changes) == changesLimit {
 		// A load's changes are read by walking every group: not logged.
 		clear(c.changes)

@@ -516,3 +516,43 @@ func BenchmarkChanged(b *testing.B) {
 		})
 	}
 }
+
+// Every change of a copy tells Mirror.Moved, also those that move no
+// revision: a key applied below the copy's revision (a bucket made again)
+// and keys dropped by keepOnly.
+func TestEveryChangeTellsMoved(t *testing.T) {
+	t.Parallel()
+	m := New()
+	c := m.Needs
+	value := need(t)
+	told := func() bool {
+		select {
+		case <-m.Moved():
+			return true
+		default:
+			return false
+		}
+	}
+	c.Apply("a.web.port.http", value, 10, false)
+	c.Apply("a.web.port.admin", value, 11, false)
+	c.MarkLoaded()
+	told()
+	for _, step := range []struct {
+		name   string
+		change func()
+	}{
+		{"a put", func() { c.Apply("b.web.port.http", value, 12, false) }},
+		{"a put below the copy's revision", func() { c.Apply("a.web.port.old", value, 5, false) }},
+		{"a key dropped by keepOnly", func() {
+			c.keepOnly(map[string]bool{"a.web.port.http": true, "b.web.port.http": true, "a.web.port.old": true})
+		}},
+	} {
+		step.change()
+		if !told() {
+			t.Errorf("%s did not tell Moved", step.name)
+		}
+	}
+	if told() {
+		t.Error("Moved told with nothing changed")
+	}
+}

@@ -54,9 +54,9 @@ func New() *Mirror {
 	return m
 }
 
-// Moved receives once any of the five copies' revisions moved since it
-// last received: one value for every move meanwhile. It has one reader
-// (the plans' writer); a provider's bucket moving (Bound) is not sent.
+// Moved receives once any of the five copies changed since it last
+// received: one value for every change meanwhile. It has one reader (the
+// plans' writer); a provider's bucket moving (Bound) is not sent.
 func (m *Mirror) Moved() <-chan struct{} { return m.moved }
 
 // Watched is what a reader asks of a bucket's copy, whatever its record:
