@@ -10,8 +10,8 @@ import (
 )
 
 // DefaultPlansInterval is how often the plans' writer looks at what the
-// copy does not announce; a change it announces is looked at within a few
-// milliseconds (plans.DefaultInterval).
+// copy does not announce; a change it announces is looked at a few
+// milliseconds after it (plans.Settle).
 const DefaultPlansInterval = plans.DefaultInterval
 
 // PlansConfig is what RunPlans needs.

@@ -91,7 +91,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.StringVar(&f.stateDir, "state-dir", defaultStateDir(), "the program's own directory: the embedded nats-server's JetStream store, locked by one instance at a time (mesh-provisioner.lock holds its PID)")
 	fs.IntVar(&f.replicas, "replicas", 1, "replicas of each bucket it creates: 1, or 3 on a NATS cluster")
 	fs.DurationVar(&f.registryInterval, "registry-interval", registry.DefaultInterval, "how often the registry is reconciled into its bucket")
-	fs.DurationVar(&f.plansInterval, "plans-interval", service.DefaultPlansInterval, "how often the seat's holder looks for plans to write to mesh-provisioner_plans that no change announced (gone, a provider's bucket); a change to the copy is looked at within 2ms, and changes within that are composed once")
+	fs.DurationVar(&f.plansInterval, "plans-interval", service.DefaultPlansInterval, "how often the seat's holder looks for plans to write to mesh-provisioner_plans that no change announced (gone, a provider's bucket); a change to the copy is looked at 2ms after it (or as the pass running ends), and changes within that are composed once")
 	fs.DurationVar(&f.restoreDelay, "registry-restore-delay", registry.DefaultRestoreDelay, "how long a registry entry changed by anyone else stands before the seat's holder restores it (a burst is restored once)")
 	fs.DurationVar(&f.readyTimeout, "ready-timeout", time.Minute, "how long to wait for the buckets' initial values before giving up")
 	fs.DurationVar(&f.slowCompose, "slow-compose", service.DefaultSlowCompose, "a composition slower than this is logged with its phases")

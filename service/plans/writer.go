@@ -36,9 +36,10 @@ const DefaultInterval = 20 * time.Millisecond
 
 // Settle is how long the writer, told that the copy moved, waits for what
 // moves with it (a module's apply, a reconcile's entries) before it looks:
-// a burst is composed once, and a change heard within a few milliseconds
-// rather than at the next interval. A pass still running gathers what
-// comes meanwhile into the next.
+// a burst is composed once, and a change heard a few milliseconds after
+// it rather than at the next interval. A pass still running gathers what
+// comes meanwhile into the next, looked at once it ends. Two looks are
+// Settle apart at least.
 const Settle = 2 * time.Millisecond
 
 // Share bounds what one node's compositions cost the seat's holder:
@@ -250,22 +251,30 @@ func keepPlans(ctx context.Context, cfg Config) error {
 	due := time.NewTimer(time.Hour)
 	due.Stop()
 	defer due.Stop()
+	looked := time.Now()
 	for {
 		// A move heard during the last pass came while it ran: what came
 		// with it is gathered already, as a settle would.
 		movedMeanwhile := len(cfg.Copy.Moved()) > 0
+		var wait time.Duration
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case err := <-followed:
 			return fmt.Errorf("watch %s: %w", cfg.KV.Bucket(), err)
 		case <-cfg.Copy.Moved():
-			if !movedMeanwhile && !backoff.Sleep(ctx, Settle) {
-				return ctx.Err()
+			if !movedMeanwhile {
+				wait = Settle
 			}
 		case <-ticker.C:
 		case <-due.C:
 		}
+		// Looks are Settle apart at least, whatever woke this one: a node
+		// too small to be put off (Share) is composed no more often.
+		if !backoff.Sleep(ctx, max(wait, Settle-time.Since(looked))) {
+			return ctx.Err()
+		}
+		looked = time.Now()
 		nodes, mark = w.changed(mark, false)
 		if err := w.pass(ctx, nodes); err != nil {
 			return err
@@ -456,19 +465,18 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	return slices.Sorted(maps.Keys(set)), next
 }
 
-// untilDue returns how long until the first node put off may be composed,
-// if one is.
+// untilDue returns how long until the first node put off with a change
+// waiting may be composed, if one is.
 func (w *plansWriter) untilDue() (time.Duration, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.notBefore) == 0 {
-		return 0, false
+	until, waiting := time.Duration(math.MaxInt64), false
+	for node, at := range w.notBefore {
+		if w.redo[node] {
+			until, waiting = min(until, time.Until(at)), true
+		}
 	}
-	until := time.Duration(math.MaxInt64)
-	for _, at := range w.notBefore {
-		until = min(until, time.Until(at))
-	}
-	return max(until, 0), true
+	return max(until, 0), waiting
 }
 
 // nodeReads are the registry entries (by kind) and the providers' manifests
