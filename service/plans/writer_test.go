@@ -453,18 +453,19 @@ func TestRunPlansFollowsANodesLastItemGone(t *testing.T) {
 // next interval (here an hour).
 func TestRunPlansComposesAChangeWithoutAwaitingItsInterval(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
+	ctx := t.Context()
 	nc := natstest.Connect(t, natstest.Start(t))
 	svc := servicetest.Start(t, nc)
 	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
-	ace, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	ace, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rev, err := ace.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	t.Cleanup(stop)
-	go func() { _ = svc.RunPlans(runCtx, service.PlansConfig{KV: plans, Interval: time.Hour}) }()
+	servicetest.RunPlans(t, svc, nc, time.Hour)
 	heard := func(rev uint64) error {
 		d, _, err := readKey(ctx, plans, "ace")
 		if err != nil {
