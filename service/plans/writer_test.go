@@ -34,12 +34,16 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
 	ace, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
 	novox, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "novox"})
-	var rev uint64
+	// Each node's own need: a digest is written again only when it
+	// differs, so ace's keeps the revision its first pass saw, which may
+	// precede novox's need.
+	revs := map[*nodeclient.Client]uint64{}
 	for _, c := range []*nodeclient.Client{ace, novox} {
-		var err error
-		if rev, err = c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		rev, err := c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		if err != nil {
 			t.Fatal(err)
 		}
+		revs[c] = rev
 	}
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -58,7 +62,7 @@ func TestRunPlansKeepsEachNodesDigest(t *testing.T) {
 		}
 		return nil
 	}
-	natstest.CheckFor(t, 5*time.Second, func() error { return errors.Join(current("ace", rev), current("novox", rev)) })
+	natstest.CheckFor(t, 5*time.Second, func() error { return errors.Join(current("ace", revs[ace]), current("novox", revs[novox])) })
 	_, novoxRev, _ := digestOf("novox")
 
 	t.Run("a change writes the node's digest only", func(t *testing.T) {
