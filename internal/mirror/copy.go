@@ -236,6 +236,9 @@ type Copy[R proto.Message] struct {
 	// moved, when set, is sent to (without waiting) whenever a group
 	// changes: Mirror.Moved.
 	moved chan<- struct{}
+	// holds, when set, says which groups (nodes) the copy holds: the keys
+	// of any other move its revision only (Mirror.SetHolds).
+	holds func(first string) bool
 
 	// budget bounds what one group (one node) may hold; onBudget hears
 	// when a group goes over it or comes back under.
@@ -343,6 +346,12 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
 	first, _, _ := strings.Cut(key, ".")
+	if c.holds != nil && !c.holds(first) {
+		c.mu.Lock()
+		c.advanceTo(revision)
+		c.mu.Unlock()
+		return
+	}
 	var odd *Entry[R]
 	var held slot
 	if !deleted {

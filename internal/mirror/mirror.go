@@ -133,6 +133,16 @@ func (m *Mirror) Behind() []string {
 	return buckets
 }
 
+// SetHolds has the copies of needs, applied records and items hold the
+// keys of the nodes holds says yes to, and no other: a key of another node
+// moves its copy's revision, and is dropped. An instance that serves some
+// partitions of the mesh holds their nodes alone; the registry, the
+// manifests and the providers' buckets stay whole. Call it before the
+// mirror is loaded.
+func (m *Mirror) SetHolds(holds func(node string) bool) {
+	m.Needs.holds, m.Applied.holds, m.Collect.holds = holds, holds, holds
+}
+
 // SetBudget bounds what the copy holds of each node in each state bucket;
 // onChange hears when a node goes over its budget in a bucket or comes back
 // under. Call it before the mirror is loaded.

@@ -1,0 +1,100 @@
+package mirror_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/buckets"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+)
+
+// A copy that holds some nodes takes in their keys alone, loaded or
+// followed, in every state bucket, and its revision is the bucket's still:
+// a request that asks for a revision written of another node is not held
+// up. The manifests are held whole.
+func TestSetHoldsKeepsTheNodesHeldAlone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	put := func(bucket, key string, value proto.Message) uint64 {
+		t.Helper()
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := proto.Marshal(value)
+		rev, err := kv.Put(ctx, key, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	each := func(node string) {
+		put(keys.NeedsBucket, node+".web.port.http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		put(keys.AppliedBucket, node+".web", &provisionerv1.Applied{})
+		put(keys.CollectBucket, node+".motd.web", &provisionerv1.CollectItem{Value: "hi"})
+		put(keys.ManifestsBucket, node+".pg", &provisionerv1.Manifest{})
+	}
+	each("ace")
+	each("bob")
+
+	m := mirror.New()
+	m.SetHolds(func(node string) bool { return node == "ace" })
+	w, err := m.Open(ctx, js, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(runCtx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if !m.Ready() {
+			return fmt.Errorf("loading %v", m.Loading())
+		}
+		return nil
+	})
+	held := func(stage string) {
+		t.Helper()
+		for _, c := range []mirror.Watched{m.Needs, m.Applied, m.Collect} {
+			if st, _ := c.Stamp("ace"); st == 0 {
+				t.Errorf("%s: %s: ace's keys are not held", stage, c.Bucket())
+			}
+			if st, _ := c.Stamp("bob"); st != 0 {
+				t.Errorf("%s: %s: bob's keys are held", stage, c.Bucket())
+			}
+			if _, _, groups, _ := c.Counts(); groups != 1 {
+				t.Errorf("%s: %s holds %d nodes, want 1", stage, c.Bucket(), groups)
+			}
+		}
+		if _, _, groups, _ := m.Manifests.Counts(); groups != 2 {
+			t.Errorf("%s: the manifests hold %d nodes, want both", stage, groups)
+		}
+	}
+	held("loaded")
+
+	// Followed: bob's write moves the copy's revision, and holds nothing.
+	rev := put(keys.NeedsBucket, "bob.api.port.http", &provisionerv1.Need{Placeholder: "${port:http}"})
+	waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if !m.Needs.WaitFor(waitCtx, rev) {
+		t.Fatalf("the copy of needs did not reach bob's write's revision %d (at %d)", rev, m.Needs.Revision())
+	}
+	held("followed")
+}
