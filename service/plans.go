@@ -22,6 +22,11 @@ type PlansConfig struct {
 	// Interval is how often the writer looks at what the copy does not
 	// announce; zero means DefaultPlansInterval.
 	Interval time.Duration
+	// Holds and HoldsChanged, if set, bound the nodes whose keys the
+	// writer keeps to those Holds says yes to now (plans.Config.Holds):
+	// of the partitions whose seats this instance holds.
+	Holds        func(node string) bool
+	HoldsChanged <-chan struct{}
 }
 
 // RunPlans keeps mesh-provisioner_plans from this service's copy until ctx
@@ -29,7 +34,7 @@ type PlansConfig struct {
 // seat's holder runs it in its tenure.
 func (s *Service) RunPlans(ctx context.Context, cfg PlansConfig) error {
 	return plans.Run(ctx, plans.Config{
-		KV: cfg.KV, JS: s.store.js, Interval: cfg.Interval, Copy: s.mirror, Ready: s.WaitReady,
+		KV: cfg.KV, JS: s.store.js, Interval: cfg.Interval, Copy: s.mirror, Holds: cfg.Holds, HoldsChanged: cfg.HoldsChanged, Ready: s.WaitReady,
 		Stats: &s.plans, Logger: s.logger, Warnings: s.warnings,
 	})
 }

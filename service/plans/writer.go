@@ -81,6 +81,14 @@ type Config struct {
 	Interval time.Duration
 	// Copy is the watched copy the nodes are composed from. Required.
 	Copy *mirror.Mirror
+	// Holds, if set, says which nodes' keys Run keeps now: those of the
+	// partitions whose seats this instance holds, among those whose
+	// records its copy holds (mirror.Mirror.SetHolds). The others' keys
+	// are other writers', and left as they are. Nil keeps every node's.
+	Holds func(node string) bool
+	// HoldsChanged, with Holds, is told when what Holds says changed: Run
+	// then brings every node it keeps up to date, as when it starts.
+	HoldsChanged <-chan struct{}
 	// Ready returns once the copy is whole, or ctx's error: Run writes
 	// nothing before. Required.
 	Ready func(ctx context.Context) error
@@ -119,6 +127,7 @@ type heldDigest struct {
 // plansWriter keeps one tenure's view of the plans bucket.
 type plansWriter struct {
 	copy     *mirror.Mirror
+	holds    func(node string) bool
 	stats    *Stats
 	warnings *ratelog.Limiter
 	kv       jetstream.KeyValue
@@ -174,9 +183,11 @@ const plansSweep = time.Second
 // collection items or providers' keys changed, and those whose last
 // composition read a registry entry or a provider's manifest that changed;
 // a node of many records no more often than Share says. The seat's holder
-// runs it in its tenure; a write that meets another writer's (a revision
-// it did not expect) is read again and retried, so two writers for a
-// moment leave the bucket right.
+// runs it in its tenure, or, in a mesh whose instances serve some
+// partitions each, every instance, for the nodes of the partitions whose
+// seats it holds (Config.Holds); a write that meets another writer's (a
+// revision it did not expect) is read again and retried, so two writers
+// for a moment leave the bucket right.
 //
 // It returns when ctx is done, and ends on nothing the bus can cause: a
 // watcher lost or a bucket unreachable is logged and tried again, each
@@ -220,7 +231,7 @@ const (
 // watcher fails.
 func keepPlans(ctx context.Context, cfg Config) error {
 	w := &plansWriter{
-		copy: cfg.Copy, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, js: cfg.JS, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
+		copy: cfg.Copy, holds: cfg.Holds, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, js: cfg.JS, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
 		buckets: map[string][]string{}, lastRead: map[string]nodeReads{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
 		kept: map[string]*Kept{},
 	}
@@ -257,6 +268,7 @@ func keepPlans(ctx context.Context, cfg Config) error {
 		// with it is gathered already, as a settle would.
 		movedMeanwhile := len(cfg.Copy.Moved()) > 0
 		var wait time.Duration
+		all := false // every node kept, not only those changed
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -268,6 +280,8 @@ func keepPlans(ctx context.Context, cfg Config) error {
 			}
 		case <-ticker.C:
 		case <-due.C:
+		case <-cfg.HoldsChanged:
+			all = true
 		}
 		// Looks are Settle apart at least, whatever woke this one: a node
 		// too small to be put off (Share) is composed no more often.
@@ -275,7 +289,7 @@ func keepPlans(ctx context.Context, cfg Config) error {
 			return ctx.Err()
 		}
 		looked = time.Now()
-		nodes, mark = w.changed(mark, false)
+		nodes, mark = w.changed(mark, all)
 		if err := w.pass(ctx, nodes); err != nil {
 			return err
 		}
@@ -433,6 +447,10 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	// whole dropped it then, below.
 	addAll(set, slices.Collect(maps.Keys(w.redo)))
 	clear(w.redo)
+	if w.holds != nil {
+		// Another writer's nodes: their keys are read, never written.
+		maps.DeleteFunc(set, func(node string, _ bool) bool { return !w.holds(node) })
+	}
 	if all {
 		clear(w.kept)
 	}

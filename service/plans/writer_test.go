@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -488,4 +490,84 @@ func TestRunPlansComposesAChangeWithoutAwaitingItsInterval(t *testing.T) {
 		}
 		natstest.CheckFor(t, 5*time.Second, func() error { return heard(rev) })
 	}
+}
+
+// A writer that keeps some nodes (a partitioned mesh's instance, for the
+// partitions whose seats it holds) writes their keys alone, never deletes
+// another's, and brings a node it comes to hold up to date at once.
+func TestRunPlansKeepsTheNodesItHoldsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	svc := servicetest.Start(t, nc)
+	plans := servicetest.Bucket(t, nc, keys.PlansBucket)
+	revs := map[string]uint64{}
+	for _, node := range []string{"ace", "bob"} {
+		c, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
+		rev, err := c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		revs[node] = rev
+	}
+	// bob's key, as another writer left it: a digest that is not his.
+	if _, err := plans.Put(ctx, "bob", []byte{}); err != nil {
+		t.Fatal(err)
+	}
+	var held atomic.Pointer[[]string]
+	held.Store(&[]string{"ace"})
+	changed := make(chan struct{}, 1)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- svc.RunPlans(runCtx, service.PlansConfig{KV: plans, Interval: 5 * time.Millisecond, HoldsChanged: changed,
+			Holds: func(node string) bool { return slices.Contains(*held.Load(), node) }})
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("RunPlans: %v", err)
+		}
+	})
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		_, err := composedAs(ctx, nc, plans, "ace", &provisionerv1.Revisions{Needs: revs["ace"]})
+		return err
+	})
+	// bob's last need goes, and ace changes after: once ace's digest is
+	// written, a pass has seen bob gone, and left his key.
+	bob, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "bob"})
+	if _, err := bob.DeleteNeed(ctx, "web", "port", "http"); err != nil {
+		t.Fatal(err)
+	}
+	ace, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
+	rev, err := ace.PutNeed(ctx, "web", "port", "admin", &provisionerv1.Need{Placeholder: "${port:admin}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		_, err := composedAs(ctx, nc, plans, "ace", &provisionerv1.Revisions{Needs: rev})
+		return err
+	})
+	if e, err := plans.Get(ctx, "bob"); err != nil || len(e.Value()) != 0 {
+		t.Fatalf("bob's key, which the writer does not hold: %v, %v; want it as another writer left it", e, err)
+	}
+	// bob comes back, and a pass leaves him (ace's change after his is
+	// written); then the writer comes to hold him.
+	bobRev, err := bob.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rev, err = ace.PutNeed(ctx, "web", "port", "metrics", &provisionerv1.Need{Placeholder: "${port:metrics}"}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		_, err := composedAs(ctx, nc, plans, "ace", &provisionerv1.Revisions{Needs: rev})
+		return err
+	})
+	held.Store(&[]string{"ace", "bob"})
+	changed <- struct{}{}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		_, err := composedAs(ctx, nc, plans, "bob", &provisionerv1.Revisions{Needs: bobRev})
+		return err
+	})
 }
