@@ -223,7 +223,10 @@ func Operator(name string, providers ...string) (Permissions, error) {
 //   - publish $SRV.INFO.mesh-provisioner, and publish and subscribe its own
 //     inbox _INBOX_MESH.server.mesh-provisioner.>: at start an instance
 //     asks discovery whether others serve (service.Start), and instances
-//     answer each other there.
+//     answer each other there;
+//   - publish mesh-provisioner.partition.>: an instance that serves some
+//     partitions (serve --hold) hands a request about another's nodes to
+//     its holder there (wire.RelaySubject), reply subject and all.
 //
 // It has no allow_responses, which nats-server honours over any deny, so an
 // answer aimed at anything but an inbox is refused by nats-server whatever
@@ -239,7 +242,7 @@ func Server() Permissions {
 	own := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".>"
 	// At start an instance asks discovery whether others serve; their
 	// answers come to its own inbox.
-	p.Publish.Allow = append(p.Publish.Allow, "$SRV.INFO."+wire.ServiceName, own)
+	p.Publish.Allow = append(p.Publish.Allow, "$SRV.INFO."+wire.ServiceName, own, wire.RelayRoot+".>")
 	p.Publish.Deny = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
 	p.Subscribe.Allow = []string{wire.ServiceName + ".>", "$SRV.>", own}
 	return p

@@ -70,6 +70,11 @@ type registrar interface {
 	// register adds the endpoint to svc: on its subject, or on partition
 	// pt's (when not nil).
 	register(s *Service, svc micro.Service, pt *partition) error
+	// relays and registerRelay: whether an instance that serves some
+	// partitions hands the endpoint's requests about other partitions
+	// on, and the endpoint that takes them in partition pt (hold.go).
+	relays() bool
+	registerRelay(s *Service, svc micro.Service, pt *partition) error
 }
 
 // addEndpoint adds an endpoint to svc, on subject, or on partition pt's
@@ -156,13 +161,33 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 			return nil
 		}
 	}
-	return func(onCallback bool) { ep.reply(s, count, r, who, in, enc, arrived, onCallback) }
+	relayed := isRelayed(r)
+	return func(onCallback bool) { ep.reply(s, count, r, who, in, enc, arrived, onCallback, relayed) }
 }
 
-// reply answers a checked request: refused at once when the queue or the
-// asker's places are full or the copy is loading (but for an early
-// answer), else from the whole copy (answerWhole).
-func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who admission.Asker, in Req, enc answers.Encoding, arrived time.Time, onCallback bool) {
+// reply answers a checked request: handed on when it reads a partition
+// this instance does not serve (relay), unless another instance handed it
+// on; refused at once when the queue or the asker's places are full or
+// the copy is loading (but for an early answer); else answered from the
+// whole copy (answerWhole).
+func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who admission.Asker, in Req, enc answers.Encoding, arrived time.Time, onCallback, relayed bool) {
+	if ep.PartitionOf != nil {
+		// About nodes of a partition this instance does not serve: its
+		// holder answers.
+		if p, ok := ep.PartitionOf(in); ok && !s.holdsPartition(p) {
+			switch {
+			case p < 0 || p >= len(s.held):
+				// Only a page token names a partition: one made by hand.
+				s.refuse(r, enc, count, wire.Errorf(wire.CodeBadRequest, "page_token names partition %d, which this mesh of %d partitions does not have; send the next_page_token of the previous page as it came, or leave page_token out to start again", p, len(s.held)), onCallback)
+				return
+			case relayed:
+				s.refuse(r, enc, count, notHeldHere(p), onCallback)
+				return
+			}
+			s.relay(r, p, enc, count, onCallback)
+			return
+		}
+	}
 	if len(s.queue) == cap(s.queue) {
 		count.queueFull.Add(1)
 		s.refuse(r, enc, count, s.overloaded(), onCallback)

@@ -88,7 +88,7 @@ func (pt *partition) unpartitioned(r micro.Request) micro.Request {
 // instance and its addressed endpoints. Called with s.registering held.
 func (s *Service) openPartitions() error {
 	for _, pt := range s.partitions {
-		if pt.micro == nil && pt.until.IsZero() {
+		if pt.micro == nil && pt.until.IsZero() && s.holdsPartition(pt.index) {
 			if err := s.openPartition(pt, time.Now()); err != nil {
 				return err
 			}
@@ -111,6 +111,12 @@ func (s *Service) openPartition(pt *partition, now time.Time) error {
 	for _, ep := range s.endpoints() {
 		if ep.namesAsker() {
 			if err := ep.register(s, svc, pt); err != nil {
+				_ = svc.Stop()
+				return err
+			}
+		}
+		if s.held != nil {
+			if err := ep.registerRelay(s, svc, pt); err != nil {
 				_ = svc.Stop()
 				return err
 			}

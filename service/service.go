@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,6 +103,16 @@ type Config struct {
 	// unsubscribed for a while so that nats-server drops its requests
 	// before sending them. Zero or 1: one subject each, unpartitioned.
 	Partitions int
+	// Hold, with Partitions, lists the partitions this instance serves
+	// (serve --hold): its copy holds the records of their nodes alone (the
+	// registry, the manifests and the providers' buckets whole), it
+	// answers their nodes' and providers' verbs, and it hands a request
+	// about another partition's nodes (an operator's, or a page of a walk
+	// of every node) to an instance that holds that partition, which
+	// answers the asker (wire.RelaySubject). RunPlans writes the plans of
+	// those whose seats it is told it holds (PlansConfig.Holds). Empty:
+	// every partition, and the copy holds the whole mesh.
+	Hold []int
 	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose
 	// every request JetStream stores. Zero means
 	// DefaultMaxWriteRatePerAsker; negative (NoLimit) means no limit.
@@ -246,6 +257,9 @@ type Service struct {
 	// partitions are Config.Partitions' (none when fewer than 2): their
 	// micro instances are opened and shut out under registering.
 	partitions []*partition
+	// held says, by partition, which this instance serves (Config.Hold);
+	// nil: every one.
+	held []bool
 	// flooded tells weighPartitions of a partition whose drops reached
 	// floodAt since its last weighing.
 	flooded chan *partition
@@ -319,6 +333,9 @@ func (cfg *Config) Validate() error {
 	}
 	if cfg.Partitions > wire.MaxPartitions {
 		return fmt.Errorf("service: Config.Partitions is %d, more than %d", cfg.Partitions, wire.MaxPartitions)
+	}
+	if err := checkHold(cfg.Hold, cfg.Partitions); err != nil {
+		return err
 	}
 	if cfg.ReplyPrefixes != nil {
 		return admission.CheckReplyPrefixes(cfg.ReplyPrefixes)
@@ -422,6 +439,15 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		warnings: ratelog.New(cfg.Logger, ratelog.Period),
 	}
 	s.floodAt = floodAt(s.maxRatePerAsker, s.maxWriteRatePerAsker)
+	var holds func(int) bool
+	if len(cfg.Hold) > 0 {
+		s.held = make([]bool, cfg.Partitions)
+		for _, p := range cfg.Hold {
+			s.held[p] = true
+		}
+		s.mirror.SetHolds(s.HoldsNode)
+		holds = s.holdsPartition
+	}
 	if !cfg.NoAnswerCache {
 		s.flights = admission.NewFlights[answers.CacheKey, answers.Stamp](flightWaiters)
 	}
@@ -440,7 +466,8 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	s.answers = answers.New(answers.Config{
 		Copy: s.mirror, Followers: s.followers, Stopping: s.stopping, MaxPayload: s.conn.MaxPayload,
 		RevisionWait: cfg.RevisionWait, SlowCompose: cfg.SlowCompose, CacheMaxBytes: cfg.AnswerCacheMaxBytes,
-		EarlyReadsPerSecond: cfg.earlyReadsPerSecond, Logger: s.logger, Warnings: s.warnings,
+		EarlyReadsPerSecond: cfg.earlyReadsPerSecond, Partitions: cfg.Partitions, Holds: holds,
+		Logger: s.logger, Warnings: s.warnings,
 	})
 	s.watchers.Go(func() { s.followers.Run(s.stopping) })
 	for range cfg.Concurrency {
@@ -453,6 +480,9 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	for _, ep := range s.endpoints() {
 		name, subject := ep.names()
 		s.counters[name] = &counters{subject: subject}
+		if s.held != nil && ep.relays() {
+			s.counters[name+relayedSuffix] = &counters{subject: wire.RelaySubject(0, subject)}
+		}
 	}
 
 	othersServe := s.othersServe(ctx) // before this instance answers discovery too
@@ -510,8 +540,9 @@ func (s *Service) microConfig(version string) micro.Config {
 // probeTimeout bounds the question whether other instances serve.
 const probeTimeout = 500 * time.Millisecond
 
-// othersServe reports whether another instance answers the verbs now: a
-// request to one of them gets an answer, whatever it says, rather than "no
+// othersServe reports whether another instance answers the verbs now (of
+// every partition this instance serves, if it serves some): a request to
+// one of them gets an answer, whatever it says, rather than "no
 // responders".
 //
 // It asks micro discovery ($SRV.INFO), which every instance answers with its
@@ -538,13 +569,24 @@ func (s *Service) othersServe(ctx context.Context) bool {
 	if err := s.conn.PublishRequest(subject, inbox, nil); err != nil {
 		return false
 	}
+	// An instance that serves some partitions joins others only where
+	// its partitions are served already: each partition's micro instance
+	// says which it is.
+	unserved := map[string]bool{}
+	for _, p := range s.Held() {
+		unserved[strconv.Itoa(p)] = true
+	}
 	for {
 		msg, err := sub.NextMsgWithContext(ctx)
 		if err != nil || msg.Header.Get("Status") == "503" { // waited long enough, or no responders
 			return false
 		}
 		var info micro.Info
-		if json.Unmarshal(msg.Data, &info) == nil && len(info.Endpoints) > 0 {
+		if json.Unmarshal(msg.Data, &info) != nil || len(info.Endpoints) == 0 {
+			continue
+		}
+		delete(unserved, info.Metadata["partition"])
+		if len(unserved) == 0 {
 			return true
 		}
 	}
@@ -712,6 +754,8 @@ type counters struct {
 	// refusedReplies are requests left unanswered because their reply
 	// subject is not an inbox (Config.ReplyPrefixes).
 	refusedReplies atomic.Uint64
+	// relayed are requests handed to a partition's holder (relay).
+	relayed atomic.Uint64
 	// door, on an endpoint whose subject names its asker, lets requests
 	// in by asker (handlerOf); set before the endpoint is added.
 	door *admission.Door[func(bool)]
@@ -720,6 +764,9 @@ type counters struct {
 // counterOf returns the counters of the endpoint on subject, or nil: a
 // partition's subject is its endpoint's, the partition's token last.
 func (s *Service) counterOf(subject string) *counters {
+	if asked, _, ok := wire.Unrelayed(subject); ok {
+		subject = wire.RelaySubject(0, asked) // as Start made it
+	}
 	for _, c := range s.counters {
 		if c.subject == subject {
 			return c
@@ -749,6 +796,8 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		Dropped:        c.dropped(),
 		DroppedByAsker: c.droppedByAsker(),
 		ShutOut:        s.shutOutStats(),
+		Relayed:        c.relayed.Load(),
+		Held:           s.heldList(),
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.answers.CacheStats(),

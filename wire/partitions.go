@@ -85,6 +85,15 @@ func PartitionedSubject(subject string, n int) string {
 // folds the partition's endpoints into that instance's (FoldPartitions).
 const PartitionOfInstance = "instance"
 
+// foldedSubject is a partition's endpoint's subject with "*" for the
+// partition: its last token, or a relay subject's partition token.
+func foldedSubject(subject string) string {
+	if asked, _, ok := Unrelayed(subject); ok {
+		return RelayRoot + ".*." + strings.TrimPrefix(asked, ServiceName+".")
+	}
+	return subject[:strings.LastIndexByte(subject, '.')+1] + "*"
+}
+
 // FoldPartitions returns an instance's $SRV.STATS with its partitions'
 // endpoints folded in: each addressed endpoint's micro counts summed over
 // the partitions, on its subject with "*" for the partition, its data one
@@ -95,8 +104,7 @@ func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats 
 		for _, e := range p.Endpoints {
 			sum, ok := summed[e.Name]
 			if !ok {
-				sum = &micro.EndpointStats{Name: e.Name, QueueGroup: e.QueueGroup, Data: e.Data,
-					Subject: e.Subject[:strings.LastIndexByte(e.Subject, '.')+1] + "*"}
+				sum = &micro.EndpointStats{Name: e.Name, QueueGroup: e.QueueGroup, Data: e.Data, Subject: foldedSubject(e.Subject)}
 				summed[e.Name] = sum
 				instance.Endpoints = append(instance.Endpoints, sum)
 			}
@@ -117,4 +125,36 @@ func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats 
 		}
 	}
 	return instance
+}
+
+// RelayRoot starts the subjects on which an instance that serves some
+// partitions of the mesh (serve --hold) hands on a request about nodes it
+// does not hold to an instance that holds them:
+// mesh-provisioner.partition.<p>.<the verb's subject after the service's
+// name>, each instance subscribing to those of the partitions it holds.
+// The request keeps its asker's reply subject: the holder answers the
+// asker, as if asked. Only the service's answering identity publishes
+// there, and operators, who may ask every verb of every node.
+const RelayRoot = ServiceName + ".partition"
+
+// RelaySubject returns the subject on which a request asked on subject, a
+// verb's, is handed to a holder of partition p.
+func RelaySubject(p int, subject string) string {
+	return RelayRoot + "." + strconv.Itoa(p) + "." + strings.TrimPrefix(subject, ServiceName+".")
+}
+
+// Unrelayed returns the subject a request handed on subject (RelaySubject)
+// was asked on, and the partition it was handed to; ok is false for a
+// subject that is not a relay subject.
+func Unrelayed(subject string) (asked string, p int, ok bool) {
+	rest, ok := strings.CutPrefix(subject, RelayRoot+".")
+	if !ok {
+		return "", 0, false
+	}
+	index, verb, ok := strings.Cut(rest, ".")
+	p, err := strconv.Atoi(index)
+	if !ok || err != nil || p < 0 || p >= MaxPartitions || verb == "" {
+		return "", 0, false
+	}
+	return ServiceName + "." + verb, p, true
 }

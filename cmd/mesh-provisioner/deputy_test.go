@@ -268,8 +268,10 @@ func TestTheAnsweringIdentityPublishesOnlyToInboxes(t *testing.T) {
 	for _, prefix := range wire.ReplyPrefixes() {
 		want = append(want, prefix+">")
 	}
-	// and the discovery question an instance asks at start, answered on its own inbox
-	want = append(want, "$SRV.INFO.mesh-provisioner", wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)+".>")
+	// and the discovery question an instance asks at start, answered on
+	// its own inbox, and the relay subjects of a partitioned mesh, which
+	// only the service's instances subscribe to
+	want = append(want, "$SRV.INFO.mesh-provisioner", wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity)+".>", wire.RelayRoot+".>")
 	if got := permissions.Server().Publish.Allow; !slices.Equal(got, want) {
 		t.Errorf("the answering identity may publish %v, want only %v", got, want)
 	}

@@ -39,6 +39,15 @@ type Config struct {
 	// EarlyReadsPerSecond bounds the reads of a node alone while the copy
 	// loads, over every node; zero means the default.
 	EarlyReadsPerSecond int
+	// Partitions and Holds, on an instance that serves some partitions
+	// of a mesh of Partitions (serve --hold), say which: the copy holds
+	// their nodes alone, a walk of every node (a listing, a provider's
+	// provisions) goes partition by partition, its page token saying
+	// where, and each request is answered by an instance that holds the
+	// partition it reads (Verb.PartitionOf). Nil Holds: the copy holds the
+	// whole mesh.
+	Partitions int
+	Holds      func(partition int) bool
 	// Logger receives failures; Warnings what an asker can cause, at most
 	// once a minute per cause and asker.
 	Logger   *slog.Logger
@@ -52,6 +61,7 @@ type Answers struct {
 	mirror       *mirror.Mirror
 	followers    *mirror.Watchers
 	earlyReads   *earlyBound
+	partitions   partitions
 	stopping     context.Context
 	maxPayload   func() int64
 	revisionWait time.Duration
@@ -73,6 +83,9 @@ func New(cfg Config) *Answers {
 		revisionWait: cfg.RevisionWait, slowCompose: cfg.SlowCompose, logger: cfg.Logger, warnings: cfg.Warnings,
 		earlyReads: newEarlyBound(cmp.Or(cfg.EarlyReadsPerSecond, earlyReadsPerSecond), earlyReadsPerNode),
 		cache:      newAnswerCache(cfg.CacheMaxBytes),
+	}
+	if cfg.Holds != nil {
+		a.partitions = partitions{n: cfg.Partitions, holds: cfg.Holds}
 	}
 	if cfg.CacheMaxBytes > 0 {
 		a.sections = newSectionCache(cfg.CacheMaxBytes / 2)

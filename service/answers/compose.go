@@ -51,9 +51,10 @@ func (s *Answers) composeEndpoint() Verb[*provisionerv1.ComposeRequest, *provisi
 			return Stamp{registry: registry, needs: needs, applied: applied, collect: items, manifests: manifests,
 				bound: s.mirror.Bound.StampOf(in.GetNode()), behind: behindBits(s.mirror)}
 		},
-		Encoded: s.composeSections,
-		Early:   s.composeEarly,
-		Answer:  composeAnswer(s.mirror, keepViews),
+		PartitionOf: func(in *provisionerv1.ComposeRequest) (int, bool) { return s.partitions.of(in.GetNode()) },
+		Encoded:     s.composeSections,
+		Early:       s.composeEarly,
+		Answer:      composeAnswer(s.mirror, keepViews),
 		Tail: func(in *provisionerv1.ComposeRequest, t Timings, revs mirror.Revisions) *provisionerv1.ComposeResponse {
 			tail := &provisionerv1.ComposeResponse{Revisions: revs.Only(s.boundBucketsOf(in.GetNode())).Proto(), Phases: phasesOf(t)}
 			s.logSlow(in, tail.GetPhases(), t.waited+t.read+t.resolve+t.items)

@@ -157,7 +157,7 @@ func (s *Answers) provisioningEarly(ctx context.Context, in *provisionerv1.Provi
 	}
 	return answerFrom(s, m, in, enc, read, Verb[*provisionerv1.ProvisioningRequest, *provisionerv1.ProvisioningResponse]{
 		Name:   wire.ProvisioningEndpoint,
-		Answer: provisioningAnswer(m),
+		Answer: provisioningAnswer(m, partitions{}), // one node's, or what every instance holds
 		Tail:   provisioningTail,
 	})
 }

@@ -27,6 +27,10 @@ type pageToken struct {
 	Request   string   `json:"q"`
 	After     string   `json:"a"`
 	Revisions []uint64 `json:"r"`
+	// Partition is the partition a walk of every node is in, on a mesh
+	// whose instances hold some partitions each (partitions); After is a
+	// key of it.
+	Partition int `json:"p,omitempty"`
 }
 
 // tokenVersion starts every checksum: a later format changes it, and an old

@@ -48,9 +48,17 @@ func (s *Answers) provisioningEndpoint() Verb[*provisionerv1.ProvisioningRequest
 			}
 			return read
 		},
-		Answer: provisioningAnswer(s.mirror),
-		Early:  s.provisioningEarly,
-		Tail:   provisioningTail,
+		Answer: provisioningAnswer(s.mirror, s.partitions),
+		PartitionOf: func(in *provisionerv1.ProvisioningRequest) (int, bool) {
+			if !walksNodes(in) {
+				return s.partitions.of(in.GetNode())
+			}
+			// checkProvisioning read the token already: it decodes.
+			t, _ := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) })
+			return t.Partition, s.partitions.partial()
+		},
+		Early: s.provisioningEarly,
+		Tail:  provisioningTail,
 	}
 }
 
@@ -72,11 +80,12 @@ func provisioningTail(in *provisionerv1.ProvisioningRequest, _ Timings, revs mir
 	return &provisionerv1.ProvisioningResponse{Revision: revisionOf(revs, WhatOf(in))}
 }
 
-// provisioningAnswer answers a provisioning request from m.
-func provisioningAnswer(m *mirror.Mirror) func(*provisionerv1.ProvisioningRequest, Encoding, int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
+// provisioningAnswer answers a provisioning request from m, which holds
+// the partitions ps says.
+func provisioningAnswer(m *mirror.Mirror, ps partitions) func(*provisionerv1.ProvisioningRequest, Encoding, int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
 	return func(in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
 		start := time.Now()
-		out, werr := provisioningFrom(m, in, enc, budget)
+		out, werr := provisioningFrom(m, ps, in, enc, budget)
 		return out, Timings{read: time.Since(start)}, nil, werr
 	}
 }
@@ -156,8 +165,9 @@ func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
 
 // provisioningFrom answers a checked request from a mirror: one page of it,
 // at most budget bytes once encoded, without the revision, which is added as
-// the answer is sent.
-func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+// the answer is sent. A listing of every node's records reads the nodes of
+// the partitions the copy holds (ps), partition by partition.
+func provisioningFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) })
 	if werr != nil {
 		return nil, werr
@@ -169,47 +179,98 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 	tokenIs := func(tokens []string, i int, want string) bool {
 		return want == "" || i >= len(tokens) || tokens[i] == want
 	}
-	var next string
+	// list adds to the page the records after the key after, of the nodes
+	// ofPart keeps (nil: every node), and returns the page's last key
+	// when more follow.
+	var list func(after string, ofPart func(string) bool) (string, *wire.Error)
+	var malformed []*provisionerv1.MalformedKey
 	switch out.GetWhat() {
 	case provisionerv1.What_WHAT_REGISTRY:
-		out.Registry, out.Malformed, next, werr = fill(m.Registry, p, token.After, "", nil, nil)
+		list = func(after string, _ func(string) bool) (next string, werr *wire.Error) {
+			out.Registry, malformed, next, werr = fill(m.Registry, p, after, "", nil, nil, nil)
+			return next, werr
+		}
 	case provisionerv1.What_WHAT_NEEDS:
-		out.Needs, out.Malformed, next, werr = fill(m.Needs, p, token.After, in.GetNode(),
-			func(r *provisionerv1.NeedRecord) bool { return in.GetModule() == "" || r.GetModule() == in.GetModule() },
-			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
+		list = func(after string, ofPart func(string) bool) (next string, werr *wire.Error) {
+			var records []*provisionerv1.NeedRecord
+			records, malformed, next, werr = fill(m.Needs, p, after, in.GetNode(), ofPart,
+				func(r *provisionerv1.NeedRecord) bool { return in.GetModule() == "" || r.GetModule() == in.GetModule() },
+				func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
+			out.Needs = append(out.Needs, records...)
+			return next, werr
+		}
 	case provisionerv1.What_WHAT_APPLIED:
-		out.Applied, out.Malformed, next, werr = fill(m.Applied, p, token.After, in.GetNode(),
-			func(r *provisionerv1.AppliedRecord) bool {
-				return in.GetModule() == "" || r.GetModule() == in.GetModule()
-			},
-			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
+		list = func(after string, ofPart func(string) bool) (next string, werr *wire.Error) {
+			var records []*provisionerv1.AppliedRecord
+			records, malformed, next, werr = fill(m.Applied, p, after, in.GetNode(), ofPart,
+				func(r *provisionerv1.AppliedRecord) bool {
+					return in.GetModule() == "" || r.GetModule() == in.GetModule()
+				},
+				func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
+			out.Applied = append(out.Applied, records...)
+			return next, werr
+		}
 	case provisionerv1.What_WHAT_COLLECT:
 		collection := ""
 		if in.GetCollection() != "" {
 			collection = keys.Escape(in.GetCollection())
 		}
-		out.Collect, out.Malformed, next, werr = fill(m.Collect, p, token.After, in.GetNode(),
-			func(r *provisionerv1.CollectRecord) bool {
-				return (in.GetCollection() == "" || r.GetCollection() == in.GetCollection()) &&
-					(in.GetContributor() == "" || r.GetContributor() == in.GetContributor())
-			},
-			func(tokens []string) bool {
-				return tokenIs(tokens, 1, collection) && tokenIs(tokens, 2, in.GetContributor())
-			})
+		list = func(after string, ofPart func(string) bool) (next string, werr *wire.Error) {
+			var records []*provisionerv1.CollectRecord
+			records, malformed, next, werr = fill(m.Collect, p, after, in.GetNode(), ofPart,
+				func(r *provisionerv1.CollectRecord) bool {
+					return (in.GetCollection() == "" || r.GetCollection() == in.GetCollection()) &&
+						(in.GetContributor() == "" || r.GetContributor() == in.GetContributor())
+				},
+				func(tokens []string) bool {
+					return tokenIs(tokens, 1, collection) && tokenIs(tokens, 2, in.GetContributor())
+				})
+			out.Collect = append(out.Collect, records...)
+			return next, werr
+		}
 	case provisionerv1.What_WHAT_MANIFESTS:
-		out.Manifests, out.Malformed, next, werr = fill(m.Manifests, p, token.After, in.GetNode(),
-			func(r *provisionerv1.ManifestRecord) bool {
-				return in.GetModule() == "" || r.GetProvider() == in.GetModule()
-			},
-			func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
+		list = func(after string, _ func(string) bool) (next string, werr *wire.Error) {
+			out.Manifests, malformed, next, werr = fill(m.Manifests, p, after, in.GetNode(), nil,
+				func(r *provisionerv1.ManifestRecord) bool {
+					return in.GetModule() == "" || r.GetProvider() == in.GetModule()
+				},
+				func(tokens []string) bool { return tokenIs(tokens, 1, in.GetModule()) })
+			return next, werr
+		}
 	}
+	next := pageToken{Request: provisioningDigest(in), Revisions: []uint64{copyOf(m, out.GetWhat()).Revision()}}
+	if !walksNodes(in) {
+		ps = partitions{} // what every instance holds, or one node's
+	}
+	at, more := ps.walk(token.Partition, func(part int, ofPart func(string) bool) bool {
+		after := ""
+		if part == token.Partition {
+			after = token.After
+		}
+		var last string
+		last, werr = list(after, ofPart)
+		out.Malformed = append(out.Malformed, malformed...)
+		if werr == nil && last != "" {
+			next.Partition, next.After = part, last
+			out.NextPageToken = next.encode()
+		}
+		return werr != nil || last != ""
+	})
 	if werr != nil {
 		return nil, werr
 	}
-	if next != "" {
-		out.NextPageToken = pageToken{Request: provisioningDigest(in), After: next, Revisions: []uint64{copyOf(m, out.GetWhat()).Revision()}}.encode()
+	if more {
+		next.Partition = at
+		out.NextPageToken = next.encode()
 	}
 	return out, nil
+}
+
+// walksNodes reports whether a provisioning request lists the records of
+// every node: of a state bucket, with no node named.
+func walksNodes(in *provisionerv1.ProvisioningRequest) bool {
+	what := WhatOf(in)
+	return in.GetNode() == "" && what != provisionerv1.What_WHAT_REGISTRY && what != provisionerv1.What_WHAT_MANIFESTS
 }
 
 // pageOverhead is what a page reserves for everything but its items: the
@@ -217,10 +278,11 @@ func provisioningFrom(m *mirror.Mirror, in *provisionerv1.ProvisioningRequest, e
 const pageOverhead = 512
 
 // fill reads the entries after the key after, of the group first (every
-// group when empty), keeps those the filters keep, and adds them to the page
+// group when empty, of the groups ofPart keeps if set), keeps those the
+// filters keep, and adds them to the page
 // while they fit. It returns the page's records and malformed keys, the
 // last key of the page when more entries follow.
-func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep func(R) bool, keepMalformed func([]string) bool) (records []R, malformed []*provisionerv1.MalformedKey, next string, werr *wire.Error) {
+func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, ofPart func(string) bool, keep func(R) bool, keepMalformed func([]string) bool) (records []R, malformed []*provisionerv1.MalformedKey, next string, werr *wire.Error) {
 	// Every group's, decoded as the page reaches it; or one group's, whose
 	// view is kept for the reads that follow.
 	entries := c.After(after)
@@ -231,6 +293,9 @@ func fill[R proto.Message](c *mirror.Copy[R], p *page, after, first string, keep
 	}
 	last := ""
 	for e := range entries {
+		if ofPart != nil && !ofPart(firstOf(e.Key)) {
+			continue
+		}
 		var item proto.Message
 		switch {
 		case e.Malformed != nil && (keepMalformed == nil || keepMalformed(e.Tokens())):

@@ -52,8 +52,13 @@ func (s *Answers) provisionsEndpoint() Verb[*provisionerv1.ProvisionsRequest, *p
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
 		Answer: func(in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, func(), *wire.Error) {
-			out, t, werr := provisionsFrom(s.mirror, in, enc, budget)
+			out, t, werr := provisionsFrom(s.mirror, s.partitions, in, enc, budget)
 			return out, t, nil, werr
+		},
+		PartitionOf: func(in *provisionerv1.ProvisionsRequest) (int, bool) {
+			// checkProvisions read the token already: it decodes.
+			t, _ := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
+			return t.Partition, s.partitions.partial()
 		},
 		Tail: func(in *provisionerv1.ProvisionsRequest, _ Timings, revs mirror.Revisions) *provisionerv1.ProvisionsResponse {
 			return &provisionerv1.ProvisionsResponse{Revisions: revs.Only(providerBuckets(s.mirror, in.GetProvider())).Proto()}
@@ -78,8 +83,9 @@ func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
 }
 
 // provisionsFrom lists a provider's provisions from the copy, need by need in
-// key order across the mesh, a page at a time.
-func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, *wire.Error) {
+// key order across the mesh (partition by partition on an instance that
+// holds some, ps), a page at a time.
+func provisionsFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
 	if werr != nil {
 		return nil, Timings{}, werr
@@ -91,22 +97,40 @@ func provisionsFrom(m *mirror.Mirror, in *provisionerv1.ProvisionsRequest, enc E
 	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider()}
 	find := compose.NewProvisionsOf(in.GetProvider(), m.Sources(nil))
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
-	previous := token.After
-	for e := range m.Needs.After(token.After) {
-		if e.Malformed == nil {
-			if provision := find.Need(e.Record); provision != nil {
-				if !p.fits(p.sizeOf(provision)) {
-					if p.count == 0 {
-						return nil, Timings{}, wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
-					}
-					t := pageToken{Request: provisionsDigest(in), After: previous, Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
-					out.NextPageToken = t.encode()
-					break
-				}
-				out.Provisions = append(out.Provisions, provision)
-			}
+	next := pageToken{Request: provisionsDigest(in), Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
+	at, more := ps.walk(token.Partition, func(part int, ofPart func(string) bool) bool {
+		previous := ""
+		if part == token.Partition {
+			previous = token.After
 		}
-		previous = e.Key
+		for e := range m.Needs.After(previous) {
+			if ofPart != nil && !ofPart(firstOf(e.Key)) {
+				continue
+			}
+			if e.Malformed == nil {
+				if provision := find.Need(e.Record); provision != nil {
+					if !p.fits(p.sizeOf(provision)) {
+						if p.count == 0 {
+							werr = wire.Errorf(wire.CodeInternal, "need %s alone asks a provision of %d bytes, more than one answer carries (max_payload)", e.Key, p.sizeOf(provision))
+							return true
+						}
+						next.Partition, next.After = part, previous
+						out.NextPageToken = next.encode()
+						return true
+					}
+					out.Provisions = append(out.Provisions, provision)
+				}
+			}
+			previous = e.Key
+		}
+		return false
+	})
+	if werr != nil {
+		return nil, Timings{}, werr
+	}
+	if more {
+		next.Partition = at
+		out.NextPageToken = next.encode()
 	}
 	out.Behind = append(m.Behind(), boundBehind(m, out.GetProvisions())...)
 	return out, Timings{resolve: time.Since(start)}, nil

@@ -45,7 +45,7 @@ func (r *Replay) Compose(in *provisionerv1.ComposeRequest) (*provisionerv1.Compo
 // not check the request, nor wait for revisions. It fails as the verb would
 // on a page_token it cannot read, with the verb's error (code 400).
 func (r *Replay) Provisioning(in *provisionerv1.ProvisioningRequest) (*provisionerv1.ProvisioningResponse, error) {
-	out, werr := provisioningFrom(r.mirror, in, Encoding{}, unpaged)
+	out, werr := provisioningFrom(r.mirror, partitions{}, in, Encoding{}, unpaged)
 	if werr != nil {
 		return nil, werr
 	}

@@ -45,6 +45,13 @@ type Verb[Req, Res proto.Message] struct {
 	// is then the instance's whole answer, tail and all), rather than a
 	// 503, once the copy holds the registry and manifests (earlyLoaded).
 	Early func(ctx context.Context, req Req, enc Encoding) ([]byte, *wire.Error)
+	// PartitionOf, on an instance that serves some partitions of the mesh
+	// (Config.Holds), returns the partition whose nodes a checked request
+	// reads (its node's, or the one its walk of every node is in), whose
+	// holder answers it; false for a request that reads what every
+	// instance holds (the registry, the manifests), and on a copy of the
+	// whole mesh.
+	PartitionOf func(Req) (int, bool)
 	// Tail returns the fields added to every answer as it is sent, reused
 	// or not: the revisions given, and the phases. It depends on nothing
 	// else, so that an answer reused with the same revisions is the same.

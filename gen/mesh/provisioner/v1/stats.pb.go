@@ -103,7 +103,15 @@ type EndpointStatsData struct {
 	// while, so that nats-server drops its requests before they are sent;
 	// its askers hear "no responders" meanwhile. Those shut out now, and
 	// those shut out before, with how often.
-	ShutOut       []*PartitionShutOut `protobuf:"bytes,22,rep,name=shut_out,json=shutOut,proto3" json:"shut_out,omitempty"`
+	ShutOut []*PartitionShutOut `protobuf:"bytes,22,rep,name=shut_out,json=shutOut,proto3" json:"shut_out,omitempty"`
+	// Requests handed on to an instance that holds the partition they read
+	// (serve --hold): about a node of a partition this instance does not
+	// serve, or a page of a walk of every node that starts in one. The
+	// holder answers their askers; this instance sends them nothing.
+	Relayed uint64 `protobuf:"varint,23,opt,name=relayed,proto3" json:"relayed,omitempty"`
+	// The partitions this instance serves (serve --hold), in order; empty
+	// when it serves the whole mesh.
+	Held          []uint32 `protobuf:"varint,24,rep,packed,name=held,proto3" json:"held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -288,6 +296,20 @@ func (x *EndpointStatsData) GetDroppedByAsker() []*AskerDrops {
 func (x *EndpointStatsData) GetShutOut() []*PartitionShutOut {
 	if x != nil {
 		return x.ShutOut
+	}
+	return nil
+}
+
+func (x *EndpointStatsData) GetRelayed() uint64 {
+	if x != nil {
+		return x.Relayed
+	}
+	return 0
+}
+
+func (x *EndpointStatsData) GetHeld() []uint32 {
+	if x != nil {
+		return x.Held
 	}
 	return nil
 }
@@ -792,7 +814,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\x80\a\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xae\a\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -822,7 +844,9 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"asker_full\x18\x13 \x01(\x04R\taskerFull\x12\x18\n" +
 	"\adropped\x18\x14 \x01(\x04R\adropped\x12I\n" +
 	"\x10dropped_by_asker\x18\x15 \x03(\v2\x1f.mesh.provisioner.v1.AskerDropsR\x0edroppedByAsker\x12@\n" +
-	"\bshut_out\x18\x16 \x03(\v2%.mesh.provisioner.v1.PartitionShutOutR\ashutOut\"r\n" +
+	"\bshut_out\x18\x16 \x03(\v2%.mesh.provisioner.v1.PartitionShutOutR\ashutOut\x12\x18\n" +
+	"\arelayed\x18\x17 \x01(\x04R\arelayed\x12\x12\n" +
+	"\x04held\x18\x18 \x03(\rR\x04held\"r\n" +
 	"\x10PartitionShutOut\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05asker\x18\x02 \x01(\tR\x05asker\x12\x14\n" +

@@ -1,0 +1,143 @@
+package service
+
+import (
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/novox/mesh-provisioner/service/answers"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// An instance may serve some partitions of the mesh only (Config.Hold): it
+// holds the copy of their nodes, answers their nodes and providers (whose
+// requests nats-server routes by partition), and hands any other request
+// about nodes it does not hold to an instance that holds them. The hand-off
+// is one publish of the request as it came, reply subject and all, on the
+// holder's relay subject (wire.RelaySubject): the holder answers the asker
+// itself, and with no holder, nats-server tells the asker "no responders".
+// An instance never waits for an answer it hands on.
+
+// relayedSuffix ends the name of the endpoint on which a partition's holder
+// takes the requests other instances hand it: compose-relayed.
+const relayedSuffix = "-relayed"
+
+// checkHold checks Config.Hold against Config.Partitions.
+func checkHold(hold []int, partitions int) error {
+	if len(hold) == 0 {
+		return nil
+	}
+	if partitions < 2 {
+		return fmt.Errorf("service: Config.Hold lists partitions of an unpartitioned mesh: set Partitions (serve --partitions) to the mappings' count")
+	}
+	seen := map[int]bool{}
+	for _, p := range hold {
+		if p < 0 || p >= partitions {
+			return fmt.Errorf("service: Config.Hold lists partition %d, outside 0 to %d (Partitions %d)", p, partitions-1, partitions)
+		}
+		if seen[p] {
+			return fmt.Errorf("service: Config.Hold lists partition %d twice", p)
+		}
+		seen[p] = true
+	}
+	return nil
+}
+
+// HoldsNode reports whether this instance serves node's partition: its copy
+// holds node's records, and its plans are this instance's to write while
+// it holds the partition's seat.
+func (s *Service) HoldsNode(node string) bool {
+	return s.held == nil || s.held[wire.PartitionOf(node, len(s.held))]
+}
+
+// holdsPartition reports whether this instance serves partition p.
+func (s *Service) holdsPartition(p int) bool {
+	return s.held == nil || (p >= 0 && p < len(s.held) && s.held[p])
+}
+
+// Held returns the partitions this instance serves, in order; nil when it
+// serves the whole mesh.
+func (s *Service) Held() []int {
+	var held []int
+	for p, ok := range s.held {
+		if ok {
+			held = append(held, p)
+		}
+	}
+	return held
+}
+
+// heldList is Held, as the stats carry it.
+func (s *Service) heldList() []uint32 {
+	var held []uint32
+	for _, p := range s.Held() {
+		held = append(held, uint32(p))
+	}
+	return held
+}
+
+// relayedRequest is a request another instance handed on: read as it was
+// asked, on the verb's subject.
+type relayedRequest struct {
+	micro.Request
+	subject string
+}
+
+func (r relayedRequest) Subject() string { return r.subject }
+
+// isRelayed reports whether r was handed on by another instance: it is not
+// handed on again.
+func isRelayed(r micro.Request) bool {
+	_, ok := r.(relayedRequest)
+	return ok
+}
+
+// relay hands r to the holders of partition p; a publish that fails is
+// refused with a 503.
+func (s *Service) relay(r micro.Request, p int, enc answers.Encoding, count *counters, onCallback bool) {
+	msg := &nats.Msg{Subject: wire.RelaySubject(p, r.Subject()), Reply: r.Reply(), Data: r.Data(), Header: nats.Header(r.Headers())}
+	if err := s.conn.PublishMsg(msg); err != nil {
+		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server could not hand the request to an instance that serves partition %d (%v); ask again shortly", p, err), onCallback)
+		return
+	}
+	count.relayed.Add(1)
+}
+
+// notHeldHere refuses a request handed on to this instance about a
+// partition it does not serve: handed on again, it could go round.
+func notHeldHere(p int) *wire.Error {
+	return wire.Errorf(wire.CodeUnavailable, "the request was handed to an instance that does not serve partition %d; ask again shortly", p)
+}
+
+// relays reports whether the endpoint takes requests about other
+// partitions' nodes, which an instance that serves some hands on: the
+// operators' (any node) and the providers' (their walk of every node). A
+// node's requests are about itself, routed to its partition.
+func (ep endpoint[Req, Res]) relays() bool {
+	return ep.PartitionOf != nil && ep.owner != wire.RoleNode
+}
+
+// registerRelay adds the endpoint on which partition pt's holder takes
+// the requests that other instances hand it (relays), if the endpoint has
+// one: without a door, since the instance that handed it on let it in.
+func (ep endpoint[Req, Res]) registerRelay(s *Service, svc micro.Service, pt *partition) error {
+	if !ep.relays() {
+		return nil
+	}
+	var res Res
+	name := ep.Name + relayedSuffix
+	count := s.counters[name]
+	prepare := func(r micro.Request) func(bool) {
+		asked, _, _ := wire.Unrelayed(r.Subject())
+		return ep.prepare(s, count, relayedRequest{Request: r, subject: asked})
+	}
+	return s.addEndpoint(svc, nil, name, ep.Subject, wire.RelaySubject(pt.index, ep.subjectOf()), "", 0, prepare,
+		ep.NewRequest().ProtoReflect().Descriptor().FullName(), res.ProtoReflect().Descriptor().FullName())
+}
+
+// relays and registerRelay of a write verb: a write is of its asker's own
+// records, routed to its partition.
+func (v writeVerb[Req]) relays() bool { return false }
+
+func (v writeVerb[Req]) registerRelay(*Service, micro.Service, *partition) error { return nil }

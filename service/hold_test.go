@@ -1,0 +1,157 @@
+package service_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/nodeclient"
+	"github.com/novox/mesh-provisioner/permissions"
+	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// Two instances that serve two partitions each of a mesh of four serve it
+// together: each holds its partitions' nodes alone, the nodes' writes reach
+// their partition's holder, and an operator's request about any node, a
+// provider's provisions and a listing of every node's needs, whichever
+// instance takes them, are answered whole (handed to the holder of the
+// partition they read), paging across both instances.
+func TestInstancesThatHoldSomePartitionsServeTheMeshTogether(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const partitions = 4
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	holding := func(hold ...int) func(*service.Config) {
+		return func(c *service.Config) { c.Partitions, c.Hold = partitions, hold }
+	}
+	low := servicetest.Start(t, natstest.Connect(t, server), holding(0, 1))
+	high := servicetest.Start(t, natstest.Connect(t, server), holding(2, 3))
+
+	// Two nodes of each partition, each with a port and a database of
+	// postgres's.
+	var nodes []string
+	count := map[int]int{}
+	for i := 0; len(nodes) < 2*partitions; i++ {
+		name := fmt.Sprintf("n%d", i)
+		if p := wire.PartitionOf(name, partitions); count[p] < 2 {
+			count[p]++
+			nodes = append(nodes, name)
+		}
+	}
+	slices.Sort(nodes)
+	var last uint64
+	for _, node := range nodes {
+		c, err := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, need := range []struct {
+			kind, name string
+			need       *provisionerv1.Need
+		}{
+			{"port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}},
+			{"bound", "db", &provisionerv1.Need{Placeholder: "${bound:db}", Provider: "postgres", Provision: "database", Local: "web"}},
+		} {
+			rev, err := c.PutNeed(ctx, "web", need.kind, need.name, need.need)
+			if err != nil {
+				t.Fatalf("%s's need, through its partition's holder: %v", node, err)
+			}
+			last = max(last, rev)
+		}
+	}
+	least := &provisionerv1.Revisions{Needs: last}
+
+	// Each holds its partitions' nodes alone.
+	for _, svc := range []*service.Service{low, high} {
+		natstest.CheckFor(t, 5*time.Second, func() error {
+			for _, b := range statsData(t, svc).GetBuckets() {
+				if b.GetBucket() == keys.NeedsBucket && (b.GetNodes() != 4 || b.GetRevision() < last) {
+					return fmt.Errorf("instance of %v: the copy of needs holds %d nodes at revision %d, want 4 at %d", svc.Held(), b.GetNodes(), b.GetRevision(), last)
+				}
+			}
+			return nil
+		})
+	}
+
+	operator := client.New(nc)
+	for _, node := range nodes {
+		for range 4 { // either instance takes it
+			plan, err := operator.Compose(ctx, &provisionerv1.ComposeRequest{Node: node, MinRevisions: least})
+			if err != nil {
+				t.Fatalf("an operator's compose of %s: %v", node, err)
+			}
+			if len(plan.GetProvisions()) != 1 || len(plan.GetPlans()) != 1 {
+				t.Fatalf("an operator's compose of %s: %d provisions and %d plans, want 1 each: %v", node, len(plan.GetProvisions()), len(plan.GetPlans()), plan)
+			}
+		}
+	}
+
+	var provisioned []string
+	for page, err := range operator.ProvisionsPages(ctx, &provisionerv1.ProvisionsRequest{Provider: "postgres", MinRevisions: least, PageSize: 1}) {
+		if err != nil {
+			t.Fatalf("postgres's provisions: %v", err)
+		}
+		for _, p := range page.GetProvisions() {
+			provisioned = append(provisioned, p.GetNode())
+		}
+	}
+	slices.Sort(provisioned)
+	if diff := cmp.Diff(nodes, provisioned); diff != "" {
+		t.Errorf("postgres's provisions' nodes, a page of one at a time (-want +got):\n%s", diff)
+	}
+
+	var listed []string
+	for page, err := range operator.ProvisioningPages(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last, PageSize: 3}) {
+		if err != nil {
+			t.Fatalf("every node's needs: %v", err)
+		}
+		for _, n := range page.GetNeeds() {
+			listed = append(listed, n.GetNode()+"."+n.GetKind())
+		}
+	}
+	var want []string
+	for _, node := range nodes {
+		want = append(want, node+".bound", node+".port")
+	}
+	slices.Sort(listed)
+	if diff := cmp.Diff(want, listed); diff != "" {
+		t.Errorf("every node's needs, three a page (-want +got):\n%s", diff)
+	}
+
+	relayed := 0
+	for _, svc := range []*service.Service{low, high} {
+		for _, e := range svc.Stats().Endpoints {
+			data, _ := wire.DecodeStatsData(e.Data)
+			relayed += int(data.GetRelayed())
+		}
+	}
+	if relayed == 0 {
+		t.Error("no request was handed on: each instance answered what it does not hold")
+	}
+}
+
+// statsData returns an endpoint's data of svc's stats.
+func statsData(t *testing.T, svc *service.Service) *provisionerv1.EndpointStatsData {
+	t.Helper()
+	for _, e := range svc.Stats().Endpoints {
+		if e.Name == wire.ComposeEndpoint {
+			data, err := wire.DecodeStatsData(e.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		}
+	}
+	t.Fatal("no compose endpoint")
+	return nil
+}
