@@ -117,8 +117,8 @@ func configurePlans(ctx context.Context, js jetstream.JetStream, cfg Config) err
 }
 
 // configureRegistry makes the registry bucket's stream hold the provisioner
-// seat as well (package seat): it adds wire.SeatSubject to the stream's
-// subjects, outside the bucket's keys so that no KV watcher sees it, and
+// seat as well (package seat), and the partitions' seats: it adds
+// wire.SeatSubject and wire.PartitionSeatSubjects to the stream's subjects, outside the bucket's keys so that no KV watcher sees it, and
 // allows per-message TTLs, which the seat's lease carries. The seat lives in
 // the registry's stream so that each registry write can be made conditional
 // on the lease in one publish.
@@ -128,12 +128,14 @@ func configureRegistry(ctx context.Context, js jetstream.JetStream) error {
 		return fmt.Errorf("bucket %s: %w", keys.RegistryBucket, err)
 	}
 	sc := stream.CachedInfo().Config
-	if sc.AllowMsgTTL && slices.Contains(sc.Subjects, wire.SeatSubject) {
+	if sc.AllowMsgTTL && slices.Contains(sc.Subjects, wire.SeatSubject) && slices.Contains(sc.Subjects, wire.PartitionSeatSubjects) {
 		return nil
 	}
 	sc.AllowMsgTTL = true
-	if !slices.Contains(sc.Subjects, wire.SeatSubject) {
-		sc.Subjects = append(sc.Subjects, wire.SeatSubject)
+	for _, subject := range []string{wire.SeatSubject, wire.PartitionSeatSubjects} {
+		if !slices.Contains(sc.Subjects, subject) {
+			sc.Subjects = append(sc.Subjects, subject)
+		}
 	}
 	if _, err := js.UpdateStream(ctx, sc); err != nil {
 		return fmt.Errorf("bucket %s: keep the provisioner seat: %w", keys.RegistryBucket, err)

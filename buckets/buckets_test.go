@@ -114,8 +114,8 @@ func TestEnsureKeepsTheSeatInTheRegistryStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := stream.CachedInfo().Config
-	if !sc.AllowMsgTTL || !slices.Contains(sc.Subjects, wire.SeatSubject) {
-		t.Errorf("registry stream: AllowMsgTTL %v, subjects %v; want TTLs and %s", sc.AllowMsgTTL, sc.Subjects, wire.SeatSubject)
+	if !sc.AllowMsgTTL || !slices.Contains(sc.Subjects, wire.SeatSubject) || !slices.Contains(sc.Subjects, wire.PartitionSeatSubjects) {
+		t.Errorf("registry stream: AllowMsgTTL %v, subjects %v; want TTLs, %s and %s", sc.AllowMsgTTL, sc.Subjects, wire.SeatSubject, wire.PartitionSeatSubjects)
 	}
 	// The seat's message is not a key of the bucket: its watchers never see it.
 	if _, err := js.Publish(ctx, wire.SeatSubject, []byte(`{"holder":"x"}`), jetstream.WithMsgTTL(time.Second)); err != nil {

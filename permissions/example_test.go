@@ -25,7 +25,7 @@ func ExampleNode() {
 	// mesh-provisioner.delete.ace
 	// mesh-provisioner.apply.ace
 	// mesh-provisioner.declare.ace.pg
-	// [$JS.> $KV.> $SEAT.mesh-provisioner]
+	// [$JS.> $KV.> $SEAT.mesh-provisioner $SEAT.mesh-provisioner.>]
 	// [_INBOX_MESH.node.ace.> $KV.mesh-provisioner_plans.ace]
 	// permissions for node: invalid key part: node "ace.web" holds '.' at byte 3; a token holds only A-Z a-z 0-9 - _ = /
 }

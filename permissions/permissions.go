@@ -35,7 +35,7 @@ func writeVerbs() []string {
 // publish or an API request on whatever reply subject its publisher chose,
 // and a stream that captures that subject stores the answer: only the
 // service's writer publishes there (docs/security.md).
-var intoStreams = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject}
+var intoStreams = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject, wire.PartitionSeatSubjects}
 
 // Permissions are the publish and subscribe rules of one identity, in the
 // shape of a nats-server permissions block.
@@ -207,7 +207,7 @@ func Operator(name string, providers ...string) (Permissions, error) {
 	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		p.Publish.Deny = append(p.Publish.Deny, kvSubjects(bucket, ""))
 	}
-	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject)
+	p.Publish.Deny = append(p.Publish.Deny, wire.SeatSubject, wire.PartitionSeatSubjects)
 	p.Publish.Deny = append(p.Publish.Deny, writeVerbs()...)
 	p.Publish.Deny = append(p.Publish.Deny, slices.DeleteFunc(slices.Clone(adminDenied), func(s string) bool { return s == "$JS.API.CONSUMER.DELETE.>" })...)
 	p.Subscribe.Allow = []string{wire.InboxPrefix(wire.RoleOperator, name) + ".>"}
@@ -243,7 +243,7 @@ func Server() Permissions {
 	// At start an instance asks discovery whether others serve; their
 	// answers come to its own inbox.
 	p.Publish.Allow = append(p.Publish.Allow, "$SRV.INFO."+wire.ServiceName, own, wire.RelayRoot+".>")
-	p.Publish.Deny = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject, "$SYS.>", wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
+	p.Publish.Deny = []string{"$JS.>", wire.KVRoot + ".>", wire.SeatSubject, wire.PartitionSeatSubjects, "$SYS.>", wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".>"}
 	p.Subscribe.Allow = []string{wire.ServiceName + ".>", "$SRV.>", own}
 	return p
 }
@@ -282,6 +282,8 @@ func followBound(who string, providers []string) ([]string, error) {
 //   - publish $SEAT.mesh-provisioner and
 //     $JS.API.DIRECT.GET.KV_mesh-provisioner_registry.$SEAT.mesh-provisioner:
 //     take, renew, hand back and read the provisioner seat (package seat);
+//     the same of $SEAT.mesh-provisioner.>, the partitions' seats (serve
+//     --hold);
 //   - publish $JS.API.INFO: the KV client reads the account's JetStream
 //     information before it creates a bucket;
 //   - for each of the five buckets and the plans', publish $JS.API.STREAM.INFO, .CREATE and
@@ -313,7 +315,8 @@ func ServerWriter(providers ...string) (Permissions, error) {
 	registry := wire.StreamOf(keys.RegistryBucket)
 	plans := wire.StreamOf(keys.PlansBucket)
 	p.Publish.Allow = []string{kvSubjects(keys.RegistryBucket, ""), wire.SeatSubject,
-		jsAPI("DIRECT.GET", registry) + "." + wire.SeatSubject, "$JS.API.INFO",
+		jsAPI("DIRECT.GET", registry) + "." + wire.SeatSubject, wire.PartitionSeatSubjects,
+		jsAPI("DIRECT.GET", registry) + "." + wire.PartitionSeatSubjects, "$JS.API.INFO",
 		kvSubjects(keys.PlansBucket, ""), jsAPI("DIRECT.GET", plans) + ".>", jsAPI("STREAM.MSG.GET", plans)}
 	for _, bucket := range append(keys.Buckets(), keys.PlansBucket) {
 		stream := wire.StreamOf(bucket)

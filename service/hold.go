@@ -68,13 +68,13 @@ func (s *Service) Held() []int {
 	return held
 }
 
-// heldList is Held, as the stats carry it.
-func (s *Service) heldList() []uint32 {
-	var held []uint32
-	for _, p := range s.Held() {
-		held = append(held, uint32(p))
+// uint32s returns partitions as the stats carry them.
+func uint32s(partitions []int) []uint32 {
+	var out []uint32
+	for _, p := range partitions {
+		out = append(out, uint32(p))
 	}
-	return held
+	return out
 }
 
 // relayedRequest is a request another instance handed on: read as it was

@@ -149,6 +149,9 @@ type Config struct {
 	// this instance holds it, since when it holds it or stands by, and who
 	// holds it as far as it knows. Nil leaves the seat out of the stats.
 	Seat func() (held bool, since time.Time, holder string)
+	// PartitionSeats reports, with Hold, the partitions whose seats this
+	// instance holds, for the endpoints' stats; nil leaves them out.
+	PartitionSeats func() []int
 	// Observe, if set, hears every answer and refusal with its code and
 	// latency (see Observer).
 	Observe Observer
@@ -299,7 +302,9 @@ type Service struct {
 	counters map[string]*counters                                // by endpoint name
 	flights  *admission.Flights[answers.CacheKey, answers.Stamp] // nil without an answer cache: a waiter reuses the answer kept
 	seat     func() (held bool, since time.Time, holder string)
-	observe  Observer
+	// partitionSeats is Config.PartitionSeats.
+	partitionSeats func() []int
+	observe        Observer
 	// slow logs the bursts of requests dropped by a full pending buffer.
 	slow *admission.BurstLog
 	// plans counts what RunPlans did.
@@ -430,6 +435,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		writing:              make(chan struct{}, MaxConcurrentWrites),
 		counters:             map[string]*counters{},
 		seat:                 cfg.Seat,
+		partitionSeats:       cfg.PartitionSeats,
 		observe:              cfg.Observe,
 		partitions:           newPartitions(cfg.Partitions),
 		flooded:              make(chan *partition, max(cfg.Partitions, 1)),
@@ -797,11 +803,14 @@ func (s *Service) stats(e *micro.Endpoint) any {
 		DroppedByAsker: c.droppedByAsker(),
 		ShutOut:        s.shutOutStats(),
 		Relayed:        c.relayed.Load(),
-		Held:           s.heldList(),
+		Held:           uint32s(s.Held()),
 		Loading:        s.mirror.Loading(),
 		Behind:         s.mirror.Behind(),
 		AnswerCache:    s.answers.CacheStats(),
 		Plans:          s.plans.Proto(),
+	}
+	if s.partitionSeats != nil {
+		data.PartitionSeats = uint32s(s.partitionSeats())
 	}
 	for _, x := range s.mirror.OverBudget() {
 		data.OverBudget = append(data.OverBudget, &provisionerv1.OverBudget{

@@ -3,6 +3,7 @@ package wire
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strconv"
 
 	"github.com/nats-io/nats.go/micro"
 )
@@ -116,6 +117,14 @@ const KVRoot = "$KV"
 // watchers of the registry never see it, and so that every registry write can
 // be made conditional on the lease's sequence in the same stream.
 const SeatSubject = "$SEAT." + ServiceName
+
+// PartitionSeatSubjects are where the seats of a partitioned mesh's
+// partitions are kept, beside SeatSubject in the same stream: the holder
+// of a partition's seat writes the plans of its nodes (serve --hold).
+const PartitionSeatSubjects = SeatSubject + ".>"
+
+// PartitionSeatSubject returns where the seat of partition p is kept.
+func PartitionSeatSubject(p int) string { return SeatSubject + "." + strconv.Itoa(p) }
 
 // RunsAsAPIPrefix is where a node's account imports its plan key's subject
 // when the server runs in an account of its own (permissions.RunsAs): the

@@ -64,6 +64,7 @@ func replyTargets(meshStream string) []replyTarget {
 	}
 	return append(out,
 		replyTarget{name: "the seat", subject: wire.SeatSubject},
+		replyTarget{name: "a partition's seat", subject: wire.PartitionSeatSubject(0)},
 		replyTarget{name: "the server's ping", subject: "$SYS.REQ.SERVER.PING"},
 		replyTarget{name: "an account's connections", subject: "$SYS.REQ.ACCOUNT.PING.CONNZ"},
 		replyTarget{name: "the writer's inbox", subject: wire.InboxPrefix(wire.RoleServer, wire.WriterIdentity) + ".evil"},

@@ -427,6 +427,10 @@ func TestPermissionsOnARealServer(t *testing.T) {
 			permissionViolation, wire.SeatSubject},
 		{pg, "take the provisioner seat", publish(pg, wire.SeatSubject, "", []byte(`{"holder":"pg"}`)),
 			permissionViolation, wire.SeatSubject},
+		{ace, "take a partition's seat", publish(ace, wire.PartitionSeatSubject(0), "", []byte(`{"holder":"ace"}`)),
+			permissionViolation, wire.PartitionSeatSubject(0)},
+		{pg, "bind with the PubAck aimed at a partition's seat", publish(pg, wire.KVSubject("pg_bound", "x"), wire.PartitionSeatSubject(0), nil),
+			permissionViolation, wire.KVSubject("pg_bound", "x")},
 		{ace, "roll up the needs on its own key", publish(ace, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http"), "", nil, "Nats-Rollup", "all"),
 			permissionViolation, wire.KVSubject(keys.NeedsBucket, "ace.web.port.http")},
 		{ace, "create a new bucket", func(ctx context.Context) error {

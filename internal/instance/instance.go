@@ -70,6 +70,13 @@ type Instance struct {
 	servingOnce sync.Once
 	// contending is set while Contend runs: one seat, one tenure at once.
 	contending atomic.Bool
+	// partitionSeats are the seats of the partitions the service serves
+	// (service.Config.Hold), in its order; seatHeld says, by partition,
+	// which this instance holds, and seatsChanged is told when one is
+	// taken or lost (partitions.go).
+	partitionSeats []*seat.Seat
+	seatHeld       []atomic.Bool
+	seatsChanged   chan struct{}
 }
 
 // ErrContending is returned by Contend and Run while the instance already
@@ -107,6 +114,9 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		return nil, err
 	}
 	svcCfg := cfg.Service
+	if svcCfg.PartitionSeats == nil && in.partitionSeats != nil {
+		svcCfg.PartitionSeats = in.PartitionSeats
+	}
 	if svcCfg.Seat == nil {
 		svcCfg.Seat = func() (bool, time.Time, string) {
 			st := in.seat.Status()
@@ -159,10 +169,14 @@ func (in *Instance) prepareBuckets(ctx context.Context, js jetstream.JetStream) 
 	// Of all instances on the mesh, the one that holds the seat writes the
 	// registry and the plans, each write fenced by its lease; the others
 	// stand by.
-	return retryStart(ctx, in.logger, "bind the provisioner seat", func(sctx context.Context) (err error) {
+	err := retryStart(ctx, in.logger, "bind the provisioner seat", func(sctx context.Context) (err error) {
 		in.seat, err = seat.New(sctx, seat.Config{JS: js, Logger: in.logger})
 		return err
 	})
+	if err != nil {
+		return err
+	}
+	return in.bindPartitionSeats(ctx, js)
 }
 
 // Service returns the instance's service.
@@ -201,6 +215,9 @@ func (in *Instance) Contend(ctx context.Context) error {
 	reconciled := make(chan uint64, 1) // the revision of the first run that wrote the registry whole
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return in.contend(gctx, reconciled) })
+	if in.partitionSeats != nil {
+		g.Go(func() error { return in.writeHeldPlans(gctx) })
+	}
 	g.Go(func() error {
 		readyCtx, cancel := context.WithTimeout(gctx, in.cfg.ReadyTimeout)
 		defer cancel()
@@ -237,13 +254,17 @@ func (in *Instance) contend(ctx context.Context, reconciled chan<- uint64) error
 			default:
 			}
 		}}
-	// The holder's tenure: the registry, and each node's plan digest.
+	// The holder's tenure: the registry, and each node's plan digest but
+	// where each partition's seat says who writes its nodes' plans
+	// (writeHeldPlans).
 	tenure := func(ctx context.Context) error {
 		tg, tctx := errgroup.WithContext(ctx)
 		tg.Go(func() error { return reconciler.Run(tctx) })
-		tg.Go(func() error {
-			return in.svc.RunPlans(tctx, service.PlansConfig{KV: in.plans, Interval: in.cfg.PlansInterval})
-		})
+		if in.partitionSeats == nil {
+			tg.Go(func() error {
+				return in.svc.RunPlans(tctx, service.PlansConfig{KV: in.plans, Interval: in.cfg.PlansInterval})
+			})
+		}
 		return tg.Wait()
 	}
 	if err := in.seat.Run(ctx, tenure); err != nil && ctx.Err() == nil { // not a write cut short by shutdown

@@ -111,9 +111,12 @@ type EndpointStatsData struct {
 	Relayed uint64 `protobuf:"varint,23,opt,name=relayed,proto3" json:"relayed,omitempty"`
 	// The partitions this instance serves (serve --hold), in order; empty
 	// when it serves the whole mesh.
-	Held          []uint32 `protobuf:"varint,24,rep,packed,name=held,proto3" json:"held,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Held []uint32 `protobuf:"varint,24,rep,packed,name=held,proto3" json:"held,omitempty"`
+	// Of those, the partitions whose seats this instance holds, in order: it
+	// writes their nodes' plan digests.
+	PartitionSeats []uint32 `protobuf:"varint,25,rep,packed,name=partition_seats,json=partitionSeats,proto3" json:"partition_seats,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EndpointStatsData) Reset() {
@@ -310,6 +313,13 @@ func (x *EndpointStatsData) GetRelayed() uint64 {
 func (x *EndpointStatsData) GetHeld() []uint32 {
 	if x != nil {
 		return x.Held
+	}
+	return nil
+}
+
+func (x *EndpointStatsData) GetPartitionSeats() []uint32 {
+	if x != nil {
+		return x.PartitionSeats
 	}
 	return nil
 }
@@ -814,7 +824,7 @@ var File_mesh_provisioner_v1_stats_proto protoreflect.FileDescriptor
 
 const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xae\a\n" +
+	"\x1fmesh/provisioner/v1/stats.proto\x12\x13mesh.provisioner.v1\"\xd7\a\n" +
 	"\x11EndpointStatsData\x12\x1a\n" +
 	"\banswered\x18\x01 \x01(\x04R\banswered\x12#\n" +
 	"\ranswer_errors\x18\x02 \x01(\x04R\fanswerErrors\x12\x12\n" +
@@ -846,7 +856,8 @@ const file_mesh_provisioner_v1_stats_proto_rawDesc = "" +
 	"\x10dropped_by_asker\x18\x15 \x03(\v2\x1f.mesh.provisioner.v1.AskerDropsR\x0edroppedByAsker\x12@\n" +
 	"\bshut_out\x18\x16 \x03(\v2%.mesh.provisioner.v1.PartitionShutOutR\ashutOut\x12\x18\n" +
 	"\arelayed\x18\x17 \x01(\x04R\arelayed\x12\x12\n" +
-	"\x04held\x18\x18 \x03(\rR\x04held\"r\n" +
+	"\x04held\x18\x18 \x03(\rR\x04held\x12'\n" +
+	"\x0fpartition_seats\x18\x19 \x03(\rR\x0epartitionSeats\"r\n" +
 	"\x10PartitionShutOut\x12\x1c\n" +
 	"\tpartition\x18\x01 \x01(\rR\tpartition\x12\x14\n" +
 	"\x05asker\x18\x02 \x01(\tR\x05asker\x12\x14\n" +

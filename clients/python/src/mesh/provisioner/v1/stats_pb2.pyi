@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EndpointStatsData(_message.Message):
-    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused", "plans", "answered_early", "asker_full", "dropped", "dropped_by_asker", "shut_out", "relayed", "held")
+    __slots__ = ("answered", "answer_errors", "shed", "queue_full", "slow_consumer", "refused_replies", "loading", "behind", "over_budget", "answer_cache", "seat", "seat_since", "seat_holder", "buckets", "large_shed", "refused", "plans", "answered_early", "asker_full", "dropped", "dropped_by_asker", "shut_out", "relayed", "held", "partition_seats")
     ANSWERED_FIELD_NUMBER: _ClassVar[int]
     ANSWER_ERRORS_FIELD_NUMBER: _ClassVar[int]
     SHED_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class EndpointStatsData(_message.Message):
     SHUT_OUT_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_SEATS_FIELD_NUMBER: _ClassVar[int]
     answered: int
     answer_errors: int
     shed: int
@@ -56,7 +57,8 @@ class EndpointStatsData(_message.Message):
     shut_out: _containers.RepeatedCompositeFieldContainer[PartitionShutOut]
     relayed: int
     held: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ..., plans: _Optional[_Union[PlansStats, _Mapping]] = ..., answered_early: _Optional[int] = ..., asker_full: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_by_asker: _Optional[_Iterable[_Union[AskerDrops, _Mapping]]] = ..., shut_out: _Optional[_Iterable[_Union[PartitionShutOut, _Mapping]]] = ..., relayed: _Optional[int] = ..., held: _Optional[_Iterable[int]] = ...) -> None: ...
+    partition_seats: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, answered: _Optional[int] = ..., answer_errors: _Optional[int] = ..., shed: _Optional[int] = ..., queue_full: _Optional[int] = ..., slow_consumer: _Optional[int] = ..., refused_replies: _Optional[int] = ..., loading: _Optional[_Iterable[str]] = ..., behind: _Optional[_Iterable[str]] = ..., over_budget: _Optional[_Iterable[_Union[OverBudget, _Mapping]]] = ..., answer_cache: _Optional[_Union[AnswerCacheStats, _Mapping]] = ..., seat: _Optional[str] = ..., seat_since: _Optional[str] = ..., seat_holder: _Optional[str] = ..., buckets: _Optional[_Iterable[_Union[BucketStats, _Mapping]]] = ..., large_shed: _Optional[int] = ..., refused: _Optional[int] = ..., plans: _Optional[_Union[PlansStats, _Mapping]] = ..., answered_early: _Optional[int] = ..., asker_full: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_by_asker: _Optional[_Iterable[_Union[AskerDrops, _Mapping]]] = ..., shut_out: _Optional[_Iterable[_Union[PartitionShutOut, _Mapping]]] = ..., relayed: _Optional[int] = ..., held: _Optional[_Iterable[int]] = ..., partition_seats: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PartitionShutOut(_message.Message):
     __slots__ = ("partition", "asker", "times", "until")

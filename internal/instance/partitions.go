@@ -1,0 +1,99 @@
+package instance
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/novox/mesh-provisioner/seat"
+	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// In a mesh whose instances serve some partitions each (service.Config.Hold),
+// each partition has a seat of its own (wire.PartitionSeatSubject), kept as
+// the provisioner seat is, in the registry's stream: of the instances that
+// serve a partition, the one that holds its seat writes its nodes' plans.
+// The provisioner seat's holder reconciles the registry, and writes no plan.
+
+// bindPartitionSeats binds a seat for each partition the service serves,
+// under the provisioner seat's id.
+func (in *Instance) bindPartitionSeats(ctx context.Context, js jetstream.JetStream) error {
+	hold := in.cfg.Service.Hold
+	if len(hold) == 0 {
+		return nil
+	}
+	in.seatHeld = make([]atomic.Bool, in.cfg.Service.Partitions)
+	in.seatsChanged = make(chan struct{}, 1)
+	for _, p := range hold {
+		var st *seat.Seat
+		err := retryStart(ctx, in.logger, fmt.Sprintf("bind the seat of partition %d", p), func(sctx context.Context) (err error) {
+			st, err = seat.New(sctx, seat.Config{JS: js, Subject: wire.PartitionSeatSubject(p), ID: in.seat.ID(),
+				Logger: in.logger.With("partition", p)})
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		in.partitionSeats = append(in.partitionSeats, st)
+	}
+	return nil
+}
+
+// writeHeldPlans contends for the seat of each partition the service
+// serves, and writes the plans of the nodes of those it holds, until ctx
+// ends.
+func (in *Instance) writeHeldPlans(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		return in.svc.RunPlans(gctx, service.PlansConfig{KV: in.plans, Interval: in.cfg.PlansInterval,
+			Holds: in.holdsSeatOf, HoldsChanged: in.seatsChanged})
+	})
+	for i, st := range in.partitionSeats {
+		p := in.cfg.Service.Hold[i]
+		g.Go(func() error {
+			err := st.Run(gctx, func(tenure context.Context) error {
+				in.seatHeld[p].Store(true)
+				in.tellSeats()
+				<-tenure.Done()
+				in.seatHeld[p].Store(false)
+				in.tellSeats()
+				return nil
+			})
+			if err != nil && gctx.Err() == nil {
+				return fmt.Errorf("the seat of partition %d: %w", p, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
+}
+
+// holdsSeatOf reports whether this instance holds the seat of node's
+// partition: the plans writer keeps node's key.
+func (in *Instance) holdsSeatOf(node string) bool {
+	return in.seatHeld[wire.PartitionOf(node, len(in.seatHeld))].Load()
+}
+
+// tellSeats tells the plans writer that the seats held changed.
+func (in *Instance) tellSeats() {
+	select {
+	case in.seatsChanged <- struct{}{}:
+	default: // told already
+	}
+}
+
+// PartitionSeats returns the partitions whose seats this instance holds,
+// in order: it writes their nodes' plans.
+func (in *Instance) PartitionSeats() []int {
+	var held []int
+	for p := range in.seatHeld {
+		if in.seatHeld[p].Load() {
+			held = append(held, p)
+		}
+	}
+	return held
+}
