@@ -40,7 +40,10 @@ be reached at start keeps trying, a log line per attempt (--connect-retry=false
 exits instead). It creates the six buckets if they are missing. Any number of
 instances may serve one mesh; the one that holds the provisioner seat writes
 the registry (at the start of its tenure, every --registry-interval and
-whenever an entry is changed by anyone else) and each node's plan digest. It
+whenever an entry is changed by anyone else) and each node's plan digest.
+With --partitions and --hold, an instance serves some partitions only, holds
+their nodes alone and hands other requests to their holders; each
+partition's seat says who writes its plans. It
 stops cleanly on SIGINT or SIGTERM, handing the seat to a standby. nats.go's
 and nats-server's messages go through its log, passwords redacted.
 
