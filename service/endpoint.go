@@ -140,7 +140,7 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 	// First, before anything can answer: every path below (refusals, 503s,
 	// pages, reused answers) publishes to r.Reply().
 	who := ep.addresseeOf(r)
-	if !s.replies.AnswersTo(r.Reply(), who.Role, who.Name) {
+	if !s.answersTo(r, who) {
 		s.refuseReply(r, count)
 		return nil
 	}

@@ -1,11 +1,16 @@
 package service
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/novox/mesh-provisioner/service/admission"
 	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -13,11 +18,13 @@ import (
 // An instance may serve some partitions of the mesh only (Config.Hold): it
 // holds the copy of their nodes, answers their nodes and providers (whose
 // requests nats-server routes by partition), and hands any other request
-// about nodes it does not hold to an instance that holds them. The hand-off
-// is one publish of the request as it came, reply subject and all, on the
-// holder's relay subject (wire.RelaySubject): the holder answers the asker
-// itself, and with no holder, nats-server tells the asker "no responders".
-// An instance never waits for an answer it hands on.
+// about nodes it does not hold to an instance that holds them: it asks the
+// holder on the partition's relay subject (wire.RelaySubject), with the
+// request's data and headers, on its own inbox, and sends the asker the
+// holder's answer as it came. A partition that no instance serves is a 503
+// that says so: nats-server tells "no responders" only to a publisher that
+// listens on the reply subject, so a request published with its asker's
+// reply subject would be dropped unanswered.
 
 // relayedSuffix ends the name of the endpoint on which a partition's holder
 // takes the requests other instances hand it: compose-relayed.
@@ -93,16 +100,43 @@ func isRelayed(r micro.Request) bool {
 	return ok
 }
 
-// relay hands r to the holders of partition p; a publish that fails is
-// refused with a 503.
+// relayWait bounds the wait for a holder's answer: past it, the asker has
+// most likely given up (nats.go's requests wait 2 s, the nats CLI's 5 s).
+const relayWait = 10 * time.Second
+
+// relay hands r to a holder of partition p and sends its answer to r's
+// asker, off the callback; no holder, or none that answers, is a 503.
 func (s *Service) relay(r micro.Request, p int, enc answers.Encoding, count *counters, onCallback bool) {
-	msg := &nats.Msg{Subject: wire.RelaySubject(p, r.Subject()), Reply: r.Reply(), Data: r.Data(), Header: nats.Header(r.Headers())}
-	if err := s.conn.PublishMsg(msg); err != nil {
-		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server could not hand the request to an instance that serves partition %d (%v); ask again shortly", p, err), onCallback)
+	release := s.admit()
+	if release == nil {
+		s.refuse(r, enc, count, answers.ErrStopping, onCallback)
 		return
 	}
+	asked := &nats.Msg{Subject: wire.RelaySubject(p, r.Subject()), Data: r.Data(), Header: nats.Header(r.Headers())}
 	count.relayed.Add(1)
+	go func() {
+		defer release()
+		ctx, cancel := context.WithTimeout(s.stopping, relayWait)
+		defer cancel()
+		answer, err := wire.Request(ctx, s.conn, wire.RoleServer, wire.ServerIdentity, asked)
+		if err != nil {
+			why := err.Error()
+			if errors.Is(err, nats.ErrNoResponders) {
+				why = "no instance serves it now"
+			}
+			s.send(r, enc, count, nil, wire.Errorf(wire.CodeUnavailable, "the request reads nodes of partition %d, which this instance does not serve, and it could not be handed to one that does (%s); ask again shortly", p, why))
+			return
+		}
+		if err := s.answer.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: answer.Data, Header: answer.Header}); err != nil {
+			s.logger.Warn("sending an answer handed on failed", "subject", r.Subject(), "partition", p, "err", err)
+			count.answerErrors.Add(1)
+		}
+	}()
 }
+
+// relayReplies is the inbox prefix an instance asks a holder on (relay):
+// the answering identity's own, where no asker's request is answered.
+var relayReplies = wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + "."
 
 // notHeldHere refuses a request handed on to this instance about a
 // partition it does not serve: handed on again, it could go round.
@@ -141,3 +175,13 @@ func (ep endpoint[Req, Res]) registerRelay(s *Service, svc micro.Service, pt *pa
 func (v writeVerb[Req]) relays() bool { return false }
 
 func (v writeVerb[Req]) registerRelay(*Service, micro.Service, *partition) error { return nil }
+
+// answersTo reports whether r's reply subject is one the service answers
+// for who: an inbox of the askers' (Config.ReplyPrefixes), or, for a
+// request another instance handed on, that instance's own.
+func (s *Service) answersTo(r micro.Request, who admission.Asker) bool {
+	if isRelayed(r) {
+		return strings.HasPrefix(r.Reply(), relayReplies)
+	}
+	return s.replies.AnswersTo(r.Reply(), who.Role, who.Name)
+}

@@ -1,8 +1,10 @@
 package service_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,4 +156,26 @@ func statsData(t *testing.T, svc *service.Service) *provisionerv1.EndpointStatsD
 	}
 	t.Fatal("no compose endpoint")
 	return nil
+}
+
+// A request about a partition no instance serves is a 503 that says so,
+// at once, not a request left to time out.
+func TestARequestAboutAPartitionNobodyServesIsA503(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1} })
+	node := ""
+	for i := 0; node == ""; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
+			node = name
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
+	if wire.CodeOf(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), "no instance serves it now") {
+		t.Errorf("an operator's compose of %s, of partition 2, which nobody serves: %v; want a 503 saying so", node, err)
+	}
 }

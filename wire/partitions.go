@@ -132,9 +132,10 @@ func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats 
 // does not hold to an instance that holds them:
 // mesh-provisioner.partition.<p>.<the verb's subject after the service's
 // name>, each instance subscribing to those of the partitions it holds.
-// The request keeps its asker's reply subject: the holder answers the
-// asker, as if asked. Only the service's answering identity publishes
-// there, and operators, who may ask every verb of every node.
+// The instance asks on its own inbox, and sends the holder's answer on to
+// the asker. Only the service's answering identity publishes there, and
+// operators, who may ask every verb of every node (and are not answered
+// there: a holder answers the service's inbox alone).
 const RelayRoot = ServiceName + ".partition"
 
 // RelaySubject returns the subject on which a request asked on subject, a
