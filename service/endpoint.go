@@ -184,7 +184,7 @@ func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request,
 				s.refuse(r, enc, count, notHeldHere(p), onCallback)
 				return
 			}
-			s.relay(r, p, enc, count, onCallback)
+			s.relay(r, who, p, enc, count, onCallback)
 			return
 		}
 	}

@@ -105,17 +105,35 @@ func isRelayed(r micro.Request) bool {
 const relayWait = 10 * time.Second
 
 // relay hands r to a holder of partition p and sends its answer to r's
-// asker, off the callback; no holder, or none that answers, is a 503.
-func (s *Service) relay(r micro.Request, p int, enc answers.Encoding, count *counters, onCallback bool) {
+// asker, off the callback; no holder, or none that answers, is a 503. A
+// request handed on waits as one waiting for revisions does: it takes one
+// of MaxWaiting places, and one of its asker's (MaxPerAsker).
+func (s *Service) relay(r micro.Request, who admission.Asker, p int, enc answers.Encoding, count *counters, onCallback bool) {
 	release := s.admit()
 	if release == nil {
 		s.refuse(r, enc, count, answers.ErrStopping, onCallback)
+		return
+	}
+	give, werr := s.hold(who, count)
+	if werr != nil {
+		release()
+		s.refuse(r, enc, count, werr, onCallback)
+		return
+	}
+	select {
+	case s.waiting <- struct{}{}:
+	default:
+		give()
+		release()
+		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions or for another instance's answer; ask again shortly", cap(s.waiting)), onCallback)
 		return
 	}
 	asked := &nats.Msg{Subject: wire.RelaySubject(p, r.Subject()), Data: r.Data(), Header: nats.Header(r.Headers())}
 	count.relayed.Add(1)
 	go func() {
 		defer release()
+		defer give()
+		defer func() { <-s.waiting }()
 		ctx, cancel := context.WithTimeout(s.stopping, relayWait)
 		defer cancel()
 		answer, err := wire.Request(ctx, s.conn, wire.RoleServer, wire.ServerIdentity, asked)

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -177,5 +179,50 @@ func TestARequestAboutAPartitionNobodyServesIsA503(t *testing.T) {
 	_, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
 	if wire.CodeOf(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), "no instance serves it now") {
 		t.Errorf("an operator's compose of %s, of partition 2, which nobody serves: %v; want a 503 saying so", node, err)
+	}
+}
+
+// A request handed on waits for the holder's answer as one waiting for
+// revisions does: past MaxWaiting of them at once, a 503 that says so.
+func TestRequestsHandedOnAreBounded(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	svc := servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold, c.MaxWaiting = partitions, []int{0, 1}, 1 })
+	// A holder of partition 2 that never answers.
+	silent, err := nc.Subscribe(wire.RelaySubject(2, wire.ComposeSubject), func(*nats.Msg) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = silent.Unsubscribe() }()
+	var of2 []string
+	for i := 0; len(of2) < 2; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
+			of2 = append(of2, name)
+		}
+	}
+	operator := client.New(nc)
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		_, err := operator.Compose(ctx, &provisionerv1.ComposeRequest{Node: of2[0]})
+		first <- err
+	}()
+	natstest.CheckFor(t, 2*time.Second, func() error {
+		if data := statsData(t, svc); data.GetRelayed() == 0 {
+			return errors.New("the first request is not handed on yet")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	_, err = operator.Compose(ctx, &provisionerv1.ComposeRequest{Node: of2[1]})
+	if wire.CodeOf(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), "already wait") {
+		t.Errorf("a second request handed on while the first waits, MaxWaiting 1: %v; want a 503 saying so", err)
+	}
+	if err := <-first; err == nil {
+		t.Error("the first request, to a holder that never answers, was answered")
 	}
 }

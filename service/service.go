@@ -78,8 +78,9 @@ type Config struct {
 	// SlowCompose is the duration over which a composition is logged with
 	// its phases; zero means 100ms.
 	SlowCompose time.Duration
-	// MaxWaiting bounds the requests waiting for revisions at once; more
-	// are refused with a 503 rather than held. Zero means 1024.
+	// MaxWaiting bounds the requests waiting for revisions at once, or for
+	// another instance's answer (Hold); more are refused with a 503 rather
+	// than held. Zero means 1024.
 	MaxWaiting int
 	// MaxPerAsker bounds the requests of one node or provider (whom a
 	// node- or provider-addressed subject names) that wait for revisions,
