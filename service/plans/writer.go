@@ -293,6 +293,9 @@ func keepPlans(ctx context.Context, cfg Config) error {
 		if err := w.pass(ctx, nodes); err != nil {
 			return err
 		}
+		if all && len(nodes) > 0 {
+			debug.FreeOSMemory() // as after the first pass: it composed every node kept
+		}
 		if until, ok := w.untilDue(); ok {
 			due.Reset(until)
 		} else {
