@@ -50,6 +50,8 @@ type Config struct {
 	Poll time.Duration
 	// Logger receives the seat's changes; nil means slog.Default().
 	Logger *slog.Logger
+	// Name is the seat as the log names it; empty means "provisioner seat".
+	Name string
 }
 
 // Defaults of Config. A dead holder's lease runs out TTL after its last
@@ -148,6 +150,9 @@ func New(ctx context.Context, cfg Config) (*Seat, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Name == "" {
+		cfg.Name = "provisioner seat"
 	}
 	stream, err := cfg.JS.Stream(ctx, cfg.Stream)
 	if err != nil {
@@ -299,7 +304,7 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 	current, seq, err := s.read(rctx)
 	if err != nil {
 		if ctx.Err() == nil {
-			s.logger.Debug("reading the provisioner seat failed", "err", err)
+			s.logger.Debug("reading the "+s.cfg.Name+" failed", "err", err)
 		}
 		return false
 	}
@@ -309,7 +314,7 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 		s.takeFailing = 0
 		s.mu.Unlock()
 		if current.Holder != previous.Holder || !current.Since.Equal(previous.HolderSince) {
-			s.logger.Info("the provisioner seat is held", "holder", current.Holder, "holder_since", current.Since)
+			s.logger.Info("the "+s.cfg.Name+" is held", "holder", current.Holder, "holder_since", current.Since)
 			s.status.Store(&Status{Since: previous.Since, Holder: current.Holder, HolderSince: current.Since})
 		}
 		return false
@@ -322,9 +327,9 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 	if err != nil {
 		if !isWrongLastSequence(err) && ctx.Err() == nil {
 			if s.takeFailing == 0 {
-				s.logger.Warn("taking the vacant provisioner seat failed; trying again (each further failure at debug level)", "err", err)
+				s.logger.Warn("taking the vacant "+s.cfg.Name+" failed; trying again (each further failure at debug level)", "err", err)
 			} else {
-				s.logger.Debug("taking the vacant provisioner seat failed", "err", err, "failed", s.takeFailing+1)
+				s.logger.Debug("taking the vacant "+s.cfg.Name+" failed", "err", err, "failed", s.takeFailing+1)
 			}
 			s.takeFailing++
 		}
@@ -332,7 +337,7 @@ func (s *Seat) tryAcquire(ctx context.Context) bool {
 	}
 	s.held, s.rev, s.since, s.renewed, s.failing = true, ack.Sequence, now, now, 0
 	s.status.Store(&Status{Held: true, Since: now, Holder: s.cfg.ID, HolderSince: mine.Since})
-	s.logger.Info("took the provisioner seat", "previous_holder", previous.Holder, "lease_sequence", ack.Sequence, "failed_before", s.takeFailing)
+	s.logger.Info("took the "+s.cfg.Name, "previous_holder", previous.Holder, "lease_sequence", ack.Sequence, "failed_before", s.takeFailing)
 	s.takeFailing = 0
 	return true
 }
@@ -372,7 +377,7 @@ func (s *Seat) renew(ctx context.Context) (held bool, next time.Duration) {
 	ack, err := s.publishLease(rctx, lease{Holder: s.cfg.ID, Since: s.since.UTC()}, s.rev)
 	if err == nil {
 		if s.failing > 0 {
-			s.logger.Info("renewed the provisioner seat after failed renewals", "failed", s.failing,
+			s.logger.Info("renewed the "+s.cfg.Name+" after failed renewals", "failed", s.failing,
 				"lease_left", left.Round(time.Millisecond))
 		}
 		s.rev, s.renewed, s.failing = ack.Sequence, sent, 0
@@ -399,7 +404,7 @@ func (s *Seat) renew(ctx context.Context) (held bool, next time.Duration) {
 		return false, 0
 	}
 	if s.failing == 0 && ctx.Err() == nil {
-		s.logger.Warn("renewing the provisioner seat failed; trying again until the lease runs out", "err", err, "every", renewRetry,
+		s.logger.Warn("renewing the "+s.cfg.Name+" failed; trying again until the lease runs out", "err", err, "every", renewRetry,
 			"lease_left", left.Round(time.Millisecond))
 	}
 	s.failing++
@@ -469,7 +474,7 @@ func (s *Seat) loseLocked(why string, err error) {
 	}
 	now := time.Now()
 	s.status.Store(&Status{Since: now})
-	s.logger.Warn("lost the provisioner seat", "why", why, "err", err, "held_for", now.Sub(s.since).Round(time.Millisecond))
+	s.logger.Warn("lost the "+s.cfg.Name, "why", why, "err", err, "held_for", now.Sub(s.since).Round(time.Millisecond))
 }
 
 // stepDown records a lost seat found by the tenure.
@@ -493,7 +498,7 @@ func (s *Seat) release(ctx context.Context) {
 	s.status.Store(&Status{Since: now})
 	if !s.cfg.JS.Conn().IsConnected() {
 		// Waiting for an unreachable NATS would only delay the stop.
-		s.logger.Warn("NATS is unreachable: not handing the provisioner seat back; a standby takes it when the lease expires", "ttl", s.cfg.TTL)
+		s.logger.Warn("NATS is unreachable: not handing the "+s.cfg.Name+" back; a standby takes it when the lease expires", "ttl", s.cfg.TTL)
 		return
 	}
 	// ctx is done when the seat is handed back at shutdown: the hand-back
@@ -507,10 +512,10 @@ func (s *Seat) release(ctx context.Context) {
 		_, err = s.cfg.JS.PublishMsg(ctx, &nats.Msg{Subject: s.cfg.Subject}, jetstream.WithExpectLastSequencePerSubject(s.rev))
 	}
 	if err != nil {
-		s.logger.Warn("handing the provisioner seat back failed; a standby takes it when the lease expires", "err", err, "ttl", s.cfg.TTL)
+		s.logger.Warn("handing the "+s.cfg.Name+" back failed; a standby takes it when the lease expires", "err", err, "ttl", s.cfg.TTL)
 		return
 	}
-	s.logger.Info("handed the provisioner seat back", "held_for", now.Sub(s.since).Round(time.Millisecond))
+	s.logger.Info("handed the "+s.cfg.Name+" back", "held_for", now.Sub(s.since).Round(time.Millisecond))
 }
 
 // isWrongLastSequence reports whether err is the stream's refusal of a

@@ -32,7 +32,7 @@ func (in *Instance) bindPartitionSeats(ctx context.Context, js jetstream.JetStre
 		var st *seat.Seat
 		err := retryStart(ctx, in.logger, fmt.Sprintf("bind the seat of partition %d", p), func(sctx context.Context) (err error) {
 			st, err = seat.New(sctx, seat.Config{JS: js, Subject: wire.PartitionSeatSubject(p), ID: in.seat.ID(),
-				Logger: in.logger.With("partition", p)})
+				Logger: in.logger.With("partition", p), Name: fmt.Sprintf("seat of partition %d", p)})
 			return err
 		})
 		if err != nil {
