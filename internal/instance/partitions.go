@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -19,6 +20,15 @@ import (
 // serve a partition, the one that holds its seat writes its nodes' plans.
 // The provisioner seat's holder reconciles the registry, and writes no plan.
 
+// partitionSeatTTL is the life of a partition seat's lease without
+// renewal: a holder that dies has its partitions' plans written again by a
+// standby about this long after (issue 38 asks 5 s). Half the provisioner
+// seat's, which fences the registry's writes: a partition's seat fences
+// nothing (the plans' writes are compare-and-set), and losing it to an
+// election longer than its lease only pauses its plans until the seat is
+// taken again.
+const partitionSeatTTL = 3 * time.Second
+
 // bindPartitionSeats binds a seat for each partition the service serves,
 // under the provisioner seat's id.
 func (in *Instance) bindPartitionSeats(ctx context.Context, js jetstream.JetStream) error {
@@ -31,7 +41,7 @@ func (in *Instance) bindPartitionSeats(ctx context.Context, js jetstream.JetStre
 	for _, p := range hold {
 		var st *seat.Seat
 		err := retryStart(ctx, in.logger, fmt.Sprintf("bind the seat of partition %d", p), func(sctx context.Context) (err error) {
-			st, err = seat.New(sctx, seat.Config{JS: js, Subject: wire.PartitionSeatSubject(p), ID: in.seat.ID(),
+			st, err = seat.New(sctx, seat.Config{JS: js, Subject: wire.PartitionSeatSubject(p), ID: in.seat.ID(), TTL: partitionSeatTTL,
 				Logger: in.logger.With("partition", p), Name: fmt.Sprintf("seat of partition %d", p)})
 			return err
 		})
