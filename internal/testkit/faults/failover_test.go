@@ -147,6 +147,10 @@ type timeline struct {
 	// changed is closed, and replaced, whenever the holder or an instance's
 	// serving changes.
 	changed chan struct{}
+	// onLine and onEnded, if set before any process starts, hear each
+	// log line's message and each exit too (partitionSeats).
+	onLine  func(name, msg string)
+	onEnded func(name string)
 }
 
 func newTimeline() *timeline {
@@ -219,6 +223,9 @@ func (tl *timeline) read(name string, r io.Reader) {
 			}
 			tl.logTail[name] = tail
 			tl.mu.Unlock()
+			if tl.onLine != nil {
+				tl.onLine(name, line.Msg)
+			}
 			switch line.Msg {
 			case "took the provisioner seat":
 				tl.take(name)
@@ -280,6 +287,9 @@ func (tl *timeline) note(what string) {
 func (tl *timeline) ended(name string) {
 	tl.stopping(name)
 	tl.lose(name, false, "exited")
+	if tl.onEnded != nil {
+		tl.onEnded(name)
+	}
 }
 
 // stopping records that name is asked to stop or has ended: it serves

@@ -24,11 +24,13 @@ import (
 // killed (Kill: every connection to and from it reset before it goes, as
 // with SIGKILL), and started again on the same store.
 type Cluster struct {
-	t       testing.TB
-	n       int
-	dirs    []string
-	clients []*link   // clients -> server i
-	routes  [][]*link // routes[i][j]: server i -> server j
+	t testing.TB
+	n int
+	// configure, if set, changes each server's options as it starts.
+	configure func(*server.Options)
+	dirs      []string
+	clients   []*link   // clients -> server i
+	routes    [][]*link // routes[i][j]: server i -> server j
 
 	mu      sync.Mutex
 	servers []*server.Server // nil while down
@@ -36,9 +38,14 @@ type Cluster struct {
 
 // StartCluster starts n servers and waits until JetStream has a meta leader
 // (n > 1) or is ready (n == 1). Everything stops when the test ends.
-func StartCluster(t testing.TB, n int) *Cluster {
+// configure, if given, changes each server's options each time it starts
+// (its accounts' subject mappings, say).
+func StartCluster(t testing.TB, n int, configure ...func(*server.Options)) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, n: n, servers: make([]*server.Server, n), routes: make([][]*link, n)}
+	if len(configure) > 0 {
+		c.configure = configure[0]
+	}
 	for i := range n {
 		c.dirs = append(c.dirs, t.TempDir())
 		c.clients = append(c.clients, newLink(t, ""))
@@ -119,6 +126,9 @@ func (c *Cluster) Start(i int) {
 				opts.Routes = append(opts.Routes, server.RoutesFromStr("nats://"+c.routes[i][j].addr())...)
 			}
 		}
+	}
+	if c.configure != nil {
+		c.configure(opts)
 	}
 	s, err := server.NewServer(opts)
 	if err != nil {
