@@ -124,7 +124,7 @@ FAULTS_LOG    := build/test-faults.log
 FAULTS_FAILED := awk '/^=== RUN   [^\/]+$$/ { block = "" } { block = block $$0 "\n" } /^--- FAIL: / { printf "%s", block }'
 
 .PHONY: test-faults
-test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections; each prints its figures. RACE=-race to add the race detector to all
+test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections, a partition's holder killed; each prints its figures. RACE=-race to add the race detector to all
 	@mkdir -p build && : > $(FAULTS_LOG)
 	status=0; \
 	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/testkit/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \
@@ -203,7 +203,7 @@ bench-fair: build ## One node against another with its own grant: bob's compose 
 	go run ./internal/bench/fair -bin $(BIN)/mesh-provisioner $(BENCHFAIR_ARGS)
 
 .PHONY: bench-scale
-bench-scale: build ## One instance against meshes of 1k, 4k and 10k nodes (x 30 x 10) on a nats-server of its own: RSS a key, start, compose p50/p99, verb throughput; a table, and a plot in build/bench-scale.svg (BENCHSCALE_ARGS="-nodes 1000,4000 ...")
+bench-scale: build ## One instance against meshes of 1k, 4k and 10k nodes (x 30 x 10) on a nats-server of its own: RSS a key, start, compose p50/p99, verb throughput; a table, and a plot in build/bench-scale.svg; with -instances 4, the same mesh served by 4 instances of a share of the partitions each, against the one (BENCHSCALE_ARGS="-nodes 100000 -modules 10 -needs 3 -instances 4 ...")
 	go run ./internal/bench/scale -bin $(BIN)/mesh-provisioner -plot build/bench-scale.svg $(BENCHSCALE_ARGS)
 
 .PHONY: ci
