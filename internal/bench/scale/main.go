@@ -53,6 +53,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/bench/benchnats"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/registry"
 	"github.com/novox/mesh-provisioner/service/answers"
 	"github.com/novox/mesh-provisioner/wire"
@@ -67,6 +68,9 @@ type config struct {
 	settle         time.Duration
 	bucketMaxBytes int64
 	keepServerLogs bool
+	// instances, above 1, serve the same mesh again after the one
+	// instance, each --hold of its share of partitions (partitioned.go).
+	instances, partitions int
 }
 
 func main() {
@@ -80,6 +84,8 @@ func main() {
 	flag.DurationVar(&cfg.round, "round", 2*time.Second, "how long each throughput round lasts")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Second, "how long the resident memory must stay within 1% to be read")
 	flag.BoolVar(&cfg.keepServerLogs, "v", false, "show the served binary's logs")
+	flag.IntVar(&cfg.instances, "instances", 1, "above 1: after the one instance, this many serve the same mesh, each --hold of an equal share of -partitions, and their figures are set against the one's")
+	flag.IntVar(&cfg.partitions, "partitions", 16, "with -instances: the partitions of the mesh (a multiple of -instances)")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {
@@ -96,6 +102,10 @@ func main() {
 			os.Exit(2)
 		}
 		cfg.sizes = append(cfg.sizes, n)
+	}
+	if cfg.instances > 1 && (cfg.partitions < cfg.instances || cfg.partitions%cfg.instances != 0 || cfg.partitions > wire.MaxPartitions) {
+		fmt.Fprintf(os.Stderr, "benchscale: -partitions %d: want a multiple of -instances %d, at most %d\n", cfg.partitions, cfg.instances, wire.MaxPartitions)
+		os.Exit(2)
 	}
 	// A state bucket of the 10k mesh holds well under 1 GiB; the limit is
 	// reserved in the server's store (64 GiB) for each of them, the plans
@@ -114,6 +124,9 @@ type figures struct {
 	start, whole, pull    time.Duration
 	p50, p99              time.Duration
 	composeRate, needRate float64
+	// split are the same mesh's figures served by cfg.instances, if more
+	// than one.
+	split *splitFigures
 }
 
 func (f figures) rssPerKey() float64 { return float64(f.rss-f.baselineRSS) / float64(f.keys) }
@@ -163,6 +176,7 @@ func printTable(all []figures) {
 			f.p50.Round(time.Microsecond), f.p99.Round(time.Microsecond), f.composeRate, f.needRate)
 	}
 	_ = w.Flush()
+	printSplit(all)
 }
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
@@ -176,7 +190,13 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
-	url, stopNATS, err := benchnats.Start(filepath.Join(dir, "nats"))
+	// The mappings of a partitioned mesh: the operators' subjects the one
+	// instance answers are not mapped.
+	natsDir := filepath.Join(dir, "nats")
+	if err := os.MkdirAll(natsDir, 0o755); err != nil {
+		return f, err
+	}
+	url, stopNATS, err := benchnats.StartWith(natsDir, permissions.MappingsConfig(cfg.partitions))
 	if err != nil {
 		return f, err
 	}
@@ -291,6 +311,13 @@ func measure(cfg config, nodes int) (figures, error) {
 	if f.needRate, err = throughput(url, names, 8, cfg.round, needs); err != nil {
 		return f, err
 	}
+	if cfg.instances > 1 {
+		srv.stop()
+		printTable([]figures{f}) // the one instance's, before the long part
+		if f.split, err = measureSplit(cfg, url, dir, nc, names, node, last, want); err != nil {
+			return f, fmt.Errorf("%d instances: %w", cfg.instances, err)
+		}
+	}
 	return f, nil
 }
 
@@ -327,10 +354,10 @@ func (s *served) stop() {
 	}
 }
 
-func startServe(cfg config, url, stateDir string) (*served, error) {
-	cmd := exec.Command(cfg.bin, "serve", "--nats-url", url, "--state-dir", stateDir,
+func startServe(cfg config, url, stateDir string, args ...string) (*served, error) {
+	cmd := exec.Command(cfg.bin, append([]string{"serve", "--nats-url", url, "--state-dir", stateDir,
 		"--bucket-max-bytes", strconv.FormatInt(cfg.bucketMaxBytes, 10),
-		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn")
+		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn"}, args...)...)
 	if cfg.keepServerLogs {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+	"google.golang.org/protobuf/proto"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// splitFigures are one mesh's figures served by several instances, each
+// --hold of an equal share of the partitions, against the one instance's
+// of the same run.
+type splitFigures struct {
+	instances, partitions int
+	rss                   []int64 // each instance's settled VmRSS, bytes
+	hwm                   []int64
+	start, whole          time.Duration
+	p50, p99              time.Duration
+	composeRate           float64
+}
+
+// measureSplit serves the mesh the one instance served (on url, whose
+// nats-server has the partitions' mappings) by cfg.instances instances
+// at once, and measures them as measure does the one: each one's settled
+// memory, the first correct answer of node, every copy whole, compose
+// latency and throughput (requests about another instance's nodes are
+// handed on to it).
+func measureSplit(cfg config, url, dir string, nc *nats.Conn, names []string, node string, last *provisionerv1.Revisions, want *provisionerv1.ComposeResponse) (*splitFigures, error) {
+	sf := &splitFigures{instances: cfg.instances, partitions: cfg.partitions}
+	share := cfg.partitions / cfg.instances
+	var servers []*served
+	defer func() {
+		for _, srv := range servers {
+			srv.stop()
+		}
+	}()
+	for i := range cfg.instances {
+		hold := fmt.Sprintf("%d-%d", i*share, (i+1)*share-1)
+		srv, err := startServe(cfg, url, filepath.Join(dir, "split", strconv.Itoa(i)),
+			"--partitions", strconv.Itoa(cfg.partitions), "--hold", hold)
+		if err != nil {
+			return nil, err
+		}
+		servers = append(servers, srv)
+	}
+	started := servers[0].started
+	if err := firstCorrectAnswer(nc, node, last, want); err != nil {
+		return nil, err
+	}
+	sf.start = time.Since(started)
+	if err := allWhole(nc, cfg.instances); err != nil {
+		return nil, err
+	}
+	sf.whole = time.Since(started)
+	for _, srv := range servers {
+		rss, err := settledRSS(srv.pid(), cfg.settle)
+		if err != nil {
+			return nil, err
+		}
+		hwm, _ := procStatus(srv.pid(), "VmHWM")
+		sf.rss, sf.hwm = append(sf.rss, rss), append(sf.hwm, hwm)
+	}
+	var err error
+	if sf.p50, sf.p99, err = composeLatency(nc, names, cfg.samples); err != nil {
+		return nil, err
+	}
+	compose := func(node string) (string, string, proto.Message) {
+		return wire.ComposeSubject, wire.ContentTypeJSON, &provisionerv1.ComposeRequest{Node: node}
+	}
+	if sf.composeRate, err = throughput(url, names, 8, cfg.round, compose); err != nil {
+		return nil, err
+	}
+	return sf, nil
+}
+
+// allWhole waits until instances processes' copies are whole: each one's
+// stats name no bucket loading.
+func allWhole(nc *nats.Conn, instances int) error {
+	start := time.Now()
+	deadline, told := start.Add(15*time.Minute), start
+	for time.Now().Before(deadline) {
+		whole, err := wholeInstances(nc)
+		if err == nil && whole >= instances {
+			return nil
+		}
+		if time.Since(told) >= 30*time.Second {
+			told = time.Now()
+			fmt.Printf("  %s: %d of %d instances' copies whole\n", time.Since(start).Round(time.Second), whole, instances)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return errors.New("the instances' copies were not all whole within 15 minutes")
+}
+
+// wholeInstances counts the processes whose stats say their copy is whole:
+// their own micro instances (a partition's names its process in its
+// metadata), each of whose endpoints' data names no bucket loading.
+func wholeInstances(nc *nats.Conn) (int, error) {
+	inbox := nats.NewInbox() + "." + nuid.Next()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest("$SRV.STATS."+wire.ServiceName, inbox, nil); err != nil {
+		return 0, err
+	}
+	whole := 0
+	for {
+		msg, err := sub.NextMsg(time.Second)
+		if err != nil {
+			return whole, nil //nolint:nilerr // every answer in
+		}
+		var stats micro.Stats
+		if json.Unmarshal(msg.Data, &stats) != nil || len(stats.Endpoints) == 0 || stats.Metadata[wire.PartitionOfInstance] != "" {
+			continue
+		}
+		data, err := wire.DecodeStatsData(stats.Endpoints[0].Data)
+		if err == nil && len(data.GetLoading()) == 0 {
+			whole++
+		}
+	}
+}
+
+// printSplit prints the figures of the meshes served by several instances.
+func printSplit(all []figures) {
+	if all[0].split == nil {
+		return
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\t")
+	for _, f := range all {
+		s := f.split
+		if s == nil {
+			continue
+		}
+		rss, peak, ratio := "", "", ""
+		share := float64(f.rss-f.baselineRSS) / float64(s.instances)
+		for i := range s.rss {
+			sep := ""
+			if i > 0 {
+				sep = " "
+			}
+			rss += sep + fmt.Sprintf("%.0f", mib(s.rss[i]))
+			peak += sep + fmt.Sprintf("%.0f", mib(s.hwm[i]))
+			ratio += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/share)
+		}
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t\n",
+			f.nodes, s.instances, s.partitions, rss, peak, ratio,
+			s.start.Round(time.Millisecond), s.whole.Round(time.Millisecond),
+			float64(s.start)/float64(f.start), float64(s.whole)/float64(f.whole),
+			s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.composeRate)
+	}
+	_ = w.Flush()
+}
