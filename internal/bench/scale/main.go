@@ -357,7 +357,10 @@ func (s *served) stop() {
 func startServe(cfg config, url, stateDir string, args ...string) (*served, error) {
 	cmd := exec.Command(cfg.bin, append([]string{"serve", "--nats-url", url, "--state-dir", stateDir,
 		"--bucket-max-bytes", strconv.FormatInt(cfg.bucketMaxBytes, 10),
-		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn"}, args...)...)
+		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn",
+		// Several instances loading a large mesh at once on a small machine
+		// take longer than the default minute.
+		"--ready-timeout", "15m"}, args...)...)
 	if cfg.keepServerLogs {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	}
