@@ -100,36 +100,42 @@ func TestInstancesThatHoldSomePartitionsServeTheMeshTogether(t *testing.T) {
 		}
 	}
 
-	var provisioned []string
-	for page, err := range operator.ProvisionsPages(ctx, &provisionerv1.ProvisionsRequest{Provider: "postgres", MinRevisions: least, PageSize: 1}) {
-		if err != nil {
-			t.Fatalf("postgres's provisions: %v", err)
+	// Each partition holds two of postgres's provisions.
+	for _, size := range []uint32{1, 2, 3} {
+		var provisioned []string
+		for page, err := range operator.ProvisionsPages(ctx, &provisionerv1.ProvisionsRequest{Provider: "postgres", MinRevisions: least, PageSize: size}) {
+			if err != nil {
+				t.Fatalf("postgres's provisions: %v", err)
+			}
+			for _, p := range page.GetProvisions() {
+				provisioned = append(provisioned, p.GetNode())
+			}
 		}
-		for _, p := range page.GetProvisions() {
-			provisioned = append(provisioned, p.GetNode())
+		slices.Sort(provisioned)
+		if diff := cmp.Diff(nodes, provisioned); diff != "" {
+			t.Errorf("postgres's provisions' nodes, %d a page (-want +got):\n%s", size, diff)
 		}
-	}
-	slices.Sort(provisioned)
-	if diff := cmp.Diff(nodes, provisioned); diff != "" {
-		t.Errorf("postgres's provisions' nodes, a page of one at a time (-want +got):\n%s", diff)
 	}
 
-	var listed []string
-	for page, err := range operator.ProvisioningPages(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last, PageSize: 3}) {
-		if err != nil {
-			t.Fatalf("every node's needs: %v", err)
-		}
-		for _, n := range page.GetNeeds() {
-			listed = append(listed, n.GetNode()+"."+n.GetKind())
-		}
-	}
 	var want []string
 	for _, node := range nodes {
 		want = append(want, node+".bound", node+".port")
 	}
-	slices.Sort(listed)
-	if diff := cmp.Diff(want, listed); diff != "" {
-		t.Errorf("every node's needs, three a page (-want +got):\n%s", diff)
+	// Each partition holds four needs: pages of four fill at its end.
+	for _, size := range []uint32{1, 3, 4, 5} {
+		var listed []string
+		for page, err := range operator.ProvisioningPages(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last, PageSize: size}) {
+			if err != nil {
+				t.Fatalf("every node's needs: %v", err)
+			}
+			for _, n := range page.GetNeeds() {
+				listed = append(listed, n.GetNode()+"."+n.GetKind())
+			}
+		}
+		slices.Sort(listed)
+		if diff := cmp.Diff(want, listed); diff != "" {
+			t.Errorf("every node's needs, %d a page (-want +got):\n%s", size, diff)
+		}
 	}
 
 	relayed := 0

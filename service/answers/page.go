@@ -105,6 +105,8 @@ type page struct {
 	budget int
 	used   int
 	count  int
+	// full says an item did not fit: the page ends there.
+	full bool
 }
 
 // fits reports whether an item of n encoded bytes may join the page, and
@@ -112,12 +114,14 @@ type page struct {
 // larger than the whole budget does not fit.
 func (p *page) fits(n int) bool {
 	if p.size > 0 && p.count >= p.size {
+		p.full = true
 		return false
 	}
 	// A repeated field's element costs its bytes, a tag and a length in
 	// binary (at most 1+5), or a comma in JSON.
 	n += 6
 	if p.used+n > p.budget {
+		p.full = true
 		return false
 	}
 	p.used += n

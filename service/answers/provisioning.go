@@ -250,11 +250,13 @@ func provisioningFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.Provisi
 		var last string
 		last, werr = list(after, ofPart)
 		out.Malformed = append(out.Malformed, malformed...)
-		if werr == nil && last != "" {
+		// Full, the page ends after its last key, or, full before any
+		// key of this partition, at its start.
+		if werr == nil && p.full {
 			next.Partition, next.After = part, last
 			out.NextPageToken = next.encode()
 		}
-		return werr != nil || last != ""
+		return werr != nil || p.full
 	})
 	if werr != nil {
 		return nil, werr
