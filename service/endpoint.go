@@ -72,9 +72,9 @@ type registrar interface {
 	register(s *Service, svc micro.Service, pt *partition) error
 	// relays and registerRelay: whether an instance that serves some
 	// partitions hands the endpoint's requests about other partitions
-	// on, and the endpoint that takes them in partition pt (hold.go).
+	// on, and the endpoint that takes them for partition p (hold.go).
 	relays() bool
-	registerRelay(s *Service, svc micro.Service, pt *partition) error
+	registerRelay(s *Service, svc micro.Service, p int) error
 }
 
 // addEndpoint adds an endpoint to svc, on subject, or on partition pt's
@@ -144,6 +144,7 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 		s.refuseReply(r, count)
 		return nil
 	}
+	relayed := isRelayed(r) // before observed wraps it
 	r = s.observed(r, ep.Name, arrived)
 	enc := answers.EncodingOf(r)
 	in := ep.NewRequest()
@@ -161,7 +162,6 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 			return nil
 		}
 	}
-	relayed := isRelayed(r)
 	return func(onCallback bool) { ep.reply(s, count, r, who, in, enc, arrived, onCallback, relayed) }
 }
 

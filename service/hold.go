@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,9 +27,12 @@ import (
 // listens on the reply subject, so a request published with its asker's
 // reply subject would be dropped unanswered.
 
-// relayedSuffix ends the name of the endpoint on which a partition's holder
-// takes the requests other instances hand it: compose-relayed.
-const relayedSuffix = "-relayed"
+// relayedName is the name of the endpoint on which a holder of partition p
+// takes the requests of endpoint name that other instances hand it:
+// compose-relayed-3. They are endpoints of the process's own micro
+// instance, not of the partition's, which a flood of one of its askers
+// shuts out: a walk of every node crosses every partition.
+func relayedName(name string, p int) string { return name + "-relayed-" + strconv.Itoa(p) }
 
 // checkHold checks Config.Hold against Config.Partitions.
 func checkHold(hold []int, partitions int) error {
@@ -137,17 +141,22 @@ func (s *Service) relay(r micro.Request, who admission.Asker, p int, enc answers
 		ctx, cancel := context.WithTimeout(s.stopping, relayWait)
 		defer cancel()
 		answer, err := wire.Request(ctx, s.conn, wire.RoleServer, wire.ServerIdentity, asked)
-		if err != nil {
-			why := err.Error()
-			if errors.Is(err, nats.ErrNoResponders) {
-				why = "no instance serves it now"
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			s.send(r, enc, count, nil, wire.Errorf(wire.CodeUnavailable, "the request reads nodes of partition %d, which this instance does not serve, and no instance serves it now; ask again shortly", p))
+		case errors.Is(err, context.DeadlineExceeded):
+			s.send(r, enc, count, nil, wire.Errorf(wire.CodeUnavailable, "the request reads nodes of partition %d, which this instance does not serve, and the instance that serves it did not answer within %s; ask again shortly", p, relayWait))
+		case err != nil:
+			s.send(r, enc, count, nil, wire.Errorf(wire.CodeUnavailable, "the request reads nodes of partition %d, which this instance does not serve, and it could not be handed to one that does (%v); ask again shortly", p, err))
+		default:
+			// Sent as this instance's own answer: a large one through
+			// the large answers' sender, counted and observed.
+			var werr *wire.Error
+			if errors.As(wire.ErrorOf(answer), &werr) {
+				s.send(r, enc, count, nil, werr)
+				return
 			}
-			s.send(r, enc, count, nil, wire.Errorf(wire.CodeUnavailable, "the request reads nodes of partition %d, which this instance does not serve, and it could not be handed to one that does (%s); ask again shortly", p, why))
-			return
-		}
-		if err := s.answer.PublishMsg(&nats.Msg{Subject: r.Reply(), Data: answer.Data, Header: answer.Header}); err != nil {
-			s.logger.Warn("sending an answer handed on failed", "subject", r.Subject(), "partition", p, "err", err)
-			count.answerErrors.Add(1)
+			s.send(r, enc, count, answer.Data, nil)
 		}
 	}()
 }
@@ -170,21 +179,21 @@ func (ep endpoint[Req, Res]) relays() bool {
 	return ep.PartitionOf != nil && ep.owner != wire.RoleNode
 }
 
-// registerRelay adds the endpoint on which partition pt's holder takes
-// the requests that other instances hand it (relays), if the endpoint has
-// one: without a door, since the instance that handed it on let it in.
-func (ep endpoint[Req, Res]) registerRelay(s *Service, svc micro.Service, pt *partition) error {
+// registerRelay adds the endpoint on which partition p's holder takes the
+// requests that other instances hand it (relays), if the endpoint has one:
+// without a door, since the instance that handed it on let it in.
+func (ep endpoint[Req, Res]) registerRelay(s *Service, svc micro.Service, p int) error {
 	if !ep.relays() {
 		return nil
 	}
 	var res Res
-	name := ep.Name + relayedSuffix
+	name := relayedName(ep.Name, p)
 	count := s.counters[name]
 	prepare := func(r micro.Request) func(bool) {
 		asked, _, _ := wire.Unrelayed(r.Subject())
 		return ep.prepare(s, count, relayedRequest{Request: r, subject: asked})
 	}
-	return s.addEndpoint(svc, nil, name, ep.Subject, wire.RelaySubject(pt.index, ep.subjectOf()), "", 0, prepare,
+	return s.addEndpoint(svc, nil, name, ep.Subject, wire.RelaySubject(p, ep.subjectOf()), "", 0, prepare,
 		ep.NewRequest().ProtoReflect().Descriptor().FullName(), res.ProtoReflect().Descriptor().FullName())
 }
 
@@ -192,7 +201,7 @@ func (ep endpoint[Req, Res]) registerRelay(s *Service, svc micro.Service, pt *pa
 // records, routed to its partition.
 func (v writeVerb[Req]) relays() bool { return false }
 
-func (v writeVerb[Req]) registerRelay(*Service, micro.Service, *partition) error { return nil }
+func (v writeVerb[Req]) registerRelay(*Service, micro.Service, int) error { return nil }
 
 // answersTo reports whether r's reply subject is one the service answers
 // for who: an inbox of the askers' (Config.ReplyPrefixes), or, for a

@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -230,5 +231,73 @@ func TestRequestsHandedOnAreBounded(t *testing.T) {
 	}
 	if err := <-first; err == nil {
 		t.Error("the first request, to a holder that never answers, was answered")
+	}
+}
+
+// A request another instance handed on is never handed on again, with the
+// service observed (serve --http) as without: instances that disagree on
+// who holds what would otherwise pass it round.
+func TestARequestHandedOnIsNotHandedOnAgain(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	servicetest.Start(t, nc, func(c *service.Config) {
+		c.Partitions, c.Hold = partitions, []int{0, 1}
+		c.Observe = func(string, int, time.Duration) {}
+	})
+	node := ""
+	for i := 0; node == ""; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
+			node = name
+		}
+	}
+	// As another instance would hand it on, on its own inbox, but to a
+	// holder of partition 0 for a node of partition 2.
+	inbox := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".test"
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := proto.Marshal(&provisionerv1.ComposeRequest{Node: node})
+	msg := &nats.Msg{Subject: wire.RelaySubject(0, wire.ComposeSubject), Reply: inbox, Data: body, Header: nats.Header{"Content-Type": {wire.ContentTypeProtobuf}}}
+	if err := nc.PublishMsg(msg); err != nil {
+		t.Fatal(err)
+	}
+	answer, err := sub.NextMsg(2 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.ErrorOf(answer); wire.CodeOf(err) != wire.CodeUnavailable || !strings.Contains(err.Error(), "does not serve partition 2") {
+		t.Errorf("a compose of %s, of partition 2, handed to partition 0's holder: %v; want the 503 of a request not handed on again", node, err)
+	}
+}
+
+// A page token of a walk of every node made one way (in key order across
+// the mesh) is refused by an instance that walks the other (partition by
+// partition): read as its own, it would skip or repeat records.
+func TestAWalksTokenIsRefusedByAnInstanceThatWalksOtherwise(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	whole := servicetest.Start(t, natstest.Connect(t, server), func(c *service.Config) { c.Partitions = partitions })
+	ctx := t.Context()
+	for _, node := range []string{"n0", "n1", "n2"} {
+		c, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
+		if _, err := c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	operator := client.New(nc)
+	first, err := operator.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, PageSize: 1})
+	if err != nil || first.GetNextPageToken() == "" {
+		t.Fatalf("the first page: %v, %v; want one need and a token", first, err)
+	}
+	whole.Stop()
+	servicetest.Start(t, natstest.Connect(t, server), func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1, 2, 3} })
+	_, err = operator.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, PageSize: 1, PageToken: first.GetNextPageToken()})
+	if wire.CodeOf(err) != wire.CodeBadRequest || !strings.Contains(err.Error(), "walks the mesh otherwise") {
+		t.Errorf("the whole mesh's token, to an instance that walks by partition: %v; want a 400 saying so", err)
 	}
 }

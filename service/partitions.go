@@ -115,12 +115,6 @@ func (s *Service) openPartition(pt *partition, now time.Time) error {
 				return err
 			}
 		}
-		if s.held != nil {
-			if err := ep.registerRelay(s, svc, pt); err != nil {
-				_ = svc.Stop()
-				return err
-			}
-		}
 	}
 	pt.micro, pt.openSince = svc, now
 	if pt.times > 0 {

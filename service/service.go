@@ -487,8 +487,10 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	for _, ep := range s.endpoints() {
 		name, subject := ep.names()
 		s.counters[name] = &counters{subject: subject}
-		if s.held != nil && ep.relays() {
-			s.counters[name+relayedSuffix] = &counters{subject: wire.RelaySubject(0, subject)}
+		for _, p := range s.Held() {
+			if ep.relays() {
+				s.counters[relayedName(name, p)] = &counters{subject: wire.RelaySubject(p, subject)}
+			}
 		}
 	}
 
@@ -625,6 +627,11 @@ func (s *Service) registerEndpoints(ctx context.Context) error {
 		return nil
 	}
 	for _, ep := range s.endpoints() {
+		for _, p := range s.Held() {
+			if err := ep.registerRelay(s, s.micro, p); err != nil {
+				return err
+			}
+		}
 		if s.partitions != nil && ep.namesAsker() {
 			continue // in each partition's instance
 		}
@@ -771,9 +778,6 @@ type counters struct {
 // counterOf returns the counters of the endpoint on subject, or nil: a
 // partition's subject is its endpoint's, the partition's token last.
 func (s *Service) counterOf(subject string) *counters {
-	if asked, _, ok := wire.Unrelayed(subject); ok {
-		subject = wire.RelaySubject(0, asked) // as Start made it
-	}
 	for _, c := range s.counters {
 		if c.subject == subject {
 			return c

@@ -85,15 +85,6 @@ func PartitionedSubject(subject string, n int) string {
 // folds the partition's endpoints into that instance's (FoldPartitions).
 const PartitionOfInstance = "instance"
 
-// foldedSubject is a partition's endpoint's subject with "*" for the
-// partition: its last token, or a relay subject's partition token.
-func foldedSubject(subject string) string {
-	if asked, _, ok := Unrelayed(subject); ok {
-		return RelayRoot + ".*." + strings.TrimPrefix(asked, ServiceName+".")
-	}
-	return subject[:strings.LastIndexByte(subject, '.')+1] + "*"
-}
-
 // FoldPartitions returns an instance's $SRV.STATS with its partitions'
 // endpoints folded in: each addressed endpoint's micro counts summed over
 // the partitions, on its subject with "*" for the partition, its data one
@@ -104,7 +95,7 @@ func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats 
 		for _, e := range p.Endpoints {
 			sum, ok := summed[e.Name]
 			if !ok {
-				sum = &micro.EndpointStats{Name: e.Name, QueueGroup: e.QueueGroup, Data: e.Data, Subject: foldedSubject(e.Subject)}
+				sum = &micro.EndpointStats{Name: e.Name, QueueGroup: e.QueueGroup, Data: e.Data, Subject: e.Subject[:strings.LastIndexByte(e.Subject, '.')+1] + "*"}
 				summed[e.Name] = sum
 				instance.Endpoints = append(instance.Endpoints, sum)
 			}

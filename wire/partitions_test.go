@@ -58,19 +58,15 @@ func ExamplePartitionedSubject() {
 func TestFoldPartitions(t *testing.T) {
 	t.Parallel()
 	instance := micro.Stats{Endpoints: []*micro.EndpointStats{{Name: "compose", Subject: "mesh-provisioner.compose", NumRequests: 1}}}
-	partition := func(p int, requests, errs int, took time.Duration) micro.Stats {
-		return micro.Stats{Endpoints: []*micro.EndpointStats{
-			{Name: "compose-node", Subject: fmt.Sprintf("mesh-provisioner.compose.*.%d", p),
-				NumRequests: requests, NumErrors: errs, ProcessingTime: took, Data: []byte(`{}`)},
-			{Name: "provisions-relayed", Subject: wire.RelaySubject(p, wire.ProvisionsSubject+".*"), NumRequests: 1},
-		}}
+	partition := func(p string, requests, errs int, took time.Duration) micro.Stats {
+		return micro.Stats{Endpoints: []*micro.EndpointStats{{Name: "compose-node", Subject: "mesh-provisioner.compose.*." + p,
+			NumRequests: requests, NumErrors: errs, ProcessingTime: took, Data: []byte(`{}`)}}}
 	}
-	got := wire.FoldPartitions(instance, []micro.Stats{partition(0, 3, 1, 3*time.Millisecond), partition(1, 1, 0, 5*time.Millisecond)})
+	got := wire.FoldPartitions(instance, []micro.Stats{partition("0", 3, 1, 3*time.Millisecond), partition("1", 1, 0, 5*time.Millisecond)})
 	want := []*micro.EndpointStats{
 		{Name: "compose", Subject: "mesh-provisioner.compose", NumRequests: 1},
 		{Name: "compose-node", Subject: "mesh-provisioner.compose.*.*", NumRequests: 4, NumErrors: 1,
 			ProcessingTime: 8 * time.Millisecond, AverageProcessingTime: 2 * time.Millisecond, Data: []byte(`{}`)},
-		{Name: "provisions-relayed", Subject: "mesh-provisioner.partition.*.provisions.*", NumRequests: 2},
 	}
 	if diff := cmp.Diff(want, got.Endpoints); diff != "" {
 		t.Errorf("folded endpoints (-want +got):\n%s", diff)
