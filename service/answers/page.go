@@ -29,8 +29,21 @@ type pageToken struct {
 	Revisions []uint64 `json:"r"`
 	// Partition is the partition a walk of every node is in, on a mesh
 	// whose instances hold some partitions each (partitions); After is a
-	// key of it.
-	Partition int `json:"p,omitempty"`
+	// key of it. Walk says the token is such a walk's: an instance that
+	// walks the other way refuses it (sameWalk).
+	Partition int  `json:"p,omitempty"`
+	Walk      bool `json:"w,omitempty"`
+}
+
+// sameWalk refuses a token of a walk of every node made the other way: by
+// partition where this instance walks the whole mesh in key order, or the
+// other way round. Its After would be read as the other's, and records
+// skipped or repeated.
+func sameWalk(text string, t pageToken, ps partitions) *wire.Error {
+	if text == "" || t.Walk == ps.partial() {
+		return nil
+	}
+	return wire.NewError(wire.CodeBadRequest, "page_token was issued by an instance that walks the mesh otherwise (partition by partition, serve --hold, or in key order); the instances of a mesh serve some partitions each or all the whole mesh: leave page_token out to start again")
 }
 
 // tokenVersion starts every checksum: a later format changes it, and an old

@@ -238,10 +238,13 @@ func provisioningFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.Provisi
 			return next, werr
 		}
 	}
-	next := pageToken{Request: provisioningDigest(in), Revisions: []uint64{copyOf(m, out.GetWhat()).Revision()}}
 	if !walksNodes(in) {
 		ps = partitions{} // what every instance holds, or one node's
 	}
+	if werr := sameWalk(in.GetPageToken(), token, ps); werr != nil {
+		return nil, werr
+	}
+	next := pageToken{Request: provisioningDigest(in), Revisions: []uint64{copyOf(m, out.GetWhat()).Revision()}, Walk: ps.partial()}
 	at, more := ps.walk(token.Partition, func(part int, ofPart func(string) bool) bool {
 		after := ""
 		if part == token.Partition {

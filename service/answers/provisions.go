@@ -87,6 +87,9 @@ func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
 // holds some, ps), a page at a time.
 func provisionsFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
+	if werr == nil {
+		werr = sameWalk(in.GetPageToken(), token, ps)
+	}
 	if werr != nil {
 		return nil, Timings{}, werr
 	}
@@ -97,7 +100,7 @@ func provisionsFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.Provision
 	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider()}
 	find := compose.NewProvisionsOf(in.GetProvider(), m.Sources(nil))
 	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
-	next := pageToken{Request: provisionsDigest(in), Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}}
+	next := pageToken{Request: provisionsDigest(in), Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}, Walk: ps.partial()}
 	at, more := ps.walk(token.Partition, func(part int, ofPart func(string) bool) bool {
 		previous := ""
 		if part == token.Partition {
