@@ -229,30 +229,19 @@ func (ep endpoint[Req, Res]) answerWhole(s *Service, r micro.Request, in Req, en
 		return ep.answerReached(s, r, in, enc, count, arrived, 0, join)
 	}
 	// Counted in while it waits, so that Stop waits for it too.
-	release := s.admit()
-	if release == nil {
-		return answers.ErrStopping
-	}
-	give, werr := s.hold(ep.addresseeOf(r), count)
+	t, werr := s.enterWaiting(ep.addresseeOf(r), count, s.waiting, func() *wire.Error {
+		return wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))
+	})
 	if werr != nil {
-		release()
 		return werr
 	}
-	select {
-	case s.waiting <- struct{}{}:
-	default:
-		give()
-		release()
-		return wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions the server's copy has not reached; ask again shortly", cap(s.waiting))
-	}
 	go func() {
-		defer func() { <-s.waiting }()
-		defer release()
+		defer t.done()
 		start := time.Now()
 		werr := s.answers.WaitRevisions(pending)
 		// Its place is the queue's from here (answerReached), not a
 		// second one for the same request.
-		give()
+		t.givePlace()
 		if werr == nil {
 			// Reached, it is a request that came now: answered from the
 			// cache or a flight, as are the many that wait for one
@@ -405,6 +394,37 @@ func (s *Service) hold(who admission.Asker, count *counters) (give func(), werr 
 		return nil, s.places.AskerFull(who)
 	}
 	return give, nil
+}
+
+// waitTicket is what a request that waits on a goroutine of its own holds
+// (enterWaiting): counted in, so that Stop waits for it; one of its asker's
+// places; one slot. givePlace gives the place back early; done gives all
+// back.
+type waitTicket struct {
+	givePlace, done func()
+}
+
+// enterWaiting admits a request that waits on a goroutine of its own (for
+// revisions, a write, another instance's answer), taking one of slots,
+// or returns the refusal to send instead: full's when slots has none free.
+func (s *Service) enterWaiting(who admission.Asker, count *counters, slots chan struct{}, full func() *wire.Error) (waitTicket, *wire.Error) {
+	release := s.admit()
+	if release == nil {
+		return waitTicket{}, answers.ErrStopping
+	}
+	give, werr := s.hold(who, count)
+	if werr != nil {
+		release()
+		return waitTicket{}, werr
+	}
+	select {
+	case slots <- struct{}{}:
+	default:
+		give()
+		release()
+		return waitTicket{}, full()
+	}
+	return waitTicket{givePlace: give, done: func() { <-slots; give(); release() }}, nil // give is idempotent
 }
 
 // overloaded is the refusal of a request that finds the queue full.

@@ -113,31 +113,17 @@ const relayWait = 10 * time.Second
 // request handed on waits as one waiting for revisions does: it takes one
 // of MaxWaiting places, and one of its asker's (MaxPerAsker).
 func (s *Service) relay(r micro.Request, who admission.Asker, p int, enc answers.Encoding, count *counters, onCallback bool) {
-	release := s.admit()
-	if release == nil {
-		s.refuse(r, enc, count, answers.ErrStopping, onCallback)
-		return
-	}
-	give, werr := s.hold(who, count)
+	t, werr := s.enterWaiting(who, count, s.waiting, func() *wire.Error {
+		return wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions or for another instance's answer; ask again shortly", cap(s.waiting))
+	})
 	if werr != nil {
-		release()
 		s.refuse(r, enc, count, werr, onCallback)
-		return
-	}
-	select {
-	case s.waiting <- struct{}{}:
-	default:
-		give()
-		release()
-		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "%d requests already wait for revisions or for another instance's answer; ask again shortly", cap(s.waiting)), onCallback)
 		return
 	}
 	asked := &nats.Msg{Subject: wire.RelaySubject(p, r.Subject()), Data: r.Data(), Header: nats.Header(r.Headers())}
 	count.relayed.Add(1)
 	go func() {
-		defer release()
-		defer give()
-		defer func() { <-s.waiting }()
+		defer t.done()
 		ctx, cancel := context.WithTimeout(s.stopping, relayWait)
 		defer cancel()
 		answer, err := wire.Request(ctx, s.conn, wire.RoleServer, wire.ServerIdentity, asked)

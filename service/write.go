@@ -139,28 +139,16 @@ func (v writeVerb[Req]) store(s *Service, count *counters, r micro.Request, who 
 		s.refuse(r, enc, count, s.answers.StillLoading(), onCallback)
 		return
 	}
-	release := s.admit()
-	if release == nil {
-		s.refuse(r, enc, count, answers.ErrStopping, onCallback)
-		return
-	}
-	give, werr := s.hold(who, count)
+	t, werr := s.enterWaiting(who, count, s.writing, func() *wire.Error {
+		count.queueFull.Add(1)
+		return wire.Errorf(wire.CodeUnavailable, "the server is storing as many writes as it may at once (%d); write again shortly", MaxConcurrentWrites)
+	})
 	if werr != nil {
-		release()
 		s.refuse(r, enc, count, werr, onCallback)
 		return
 	}
-	select {
-	case s.writing <- struct{}{}:
-	default:
-		give()
-		release()
-		count.queueFull.Add(1)
-		s.refuse(r, enc, count, wire.Errorf(wire.CodeUnavailable, "the server is storing as many writes as it may at once (%d); write again shortly", MaxConcurrentWrites), onCallback)
-		return
-	}
 	go func() {
-		defer func() { <-s.writing; give(); release() }()
+		defer t.done()
 		ctx, cancel := context.WithTimeout(s.stopping, writeTimeout)
 		defer cancel()
 		out, werr := v.write(s, ctx, names, in)
