@@ -237,8 +237,9 @@ type Copy[R proto.Message] struct {
 	// changes: Mirror.Moved.
 	moved chan<- struct{}
 	// holds, when set, says which groups (nodes) the copy holds: the keys
-	// of any other move its revision only (Mirror.SetHolds).
-	holds func(first string) bool
+	// of any other move its revision only (Mirror.SetHolds,
+	// Watchers.Hold).
+	holds atomic.Pointer[func(first string) bool]
 
 	// budget bounds what one group (one node) may hold; onBudget hears
 	// when a group goes over it or comes back under.
@@ -346,7 +347,7 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
 	first, _, _ := strings.Cut(key, ".")
-	if c.holds != nil && !c.holds(first) {
+	if !c.holdsGroup(first) {
 		c.mu.Lock()
 		c.advanceTo(revision)
 		c.mu.Unlock()
@@ -518,6 +519,54 @@ func (g *group[R]) seen(revision uint64) {
 
 // empty reports whether the group holds, lists and refuses nothing.
 func (g *group[R]) empty() bool { return g.listed() == 0 && len(g.refused) == 0 }
+
+// holdsGroup reports whether the copy holds the keys of group first.
+func (c *Copy[R]) holdsGroup(first string) bool {
+	holds := c.holds.Load()
+	return holds == nil || (*holds)(first)
+}
+
+// heldNow returns what the copy holds now, for a change of it to compare
+// with: every group when SetHolds was never called.
+func (c *Copy[R]) heldNow() func(first string) bool {
+	if holds := c.holds.Load(); holds != nil {
+		return *holds
+	}
+	return func(string) bool { return true }
+}
+
+// setHolds has the copy hold the groups holds says yes to from now on.
+func (c *Copy[R]) setHolds(holds func(first string) bool) { c.holds.Store(&holds) }
+
+// dropUnheld drops the groups the copy no longer holds (Watchers.Hold).
+func (c *Copy[R]) dropUnheld() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for first, g := range c.groups {
+		if c.holdsGroup(first) {
+			continue
+		}
+		records, malformed := g.counts()
+		var gone []string
+		for _, sl := range g.slots {
+			gone = append(gone, sl.key())
+		}
+		for key := range g.odd {
+			gone = append(gone, key)
+		}
+		for _, key := range gone {
+			g.remove(key)
+		}
+		clear(g.refused)
+		g.invalidate()
+		c.gen++
+		g.changedAt, g.gen = c.revision, c.gen
+		c.logChange(first)
+		c.recount(g, records, malformed)
+		c.checkBudget(first, g)
+		delete(c.groups, first)
+	}
+}
 
 // keepOnly drops the keys not in live: they were deleted while no watcher
 // ran.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -97,4 +98,104 @@ func TestSetHoldsKeepsTheNodesHeldAlone(t *testing.T) {
 		t.Fatalf("the copy of needs did not reach bob's write's revision %d (at %d)", rev, m.Needs.Revision())
 	}
 	held("followed")
+}
+
+// A copy told to hold other nodes while it is followed reads their keys
+// whole, the last value of each and none deleted, drops the keys of the
+// nodes it no longer holds, and goes on following the bucket.
+func TestHoldChangesTheNodesHeldWhileFollowed(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(key, placeholder string) uint64 {
+		t.Helper()
+		data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: placeholder})
+		rev, err := kv.Put(ctx, key, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	put("ace.web.port.http", "${port:http}")
+	put("bob.web.port.http", "${port:old}")
+	put("bob.web.port.http", "${port:http}")
+	put("bob.web.port.gone", "${port:gone}")
+	if err := kv.Delete(ctx, "bob.web.port.gone"); err != nil {
+		t.Fatal(err)
+	}
+
+	m := mirror.New()
+	m.SetHolds(func(node string) bool { return node == "ace" })
+	w, err := m.Open(ctx, js, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(runCtx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if !m.Ready() {
+			return fmt.Errorf("loading %v", m.Loading())
+		}
+		return nil
+	})
+	placeholders := func(node string) []string {
+		var out []string
+		entries, _, _ := m.Needs.Group(node)
+		for _, e := range entries {
+			out = append(out, e.Key+"="+e.Record.GetNeed().GetPlaceholder())
+		}
+		return out
+	}
+	wait := func(held <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the copy did not hold the nodes asked within 10s")
+		}
+	}
+	if got := placeholders("bob"); len(got) != 0 {
+		t.Fatalf("bob is held before Hold: %v", got)
+	}
+
+	wait(w.Hold(func(node string) bool { return node == "ace" || node == "bob" }))
+	if diff := cmp.Diff([]string{"bob.web.port.http=${port:http}"}, placeholders("bob")); diff != "" {
+		t.Errorf("bob's keys once held (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"ace.web.port.http=${port:http}"}, placeholders("ace")); diff != "" {
+		t.Errorf("ace's keys once bob is held too (-want +got):\n%s", diff)
+	}
+	rev := put("bob.api.port.http", "${port:api}")
+	waitCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if !m.Needs.WaitFor(waitCtx, rev) {
+		t.Fatalf("the copy did not follow bob's write at %d", rev)
+	}
+	if got := placeholders("bob"); len(got) != 2 {
+		t.Errorf("bob's keys after his write: %v, want two", got)
+	}
+
+	wait(w.Hold(func(node string) bool { return node == "bob" }))
+	if got := placeholders("ace"); len(got) != 0 {
+		t.Errorf("ace's keys still held: %v", got)
+	}
+	if _, _, groups, _ := m.Applied.Counts(); groups != 0 {
+		t.Errorf("the copy of applied records holds %d nodes, want none", groups)
+	}
+	if got := placeholders("bob"); len(got) != 2 {
+		t.Errorf("bob's keys after ace is let go: %v, want two", got)
+	}
 }

@@ -87,6 +87,10 @@ type followed interface {
 	takeReadmits() []string
 	notHeld(key string) (revision uint64, ok bool)
 	liveKeys() (n int, oldest, revision uint64)
+	holdsGroup(first string) bool
+	setHolds(holds func(first string) bool)
+	heldNow() func(first string) bool
+	dropUnheld()
 }
 
 // Copies returns the five copies of the provisioning buckets, the registry
@@ -140,8 +144,13 @@ func (m *Mirror) Behind() []string {
 // manifests and the providers' buckets stay whole. Call it before the
 // mirror is loaded.
 func (m *Mirror) SetHolds(holds func(node string) bool) {
-	m.Needs.holds, m.Applied.holds, m.Collect.holds = holds, holds, holds
+	for _, c := range m.partial() {
+		c.setHolds(holds)
+	}
 }
+
+// partial returns the copies that may hold some nodes only (SetHolds).
+func (m *Mirror) partial() []followed { return []followed{m.Needs, m.Applied, m.Collect} }
 
 // SetBudget bounds what the copy holds of each node in each state bucket;
 // onChange hears when a node goes over its budget in a bucket or comes back

@@ -202,6 +202,9 @@ type follower struct {
 	// lost says the bucket lost messages the copy holds (a purge): the next
 	// consumer reads every key again, whatever the revisions say.
 	lost bool
+	// hold is a change of the nodes the copy holds (Watchers.Hold) whose
+	// keys are not read whole yet: the next consumer reads them.
+	hold *holdChange
 }
 
 // connectionChanged ends the consumer being followed when the connection is
@@ -358,7 +361,7 @@ func (f *follower) follow(ctx context.Context) error {
 	// does not matter until it is over, and a large bucket loads on two
 	// cores rather than one.
 	if run.reload && !run.caught {
-		run.loading = newLoader(f, run.applyAll)
+		run.loading = newLoader(f)
 		defer run.finishLoading()
 	}
 	for {
@@ -393,6 +396,11 @@ type followRun struct {
 	loading   *loader // applies a full read's changes, while it lasts
 	delivered uint64  // the consumer's last delivery
 	caught    bool    // the copy reached the stream's last revision
+	// hold, when the run reads the keys of nodes the copy holds from now
+	// on (Watchers.Hold), is that change; adding says which nodes: their
+	// keys are applied whatever the copy's revision.
+	hold   *holdChange
+	adding func(first string) bool
 }
 
 // plan reads the stream's state and says how the copy follows it: the
@@ -407,6 +415,9 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 	}
 	state := info.State
 	run := &followRun{f: f, revision: revision, lastSeq: state.LastSeq, applyAll: revision > state.LastSeq}
+	if run.hold = f.takeHold(); run.hold != nil {
+		run.adding = run.hold.adding
+	}
 	cfg := jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
 		FilterSubject:     f.prefix + ">",
@@ -414,17 +425,19 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
-	run.reload = !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
+	whole := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
+	// A change of the nodes held reads every key too, but drops none.
+	run.reload = whole || run.hold != nil
 	if !run.reload {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = revision + 1
 		return run, cfg, nil
 	}
 	cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
-	if !f.copy.Empty() {
+	if whole && !f.copy.Empty() {
 		run.live = map[string]bool{}
 	}
-	if f.copy.Ready() {
+	if f.copy.Ready() && whole {
 		f.logger.Warn("the bucket no longer holds every change after the copy's revision; reading every key again",
 			"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
 	}
@@ -450,10 +463,11 @@ func (r *followRun) deliver(msg jetstream.Msg) error {
 	if r.live != nil && !deleted {
 		r.live[key] = true
 	}
+	applyAll := r.applyAll || r.isAdding(key)
 	if r.loading != nil {
-		r.loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted})
+		r.loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted, applyAll})
 	} else {
-		r.f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, r.applyAll)
+		r.f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
 	}
 	if !r.caught && meta.NumPending == 0 {
 		r.catchUp(meta.Sequence.Stream)
@@ -473,6 +487,21 @@ func (r *followRun) catchUp(revision uint64) {
 	}
 	r.f.caughtUp(revision)
 	r.caught = true
+	if r.hold != nil {
+		r.f.held(r.hold)
+		r.hold, r.adding = nil, nil
+	}
+}
+
+// isAdding reports whether key is of a node the run reads whole because the
+// copy holds it from now on (Watchers.Hold): a key the copy did not hold,
+// applied whatever its revision (each comes once in a full read).
+func (r *followRun) isAdding(key string) bool {
+	if r.adding == nil {
+		return false
+	}
+	first, _, _ := strings.Cut(key, ".")
+	return r.adding(first)
 }
 
 // finishLoading waits for the loader, if any, to apply what it was given.
@@ -489,6 +518,7 @@ type change struct {
 	value    []byte
 	revision uint64
 	deleted  bool
+	applyAll bool // whatever the copy's revision (follower.apply)
 }
 
 // loader applies a full read's changes on a goroutine of its own, in
@@ -503,13 +533,13 @@ type loader struct {
 // loadBatch is how many changes go to the loader at once.
 const loadBatch = 256
 
-func newLoader(f *follower, applyAll bool) *loader {
+func newLoader(f *follower) *loader {
 	l := &loader{batches: make(chan []change, 16), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		for batch := range l.batches {
 			for _, c := range batch {
-				f.apply(c.key, c.value, c.revision, c.deleted, applyAll)
+				f.apply(c.key, c.value, c.revision, c.deleted, c.applyAll)
 			}
 		}
 	}()
