@@ -689,19 +689,15 @@ func (s *Service) Stats() micro.Stats {
 	if s.partitions == nil {
 		return st
 	}
+	// One look under registering: an instance stopped between reading
+	// its counts and reading the retired ones would count twice, or not.
 	s.registering.Lock()
-	open := make([]micro.Service, 0, len(s.partitions))
+	partitions := make([]micro.Stats, 0, len(s.partitions)+1)
 	for _, pt := range s.partitions {
 		if pt.micro != nil {
-			open = append(open, pt.micro)
+			partitions = append(partitions, pt.micro.Stats())
 		}
 	}
-	s.registering.Unlock()
-	partitions := make([]micro.Stats, 0, len(open)+1)
-	for _, svc := range open {
-		partitions = append(partitions, svc.Stats())
-	}
-	s.registering.Lock()
 	retired := micro.Stats{}
 	for _, e := range s.retired {
 		copied := *e
