@@ -173,12 +173,13 @@ func (ep endpoint[Req, Res]) prepare(s *Service, count *counters, r micro.Reques
 func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request, who admission.Asker, in Req, enc answers.Encoding, arrived time.Time, onCallback, relayed bool) {
 	if ep.PartitionOf != nil {
 		// About nodes of a partition this instance does not serve: its
-		// holder answers.
-		if p, ok := ep.PartitionOf(in); ok && !s.holdsPartition(p) {
+		// holder answers. One handed on as this instance let p go is
+		// answered here: its copy holds p's nodes a while longer (Hold).
+		if p, ok := ep.PartitionOf(in); ok && !s.holdsPartition(p) && (!relayed || !s.copyHolds(p)) {
 			switch {
-			case p < 0 || p >= len(s.held):
+			case p < 0 || p >= len(s.partitions):
 				// Only a page token names a partition: one made by hand.
-				s.refuse(r, enc, count, wire.Errorf(wire.CodeBadRequest, "page_token names partition %d, which this mesh of %d partitions does not have; send the next_page_token of the previous page as it came, or leave page_token out to start again", p, len(s.held)), onCallback)
+				s.refuse(r, enc, count, wire.Errorf(wire.CodeBadRequest, "page_token names partition %d, which this mesh of %d partitions does not have; send the next_page_token of the previous page as it came, or leave page_token out to start again", p, len(s.partitions)), onCallback)
 				return
 			case relayed:
 				s.refuse(r, enc, count, notHeldHere(p), onCallback)

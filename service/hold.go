@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,12 +27,19 @@ import (
 // listens on the reply subject, so a request published with its asker's
 // reply subject would be dropped unanswered.
 
-// relayedName is the name of the endpoint on which a holder of partition p
+// relayedName is the name of the endpoint on which a holder of a partition
 // takes the requests of endpoint name that other instances hand it:
-// compose-relayed-3. They are endpoints of the process's own micro
-// instance, not of the partition's, which a flood of one of its askers
+// compose-relayed, on mesh-provisioner.partition.compose.<p>. They are
+// endpoints of a micro instance of the partition's own (openRelay), not of
+// the one of its addressed endpoints, which a flood of one of its askers
 // shuts out: a walk of every node crosses every partition.
-func relayedName(name string, p int) string { return name + "-relayed-" + strconv.Itoa(p) }
+func relayedName(name string) string { return name + "-relayed" }
+
+// relayCounted is the subject by which a relay endpoint's counters are
+// found (counterOf): its relay subject without the partition.
+func relayCounted(subject string) string {
+	return strings.TrimSuffix(wire.RelaySubject(0, subject), ".0")
+}
 
 // checkHold checks Config.Hold against Config.Partitions.
 func checkHold(hold []int, partitions int) error {
@@ -55,28 +62,165 @@ func checkHold(hold []int, partitions int) error {
 	return nil
 }
 
-// HoldsNode reports whether this instance serves node's partition: its copy
-// holds node's records, and its plans are this instance's to write while
-// it holds the partition's seat.
+// partitionSet returns, by partition of n, whether list names it.
+func partitionSet(list []int, n int) []bool {
+	set := make([]bool, n)
+	for _, p := range list {
+		set[p] = true
+	}
+	return set
+}
+
+// holdsNodeOf returns whether a node's partition is in set, which is not
+// changed after: what the copy holds (mirror.Mirror.SetHolds).
+func holdsNodeOf(set []bool) func(node string) bool {
+	return func(node string) bool { return set[wire.PartitionOf(node, len(set))] }
+}
+
+// HoldsNode reports whether this instance serves node's partition: it
+// answers node, and writes its plans while it holds the partition's seat.
 func (s *Service) HoldsNode(node string) bool {
-	return s.held == nil || s.held[wire.PartitionOf(node, len(s.held))]
+	held := s.held.Load()
+	return held == nil || (*held)[wire.PartitionOf(node, len(*held))]
 }
 
 // holdsPartition reports whether this instance serves partition p.
 func (s *Service) holdsPartition(p int) bool {
-	return s.held == nil || (p >= 0 && p < len(s.held) && s.held[p])
+	held := s.held.Load()
+	return held == nil || (p >= 0 && p < len(*held) && (*held)[p])
+}
+
+// copyHolds reports whether the copy holds the nodes of partition p: those
+// served, and those let go of less than releaseGrace ago.
+func (s *Service) copyHolds(p int) bool {
+	held := s.copyHeld.Load()
+	return held == nil || (p >= 0 && p < len(*held) && (*held)[p])
 }
 
 // Held returns the partitions this instance serves, in order; nil when it
 // serves the whole mesh.
 func (s *Service) Held() []int {
-	var held []int
-	for p, ok := range s.held {
+	held := s.held.Load()
+	if held == nil {
+		return nil
+	}
+	out := []int{}
+	for p, ok := range *held {
 		if ok {
-			held = append(held, p)
+			out = append(out, p)
 		}
 	}
-	return held
+	return out
+}
+
+// releaseGrace is how long a partition let go (Hold) stays in the copy:
+// the requests about its nodes taken before are answered from it, the
+// waits for a revision among them (RevisionWait) and those handed on by
+// other instances (relayWait) too.
+const releaseGrace = relayWait
+
+// ErrWholeMesh is returned by Hold on an instance that serves the whole
+// mesh: its copy holds every node, and it was started so.
+var ErrWholeMesh = errors.New("service: the instance serves the whole mesh (Config.Hold and HoldChanges unset), and Hold cannot change that")
+
+// Hold has the instance serve the partitions listed from now on, in place
+// of those it serves. It first reads the nodes of those it did not hold
+// into its copy (every key of the state buckets once more, as at the
+// start), and only then answers their requests, beside the instance that
+// served them so far; it stops answering those it lets go at once, and
+// drops their nodes from its copy releaseGrace later, once the requests it
+// took about them are answered. It returns once it serves what is listed,
+// or with ctx's error, the partitions still being read then not served
+// (the read goes on: a later Hold of them is quicker).
+//
+// Each instance that serves a partition answers its requests; which of them
+// writes its plans is its seat's to say (the instance package).
+func (s *Service) Hold(ctx context.Context, partitions []int) error {
+	if s.held.Load() == nil {
+		return ErrWholeMesh
+	}
+	if err := checkHold(partitions, len(s.partitions)); err != nil {
+		return err
+	}
+	s.holding.Lock()
+	defer s.holding.Unlock()
+	want := partitionSet(partitions, len(s.partitions))
+	served := *s.held.Load()
+	kept := make([]bool, len(want))
+	letGo, adding := false, false
+	for p := range want {
+		kept[p] = served[p] && want[p]
+		letGo = letGo || (served[p] && !want[p])
+		adding = adding || (want[p] && !s.copyHolds(p))
+	}
+	if letGo {
+		s.serve(kept)
+		s.watchers.Go(s.dropLetGo)
+	}
+	if adding {
+		copyHeld := slices.Clone(want)
+		for p, ok := range *s.copyHeld.Load() {
+			copyHeld[p] = copyHeld[p] || ok
+		}
+		s.copyHeld.Store(&copyHeld)
+		select {
+		case <-s.followers.Hold(holdsNodeOf(copyHeld)):
+		case <-ctx.Done():
+			return fmt.Errorf("read the nodes of the partitions taken on: %w", ctx.Err())
+		case <-s.stopping.Done():
+			return errors.New("service: stopped")
+		}
+	}
+	s.serve(want)
+	s.logger.Info("serving partitions", "partitions", s.Held())
+	return nil
+}
+
+// serve has the instance answer the partitions held says yes to, and no
+// other: the micro instances of those let go are stopped, those of the
+// ones taken on are opened (once the endpoints are added, if they are not
+// yet). Called with s.holding held.
+func (s *Service) serve(held []bool) {
+	s.registering.Lock()
+	defer s.registering.Unlock()
+	registered := s.registered && !s.unregistered
+	if registered {
+		// Closed before held changes: this instance's own relay
+		// endpoints take no request it hands on.
+		for _, pt := range s.partitions {
+			if !held[pt.index] {
+				s.closePartition(pt)
+			}
+		}
+	}
+	s.held.Store(&held)
+	if !registered {
+		return
+	}
+	if err := s.openPartitions(); err != nil {
+		// Its relay endpoints, or its addressed ones, are not all
+		// there: the weighing opens the partition again.
+		s.logger.Error("opening the partitions taken on", "err", err)
+	}
+}
+
+// dropLetGo drops from the copy, releaseGrace after a partition was let
+// go, the nodes of those the instance does not serve then.
+func (s *Service) dropLetGo() {
+	select {
+	case <-time.After(s.releaseGrace):
+	case <-s.stopping.Done():
+		return
+	}
+	s.holding.Lock()
+	defer s.holding.Unlock()
+	served := *s.held.Load()
+	if slices.Equal(served, *s.copyHeld.Load()) {
+		return
+	}
+	copyHeld := slices.Clone(served)
+	s.copyHeld.Store(&copyHeld)
+	s.followers.LetGo(holdsNodeOf(copyHeld))
 }
 
 // uint32s returns partitions as the stats carry them.
@@ -165,15 +309,16 @@ func (ep endpoint[Req, Res]) relays() bool {
 	return ep.PartitionOf != nil && ep.owner != wire.RoleNode
 }
 
-// registerRelay adds the endpoint on which partition p's holder takes the
-// requests that other instances hand it (relays), if the endpoint has one:
-// without a door, since the instance that handed it on let it in.
+// registerRelay adds to svc, partition p's relay instance (openRelay), the
+// endpoint on which p's holder takes the requests that other instances hand
+// it (relays), if the endpoint has one: without a door, since the instance
+// that handed it on let it in.
 func (ep endpoint[Req, Res]) registerRelay(s *Service, svc micro.Service, p int) error {
 	if !ep.relays() {
 		return nil
 	}
 	var res Res
-	name := relayedName(ep.Name, p)
+	name := relayedName(ep.Name)
 	count := s.counters[name]
 	prepare := func(r micro.Request) func(bool) {
 		asked, _, _ := wire.Unrelayed(r.Subject())

@@ -31,9 +31,13 @@ type partition struct {
 
 	// Guarded by Service.registering.
 	micro micro.Service // nil while shut out, or before it first opens
-	until time.Time     // when a shut-out ends; zero before the first
-	times uint64        // shut-outs since the instance started
-	asker string        // whom it was last shut out for
+	// relay is the micro instance of its relay endpoints (registerRelay),
+	// open while the instance serves the partition, shut out or not: a
+	// walk of every node crosses every partition.
+	relay micro.Service
+	until time.Time // when a shut-out ends; zero before the first
+	times uint64    // shut-outs since the instance started
+	asker string    // whom it was last shut out for
 	pause *backoff.Backoff
 	// openSince is when it last opened: open a minute, its next pause is
 	// the first again.
@@ -84,11 +88,20 @@ func (pt *partition) unpartitioned(r micro.Request) micro.Request {
 	return partitioned{Request: r, subject: strings.TrimSuffix(r.Subject(), pt.token)}
 }
 
-// openPartitions opens every partition that is not shut out: its micro
-// instance and its addressed endpoints. Called with s.registering held.
+// openPartitions opens every partition the instance serves: its relay
+// endpoints, and, unless it is shut out, its micro instance and its
+// addressed endpoints. Called with s.registering held.
 func (s *Service) openPartitions() error {
 	for _, pt := range s.partitions {
-		if pt.micro == nil && pt.until.IsZero() && s.holdsPartition(pt.index) {
+		if !s.holdsPartition(pt.index) {
+			continue
+		}
+		if pt.relay == nil && s.held.Load() != nil {
+			if err := s.openRelay(pt); err != nil {
+				return err
+			}
+		}
+		if pt.micro == nil && pt.until.IsZero() {
 			if err := s.openPartition(pt, time.Now()); err != nil {
 				return err
 			}
@@ -97,13 +110,55 @@ func (s *Service) openPartitions() error {
 	return nil
 }
 
+// partitionMetadata is what a partition's micro instances tell of
+// themselves: which partition, of how many, of which instance.
+func (s *Service) partitionMetadata(pt *partition) map[string]string {
+	return map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions)),
+		wire.PartitionOfInstance: s.micro.Info().ID}
+}
+
+// openRelay adds pt's relay endpoints, a micro instance of their own.
+// Called with s.registering held.
+func (s *Service) openRelay(pt *partition) error {
+	cfg := s.microConfig(s.version)
+	cfg.DoneHandler = nil // stopped when the partition is let go
+	cfg.Metadata = s.partitionMetadata(pt)
+	svc, err := micro.AddService(s.conn, cfg)
+	if err != nil {
+		return err
+	}
+	for _, ep := range s.endpoints() {
+		if err := ep.registerRelay(s, svc, pt.index); err != nil {
+			_ = svc.Stop()
+			return err
+		}
+	}
+	pt.relay = svc
+	return nil
+}
+
+// closePartition stops pt's micro instances, its relay endpoints' too,
+// keeping their counts. Called with s.registering held.
+func (s *Service) closePartition(pt *partition) {
+	for _, svc := range []*micro.Service{&pt.micro, &pt.relay} {
+		if *svc == nil {
+			continue
+		}
+		counted := (*svc).Stats() // before Stop, which forgets them
+		if err := (*svc).Stop(); err != nil {
+			s.logger.Warn("stopping a partition's endpoints", "partition", pt.index, "err", err)
+		}
+		s.retire(counted)
+		*svc = nil
+	}
+}
+
 // openPartition adds pt's micro instance and endpoints. Called with
 // s.registering held.
 func (s *Service) openPartition(pt *partition, now time.Time) error {
 	cfg := s.microConfig(s.version)
 	cfg.DoneHandler = nil // a shut-out stops it: logged as such
-	cfg.Metadata = map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions)),
-		wire.PartitionOfInstance: s.micro.Info().ID}
+	cfg.Metadata = s.partitionMetadata(pt)
 	svc, err := micro.AddService(s.conn, cfg)
 	if err != nil {
 		return err
@@ -178,7 +233,7 @@ func (s *Service) weighPartitions() {
 			s.registering.Lock()
 			for _, pt := range s.partitions {
 				pt.drops.Store(0)
-				if !s.unregistered && pt.micro == nil && !pt.until.IsZero() && now.After(pt.until) {
+				if !s.unregistered && pt.micro == nil && !pt.until.IsZero() && now.After(pt.until) && s.holdsPartition(pt.index) {
 					if err := s.openPartition(pt, now); err != nil {
 						pt.until = now.Add(shutOutFirst)
 						s.logger.Error("opening a partition again failed; trying again in a second", "partition", pt.index, "err", err)
@@ -241,12 +296,7 @@ func (s *Service) retire(counted micro.Stats) {
 // s.registering held, as the service stops.
 func (s *Service) closePartitions() {
 	for _, pt := range s.partitions {
-		if pt.micro != nil {
-			if err := pt.micro.Stop(); err != nil {
-				s.logger.Warn("stopping a partition's endpoints", "partition", pt.index, "err", err)
-			}
-			pt.micro = nil
-		}
+		s.closePartition(pt)
 	}
 }
 

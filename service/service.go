@@ -112,8 +112,13 @@ type Config struct {
 	// of every node) to an instance that holds that partition, which
 	// answers the asker (wire.RelaySubject). RunPlans writes the plans of
 	// those whose seats it is told it holds (PlansConfig.Holds). Empty:
-	// every partition, and the copy holds the whole mesh.
+	// every partition, and the copy holds the whole mesh, unless
+	// HoldChanges is set. Service.Hold changes it while the instance runs.
 	Hold []int
+	// HoldChanges, with Partitions, says that the partitions this
+	// instance serves change while it runs (Service.Hold, serve --hold
+	// auto): it starts with those Hold lists, none if it is empty.
+	HoldChanges bool
 	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose
 	// every request JetStream stores. Zero means
 	// DefaultMaxWriteRatePerAsker; negative (NoLimit) means no limit.
@@ -161,6 +166,9 @@ type Config struct {
 	// looks again for a provider's bucket found missing and how long it
 	// keeps one that nothing names (mirror.Bound.SetTimings).
 	boundRetry, boundForget time.Duration
+	// releaseGrace, in tests, replaces how long a partition let go stays
+	// in the copy (Service.Hold).
+	releaseGrace time.Duration
 	// earlyReadsPerSecond, in tests, replaces the bound on reads of a
 	// node alone (earlyReadsPerSecond): a bound under what the test's
 	// machine reads, so that it is the bound a test sees.
@@ -261,9 +269,15 @@ type Service struct {
 	// partitions are Config.Partitions' (none when fewer than 2): their
 	// micro instances are opened and shut out under registering.
 	partitions []*partition
-	// held says, by partition, which this instance serves (Config.Hold);
-	// nil: every one.
-	held []bool
+	// held says, by partition, which this instance serves (Config.Hold,
+	// Hold); nil: every one. A slice stored is not changed after.
+	held atomic.Pointer[[]bool]
+	// holding orders the changes of what is held (Hold); copyHeld is what
+	// the copy holds: the partitions served, and those let go of less
+	// than releaseGrace ago (stored under holding).
+	holding      sync.Mutex
+	copyHeld     atomic.Pointer[[]bool]
+	releaseGrace time.Duration
 	// flooded tells weighPartitions of a partition whose drops reached
 	// floodAt since its last weighing.
 	flooded chan *partition
@@ -293,6 +307,7 @@ type Service struct {
 	// once unregistered is set, none is added.
 	registering  sync.Mutex
 	unregistered bool
+	registered   bool // the endpoints are added (registerEndpoints)
 
 	replies *admission.Replies
 	// warnings logs what an asker can cause (a refused reply, a slow
@@ -342,6 +357,9 @@ func (cfg *Config) Validate() error {
 	}
 	if err := checkHold(cfg.Hold, cfg.Partitions); err != nil {
 		return err
+	}
+	if cfg.HoldChanges && cfg.Partitions < 2 {
+		return errors.New("service: Config.HoldChanges is set for an unpartitioned mesh: set Partitions (serve --partitions) to the mappings' count")
 	}
 	if cfg.ReplyPrefixes != nil {
 		return admission.CheckReplyPrefixes(cfg.ReplyPrefixes)
@@ -447,13 +465,13 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	s.floodAt = floodAt(s.maxRatePerAsker, s.maxWriteRatePerAsker)
 	var holds func(int) bool
-	if len(cfg.Hold) > 0 {
-		s.held = make([]bool, cfg.Partitions)
-		for _, p := range cfg.Hold {
-			s.held[p] = true
-		}
-		s.mirror.SetHolds(s.HoldsNode)
-		holds = s.holdsPartition
+	if len(cfg.Hold) > 0 || cfg.HoldChanges {
+		held := partitionSet(cfg.Hold, cfg.Partitions)
+		s.held.Store(&held)
+		s.copyHeld.Store(&held)
+		s.releaseGrace = cmp.Or(cfg.releaseGrace, releaseGrace)
+		s.mirror.SetHolds(holdsNodeOf(held))
+		holds = s.copyHolds
 	}
 	if !cfg.NoAnswerCache {
 		s.flights = admission.NewFlights[answers.CacheKey, answers.Stamp](flightWaiters)
@@ -487,10 +505,8 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	for _, ep := range s.endpoints() {
 		name, subject := ep.names()
 		s.counters[name] = &counters{subject: subject}
-		for _, p := range s.Held() {
-			if ep.relays() {
-				s.counters[relayedName(name, p)] = &counters{subject: wire.RelaySubject(p, subject)}
-			}
+		if holds != nil && ep.relays() {
+			s.counters[relayedName(name)] = &counters{subject: relayCounted(subject)}
 		}
 	}
 
@@ -627,11 +643,6 @@ func (s *Service) registerEndpoints(ctx context.Context) error {
 		return nil
 	}
 	for _, ep := range s.endpoints() {
-		for _, p := range s.Held() {
-			if err := ep.registerRelay(s, s.micro, p); err != nil {
-				return err
-			}
-		}
 		if s.partitions != nil && ep.namesAsker() {
 			continue // in each partition's instance
 		}
@@ -645,6 +656,7 @@ func (s *Service) registerEndpoints(ctx context.Context) error {
 		}
 		s.watchers.Go(s.weighPartitions)
 	}
+	s.registered = true
 	if err := s.conn.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("register the service's subscriptions: %w", err)
 	}
@@ -692,10 +704,12 @@ func (s *Service) Stats() micro.Stats {
 	// One look under registering: an instance stopped between reading
 	// its counts and reading the retired ones would count twice, or not.
 	s.registering.Lock()
-	partitions := make([]micro.Stats, 0, len(s.partitions)+1)
+	partitions := make([]micro.Stats, 0, 2*len(s.partitions)+1)
 	for _, pt := range s.partitions {
-		if pt.micro != nil {
-			partitions = append(partitions, pt.micro.Stats())
+		for _, svc := range []micro.Service{pt.micro, pt.relay} {
+			if svc != nil {
+				partitions = append(partitions, svc.Stats())
+			}
 		}
 	}
 	retired := micro.Stats{}

@@ -121,10 +121,12 @@ func FoldPartitions(instance micro.Stats, partitions []micro.Stats) micro.Stats 
 // RelayRoot starts the subjects on which an instance that serves some
 // partitions of the mesh (serve --hold) hands on a request about nodes it
 // does not hold to an instance that holds them:
-// mesh-provisioner.partition.<p>.<the verb's subject after the service's
-// name>, each instance subscribing to those of the partitions it holds.
-// The instance asks on its own inbox, and sends the holder's answer on to
-// the asker. Only the service's answering identity publishes there, and
+// mesh-provisioner.partition.<the verb's subject after the service's
+// name>.<p>, each instance subscribing to those of the partitions it holds.
+// The partition comes last, as on the addressed subjects: discovery folds
+// the partitions' relay endpoints as it folds theirs (FoldPartitions). The
+// instance asks on its own inbox, and sends the holder's answer on to the
+// asker. Only the service's answering identity publishes there, and
 // operators, who may ask every verb of every node (and are not answered
 // there: a holder answers the service's inbox alone).
 const RelayRoot = ServiceName + ".partition"
@@ -132,7 +134,7 @@ const RelayRoot = ServiceName + ".partition"
 // RelaySubject returns the subject on which a request asked on subject, a
 // verb's, is handed to a holder of partition p.
 func RelaySubject(p int, subject string) string {
-	return RelayRoot + "." + strconv.Itoa(p) + "." + strings.TrimPrefix(subject, ServiceName+".")
+	return RelayRoot + "." + strings.TrimPrefix(subject, ServiceName+".") + "." + strconv.Itoa(p)
 }
 
 // Unrelayed returns the subject a request handed on subject (RelaySubject)
@@ -143,10 +145,13 @@ func Unrelayed(subject string) (asked string, p int, ok bool) {
 	if !ok {
 		return "", 0, false
 	}
-	index, verb, ok := strings.Cut(rest, ".")
-	p, err := strconv.Atoi(index)
-	if !ok || err != nil || p < 0 || p >= MaxPartitions || verb == "" {
+	dot := strings.LastIndexByte(rest, '.')
+	if dot <= 0 {
 		return "", 0, false
 	}
-	return ServiceName + "." + verb, p, true
+	p, err := strconv.Atoi(rest[dot+1:])
+	if err != nil || p < 0 || p >= MaxPartitions {
+		return "", 0, false
+	}
+	return ServiceName + "." + rest[:dot], p, true
 }

@@ -81,7 +81,7 @@ func ExampleRelaySubject() {
 	fmt.Println(wire.Unrelayed(relayed))
 	fmt.Println(wire.Unrelayed(wire.ComposeSubject))
 	// Output:
-	// mesh-provisioner.partition.3.provisions.postgres
+	// mesh-provisioner.partition.provisions.postgres.3
 	// mesh-provisioner.provisions.postgres 3 true
 	//  0 false
 }

@@ -10,7 +10,8 @@ import (
 // of those it says yes to now, and did not before, is read from its bucket
 // again. The channel returned is closed once each of the three copies holds
 // the nodes held now whole: every change of theirs up to a revision of its
-// bucket after the call. A Hold made before the last one's keys are read
+// bucket after the call. holds must answer the same for a node from then
+// on: a change of what is held is another Hold. A Hold made before the last one's keys are read
 // whole reads them too, and closes both channels when done.
 //
 // Each of the three buckets is read whole again, as at the start (one
@@ -31,6 +32,33 @@ func (w *Watchers) Hold(holds func(node string) bool) <-chan struct{} {
 		}
 	}()
 	return done
+}
+
+// LetGo has the copies of needs, applied records and items hold the nodes
+// holds says yes to, fewer than they hold: the keys of the others are
+// dropped at once, and nothing is read again (unless a Hold is still being
+// read, which is read again with holds).
+func (w *Watchers) LetGo(holds func(node string) bool) {
+	for _, f := range w.followers {
+		if w.mirror.isPartial(f.copy) {
+			f.letGo(holds)
+		}
+	}
+}
+
+// letGo narrows what the follower's copy holds to holds.
+func (f *follower) letGo(holds func(first string) bool) {
+	f.mu.Lock()
+	pending := f.hold != nil
+	f.mu.Unlock()
+	if pending {
+		f.requestHold(holds)
+		return
+	}
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	f.copy.setHolds(holds)
+	f.copy.dropUnheld()
 }
 
 // isPartial reports whether c is a copy that may hold some nodes only.
