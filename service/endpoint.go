@@ -175,7 +175,7 @@ func (ep endpoint[Req, Res]) reply(s *Service, count *counters, r micro.Request,
 		// About nodes of a partition this instance does not serve: its
 		// holder answers. One handed on as this instance let p go is
 		// answered here: its copy holds p's nodes a while longer (Hold).
-		if p, ok := ep.PartitionOf(in); ok && !s.holdsPartition(p) && (!relayed || !s.copyHolds(p)) {
+		if p, ok := ep.PartitionOf(in); ok && !s.HoldsPartition(p) && (!relayed || !s.copyHolds(p)) {
 			switch {
 			case p < 0 || p >= len(s.partitions):
 				// Only a page token names a partition: one made by hand.

@@ -84,8 +84,9 @@ func (s *Service) HoldsNode(node string) bool {
 	return held == nil || (*held)[wire.PartitionOf(node, len(*held))]
 }
 
-// holdsPartition reports whether this instance serves partition p.
-func (s *Service) holdsPartition(p int) bool {
+// HoldsPartition reports whether this instance serves partition p: it
+// answers its nodes, and writes their plans while it holds p's seat.
+func (s *Service) HoldsPartition(p int) bool {
 	held := s.held.Load()
 	return held == nil || (p >= 0 && p < len(*held) && (*held)[p])
 }

@@ -93,7 +93,7 @@ func (pt *partition) unpartitioned(r micro.Request) micro.Request {
 // addressed endpoints. Called with s.registering held.
 func (s *Service) openPartitions() error {
 	for _, pt := range s.partitions {
-		if !s.holdsPartition(pt.index) {
+		if !s.HoldsPartition(pt.index) {
 			continue
 		}
 		if pt.relay == nil && s.held.Load() != nil {
@@ -111,10 +111,15 @@ func (s *Service) openPartitions() error {
 }
 
 // partitionMetadata is what a partition's micro instances tell of
-// themselves: which partition, of how many, of which instance.
+// themselves: which partition, of how many, of which instance (and which
+// member, if it shares the partitions).
 func (s *Service) partitionMetadata(pt *partition) map[string]string {
-	return map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions)),
+	metadata := map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions)),
 		wire.PartitionOfInstance: s.micro.Info().ID}
+	if s.member != "" {
+		metadata[wire.MemberMetadata] = s.member
+	}
+	return metadata
 }
 
 // openRelay adds pt's relay endpoints, a micro instance of their own.
@@ -233,7 +238,7 @@ func (s *Service) weighPartitions() {
 			s.registering.Lock()
 			for _, pt := range s.partitions {
 				pt.drops.Store(0)
-				if !s.unregistered && pt.micro == nil && !pt.until.IsZero() && now.After(pt.until) && s.holdsPartition(pt.index) {
+				if !s.unregistered && pt.micro == nil && !pt.until.IsZero() && now.After(pt.until) && s.HoldsPartition(pt.index) {
 					if err := s.openPartition(pt, now); err != nil {
 						pt.until = now.Add(shutOutFirst)
 						s.logger.Error("opening a partition again failed; trying again in a second", "partition", pt.index, "err", err)

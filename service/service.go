@@ -3,7 +3,6 @@ package service
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -119,6 +118,11 @@ type Config struct {
 	// instance serves change while it runs (Service.Hold, serve --hold
 	// auto): it starts with those Hold lists, none if it is empty.
 	HoldChanges bool
+	// Member, with HoldChanges, is this instance's name among the
+	// instances that share the partitions (the instance package's): its
+	// micro instance tells it (wire.MemberMetadata), so that each finds
+	// the others and the partitions they serve (DiscoverPeers).
+	Member string
 	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose
 	// every request JetStream stores. Zero means
 	// DefaultMaxWriteRatePerAsker; negative (NoLimit) means no limit.
@@ -278,6 +282,10 @@ type Service struct {
 	holding      sync.Mutex
 	copyHeld     atomic.Pointer[[]bool]
 	releaseGrace time.Duration
+	// member is Config.Member; announced is the micro instance that
+	// announces it, until Leave (guarded by registering).
+	member    string
+	announced micro.Service
 	// flooded tells weighPartitions of a partition whose drops reached
 	// floodAt since its last weighing.
 	flooded chan *partition
@@ -357,6 +365,9 @@ func (cfg *Config) Validate() error {
 	}
 	if err := checkHold(cfg.Hold, cfg.Partitions); err != nil {
 		return err
+	}
+	if cfg.Member != "" && !cfg.HoldChanges {
+		return errors.New("service: Config.Member is set without HoldChanges: an instance that shares the partitions changes what it holds")
 	}
 	if cfg.HoldChanges && cfg.Partitions < 2 {
 		return errors.New("service: Config.HoldChanges is set for an unpartitioned mesh: set Partitions (serve --partitions) to the mappings' count")
@@ -516,6 +527,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.stopWatchers()
 		return nil, fmt.Errorf("add micro service: %w", err)
 	}
+	if s.member = cfg.Member; s.member != "" {
+		if err := s.announceMember(); err != nil {
+			s.Stop()
+			return nil, err
+		}
+	}
 	if othersServe {
 		// Ready instances answer meanwhile: this one joins the queue group
 		// only once its copy is whole, so that it takes no request it
@@ -568,32 +585,11 @@ const probeTimeout = 500 * time.Millisecond
 // othersServe reports whether another instance answers the verbs now (of
 // every partition this instance serves, if it serves some): a request to
 // one of them gets an answer, whatever it says, rather than "no
-// responders".
-//
-// It asks micro discovery ($SRV.INFO), which every instance answers with its
-// endpoints, before this instance adds its own service: an instance that
-// lists endpoints serves. No instance at all is known at once (nats-server's
-// "no responders"). The answering identity may ask this and nothing else
-// (permissions.Server), and the answers come to its own inbox.
+// responders". It asks micro discovery (discover) before this instance adds
+// its own service: an instance that lists endpoints serves.
 func (s *Service) othersServe(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	subject, err := micro.ControlSubject(micro.InfoVerb, wire.ServiceName, "")
-	if err != nil {
-		return false
-	}
-	// The answering identity's own inbox, which only it may subscribe to:
-	// the connection's default inbox stays nats.go's, for whatever else
-	// shares the connection.
-	inbox := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + "." + strings.TrimPrefix(nats.NewInbox(), "_INBOX.")
-	sub, err := s.conn.SubscribeSync(inbox)
-	if err != nil {
-		return false
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := s.conn.PublishRequest(subject, inbox, nil); err != nil {
-		return false
-	}
 	// An instance that serves some partitions joins others only where
 	// its partitions are served already: each partition's micro instance
 	// says which it is.
@@ -601,20 +597,16 @@ func (s *Service) othersServe(ctx context.Context) bool {
 	for _, p := range s.Held() {
 		unserved[strconv.Itoa(p)] = true
 	}
-	for {
-		msg, err := sub.NextMsgWithContext(ctx)
-		if err != nil || msg.Header.Get("Status") == "503" { // waited long enough, or no responders
+	served := false
+	_ = discover(ctx, s.conn, func(info micro.Info) bool {
+		if len(info.Endpoints) == 0 {
 			return false
 		}
-		var info micro.Info
-		if json.Unmarshal(msg.Data, &info) != nil || len(info.Endpoints) == 0 {
-			continue
-		}
 		delete(unserved, info.Metadata["partition"])
-		if len(unserved) == 0 {
-			return true
-		}
-	}
+		served = len(unserved) == 0
+		return served
+	})
+	return served
 }
 
 // registerWhenReady adds the endpoints once the copy is whole, unless Stop
@@ -729,6 +721,7 @@ func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
 		s.registering.Lock()
 		s.unregistered = true // no endpoint is added after this
+		s.leaveLocked()
 		s.closePartitions()
 		s.registering.Unlock()
 		if err := s.micro.Stop(); err != nil {

@@ -85,6 +85,12 @@ func PartitionedSubject(subject string, n int) string {
 // folds the partition's endpoints into that instance's (FoldPartitions).
 const PartitionOfInstance = "instance"
 
+// MemberMetadata is the metadata key of an instance's own micro instance
+// when it shares the mesh's partitions with the others that tell it (serve
+// --hold auto): its name among them, which decides the partitions it
+// serves.
+const MemberMetadata = "member"
+
 // FoldPartitions returns an instance's $SRV.STATS with its partitions'
 // endpoints folded in: each addressed endpoint's micro counts summed over
 // the partitions, on its subject with "*" for the partition, its data one

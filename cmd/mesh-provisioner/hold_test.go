@@ -14,6 +14,7 @@ func TestParseHold(t *testing.T) {
 		text       string
 		partitions int
 		want       []int
+		share      bool
 		err        string
 	}{
 		{text: "", partitions: 0},
@@ -27,18 +28,21 @@ func TestParseHold(t *testing.T) {
 		{text: "3-1", partitions: 8, err: "neither a partition nor a range"},
 		{text: "a", partitions: 8, err: "neither a partition nor a range"},
 		{text: "0-2,2", partitions: 8, err: "partition 2 is listed twice"},
+		{text: "auto", partitions: 8, share: true},
+		{text: "auto", partitions: 0, err: "give --partitions too"},
+		{text: "auto,1", partitions: 8, err: "neither a partition nor a range"},
 	} {
 		t.Run(tt.text, func(t *testing.T) {
 			t.Parallel()
-			got, err := parseHold(tt.text, tt.partitions)
+			got, share, err := parseHold(tt.text, tt.partitions)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("parseHold(%q, %d) = %v, %v; want an error saying %q", tt.text, tt.partitions, got, err, tt.err)
 				}
 				return
 			}
-			if err != nil || !slices.Equal(got, tt.want) {
-				t.Errorf("parseHold(%q, %d) = %v, %v; want %v", tt.text, tt.partitions, got, err, tt.want)
+			if err != nil || !slices.Equal(got, tt.want) || share != tt.share {
+				t.Errorf("parseHold(%q, %d) = %v, %v, %v; want %v, %v", tt.text, tt.partitions, got, share, err, tt.want, tt.share)
 			}
 		})
 	}

@@ -43,7 +43,9 @@ the registry (at the start of its tenure, every --registry-interval and
 whenever an entry is changed by anyone else) and each node's plan digest.
 With --partitions and --hold, an instance serves some partitions only, holds
 their nodes alone and hands other requests to their holders; each
-partition's seat says who writes its plans. It
+partition's seat says who writes its plans. With --hold auto, the
+instances deal the partitions among themselves, and move them as instances
+come and go. It
 stops cleanly on SIGINT or SIGTERM, handing the seat to a standby. nats.go's
 and nats-server's messages go through its log, passwords redacted.
 
@@ -77,6 +79,7 @@ type serveFlags struct {
 	partitions       int
 	hold             string
 	held             []int // --hold, read
+	share            bool  // --hold auto
 	maxRatePerAsker  int
 	maxWriteRate     int
 	http             string
@@ -111,7 +114,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
 	fs.IntVar(&f.maxRatePerAsker, "max-rate-per-asker", service.DefaultMaxRatePerAsker, "most requests a second of one node or provider on each of its own subjects, as many at once; more are dropped where they arrive, counted by asker in the stats and metrics, one a second answered with a 503 that says why (-1: no limit)")
 	fs.IntVar(&f.partitions, "partitions", 0, "split the nodes and providers into this many partitions (2 to 1024), as nats-server's subject mapping does (init --partitions, permissions --partitions write it; the embedded server has it): each partition's verbs are answered on subjects of its own, and one whose asker floods is unsubscribed for a while, so that nats-server drops its requests unsent and every other partition is answered as before; 0: unpartitioned")
-	fs.StringVar(&f.hold, "hold", "", "with --partitions, the partitions this instance serves, as a list of numbers and ranges (0-3,8): it holds their nodes' records alone, answers their nodes and providers, hands any other request about nodes to an instance that serves their partition, and writes the plans of those whose seats it takes (a seat a partition; other instances given the same partitions stand by for them); each partition must be served by some instance; empty: every partition, the whole mesh held")
+	fs.StringVar(&f.hold, "hold", "", "with --partitions, the partitions this instance serves, as a list of numbers and ranges (0-3,8): it holds their nodes' records alone, answers their nodes and providers, hands any other request about nodes to an instance that serves their partition, and writes the plans of those whose seats it takes (a seat a partition; other instances given the same partitions stand by for them); each partition must be served by some instance; auto: the instances given auto deal the partitions among themselves and move them as instances come and go, each partition read by its next holder before its last lets it go; empty: every partition, the whole mesh held")
 	fs.IntVar(&f.maxWriteRate, "max-write-rate-per-asker", service.DefaultMaxWriteRatePerAsker, "--max-rate-per-asker for the write verbs (put, delete, apply, declare, bind), each of which JetStream stores (-1: no limit)")
 	fs.IntVar(&f.maxPerAsker, "max-per-asker", service.DefaultMaxPerAsker, "most requests of one node or provider, on its own subjects, that wait for revisions, queue or are being answered at once; more get a 503, so that one cannot take the others' places (-1: no limit)")
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
@@ -142,7 +145,7 @@ func defineServe(fs *flag.FlagSet) action {
 			return fmt.Errorf("--%w", err)
 		}
 		var err error
-		if f.held, err = parseHold(f.hold, f.partitions); err != nil {
+		if f.held, f.share, err = parseHold(f.hold, f.partitions); err != nil {
 			return err
 		}
 		if err := admission.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
@@ -351,6 +354,7 @@ func (f *serveFlags) instanceConfig(conns *serveConns, httpServer *ops.Server, l
 		RestoreDelay:     f.restoreDelay,
 		PlansInterval:    f.plansInterval,
 		ReadyTimeout:     f.readyTimeout,
+		SharePartitions:  f.share,
 	}
 }
 
@@ -397,15 +401,18 @@ func (f *serveFlags) serve(ctx context.Context, logger *slog.Logger, url string,
 }
 
 // parseHold reads --hold: partitions and ranges of them (0-3,8), each of the
-// --partitions the mesh has, each once, in order.
-func parseHold(text string, partitions int) ([]int, error) {
+// --partitions the mesh has, each once, in order; or "auto", which shares
+// them (share).
+func parseHold(text string, partitions int) (hold []int, share bool, err error) {
 	if strings.TrimSpace(text) == "" {
-		return nil, nil
+		return nil, false, nil
 	}
 	if partitions < 2 {
-		return nil, fmt.Errorf("--hold %q: give --partitions too, the mappings' count; --hold lists some of them", text)
+		return nil, false, fmt.Errorf("--hold %q: give --partitions too, the mappings' count; --hold lists some of them, or shares them (auto)", text)
 	}
-	var hold []int
+	if strings.TrimSpace(text) == "auto" {
+		return nil, true, nil
+	}
 	for _, part := range strings.Split(text, ",") {
 		first, last, isRange := strings.Cut(strings.TrimSpace(part), "-")
 		from, err := strconv.Atoi(first)
@@ -414,10 +421,10 @@ func parseHold(text string, partitions int) ([]int, error) {
 			to, err = strconv.Atoi(last)
 		}
 		if err != nil || from > to {
-			return nil, fmt.Errorf("--hold %q: %q is neither a partition nor a range of them (2-5)", text, part)
+			return nil, false, fmt.Errorf("--hold %q: %q is neither a partition nor a range of them (2-5)", text, part)
 		}
 		if from < 0 || to >= partitions {
-			return nil, fmt.Errorf("--hold %q: %q names a partition outside 0 to %d (--partitions %d)", text, part, partitions-1, partitions)
+			return nil, false, fmt.Errorf("--hold %q: %q names a partition outside 0 to %d (--partitions %d)", text, part, partitions-1, partitions)
 		}
 		for p := from; p <= to; p++ {
 			hold = append(hold, p)
@@ -426,8 +433,8 @@ func parseHold(text string, partitions int) ([]int, error) {
 	slices.Sort(hold)
 	for i := 1; i < len(hold); i++ {
 		if hold[i] == hold[i-1] {
-			return nil, fmt.Errorf("--hold %q: partition %d is listed twice", text, hold[i])
+			return nil, false, fmt.Errorf("--hold %q: partition %d is listed twice", text, hold[i])
 		}
 	}
-	return hold, nil
+	return hold, false, nil
 }

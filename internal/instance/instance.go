@@ -51,6 +51,11 @@ type Config struct {
 	// ReadyTimeout bounds how long Run waits for the copy to be whole and to
 	// hold the registry; zero means DefaultReadyTimeout.
 	ReadyTimeout time.Duration
+	// SharePartitions, with Service.Partitions and no Service.Hold, has
+	// the instance share the partitions with the other instances that do
+	// (serve --hold auto): they are dealt among them, and move as
+	// instances come and go (share.go).
+	SharePartitions bool
 }
 
 // DefaultReadyTimeout is Config.ReadyTimeout's default.
@@ -70,13 +75,16 @@ type Instance struct {
 	servingOnce sync.Once
 	// contending is set while Contend runs: one seat, one tenure at once.
 	contending atomic.Bool
-	// partitionSeats are the seats of the partitions the service serves
-	// (service.Config.Hold), in its order; seatHeld says, by partition,
-	// which this instance holds, and seatsChanged is told when one is
-	// taken or lost (partitions.go).
+	// partitionSeats are, by partition, the seats of those the service
+	// may serve (service.Config.Hold; every one when it shares them), nil
+	// for the others; seatHeld says which this instance holds, and
+	// seatsChanged is told when one is taken or lost (partitions.go).
 	partitionSeats []*seat.Seat
 	seatHeld       []atomic.Bool
 	seatsChanged   chan struct{}
+	// heldMoved is closed, and replaced, when the partitions the service
+	// serves change (share.go).
+	heldMoved atomic.Pointer[chan struct{}]
 }
 
 // ErrContending is returned by Contend and Run while the instance already
@@ -92,6 +100,12 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	if cfg.Service.WatchConn == nil {
 		return nil, errors.New("instance: Config.Service.WatchConn is required")
 	}
+	if cfg.SharePartitions {
+		if cfg.Service.Partitions < 2 || len(cfg.Service.Hold) > 0 {
+			return nil, errors.New("instance: Config.SharePartitions needs Service.Partitions (the mappings' count) and no Service.Hold: the partitions held are dealt")
+		}
+		cfg.Service.HoldChanges = true
+	}
 	if err := cfg.Service.Validate(); err != nil {
 		return nil, err
 	}
@@ -103,6 +117,8 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	cfg.PlansInterval = cmp.Or(cfg.PlansInterval, service.DefaultPlansInterval)
 	cfg.ReadyTimeout = cmp.Or(cfg.ReadyTimeout, DefaultReadyTimeout)
 	in := &Instance{cfg: cfg, logger: cfg.Service.Logger, serving: make(chan struct{})}
+	moved := make(chan struct{})
+	in.heldMoved.Store(&moved)
 	js, err := jetstream.New(cfg.Service.WatchConn)
 	if err != nil {
 		return nil, err
@@ -114,6 +130,10 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		return nil, err
 	}
 	svcCfg := cfg.Service
+	if cfg.SharePartitions {
+		svcCfg.Member = in.seat.ID()
+		svcCfg.Hold = in.firstShare(ctx)
+	}
 	if svcCfg.PartitionSeats == nil && in.partitionSeats != nil {
 		svcCfg.PartitionSeats = in.PartitionSeats
 	}
@@ -195,10 +215,19 @@ func (in *Instance) Stop() { in.svc.Stop() }
 
 // Run is Contend, then the service stopped: it returns once ctx ends (nil)
 // or Contend fails, with the seat handed back and the service stopped; the
-// caller drains the connections then. An instance runs once.
+// caller drains the connections then. An instance that shares the
+// partitions first hands them over (within ReadyTimeout). An instance runs
+// once.
 func (in *Instance) Run(ctx context.Context) error {
 	defer in.svc.Stop()
-	return in.Contend(ctx)
+	err := in.Contend(ctx)
+	if in.cfg.SharePartitions && ctx.Err() != nil {
+		// Serve on until the others serve what this one did: they read
+		// it first, as it would. Its seats are handed back already, and
+		// each is taken by the instance that serves its partition next.
+		in.handOver(context.WithoutCancel(ctx), in.cfg.ReadyTimeout)
+	}
+	return err
 }
 
 // Contend contends for the seat until ctx ends and, while this instance
@@ -217,6 +246,9 @@ func (in *Instance) Contend(ctx context.Context) error {
 	g.Go(func() error { return in.contend(gctx, reconciled) })
 	if in.partitionSeats != nil {
 		g.Go(func() error { return in.writeHeldPlans(gctx) })
+	}
+	if in.cfg.SharePartitions {
+		g.Go(func() error { return in.share(gctx) })
 	}
 	g.Go(func() error {
 		readyCtx, cancel := context.WithTimeout(gctx, in.cfg.ReadyTimeout)

@@ -29,57 +29,104 @@ import (
 // taken again.
 const partitionSeatTTL = 3 * time.Second
 
-// bindPartitionSeats binds a seat for each partition the service serves,
-// under the provisioner seat's id.
+// bindPartitionSeats binds a seat for each partition the service may
+// serve, under the provisioner seat's id: those it holds, or every one when
+// it shares them.
 func (in *Instance) bindPartitionSeats(ctx context.Context, js jetstream.JetStream) error {
 	hold := in.cfg.Service.Hold
+	if in.cfg.SharePartitions {
+		hold = make([]int, in.cfg.Service.Partitions)
+		for p := range hold {
+			hold[p] = p
+		}
+	}
 	if len(hold) == 0 {
 		return nil
 	}
 	in.seatHeld = make([]atomic.Bool, in.cfg.Service.Partitions)
 	in.seatsChanged = make(chan struct{}, 1)
+	in.partitionSeats = make([]*seat.Seat, in.cfg.Service.Partitions)
 	for _, p := range hold {
-		var st *seat.Seat
 		err := retryStart(ctx, in.logger, fmt.Sprintf("bind the seat of partition %d", p), func(sctx context.Context) (err error) {
-			st, err = seat.New(sctx, seat.Config{JS: js, Subject: wire.PartitionSeatSubject(p), ID: in.seat.ID(), TTL: partitionSeatTTL,
+			in.partitionSeats[p], err = seat.New(sctx, seat.Config{JS: js, Subject: wire.PartitionSeatSubject(p), ID: in.seat.ID(), TTL: partitionSeatTTL,
 				Logger: in.logger.With("partition", p), Name: fmt.Sprintf("seat of partition %d", p)})
 			return err
 		})
 		if err != nil {
 			return err
 		}
-		in.partitionSeats = append(in.partitionSeats, st)
 	}
 	return nil
 }
 
 // writeHeldPlans contends for the seat of each partition the service
-// serves, and writes the plans of the nodes of those it holds, until ctx
-// ends.
+// serves, while it serves it, and writes the plans of the nodes of those
+// it holds, until ctx ends.
 func (in *Instance) writeHeldPlans(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		return in.svc.RunPlans(gctx, service.PlansConfig{KV: in.plans, Interval: in.cfg.PlansInterval,
 			Holds: in.holdsSeatOf, HoldsChanged: in.seatsChanged})
 	})
-	for i, st := range in.partitionSeats {
-		p := in.cfg.Service.Hold[i]
-		g.Go(func() error {
-			err := st.Run(gctx, func(tenure context.Context) error {
-				in.seatHeld[p].Store(true)
-				in.tellSeats()
-				<-tenure.Done()
-				in.seatHeld[p].Store(false)
-				in.tellSeats()
-				return nil
-			})
-			if err != nil && gctx.Err() == nil {
-				return fmt.Errorf("the seat of partition %d: %w", p, err)
-			}
-			return nil
-		})
+	for p, st := range in.partitionSeats {
+		if st != nil {
+			g.Go(func() error { return in.keepSeat(gctx, p, st) })
+		}
 	}
 	return g.Wait()
+}
+
+// keepSeat contends for the seat of partition p while the service serves
+// p, and hands it back when it lets p go, until ctx ends.
+func (in *Instance) keepSeat(ctx context.Context, p int, st *seat.Seat) error {
+	tenure := func(tenure context.Context) error {
+		in.seatHeld[p].Store(true)
+		in.tellSeats()
+		<-tenure.Done()
+		in.seatHeld[p].Store(false)
+		in.tellSeats()
+		return nil
+	}
+	for {
+		if !in.waitHeld(ctx, p, true) {
+			return nil
+		}
+		serving, letGo := context.WithCancel(ctx)
+		go func() {
+			defer letGo()
+			in.waitHeld(serving, p, false)
+		}()
+		err := st.Run(serving, tenure)
+		letGo()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("the seat of partition %d: %w", p, err)
+		}
+	}
+}
+
+// waitHeld waits until whether the service serves p is held, and reports
+// so; false when ctx ended first.
+func (in *Instance) waitHeld(ctx context.Context, p int, held bool) bool {
+	for {
+		moved := in.heldMoved.Load()
+		if in.svc.HoldsPartition(p) == held {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-*moved:
+		}
+	}
+}
+
+// tellHeldMoved wakes those waiting for the partitions served to change.
+func (in *Instance) tellHeldMoved() {
+	moved := make(chan struct{})
+	close(*in.heldMoved.Swap(&moved))
 }
 
 // holdsSeatOf reports whether this instance holds the seat of node's

@@ -1,0 +1,226 @@
+package instance
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/novox/mesh-provisioner/service"
+)
+
+// Sharing the partitions (Config.SharePartitions, serve --hold auto). Each
+// instance that shares them tells its name, its seat's id, in its micro
+// instance's metadata, and asks micro discovery every shareEvery which
+// others do and which partitions each serves. The partitions are dealt among
+// the members by rendezvous hashing (each goes to the member whose hash of
+// it is highest), so that a member coming or going moves its own share
+// alone. A member takes its share on (service.Service.Hold: its copy reads
+// their nodes, then it serves them), and lets a partition go only once the
+// member it is dealt to serves it: a partition moves without a moment
+// unserved, and its plans are written by the holder of its seat alone,
+// which the old holder hands back as it lets go. A member is taken for gone
+// once discovery has not heard of it for memberGone; its share is then
+// dealt among the others, who read it before they serve it.
+const (
+	shareEvery = time.Second
+	// discoverFor is how long a round of discovery gathers answers.
+	discoverFor = 500 * time.Millisecond
+	// memberGone is how long a member is not heard of before it is taken
+	// for gone: three rounds, so that one answer late is not a move.
+	memberGone = 3 * shareEvery
+)
+
+// dealt returns the member partition p is dealt to, of members (not
+// empty).
+func dealt(p int, members []string) string {
+	var best string
+	var top uint64
+	suffix := "/" + strconv.Itoa(p)
+	for _, m := range members {
+		if score := xxh3.HashString(m + suffix); best == "" || score > top {
+			best, top = m, score
+		}
+	}
+	return best
+}
+
+// shareOf returns the partitions of n dealt to me among members.
+func shareOf(me string, members []string, n int) []int {
+	share := []int{}
+	for p := range n {
+		if dealt(p, members) == me {
+			share = append(share, p)
+		}
+	}
+	return share
+}
+
+// firstShare returns the partitions the instance starts with: its share
+// among the members discovery hears of now.
+func (in *Instance) firstShare(ctx context.Context) []int {
+	ctx, cancel := context.WithTimeout(ctx, discoverFor)
+	defer cancel()
+	me := in.seat.ID()
+	members := []string{me}
+	if peers, err := service.DiscoverPeers(ctx, in.cfg.Service.Conn, in.cfg.Service.Partitions); err == nil {
+		members = append(members, peers.Members...)
+	}
+	share := shareOf(me, members, in.cfg.Service.Partitions)
+	in.logger.Info("sharing the partitions", "members", len(slices.Compact(slices.Sorted(slices.Values(members)))), "share", share)
+	return share
+}
+
+// share keeps the instance's share of the partitions as members come and
+// go, until ctx ends.
+func (in *Instance) share(ctx context.Context) error {
+	if err := in.svc.WaitReady(ctx); err != nil {
+		return nil // stopped while loading
+	}
+	me, n := in.seat.ID(), in.cfg.Service.Partitions
+	heard := map[string]time.Time{}
+	unannounced := map[string]int{} // rounds a member serving was not announced
+	tick := time.NewTicker(shareEvery)
+	defer tick.Stop()
+	for {
+		dctx, cancel := context.WithTimeout(ctx, discoverFor)
+		peers, err := service.DiscoverPeers(dctx, in.cfg.Service.Conn, n)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			in.logger.Warn("sharing the partitions: discovery failed; what is held stays", "err", err)
+		default:
+			now := time.Now()
+			for _, m := range peers.Members {
+				heard[m] = now
+				delete(unannounced, m)
+			}
+			// A member that serves and no longer announces itself
+			// leaves (Leave): gone at its second round so, not
+			// memberGone later, lest its partitions wait.
+			for m := range serving(peers) {
+				if !slices.Contains(peers.Members, m) {
+					if unannounced[m]++; unannounced[m] >= 2 {
+						delete(heard, m)
+					}
+				}
+			}
+			members := []string{me}
+			for m, at := range heard {
+				switch {
+				case now.Sub(at) > memberGone:
+					delete(heard, m)
+				case m != me:
+					members = append(members, m)
+				}
+			}
+			if target := in.target(me, members, peers); !slices.Equal(target, in.svc.Held()) {
+				in.logger.Info("sharing the partitions: what this instance serves changes",
+					"members", len(members), "serves", in.svc.Held(), "to_serve", target)
+				in.hold(ctx, target)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// target returns the partitions the instance is to serve now (targetOf).
+func (in *Instance) target(me string, members []string, peers service.Peers) []int {
+	return targetOf(me, members, peers, in.cfg.Service.Partitions, in.svc.HoldsPartition)
+}
+
+// targetOf returns the partitions of n that member me is to serve now, of
+// members, where serves says what it serves: those dealt to it, and those
+// it serves whose member does not serve them yet.
+func targetOf(me string, members []string, peers service.Peers, n int, serves func(p int) bool) []int {
+	target := []int{}
+	for p := range n {
+		to := dealt(p, members)
+		if to == me || (serves(p) && !peers.Serves(to, p)) {
+			target = append(target, p)
+		}
+	}
+	return target
+}
+
+// hold has the service serve target: it lets go first, and hands the seats
+// of what it let go back at once, then reads and serves what it takes on.
+func (in *Instance) hold(ctx context.Context, target []int) {
+	kept := slices.DeleteFunc(slices.Clone(in.svc.Held()), func(p int) bool { return !slices.Contains(target, p) })
+	for _, step := range [][]int{kept, target} {
+		if slices.Equal(step, in.svc.Held()) {
+			continue
+		}
+		if err := in.svc.Hold(ctx, step); err != nil {
+			if ctx.Err() == nil {
+				in.logger.Warn("sharing the partitions: changing what is served failed; trying again", "err", err)
+			}
+			return
+		}
+		in.tellHeldMoved()
+	}
+}
+
+// serving returns the members that serve some partition.
+func serving(peers service.Peers) map[string]bool {
+	out := map[string]bool{}
+	for _, members := range peers.Serving {
+		for _, m := range members {
+			out[m] = true
+		}
+	}
+	return out
+}
+
+// handOverEvery is how often a leaving instance asks whether the others
+// serve its partitions yet.
+const handOverEvery = 250 * time.Millisecond
+
+// handOver has the instance leave those sharing the partitions, and serve
+// on until the others serve every partition it serves, there are no
+// others, or within (the others read the partitions before they serve
+// them) passes.
+func (in *Instance) handOver(ctx context.Context, within time.Duration) {
+	in.svc.Leave()
+	held := in.svc.Held()
+	if len(held) == 0 {
+		return
+	}
+	in.logger.Info("sharing the partitions: handing them over before stopping", "serves", held, "within", within)
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	me, started := in.seat.ID(), time.Now()
+	for {
+		dctx, dcancel := context.WithTimeout(ctx, handOverEvery)
+		peers, err := service.DiscoverPeers(dctx, in.cfg.Service.Conn, in.cfg.Service.Partitions)
+		dcancel()
+		if err == nil {
+			others := slices.DeleteFunc(slices.Clone(peers.Members), func(m string) bool { return m == me })
+			if len(others) == 0 {
+				in.logger.Warn("sharing the partitions: no other instance shares them; stopping without handing them over", "serves", held)
+				return
+			}
+			waiting := slices.DeleteFunc(slices.Clone(held), func(p int) bool {
+				return slices.ContainsFunc(others, func(m string) bool { return peers.Serves(m, p) })
+			})
+			if len(waiting) == 0 {
+				in.logger.Info("sharing the partitions: handed over", "took", time.Since(started).Round(time.Millisecond))
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			in.logger.Warn("sharing the partitions: not all handed over in time; stopping", "within", within)
+			return
+		case <-time.After(handOverEvery):
+		}
+	}
+}

@@ -1,0 +1,195 @@
+package instance_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/novox/mesh-provisioner/client"
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/instance"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/permissions"
+	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
+)
+
+// Instances that share the partitions deal them among themselves as they
+// come and go: one alone serves every partition; a second takes its share
+// on, which the first lets go; when the second stops, it hands its share
+// back before it stops, and the first serves every partition again.
+// Throughout, each partition's seat is held by the instance that serves
+// it, every node's plan is written, and every composition asked is
+// answered, but for at most one in flight at the instance stopping (a
+// retryable 503).
+func TestInstancesShareThePartitionsAsTheyComeAndGo(t *testing.T) {
+	t.Parallel()
+	const partitions = 16 // each of two instances dealt none: 2 in 65,536
+	s := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	run := func() (*instance.Instance, context.CancelFunc) {
+		t.Helper()
+		conn := natstest.Connect(t, s)
+		inst, err := instance.Start(ctx, instance.Config{
+			Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.DiscardHandler)},
+			PlansInterval:   10 * time.Millisecond,
+			SharePartitions: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- inst.Run(runCtx) }()
+		var once sync.Once
+		stopped := func() {
+			once.Do(func() {
+				stop()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			})
+		}
+		t.Cleanup(stopped)
+		select {
+		case <-inst.Serving():
+		case err := <-done:
+			t.Fatalf("Run ended before serving: %v", err)
+		}
+		return inst, stopped
+	}
+	every := make([]int, partitions)
+	for p := range every {
+		every[p] = p
+	}
+	// shared checks that the instances serve every partition between
+	// them, each once, and hold the seats of what they serve.
+	shared := func(insts ...*instance.Instance) func() error {
+		return func() error {
+			var all []int
+			for _, inst := range insts {
+				held := inst.Service().Held()
+				if seats := inst.PartitionSeats(); !slices.Equal(seats, held) {
+					return fmt.Errorf("an instance serves %v and holds the seats of %v", held, seats)
+				}
+				all = append(all, held...)
+			}
+			slices.Sort(all)
+			if !slices.Equal(all, every) {
+				return fmt.Errorf("the instances serve %v between them, want each of %v once", all, every)
+			}
+			return nil
+		}
+	}
+
+	first, _ := run()
+	natstest.CheckFor(t, 10*time.Second, shared(first))
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	needs, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans, err := js.KeyValue(ctx, keys.PlansBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodes []string // one of each partition
+	for i := 0; len(nodes) < partitions; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == len(nodes) {
+			nodes = append(nodes, name)
+			i = -1
+		}
+	}
+	value, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	written := func(module string) {
+		t.Helper()
+		revs := map[string]uint64{}
+		for _, node := range nodes {
+			rev, err := needs.Put(ctx, node+"."+module+".port.http", value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			revs[node] = rev
+		}
+		natstest.CheckFor(t, 10*time.Second, func() error {
+			for _, node := range nodes {
+				e, err := plans.Get(ctx, node)
+				if err != nil {
+					return fmt.Errorf("%s's plan: %w", node, err)
+				}
+				d := &provisionerv1.PlanDigest{}
+				if err := proto.Unmarshal(e.Value(), d); err != nil {
+					return fmt.Errorf("%s's plan: %w", node, err)
+				}
+				if d.GetRevisions().GetNeeds() < revs[node] {
+					return fmt.Errorf("%s's plan at needs revision %d, want %d", node, d.GetRevisions().GetNeeds(), revs[node])
+				}
+			}
+			return nil
+		})
+	}
+	written("web")
+
+	// Asked all along, of either instance: every node's composition.
+	asking, stopAsking := context.WithCancel(ctx)
+	var asked, retry atomic.Int64
+	var failures sync.Map
+	var wg sync.WaitGroup
+	operator := client.New(nc)
+	wg.Go(func() {
+		for asking.Err() == nil {
+			for _, node := range nodes {
+				plan, err := operator.Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
+				switch {
+				case wire.CodeOf(err) == wire.CodeUnavailable:
+					// Retryable: one in flight at the instance
+					// that stops.
+					retry.Add(1)
+				case err != nil:
+					failures.Store("compose "+node+": "+err.Error(), true)
+				case len(plan.GetPlans()) == 0:
+					failures.Store("compose "+node+": no module planned", true)
+				}
+				asked.Add(1)
+			}
+		}
+	})
+
+	second, stopSecond := run()
+	natstest.CheckFor(t, 20*time.Second, shared(first, second))
+	if len(first.Service().Held()) == 0 || len(second.Service().Held()) == 0 {
+		t.Errorf("the partitions are shared as %v and %v: one serves none", first.Service().Held(), second.Service().Held())
+	}
+	written("api")
+
+	stopSecond() // hands its partitions over before it stops
+	natstest.CheckFor(t, 20*time.Second, shared(first))
+	written("db")
+	stopAsking()
+	wg.Wait()
+	failures.Range(func(failure, _ any) bool {
+		t.Error(failure)
+		return true
+	})
+	if asked.Load() < 10*partitions {
+		t.Errorf("only %d compositions asked while the partitions moved", asked.Load())
+	}
+	if retry.Load() > 1 { // the one in flight as the second stopped
+		t.Errorf("%d of %d compositions were 503s", retry.Load(), asked.Load())
+	}
+}
