@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,8 +60,9 @@ func discover(ctx context.Context, nc *nats.Conn, each func(micro.Info) (enough 
 // Peers is what micro discovery tells of the instances that share a mesh's
 // partitions among themselves (Config.Member).
 type Peers struct {
-	// Members are the names of those that announce themselves
-	// (announceMember), in order: one that leaves (Leave) stops.
+	// Members are the names of those that announce themselves (a micro
+	// instance of no endpoint, whose metadata names it,
+	// wire.MemberMetadata), in order: one that leaves stops announcing.
 	Members []string
 	// Serving says, by partition, which of them serve it: its micro
 	// instance or its relay endpoints are open. A member leaving serves
@@ -106,41 +106,4 @@ func DiscoverPeers(ctx context.Context, nc *nats.Conn, partitions int) (Peers, e
 	slices.Sort(peers.Members)
 	peers.Members = slices.Compact(peers.Members)
 	return peers, nil
-}
-
-// announceMember adds the micro instance that tells the instances sharing
-// the partitions that this one is among them: no endpoint, its metadata
-// its name (wire.MemberMetadata).
-func (s *Service) announceMember() error {
-	cfg := s.microConfig(s.version)
-	cfg.DoneHandler = nil // stopped by Leave
-	cfg.Metadata = map[string]string{wire.MemberMetadata: s.member, wire.PartitionOfInstance: s.micro.Info().ID}
-	svc, err := micro.AddService(s.conn, cfg)
-	if err != nil {
-		return fmt.Errorf("announce the instance among those sharing the partitions: %w", err)
-	}
-	s.registering.Lock()
-	s.announced = svc
-	s.registering.Unlock()
-	return nil
-}
-
-// Leave tells the instances sharing the partitions that this one leaves
-// them: they deal its partitions among themselves, and serve them, while it
-// serves on until Stop (or Hold lets them go).
-func (s *Service) Leave() {
-	s.registering.Lock()
-	defer s.registering.Unlock()
-	s.leaveLocked()
-}
-
-// leaveLocked is Leave with s.registering held.
-func (s *Service) leaveLocked() {
-	if s.announced == nil {
-		return
-	}
-	if err := s.announced.Stop(); err != nil {
-		s.logger.Warn("leaving the instances that share the partitions", "err", err)
-	}
-	s.announced = nil
 }

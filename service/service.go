@@ -119,9 +119,9 @@ type Config struct {
 	// auto): it starts with those Hold lists, none if it is empty.
 	HoldChanges bool
 	// Member, with HoldChanges, is this instance's name among the
-	// instances that share the partitions (the instance package's): its
-	// micro instance tells it (wire.MemberMetadata), so that each finds
-	// the others and the partitions they serve (DiscoverPeers).
+	// instances that share the partitions (the instance package's): the
+	// micro instances of its partitions tell it (wire.MemberMetadata), so
+	// that each finds which partitions the others serve (DiscoverPeers).
 	Member string
 	// MaxWriteRatePerAsker is MaxRatePerAsker for the write verbs, whose
 	// every request JetStream stores. Zero means
@@ -282,10 +282,9 @@ type Service struct {
 	holding      sync.Mutex
 	copyHeld     atomic.Pointer[[]bool]
 	releaseGrace time.Duration
-	// member is Config.Member; announced is the micro instance that
-	// announces it, until Leave (guarded by registering).
-	member    string
-	announced micro.Service
+	// member is Config.Member, which the partitions' micro instances
+	// tell.
+	member string
 	// flooded tells weighPartitions of a partition whose drops reached
 	// floodAt since its last weighing.
 	flooded chan *partition
@@ -470,6 +469,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		partitions:           newPartitions(cfg.Partitions),
 		flooded:              make(chan *partition, max(cfg.Partitions, 1)),
 		version:              cfg.Version,
+		member:               cfg.Member,
 
 		replies:  admission.NewReplies(cfg.ReplyPrefixes),
 		warnings: ratelog.New(cfg.Logger, ratelog.Period),
@@ -527,12 +527,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.stopWatchers()
 		return nil, fmt.Errorf("add micro service: %w", err)
 	}
-	if s.member = cfg.Member; s.member != "" {
-		if err := s.announceMember(); err != nil {
-			s.Stop()
-			return nil, err
-		}
-	}
+
 	if othersServe {
 		// Ready instances answer meanwhile: this one joins the queue group
 		// only once its copy is whole, so that it takes no request it
@@ -721,7 +716,6 @@ func (s *Service) Stop() {
 	s.stopOnce.Do(func() {
 		s.registering.Lock()
 		s.unregistered = true // no endpoint is added after this
-		s.leaveLocked()
 		s.closePartitions()
 		s.registering.Unlock()
 		if err := s.micro.Stop(); err != nil {

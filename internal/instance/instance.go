@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/novox/mesh-provisioner/buckets"
@@ -83,8 +84,10 @@ type Instance struct {
 	seatHeld       []atomic.Bool
 	seatsChanged   chan struct{}
 	// heldMoved is closed, and replaced, when the partitions the service
-	// serves change (share.go).
+	// serves change; announced tells the others sharing the partitions
+	// that this instance is among them, until it leaves (share.go).
 	heldMoved atomic.Pointer[chan struct{}]
+	announced atomic.Pointer[micro.Service]
 }
 
 // ErrContending is returned by Contend and Run while the instance already
@@ -132,7 +135,9 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	svcCfg := cfg.Service
 	if cfg.SharePartitions {
 		svcCfg.Member = in.seat.ID()
-		svcCfg.Hold = in.firstShare(ctx)
+		if svcCfg.Hold, err = in.firstShare(ctx); err != nil {
+			return nil, err
+		}
 	}
 	if svcCfg.PartitionSeats == nil && in.partitionSeats != nil {
 		svcCfg.PartitionSeats = in.PartitionSeats
@@ -148,6 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 		return err
 	})
 	if err != nil {
+		in.leave()
 		return nil, err
 	}
 	return in, nil
@@ -211,7 +217,10 @@ func (in *Instance) Serving() <-chan struct{} { return in.serving }
 
 // Stop stops the service. Run stops it too; Stop is for an instance that
 // was started and never run.
-func (in *Instance) Stop() { in.svc.Stop() }
+func (in *Instance) Stop() {
+	in.leave()
+	in.svc.Stop()
+}
 
 // Run is Contend, then the service stopped: it returns once ctx ends (nil)
 // or Contend fails, with the seat handed back and the service stopped; the
@@ -219,7 +228,7 @@ func (in *Instance) Stop() { in.svc.Stop() }
 // partitions first hands them over (within ReadyTimeout). An instance runs
 // once.
 func (in *Instance) Run(ctx context.Context) error {
-	defer in.svc.Stop()
+	defer in.Stop()
 	err := in.Contend(ctx)
 	if in.cfg.SharePartitions && ctx.Err() != nil {
 		// Serve on until the others serve what this one did: they read

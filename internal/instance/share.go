@@ -1,14 +1,18 @@
 package instance
 
 import (
+	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go/micro"
 	"github.com/zeebo/xxh3"
 
 	"github.com/novox/mesh-provisioner/service"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // Sharing the partitions (Config.SharePartitions, serve --hold auto). Each
@@ -58,19 +62,61 @@ func shareOf(me string, members []string, n int) []int {
 	return share
 }
 
-// firstShare returns the partitions the instance starts with: its share
-// among the members discovery hears of now.
-func (in *Instance) firstShare(ctx context.Context) []int {
-	ctx, cancel := context.WithTimeout(ctx, discoverFor)
-	defer cancel()
+// firstShareRounds is how many rounds of discovery an instance that starts
+// gathers the members from: instances started together, which announce
+// themselves at once, hear each other before each deals itself a share.
+const firstShareRounds = 3
+
+// announce adds the micro instance that tells the instances sharing the
+// partitions that this one is among them: no endpoint, its name in its
+// metadata (wire.MemberMetadata). It is stopped when the instance leaves
+// (handOver, Stop).
+func (in *Instance) announce() error {
+	svc, err := micro.AddService(in.cfg.Service.Conn, micro.Config{
+		Name: wire.ServiceName, Version: cmp.Or(in.cfg.Service.Version, "0.0.0"),
+		Description: "An instance among those that share the mesh's partitions (serve --hold auto).",
+		Metadata:    map[string]string{wire.MemberMetadata: in.seat.ID()},
+	})
+	if err != nil {
+		return fmt.Errorf("announce the instance among those sharing the partitions: %w", err)
+	}
+	in.announced.Store(&svc)
+	return nil
+}
+
+// leave stops announcing the instance: the others deal its partitions
+// among themselves.
+func (in *Instance) leave() {
+	if svc := in.announced.Swap(nil); svc != nil {
+		if err := (*svc).Stop(); err != nil {
+			in.logger.Warn("leaving the instances that share the partitions", "err", err)
+		}
+	}
+}
+
+// firstShare announces the instance and returns the partitions it starts
+// with: its share among the members discovery hears of in its first
+// rounds.
+func (in *Instance) firstShare(ctx context.Context) ([]int, error) {
+	if err := in.announce(); err != nil {
+		return nil, err
+	}
 	me := in.seat.ID()
 	members := []string{me}
-	if peers, err := service.DiscoverPeers(ctx, in.cfg.Service.Conn, in.cfg.Service.Partitions); err == nil {
-		members = append(members, peers.Members...)
+	for range firstShareRounds {
+		dctx, cancel := context.WithTimeout(ctx, discoverFor)
+		peers, err := service.DiscoverPeers(dctx, in.cfg.Service.Conn, in.cfg.Service.Partitions)
+		<-dctx.Done() // a round lasts discoverFor, answers or not
+		cancel()
+		if err == nil {
+			members = append(members, peers.Members...)
+		}
 	}
+	slices.Sort(members)
+	members = slices.Compact(members)
 	share := shareOf(me, members, in.cfg.Service.Partitions)
-	in.logger.Info("sharing the partitions", "members", len(slices.Compact(slices.Sorted(slices.Values(members)))), "share", share)
-	return share
+	in.logger.Info("sharing the partitions", "members", len(members), "share", share)
+	return share, nil
 }
 
 // share keeps the instance's share of the partitions as members come and
@@ -189,7 +235,7 @@ const handOverEvery = 250 * time.Millisecond
 // others, or within (the others read the partitions before they serve
 // them) passes.
 func (in *Instance) handOver(ctx context.Context, within time.Duration) {
-	in.svc.Leave()
+	in.leave()
 	held := in.svc.Held()
 	if len(held) == 0 {
 		return

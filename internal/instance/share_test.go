@@ -193,3 +193,46 @@ func TestInstancesShareThePartitionsAsTheyComeAndGo(t *testing.T) {
 		t.Errorf("%d of %d compositions were 503s", retry.Load(), asked.Load())
 	}
 }
+
+// Instances started together hear each other before they deal themselves a
+// share: each starts with its own, not with every partition.
+func TestInstancesStartedTogetherStartWithTheirShares(t *testing.T) {
+	t.Parallel()
+	const partitions = 16
+	s := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	insts := make([]*instance.Instance, 2)
+	var wg sync.WaitGroup
+	for i := range insts {
+		wg.Go(func() {
+			conn := natstest.Connect(t, s)
+			inst, err := instance.Start(ctx, instance.Config{
+				Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.DiscardHandler)},
+				SharePartitions: true,
+			})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			t.Cleanup(inst.Stop)
+			insts[i] = inst
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	var all []int
+	for _, inst := range insts {
+		held := inst.Service().Held()
+		if len(held) == 0 || len(held) == partitions {
+			t.Errorf("an instance started with %d of %d partitions, want its share", len(held), partitions)
+		}
+		all = append(all, held...)
+	}
+	slices.Sort(all)
+	if len(all) != partitions || len(slices.Compact(all)) != partitions {
+		t.Errorf("the two started with %v between them, want each partition once", all)
+	}
+}

@@ -345,6 +345,9 @@ func discoverInstances(ctx context.Context, nc *nats.Conn, wait time.Duration, c
 		if err := json.Unmarshal(msg.Data, &stats); err != nil {
 			return nil, fmt.Errorf("a reply on %s does not decode: %w", subject, err)
 		}
+		if stats.Metadata[wire.MemberMetadata] != "" && stats.Metadata["partition"] == "" {
+			continue // an announcement among instances sharing the partitions, no endpoint
+		}
 		if of := stats.Metadata[wire.PartitionOfInstance]; of != "" {
 			partitions[of] = append(partitions[of], stats)
 			continue
