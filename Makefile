@@ -124,7 +124,7 @@ FAULTS_LOG    := build/test-faults.log
 FAULTS_FAILED := awk '/^=== RUN   [^\/]+$$/ { block = "" } { block = block $$0 "\n" } /^--- FAIL: / { printf "%s", block }'
 
 .PHONY: test-faults
-test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections, a partition's holder killed; each prints its figures. RACE=-race to add the race detector to all
+test-faults: ## Fault tests (build tag faults): restarts, leader loss and seat failover on a 3-server cluster, a flood, a client that never reads, a blast, a purge, a restart beside ready instances, start/stop races, the seat's holder through elections, a partition's holder killed (static and shared partitions); each prints its figures. RACE=-race to add the race detector to all
 	@mkdir -p build && : > $(FAULTS_LOG)
 	status=0; \
 	go test -race -count=1 -tags faults -run '^TestFaultStartStopStats$$' -v ./internal/testkit/faults/ 2>&1 | $(FAULTS_FILTER) | tee -a $(FAULTS_LOG) || status=1; \

@@ -209,7 +209,19 @@ func (tl *timeline) read(name string, r io.Reader) {
 	go func() {
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		// FAULTS_LOGS=<dir> keeps each process's whole log, to read
+		// what a scenario's figures do not say.
+		var keep *os.File
+		if dir := os.Getenv("FAULTS_LOGS"); dir != "" {
+			if f, err := os.OpenFile(filepath.Join(dir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
+				keep = f
+				defer func() { _ = f.Close() }()
+			}
+		}
 		for sc.Scan() {
+			if keep != nil {
+				_, _ = fmt.Fprintln(keep, sc.Text())
+			}
 			var line struct {
 				Msg string `json:"msg"`
 				Why string `json:"why"`

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -67,6 +68,34 @@ func (ps *partitionSeats) ended(name string) {
 	ps.changed = make(chan struct{})
 }
 
+// settled waits until each of n partitions' seats is held and none has
+// changed hands for quiet, and reports whether that came within within.
+func (ps *partitionSeats) settled(n int, quiet, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		ps.mu.Lock()
+		last, held := time.Time{}, len(ps.holder) == n
+		for _, at := range ps.takenAt {
+			if at.After(last) {
+				last = at
+			}
+		}
+		ps.mu.Unlock()
+		if held && time.Since(last) >= quiet {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond) // polled: a quiet spell has no event
+	}
+	return false
+}
+
+// holders returns who holds each partition's seat.
+func (ps *partitionSeats) holders() map[int]string {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return maps.Clone(ps.holder)
+}
+
 func scan(msg, format string, p *int) bool {
 	n, err := fmt.Sscanf(msg, format, p)
 	return err == nil && n == 1
@@ -118,6 +147,20 @@ func withMappings(n int) func(*server.Options) {
 // seat was vacant (issue 38 asks at most 5 s; its leases last 3 s, and an
 // election of the registry stream's leader takes some 5 s here).
 func TestFaultPartitionHolderLost(t *testing.T) {
+	holderLost(t, "0-1", "0-1", "2-3")
+}
+
+// TestFaultSharedPartitionHolderLost is TestFaultPartitionHolderLost with
+// three instances that share the partitions (serve --hold auto): no
+// standby, so the instances left deal the killed one's partitions among
+// themselves once they take it for gone (3 s), read them and serve them.
+func TestFaultSharedPartitionHolderLost(t *testing.T) {
+	holderLost(t, "auto", "auto", "auto")
+}
+
+// holderLost runs TestFaultPartitionHolderLost's scenarios with three serve
+// processes, each given its --hold.
+func holderLost(t *testing.T, holds ...string) {
 	bin := buildServe(t)
 	const partitions = 4
 	c := natstest.StartCluster(t, 3, withMappings(partitions))
@@ -126,15 +169,21 @@ func TestFaultPartitionHolderLost(t *testing.T) {
 	tl.onLine = seats.line
 	tl.onEnded = seats.ended
 	var procs []*supervised
-	for i, hold := range []string{"0-1", "0-1", "2-3"} {
+	for i, hold := range holds {
 		procs = append(procs, supervise(t, bin, fmt.Sprintf("i%d", i), tl,
 			"serve", "--nats-url", c.URLs(i), "--replicas", "3", "--log-format", "json", "--log-level", "info",
 			"--state-dir", t.TempDir(), "--partitions", fmt.Sprint(partitions), "--hold", hold))
 	}
-	for p := range partitions {
-		if seats.waitHeld(p, time.Time{}, 60*time.Second) == "" {
-			t.Fatalf("no instance took the seat of partition %d within 60s", p)
-		}
+	names := make([]string, len(holds))
+	for i := range holds {
+		names[i] = fmt.Sprintf("i%d", i)
+	}
+	if !tl.waitServing(120*time.Second, names...) {
+		t.Fatal("the instances do not all serve within 120s")
+	}
+	// Settled: shared partitions move once every instance serves.
+	if !seats.settled(partitions, 3*time.Second, 60*time.Second) {
+		t.Fatalf("the partitions' seats did not settle within 60s: %v", seats.holders())
 	}
 	admin := c.Connect(1)
 	js, err := jetstream.New(admin)
