@@ -71,6 +71,7 @@ type config struct {
 	// instances, above 1, serve the same mesh again after the one
 	// instance, each --hold of its share of partitions (partitioned.go).
 	instances, partitions int
+	auto                  bool // with instances: --hold auto
 }
 
 func main() {
@@ -86,6 +87,7 @@ func main() {
 	flag.BoolVar(&cfg.keepServerLogs, "v", false, "show the served binary's logs")
 	flag.IntVar(&cfg.instances, "instances", 1, "above 1: after the one instance, this many serve the same mesh, each --hold of an equal share of -partitions, and their figures are set against the one's")
 	flag.IntVar(&cfg.partitions, "partitions", 16, "with -instances: the partitions of the mesh (a multiple of -instances)")
+	flag.BoolVar(&cfg.auto, "auto", false, "with -instances: each is given --hold auto and deals itself its share, rather than a list")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {

@@ -48,6 +48,9 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, names []string, no
 	}()
 	for i := range cfg.instances {
 		hold := fmt.Sprintf("%d-%d", i*share, (i+1)*share-1)
+		if cfg.auto {
+			hold = "auto"
+		}
 		srv, err := startServe(cfg, url, filepath.Join(dir, "split", strconv.Itoa(i)),
 			"--partitions", strconv.Itoa(cfg.partitions), "--hold", hold)
 		if err != nil {
