@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -49,5 +50,44 @@ func TestTargetKeepsWhatItServesUntilItsMemberServesIt(t *testing.T) {
 				t.Errorf("ace's target (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// The partitions are dealt evenly, and a member joining takes its share
+// from the others with few moves besides.
+func TestDealIsFairAndMovesLittle(t *testing.T) {
+	t.Parallel()
+	const n = 64
+	var members []string
+	for i := range 8 {
+		members = append(members, fmt.Sprintf("M%02dX7Q", i))
+	}
+	for size := 1; size <= len(members); size++ {
+		owners := deal(members[:size], n)
+		count := map[string]int{}
+		for _, m := range owners {
+			count[m]++
+		}
+		fair := (n + size - 1) / size
+		for _, m := range members[:size] {
+			if count[m] < n/size || count[m] > fair {
+				t.Errorf("%d members: %s is dealt %d of %d, want %d to %d", size, m, count[m], n, n/size, fair)
+			}
+		}
+		if size == 1 {
+			continue
+		}
+		before := deal(members[:size-1], n)
+		moved := 0
+		for p := range owners {
+			if owners[p] != before[p] && owners[p] != members[size-1] {
+				moved++
+			}
+		}
+		// A new member's share moves necessarily; a bounded deal moves a
+		// few more, between the others.
+		if moved > n/size {
+			t.Errorf("%d members: %d partitions moved between the members already there", size, moved)
+		}
 	}
 }
