@@ -156,7 +156,14 @@ func (s *Service) Hold(ctx context.Context, partitions []int) error {
 	}
 	if letGo {
 		s.serve(kept)
-		s.watchers.Go(s.dropLetGo)
+	}
+	// The copy holds partitions not wanted (let go now, or read by a
+	// Hold cut short): dropped once their grace is over.
+	for p, held := range *s.copyHeld.Load() {
+		if held && !want[p] {
+			s.afterGrace(s.dropLetGo)
+			break
+		}
 	}
 	if adding {
 		copyHeld := slices.Clone(want)
@@ -164,8 +171,13 @@ func (s *Service) Hold(ctx context.Context, partitions []int) error {
 			copyHeld[p] = copyHeld[p] || ok
 		}
 		s.copyHeld.Store(&copyHeld)
+		s.filled = s.followers.Hold(holdsNodeOf(copyHeld))
+	}
+	// Wait for the read of the partitions taken on, this Hold's or one
+	// cut short before it whose partitions it takes on too.
+	if s.filled != nil {
 		select {
-		case <-s.followers.Hold(holdsNodeOf(copyHeld)):
+		case <-s.filled:
 		case <-ctx.Done():
 			return fmt.Errorf("read the nodes of the partitions taken on: %w", ctx.Err())
 		case <-s.stopping.Done():
@@ -202,6 +214,16 @@ func (s *Service) serve(held []bool) {
 		// Its relay endpoints, or its addressed ones, are not all
 		// there: the weighing opens the partition again.
 		s.logger.Error("opening the partitions taken on", "err", err)
+	}
+}
+
+// afterGrace runs drop on its own goroutine releaseGrace from now, unless
+// the service is stopping.
+func (s *Service) afterGrace(drop func()) {
+	s.registering.Lock()
+	defer s.registering.Unlock()
+	if !s.unregistered { // Stop waits for the watchers after setting it
+		s.watchers.Go(drop)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -184,4 +185,64 @@ func itemsOf(plan *provisionerv1.ComposeResponse, module string) int {
 		}
 	}
 	return 0
+}
+
+// A Hold cut short serves nothing it has not read; the next Hold of the
+// same partition waits for the read that was cut short, and serves it
+// whole.
+func TestHoldCutShortServesNothingUnread(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	const partitions = 2
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	svc := servicetest.Start(t, natstest.Connect(t, server), func(c *service.Config) {
+		c.Partitions, c.Hold, c.HoldChanges = partitions, []int{0}, true
+	})
+	var node string
+	for i := 0; node == ""; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 1 {
+			node = name
+		}
+	}
+	// Written directly (this test's identity may): partition 1 has no
+	// instance to write through.
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	var last uint64
+	for i := range 200 {
+		value, _ := proto.Marshal(&provisionerv1.Need{Placeholder: fmt.Sprintf("${port:p%d}", i)})
+		rev, err := needs.Put(ctx, fmt.Sprintf("%s.web.port.p%d", node, i), value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = rev
+	}
+	natstest.CheckFor(t, 5*time.Second, func() error {
+		for _, b := range statsData(t, svc).GetBuckets() {
+			if b.GetBucket() == keys.NeedsBucket && b.GetRevision() < last {
+				return fmt.Errorf("the copy of needs at %d, want %d", b.GetRevision(), last)
+			}
+		}
+		return nil
+	})
+
+	cutShort, cancelHold := context.WithCancel(ctx)
+	cancelHold()
+	if err := svc.Hold(cutShort, []int{0, 1}); err == nil {
+		t.Fatal("a Hold whose context ended took partition 1 on")
+	}
+	if diff := cmp.Diff([]int{0}, svc.Held()); diff != "" {
+		t.Errorf("served after a Hold cut short (-want +got):\n%s", diff)
+	}
+	if err := svc.Hold(ctx, []int{0, 1}); err != nil {
+		t.Fatal(err)
+	}
+	operator := client.New(nc)
+	plan, err := operator.Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := itemsOf(plan, "web"); got != 200 {
+		t.Errorf("%s's compose once partition 1 is served: %d items, want 200", node, got)
+	}
 }

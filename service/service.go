@@ -282,6 +282,10 @@ type Service struct {
 	holding      sync.Mutex
 	copyHeld     atomic.Pointer[[]bool]
 	releaseGrace time.Duration
+	// filled is closed once the copy holds copyHeld's nodes whole: the
+	// last read of partitions taken on (mirror.Watchers.Hold), under
+	// holding; nil before the first.
+	filled <-chan struct{}
 	// member is Config.Member, which the partitions' micro instances
 	// tell.
 	member string
