@@ -57,6 +57,11 @@ type Config struct {
 	// (serve --hold auto): they are dealt among them, and move as
 	// instances come and go (share.go).
 	SharePartitions bool
+	// ShareCopies, with SharePartitions, is how many instances serve each
+	// partition (serve --hold-copies): with 2, a partition whose instance
+	// dies is still answered by another, whose seat's lease then runs out
+	// and is taken, at twice each instance's memory. Zero means 1.
+	ShareCopies int
 }
 
 // DefaultReadyTimeout is Config.ReadyTimeout's default.
@@ -88,6 +93,10 @@ type Instance struct {
 	// that this instance is among them, until it leaves (share.go).
 	heldMoved atomic.Pointer[chan struct{}]
 	announced atomic.Pointer[micro.Service]
+	// firstServes says, by partition, whether another instance, the
+	// partition's first member, serves it: this one then leaves its seat
+	// to that one (seatWanted). Nil: contend for every seat served.
+	firstServes atomic.Pointer[[]bool]
 }
 
 // ErrContending is returned by Contend and Run while the instance already
@@ -102,6 +111,9 @@ var ErrContending = errors.New("instance: Contend or Run is already running")
 func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	if cfg.Service.WatchConn == nil {
 		return nil, errors.New("instance: Config.Service.WatchConn is required")
+	}
+	if cfg.ShareCopies < 0 || (cfg.ShareCopies > 1 && !cfg.SharePartitions) {
+		return nil, errors.New("instance: Config.ShareCopies is negative, or above 1 without SharePartitions")
 	}
 	if cfg.SharePartitions {
 		if cfg.Service.Partitions < 2 || len(cfg.Service.Hold) > 0 {

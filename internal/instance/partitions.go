@@ -76,8 +76,9 @@ func (in *Instance) writeHeldPlans(ctx context.Context) error {
 	return g.Wait()
 }
 
-// keepSeat contends for the seat of partition p while the service serves
-// p, and hands it back when it lets p go, until ctx ends.
+// keepSeat contends for the seat of partition p while the instance wants
+// it (seatWanted), and hands it back when it no longer does, until ctx
+// ends.
 func (in *Instance) keepSeat(ctx context.Context, p int, st *seat.Seat) error {
 	tenure := func(tenure context.Context) error {
 		in.seatHeld[p].Store(true)
@@ -107,12 +108,12 @@ func (in *Instance) keepSeat(ctx context.Context, p int, st *seat.Seat) error {
 	}
 }
 
-// waitHeld waits until whether the service serves p is held, and reports
-// so; false when ctx ended first.
+// waitHeld waits until whether the instance contends for p's seat
+// (seatWanted) is held, and reports so; false when ctx ended first.
 func (in *Instance) waitHeld(ctx context.Context, p int, held bool) bool {
 	for {
 		moved := in.heldMoved.Load()
-		if in.svc.HoldsPartition(p) == held {
+		if in.seatWanted(p) == held {
 			return true
 		}
 		select {
@@ -121,6 +122,18 @@ func (in *Instance) waitHeld(ctx context.Context, p int, held bool) bool {
 		case <-*moved:
 		}
 	}
+}
+
+// seatWanted reports whether the instance contends for p's seat: it serves
+// p and, when it shares the partitions, it is p's first member or p's first
+// member does not serve p (firstServes), so that the plans' writing is
+// spread with the partitions' first copies.
+func (in *Instance) seatWanted(p int) bool {
+	if !in.svc.HoldsPartition(p) {
+		return false
+	}
+	first := in.firstServes.Load()
+	return first == nil || !(*first)[p]
 }
 
 // tellHeldMoved wakes those waiting for the partitions served to change.

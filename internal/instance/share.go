@@ -36,39 +36,46 @@ const (
 	memberGone = 3 * shareEvery
 )
 
-// deal returns, by partition of n, the member (of members, not empty) it is
-// dealt to: each partition goes to the member whose hash of it is highest
-// among those not yet dealt their fair share (n over the members, some one
-// more to deal them all), partitions in order. Rendezvous hashing alone deals 16 partitions
-// among four as unevenly as 2 and 5 (bench-scale -auto); bounded so, a
-// member coming or going still moves few partitions besides its own.
-func deal(members []string, n int) []string {
+// deal returns, by partition of n, the members (of members, not empty)
+// it is dealt to, copies of them (at most every member). Its first goes to
+// the member whose hash of it is highest among those not yet dealt their
+// fair share (n over the members, some one more to deal them all),
+// partitions in order; its others to the members after that one in name
+// order, round the ring. Rendezvous hashing alone deals 16 partitions among
+// four as unevenly as 2 and 5 (bench-scale -auto); bounded so, a member
+// coming or going still moves few partitions besides its own, and each
+// member's copies follow its neighbour's share, as even.
+func deal(members []string, n, copies int) [][]string {
 	members = slices.Compact(slices.Sorted(slices.Values(members)))
-	// Each member is dealt fair partitions, and extra of them one more.
+	copies = max(min(copies, len(members)), 1)
 	fair, extra := n/len(members), n%len(members)
-	dealt := map[string]int{}
-	owners := make([]string, n)
+	dealt := make([]int, len(members))
+	owners := make([][]string, n)
 	for p := range owners {
 		suffix := "/" + strconv.Itoa(p)
-		var top uint64
-		for _, m := range members {
-			room := dealt[m] < fair || (dealt[m] == fair && extra > 0)
-			if score := xxh3.HashString(m + suffix); room && (owners[p] == "" || score > top) {
-				owners[p], top = m, score
+		first, top := -1, uint64(0)
+		for i, m := range members {
+			room := dealt[i] < fair || (dealt[i] == fair && extra > 0)
+			if score := xxh3.HashString(m + suffix); room && (first < 0 || score > top) {
+				first, top = i, score
 			}
 		}
-		if dealt[owners[p]]++; dealt[owners[p]] > fair {
+		if dealt[first]++; dealt[first] > fair {
 			extra--
+		}
+		for k := range copies {
+			owners[p] = append(owners[p], members[(first+k)%len(members)])
 		}
 	}
 	return owners
 }
 
-// shareOf returns the partitions of n dealt to me among members.
-func shareOf(me string, members []string, n int) []int {
+// shareOf returns the partitions of n dealt to me among members, copies
+// members a partition.
+func shareOf(me string, members []string, n, copies int) []int {
 	share := []int{}
-	for p, owner := range deal(members, n) {
-		if owner == me {
+	for p, owners := range deal(members, n, copies) {
+		if slices.Contains(owners, me) {
 			share = append(share, p)
 		}
 	}
@@ -127,7 +134,7 @@ func (in *Instance) firstShare(ctx context.Context) ([]int, error) {
 	}
 	slices.Sort(members)
 	members = slices.Compact(members)
-	share := shareOf(me, members, in.cfg.Service.Partitions)
+	share := shareOf(me, members, in.cfg.Service.Partitions, in.copies())
 	in.logger.Info("sharing the partitions", "members", len(members), "share", share)
 	return share, nil
 }
@@ -177,6 +184,7 @@ func (in *Instance) share(ctx context.Context) error {
 					members = append(members, m)
 				}
 			}
+			in.seatsToFirst(me, members, peers)
 			if target := in.target(me, members, peers); !slices.Equal(target, in.svc.Held()) {
 				in.logger.Info("sharing the partitions: what this instance serves changes",
 					"members", len(members), "serves", in.svc.Held(), "to_serve", target)
@@ -193,16 +201,34 @@ func (in *Instance) share(ctx context.Context) error {
 
 // target returns the partitions the instance is to serve now (targetOf).
 func (in *Instance) target(me string, members []string, peers service.Peers) []int {
-	return targetOf(me, members, peers, in.cfg.Service.Partitions, in.svc.HoldsPartition)
+	return targetOf(me, members, peers, in.cfg.Service.Partitions, in.copies(), in.svc.HoldsPartition)
 }
 
+// seatsToFirst records, by partition, whether another member, the first
+// it is dealt to, serves it (Instance.firstServes), and wakes the seats'
+// keepers when that changed.
+func (in *Instance) seatsToFirst(me string, members []string, peers service.Peers) {
+	first := make([]bool, in.cfg.Service.Partitions)
+	for p, owners := range deal(members, len(first), in.copies()) {
+		first[p] = owners[0] != me && peers.Serves(owners[0], p)
+	}
+	if old := in.firstServes.Swap(&first); old == nil || !slices.Equal(*old, first) {
+		in.tellHeldMoved()
+	}
+}
+
+// copies is how many members serve each partition (Config.ShareCopies).
+func (in *Instance) copies() int { return max(in.cfg.ShareCopies, 1) }
+
 // targetOf returns the partitions of n that member me is to serve now, of
-// members, where serves says what it serves: those dealt to it, and those
-// it serves whose member does not serve them yet.
-func targetOf(me string, members []string, peers service.Peers, n int, serves func(p int) bool) []int {
+// members, copies members a partition, where serves says what it serves:
+// those dealt to it, and those it serves that a member they are dealt to
+// does not serve yet.
+func targetOf(me string, members []string, peers service.Peers, n, copies int, serves func(p int) bool) []int {
 	target := []int{}
-	for p, to := range deal(members, n) {
-		if to == me || (serves(p) && !peers.Serves(to, p)) {
+	for p, owners := range deal(members, n, copies) {
+		waiting := slices.ContainsFunc(owners, func(m string) bool { return !peers.Serves(m, p) })
+		if slices.Contains(owners, me) || (serves(p) && waiting) {
 			target = append(target, p)
 		}
 	}

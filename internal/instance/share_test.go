@@ -33,7 +33,19 @@ import (
 // retryable 503).
 func TestInstancesShareThePartitionsAsTheyComeAndGo(t *testing.T) {
 	t.Parallel()
-	const partitions = 16 // each of two instances dealt none: 2 in 65,536
+	for _, copies := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d copies", copies), func(t *testing.T) {
+			t.Parallel()
+			shareAsTheyComeAndGo(t, copies)
+		})
+	}
+}
+
+// shareAsTheyComeAndGo is TestInstancesShareThePartitionsAsTheyComeAndGo
+// with copies instances a partition: two instances then serve every
+// partition each, and one of them holds its seat.
+func shareAsTheyComeAndGo(t *testing.T, copies int) {
+	const partitions = 16
 	s := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
 	nc := natstest.Connect(t, s)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
@@ -45,6 +57,7 @@ func TestInstancesShareThePartitionsAsTheyComeAndGo(t *testing.T) {
 			Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.DiscardHandler)},
 			PlansInterval:   10 * time.Millisecond,
 			SharePartitions: true,
+			ShareCopies:     copies,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -74,20 +87,31 @@ func TestInstancesShareThePartitionsAsTheyComeAndGo(t *testing.T) {
 		every[p] = p
 	}
 	// shared checks that the instances serve every partition between
-	// them, each once, and hold the seats of what they serve.
+	// them, each as many times as it has copies, and hold the seat of
+	// each, once, among those that serve it.
 	shared := func(insts ...*instance.Instance) func() error {
 		return func() error {
-			var all []int
+			var all, seats []int
 			for _, inst := range insts {
-				held := inst.Service().Held()
-				if seats := inst.PartitionSeats(); !slices.Equal(seats, held) {
-					return fmt.Errorf("an instance serves %v and holds the seats of %v", held, seats)
+				held, seated := inst.Service().Held(), inst.PartitionSeats()
+				if slices.ContainsFunc(seated, func(p int) bool { return !slices.Contains(held, p) }) {
+					return fmt.Errorf("an instance serves %v and holds the seats of %v", held, seated)
 				}
-				all = append(all, held...)
+				all, seats = append(all, held...), append(seats, seated...)
 			}
 			slices.Sort(all)
-			if !slices.Equal(all, every) {
-				return fmt.Errorf("the instances serve %v between them, want each of %v once", all, every)
+			slices.Sort(seats)
+			var want []int
+			for _, p := range every {
+				for range min(copies, len(insts)) {
+					want = append(want, p)
+				}
+			}
+			if !slices.Equal(all, want) {
+				return fmt.Errorf("the instances serve %v between them, want each of %v %d times", all, every, min(copies, len(insts)))
+			}
+			if !slices.Equal(seats, every) {
+				return fmt.Errorf("the instances hold the seats of %v between them, want each of %v once", seats, every)
 			}
 			return nil
 		}
@@ -172,9 +196,12 @@ func TestInstancesShareThePartitionsAsTheyComeAndGo(t *testing.T) {
 
 	second, stopSecond := run()
 	natstest.CheckFor(t, 20*time.Second, shared(first, second))
-	if len(first.Service().Held()) == 0 || len(second.Service().Held()) == 0 {
-		t.Errorf("the partitions are shared as %v and %v: one serves none", first.Service().Held(), second.Service().Held())
-	}
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if len(first.PartitionSeats()) == 0 || len(second.PartitionSeats()) == 0 {
+			return fmt.Errorf("the seats are held as %v and %v: one holds none", first.PartitionSeats(), second.PartitionSeats())
+		}
+		return nil
+	})
 	written("api")
 
 	stopSecond() // hands its partitions over before it stops

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -147,7 +148,7 @@ func withMappings(n int) func(*server.Options) {
 // seat was vacant (issue 38 asks at most 5 s; its leases last 3 s, and an
 // election of the registry stream's leader takes some 5 s here).
 func TestFaultPartitionHolderLost(t *testing.T) {
-	holderLost(t, "0-1", "0-1", "2-3")
+	holderLost(t, nil, "0-1", "0-1", "2-3")
 }
 
 // TestFaultSharedPartitionHolderLost is TestFaultPartitionHolderLost with
@@ -155,12 +156,19 @@ func TestFaultPartitionHolderLost(t *testing.T) {
 // standby, so the instances left deal the killed one's partitions among
 // themselves once they take it for gone (3 s), read them and serve them.
 func TestFaultSharedPartitionHolderLost(t *testing.T) {
-	holderLost(t, "auto", "auto", "auto")
+	holderLost(t, nil, "auto", "auto", "auto")
+}
+
+// TestFaultSharedPartitionCopyLost is TestFaultSharedPartitionHolderLost
+// with two instances serving each partition (--hold-copies 2): the other
+// copy answers on, and takes the seat once its lease runs out.
+func TestFaultSharedPartitionCopyLost(t *testing.T) {
+	holderLost(t, []string{"--hold-copies", "2"}, "auto", "auto", "auto")
 }
 
 // holderLost runs TestFaultPartitionHolderLost's scenarios with three serve
-// processes, each given its --hold.
-func holderLost(t *testing.T, holds ...string) {
+// processes, each given its --hold, and extra flags.
+func holderLost(t *testing.T, extra []string, holds ...string) {
 	bin := buildServe(t)
 	const partitions = 4
 	c := natstest.StartCluster(t, 3, withMappings(partitions))
@@ -170,9 +178,9 @@ func holderLost(t *testing.T, holds ...string) {
 	tl.onEnded = seats.ended
 	var procs []*supervised
 	for i, hold := range holds {
-		procs = append(procs, supervise(t, bin, fmt.Sprintf("i%d", i), tl,
-			"serve", "--nats-url", c.URLs(i), "--replicas", "3", "--log-format", "json", "--log-level", "info",
-			"--state-dir", t.TempDir(), "--partitions", fmt.Sprint(partitions), "--hold", hold))
+		args := append([]string{"serve", "--nats-url", c.URLs(i), "--replicas", "3", "--log-format", "json", "--log-level", "info",
+			"--state-dir", t.TempDir(), "--partitions", fmt.Sprint(partitions), "--hold", hold}, extra...)
+		procs = append(procs, supervise(t, bin, fmt.Sprintf("i%d", i), tl, args...))
 	}
 	names := make([]string, len(holds))
 	for i := range holds {
@@ -277,7 +285,10 @@ func askAll(c *natstest.Cluster, nodes []string) func() (answered, unavailable, 
 			case err == nil:
 				n.Add(1)
 			case ctx.Err() != nil:
-			case wire.CodeOf(err) == wire.CodeUnavailable:
+			case wire.CodeOf(err) == wire.CodeUnavailable, errors.Is(err, nats.ErrNoResponders):
+				// Both are 503s: the service's, or nats-server's
+				// when no instance is subscribed at the moment (one
+				// reconnecting from the server killed).
 				u.Add(1)
 			case errors.Is(err, context.DeadlineExceeded):
 				late.Add(1)
