@@ -29,6 +29,21 @@ type splitFigures struct {
 	start, whole          time.Duration
 	p50, p99              time.Duration
 	composeRate           float64
+	// onePartition is the settled VmRSS of one more instance that serves
+	// one partition alone: with the one instance's, it says what every
+	// instance holds whatever its share (sharedPart).
+	onePartition int64
+}
+
+// sharedPart returns, above the empty process, what every instance holds
+// whatever its share (the registry, the manifests, the providers' buckets,
+// what follows the whole mesh), and what one partition adds: the line
+// through one partition's instance's memory and the one instance's, all P
+// partitions.
+func (sf *splitFigures) sharedPart(one, empty int64) (shared, perPartition float64) {
+	a1, all := float64(sf.onePartition-empty), float64(one-empty)
+	perPartition = (all - a1) / float64(sf.partitions-1)
+	return a1 - perPartition, perPartition
 }
 
 // measureSplit serves the mesh the one instance served (on url, whose
@@ -83,6 +98,20 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, names []string, no
 		return wire.ComposeSubject, wire.ContentTypeJSON, &provisionerv1.ComposeRequest{Node: node}
 	}
 	if sf.composeRate, err = throughput(url, names, 8, cfg.round, compose); err != nil {
+		return nil, err
+	}
+	// One more instance, of partition 0 alone (its instance stands by):
+	// the shared part.
+	one, err := startServe(cfg, url, filepath.Join(dir, "split", "one"),
+		"--partitions", strconv.Itoa(cfg.partitions), "--hold", "0")
+	if err != nil {
+		return nil, err
+	}
+	servers = append(servers, one)
+	if err := allWhole(nc, cfg.instances+1); err != nil {
+		return nil, err
+	}
+	if sf.onePartition, err = settledRSS(one.pid(), cfg.settle); err != nil {
 		return nil, err
 	}
 	return sf, nil
@@ -143,14 +172,16 @@ func printSplit(all []figures) {
 		return
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\t")
+	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\t")
 	for _, f := range all {
 		s := f.split
 		if s == nil {
 			continue
 		}
-		rss, peak, ratio := "", "", ""
+		rss, peak, ratio, target := "", "", "", ""
 		share := float64(f.rss-f.baselineRSS) / float64(s.instances)
+		shared, perPartition := s.sharedPart(f.rss, f.baselineRSS)
+		fair := shared + perPartition*float64(s.partitions)/float64(s.instances)
 		for i := range s.rss {
 			sep := ""
 			if i > 0 {
@@ -159,9 +190,10 @@ func printSplit(all []figures) {
 			rss += sep + fmt.Sprintf("%.0f", mib(s.rss[i]))
 			peak += sep + fmt.Sprintf("%.0f", mib(s.hwm[i]))
 			ratio += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/share)
+			target += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/fair)
 		}
-		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t\n",
-			f.nodes, s.instances, s.partitions, rss, peak, ratio,
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t\n",
+			f.nodes, s.instances, s.partitions, rss, peak, ratio, mib(s.onePartition), shared/(1<<20), target,
 			s.start.Round(time.Millisecond), s.whole.Round(time.Millisecond),
 			float64(s.start)/float64(f.start), float64(s.whole)/float64(f.whole),
 			s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.composeRate)
