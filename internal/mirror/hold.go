@@ -1,27 +1,40 @@
 package mirror
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/novox/mesh-provisioner/backoff"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // Hold changes, while the copies are followed, which nodes the copies of
 // needs, applied records and items hold (SetHolds set them first): the keys
-// of the nodes holds no longer says yes to are dropped at once, and every key
-// of those it says yes to now, and did not before, is read from its bucket
-// again. The channel returned is closed once each of the three copies holds
-// the nodes held now whole: every change of theirs up to a revision of its
+// of the nodes holds no longer says yes to are dropped at once, and every
+// key of those it says yes to now, and did not before, is read from its
+// bucket. The channel returned is closed once each of the three copies
+// holds those nodes whole: every change of theirs up to a revision of its
 // bucket after the call. holds must answer the same for a node from then
-// on: a change of what is held is another Hold. A Hold made before the last one's keys are read
-// whole reads them too, and closes both channels when done.
+// on: a change of what is held is another Hold. A Hold made while the last
+// one's keys are still being read reads them too, and closes both channels
+// when done.
 //
-// Each of the three buckets is read whole again, as at the start (one
-// consumer of every key's last value, which then goes on as the bucket's
-// watcher): the partition of a key is not in its subject.
+// The keys are read by a consumer of their own beside the bucket's watcher,
+// which goes on applying every change as it comes, those of the nodes held
+// anew included; the read applies a key's last value unless the watcher
+// applied a later change of it meanwhile. Each bucket is read whole (a
+// key's partition is not in its subject), as at the start.
 func (w *Watchers) Hold(holds func(node string) bool) <-chan struct{} {
 	var waits []<-chan struct{}
 	for _, f := range w.followers {
 		if w.mirror.isPartial(f.copy) {
-			waits = append(waits, f.requestHold(holds))
+			waits = append(waits, f.hold(w.filling, holds))
 		}
 	}
 	done := make(chan struct{})
@@ -36,29 +49,16 @@ func (w *Watchers) Hold(holds func(node string) bool) <-chan struct{} {
 
 // LetGo has the copies of needs, applied records and items hold the nodes
 // holds says yes to, fewer than they hold: the keys of the others are
-// dropped at once, and nothing is read again (unless a Hold is still being
-// read, which is read again with holds).
+// dropped at once, and nothing is read again.
 func (w *Watchers) LetGo(holds func(node string) bool) {
 	for _, f := range w.followers {
 		if w.mirror.isPartial(f.copy) {
-			f.letGo(holds)
+			f.applying.Lock()
+			f.copy.setHolds(holds)
+			f.copy.dropUnheld()
+			f.applying.Unlock()
 		}
 	}
-}
-
-// letGo narrows what the follower's copy holds to holds.
-func (f *follower) letGo(holds func(first string) bool) {
-	f.mu.Lock()
-	pending := f.hold != nil
-	f.mu.Unlock()
-	if pending {
-		f.requestHold(holds)
-		return
-	}
-	f.applying.Lock()
-	defer f.applying.Unlock()
-	f.copy.setHolds(holds)
-	f.copy.dropUnheld()
 }
 
 // isPartial reports whether c is a copy that may hold some nodes only.
@@ -71,18 +71,27 @@ func (m *Mirror) isPartial(c followed) bool {
 	return false
 }
 
-// holdChange is a change of the nodes a copy holds, until its keys are read
-// whole.
-type holdChange struct {
-	holds func(first string) bool
-	// wasHeld says which nodes the copy held whole before: the others
-	// holds says yes to are read (adding).
-	wasHeld func(first string) bool
-	dones   []*closer // of this Hold and of those it took over
+// fill is a read of the keys of the nodes a copy holds anew.
+type fill struct {
+	adding func(first string) bool
+	// seen is the revision of the last change of each key of those nodes
+	// that the watcher applied while the read lasts: the read does not
+	// apply an older value over it.
+	seen   map[string]uint64
+	cancel context.CancelFunc
+	dones  []*closer // of this Hold and of those it took over
 }
 
-// adding reports whether the change has the copy hold first's keys anew.
-func (h *holdChange) adding(first string) bool { return h.holds(first) && !h.wasHeld(first) }
+// saw records a change the watcher applies. f.applying is held; a nil fill
+// records nothing.
+func (fl *fill) saw(key string, revision uint64) {
+	if fl == nil {
+		return
+	}
+	if first, _, _ := strings.Cut(key, "."); fl.adding(first) {
+		fl.seen[key] = max(fl.seen[key], revision)
+	}
+}
 
 // closer closes its channel once.
 type closer struct {
@@ -92,55 +101,134 @@ type closer struct {
 
 func (c *closer) close() { c.once.Do(func() { close(c.ch) }) }
 
-// requestHold has the follower's next consumer read the keys of the nodes
-// holds says yes to and the copy did not hold, and returns a channel closed
-// once it did. The consumer being followed is ended, so that it starts now.
-func (f *follower) requestHold(holds func(first string) bool) <-chan struct{} {
+// hold has the follower's copy hold what holds says yes to, and starts the
+// read of the nodes it holds anew (a read under way is ended and taken
+// over: its nodes are read again with these). It returns a channel closed
+// once the read is done.
+func (f *follower) hold(ctx context.Context, holds func(first string) bool) <-chan struct{} {
 	done := &closer{ch: make(chan struct{})}
-	f.mu.Lock()
-	// The nodes held whole before: those of the last change read whole,
-	// not of one still pending, whose keys this one reads too.
-	change := &holdChange{holds: holds, wasHeld: f.copy.heldNow(), dones: []*closer{done}}
-	if prev := f.hold; prev != nil {
-		change.wasHeld = prev.wasHeld
-		change.dones = append(change.dones, prev.dones...)
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	wasHeld := f.copy.heldNow()
+	fl := &fill{seen: map[string]uint64{}, dones: []*closer{done}}
+	if prev := f.fill; prev != nil {
+		prev.cancel()
+		// Its nodes were not read whole: read them again, what the
+		// watcher saw of them still standing.
+		fl.seen, fl.dones = prev.seen, append(fl.dones, prev.dones...)
+		held, prevAdding := wasHeld, prev.adding
+		wasHeld = func(first string) bool { return held(first) && !prevAdding(first) }
 	}
-	f.hold = change
-	if f.cancel != nil {
-		f.cancel()
-	}
-	f.mu.Unlock()
-	select {
-	case f.kick <- struct{}{}:
-	default:
-	}
+	fl.adding = func(first string) bool { return holds(first) && !wasHeld(first) }
+	f.copy.setHolds(holds)
+	f.copy.dropUnheld()
+	var fctx context.Context
+	fctx, fl.cancel = context.WithCancel(ctx)
+	f.fill = fl
+	go f.runFill(fctx, fl)
 	return done.ch
 }
 
-// takeHold returns the change of the nodes held that the next consumer reads,
-// if any, once the copy holds them: the keys of the others are dropped.
-func (f *follower) takeHold() *holdChange {
-	f.mu.Lock()
-	change := f.hold
-	f.mu.Unlock()
-	if change == nil {
-		return nil
+// runFill reads the bucket's last values into the copy, those of fl's nodes
+// alone, until the read is whole or ctx ends; a consumer lost is made
+// again, and its read starts over.
+func (f *follower) runFill(ctx context.Context, fl *fill) {
+	retry := backoff.New(backoff.Config{Min: watchRetryMin, Max: watchRetryMax, Factor: 2, Jitter: 0.5})
+	for {
+		err := f.readFill(ctx, fl)
+		if err == nil {
+			f.applying.Lock()
+			if f.fill == fl {
+				f.fill = nil
+			}
+			f.applying.Unlock()
+			for _, done := range fl.dones {
+				done.close()
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		f.logger.Warn("reading the keys of the nodes held anew failed; reading them again", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry.Next()):
+		}
 	}
-	f.applying.Lock()
-	defer f.applying.Unlock()
-	f.copy.setHolds(change.holds)
-	f.copy.dropUnheld()
-	return change
 }
 
-// held records that a change's keys are read whole: its channels close.
-func (f *follower) held(change *holdChange) {
-	f.mu.Lock()
-	if f.hold == change {
-		f.hold = nil
+// readFill is one consumer's read of every key's last value, applied to the
+// copy for fl's nodes unless the watcher applied a later change of the key.
+func (f *follower) readFill(ctx context.Context, fl *fill) error {
+	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+	defer cancel()
+	// The read ends at the bucket's last revision now: each later change
+	// is the watcher's, of nodes the copy holds already.
+	info, err := f.stream.Info(apiCtx)
+	if err != nil {
+		return fmt.Errorf("read the bucket's stream state: %w", err)
 	}
-	f.mu.Unlock()
-	for _, done := range change.dones {
-		done.close()
+	last := info.State.LastSeq
+	consumer, err := f.stream.CreateConsumer(apiCtx, jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		FilterSubject:     f.prefix + ">",
+		InactiveThreshold: consumerInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	})
+	if err != nil {
+		return fmt.Errorf("create the read's consumer: %w", err)
 	}
+	defer func() {
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
+		defer dcancel()
+		_ = f.stream.DeleteConsumer(dctx, consumer.CachedInfo().Name)
+	}()
+	if consumer.CachedInfo().NumPending == 0 {
+		return nil // an empty bucket
+	}
+	messages, err := consumer.Messages(jetstream.PullHeartbeat(f.heartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true),
+		jetstream.PullMaxMessages(pullBatch))
+	if err != nil {
+		return fmt.Errorf("pull from the read's consumer: %w", err)
+	}
+	defer messages.Stop()
+	stop := context.AfterFunc(ctx, messages.Stop)
+	defer stop()
+	var delivered uint64
+	for {
+		msg, err := messages.Next()
+		if err != nil {
+			return errors.Join(errors.New("the read's consumer was lost"), err, ctx.Err())
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		if meta.Sequence.Consumer != delivered+1 {
+			return fmt.Errorf("%w: delivery %d after %d", ErrWatchGap, meta.Sequence.Consumer, delivered)
+		}
+		delivered = meta.Sequence.Consumer
+		if key, ok := strings.CutPrefix(msg.Subject(), f.prefix); ok && !wire.KVRemoves(msg.Headers()) {
+			f.applyFilled(fl, key, msg.Data(), meta.Sequence.Stream)
+		}
+		if meta.NumPending == 0 || meta.Sequence.Stream >= last {
+			return nil
+		}
+	}
+}
+
+// applyFilled applies a key's last value the read delivered, if it is of a
+// node held anew and the watcher applied no later change of it.
+func (f *follower) applyFilled(fl *fill, key string, value []byte, revision uint64) {
+	first, _, _ := strings.Cut(key, ".")
+	f.applying.Lock()
+	defer f.applying.Unlock()
+	if f.fill != fl || !fl.adding(first) || fl.seen[key] >= revision {
+		return
+	}
+	f.copy.Apply(key, value, revision, false)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,5 +199,132 @@ func TestHoldChangesTheNodesHeldWhileFollowed(t *testing.T) {
 	}
 	if got := placeholders("bob"); len(got) != 2 {
 		t.Errorf("bob's keys after ace is let go: %v, want two", got)
+	}
+}
+
+// A node held anew while it is written and deleted: its keys read by the
+// Hold and the changes the watcher applies meanwhile end as the bucket
+// has them, none older over a newer, none deleted back.
+func TestHoldReadsBesideTheWatcher(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, js, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keyCount = 300
+	put := func(i, version int) uint64 {
+		t.Helper()
+		data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: fmt.Sprintf("${port:v%d}", version)})
+		rev, err := kv.Put(ctx, fmt.Sprintf("bob.web.port.k%d", i), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rev
+	}
+	// Many keys of ace's, before bob's, so that the read comes to bob's
+	// while they are being changed.
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 2000 {
+				data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:x}"})
+				if _, err := kv.Put(ctx, fmt.Sprintf("ace.m%d.port.k%d", w, i), data); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i := range keyCount {
+		put(i, 0)
+	}
+
+	m := mirror.New()
+	m.SetHolds(func(node string) bool { return node == "ace" })
+	w, err := m.Open(ctx, js, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(runCtx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+	natstest.CheckFor(t, 20*time.Second, func() error {
+		if !m.Ready() {
+			return fmt.Errorf("loading %v", m.Loading())
+		}
+		return nil
+	})
+
+	// Bob's keys change while the Hold reads them: each one put again,
+	// or deleted.
+	writing, stopWriting := context.WithCancel(ctx)
+	var last atomic.Uint64
+	var writes sync.WaitGroup
+	writes.Go(func() {
+		for n := 1; writing.Err() == nil; n++ {
+			i := n * 7 % keyCount
+			if n%3 == 0 {
+				if err := kv.Delete(ctx, fmt.Sprintf("bob.web.port.k%d", i)); err != nil {
+					t.Error(err)
+					return
+				}
+				continue // the next put's revision is later
+			}
+			last.Store(put(i, n))
+		}
+	})
+	held := w.Hold(func(node string) bool { return node == "ace" || node == "bob" })
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the Hold did not read bob's keys within 20s")
+	}
+	time.Sleep(50 * time.Millisecond) // writes after the read too: the watcher's
+	stopWriting()
+	writes.Wait()
+	last.Store(put(keyCount, 0)) // after every write and delete
+	waitCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if !m.Needs.WaitFor(waitCtx, last.Load()) {
+		t.Fatalf("the copy did not reach revision %d", last.Load())
+	}
+
+	want := map[string]string{}
+	lister, err := kv.ListKeysFiltered(ctx, "bob.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range lister.Keys() {
+		e, err := kv.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := &provisionerv1.Need{}
+		if err := proto.Unmarshal(e.Value(), n); err != nil {
+			t.Fatal(err)
+		}
+		want[key] = n.GetPlaceholder()
+	}
+	got := map[string]string{}
+	entries, _, _ := m.Needs.Group("bob")
+	for _, e := range entries {
+		got[e.Key] = e.Record.GetNeed().GetPlaceholder()
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("bob's keys in the copy against the bucket's (-want +got):\n%s", diff)
+	}
+	if len(want) <= 1 || len(want) > keyCount {
+		t.Errorf("the bucket holds %d of bob's %d keys: the writes deleted none, or all", len(want), keyCount)
 	}
 }

@@ -68,6 +68,9 @@ type Watchers struct {
 	js        jetstream.JetStream
 	followers []*follower // in the order of Mirror.Copies
 	logger    *slog.Logger
+	// filling ends the reads of nodes held anew (Hold) when Run returns.
+	filling     context.Context
+	stopFilling context.CancelFunc
 }
 
 // Open binds the five buckets; Run then watches them. A nil logger means
@@ -77,6 +80,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		logger = slog.Default()
 	}
 	w := &Watchers{mirror: m, conn: js.Conn(), js: js, logger: logger}
+	w.filling, w.stopFilling = context.WithCancel(context.Background())
 	for _, c := range m.followedCopies() {
 		kv, err := js.KeyValue(ctx, c.Bucket())
 		if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -108,6 +112,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 // from its copy's revision, and the providers' buckets as they are named
 // (Bound.Run); it returns once every watcher has stopped.
 func (w *Watchers) Run(ctx context.Context) {
+	defer w.stopFilling()
 	statuses := w.conn.StatusChanged(nats.RECONNECTING, nats.CONNECTED)
 	defer w.conn.RemoveStatusListener(statuses)
 	var wg sync.WaitGroup
@@ -202,9 +207,10 @@ type follower struct {
 	// lost says the bucket lost messages the copy holds (a purge): the next
 	// consumer reads every key again, whatever the revisions say.
 	lost bool
-	// hold is a change of the nodes the copy holds (Watchers.Hold) whose
-	// keys are not read whole yet: the next consumer reads them.
-	hold *holdChange
+
+	// fill is the read of the keys of nodes the copy holds anew
+	// (Watchers.Hold), while it lasts; guarded by applying.
+	fill *fill
 }
 
 // connectionChanged ends the consumer being followed when the connection is
@@ -361,7 +367,7 @@ func (f *follower) follow(ctx context.Context) error {
 	// does not matter until it is over, and a large bucket loads on two
 	// cores rather than one.
 	if run.reload && !run.caught {
-		run.loading = newLoader(f)
+		run.loading = newLoader(f, run.applyAll)
 		defer run.finishLoading()
 	}
 	for {
@@ -396,11 +402,6 @@ type followRun struct {
 	loading   *loader // applies a full read's changes, while it lasts
 	delivered uint64  // the consumer's last delivery
 	caught    bool    // the copy reached the stream's last revision
-	// hold, when the run reads the keys of nodes the copy holds from now
-	// on (Watchers.Hold), is that change; adding says which nodes: their
-	// keys are applied whatever the copy's revision.
-	hold   *holdChange
-	adding func(first string) bool
 }
 
 // plan reads the stream's state and says how the copy follows it: the
@@ -415,9 +416,6 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 	}
 	state := info.State
 	run := &followRun{f: f, revision: revision, lastSeq: state.LastSeq, applyAll: revision > state.LastSeq}
-	if run.hold = f.takeHold(); run.hold != nil {
-		run.adding = run.hold.adding
-	}
 	cfg := jetstream.ConsumerConfig{
 		AckPolicy:         jetstream.AckNonePolicy,
 		FilterSubject:     f.prefix + ">",
@@ -425,19 +423,17 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 		MemoryStorage:     true,
 		Replicas:          1,
 	}
-	whole := !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
-	// A change of the nodes held reads every key too, but drops none.
-	run.reload = whole || run.hold != nil
+	run.reload = !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
 	if !run.reload {
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = revision + 1
 		return run, cfg, nil
 	}
 	cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
-	if whole && !f.copy.Empty() {
+	if !f.copy.Empty() {
 		run.live = map[string]bool{}
 	}
-	if f.copy.Ready() && whole {
+	if f.copy.Ready() {
 		f.logger.Warn("the bucket no longer holds every change after the copy's revision; reading every key again",
 			"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
 	}
@@ -463,11 +459,10 @@ func (r *followRun) deliver(msg jetstream.Msg) error {
 	if r.live != nil && !deleted {
 		r.live[key] = true
 	}
-	applyAll := r.applyAll || r.isAdding(key)
 	if r.loading != nil {
-		r.loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted, applyAll})
+		r.loading.add(change{key, msg.Data(), meta.Sequence.Stream, deleted})
 	} else {
-		r.f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, applyAll)
+		r.f.apply(key, msg.Data(), meta.Sequence.Stream, deleted, r.applyAll)
 	}
 	if !r.caught && meta.NumPending == 0 {
 		r.catchUp(meta.Sequence.Stream)
@@ -487,21 +482,6 @@ func (r *followRun) catchUp(revision uint64) {
 	}
 	r.f.caughtUp(revision)
 	r.caught = true
-	if r.hold != nil {
-		r.f.held(r.hold)
-		r.hold, r.adding = nil, nil
-	}
-}
-
-// isAdding reports whether key is of a node the run reads whole because the
-// copy holds it from now on (Watchers.Hold): a key the copy did not hold,
-// applied whatever its revision (each comes once in a full read).
-func (r *followRun) isAdding(key string) bool {
-	if r.adding == nil {
-		return false
-	}
-	first, _, _ := strings.Cut(key, ".")
-	return r.adding(first)
 }
 
 // finishLoading waits for the loader, if any, to apply what it was given.
@@ -518,7 +498,6 @@ type change struct {
 	value    []byte
 	revision uint64
 	deleted  bool
-	applyAll bool // whatever the copy's revision (follower.apply)
 }
 
 // loader applies a full read's changes on a goroutine of its own, in
@@ -533,13 +512,13 @@ type loader struct {
 // loadBatch is how many changes go to the loader at once.
 const loadBatch = 256
 
-func newLoader(f *follower) *loader {
+func newLoader(f *follower, applyAll bool) *loader {
 	l := &loader{batches: make(chan []change, 16), done: make(chan struct{})}
 	go func() {
 		defer close(l.done)
 		for batch := range l.batches {
 			for _, c := range batch {
-				f.apply(c.key, c.value, c.revision, c.deleted, c.applyAll)
+				f.apply(c.key, c.value, c.revision, c.deleted, applyAll)
 			}
 		}
 	}()
@@ -572,6 +551,7 @@ func (l *loader) finish() {
 func (f *follower) apply(key string, value []byte, revision uint64, deleted, applyAll bool) {
 	f.applying.Lock()
 	defer f.applying.Unlock()
+	f.fill.saw(key, revision)
 	if applyAll || revision > f.copy.Revision() {
 		f.copy.Apply(key, value, revision, deleted)
 	}
