@@ -70,6 +70,34 @@ func TestBudgetCountsDeletesExactly(t *testing.T) {
 	}
 }
 
+// A node over its budget that the copy no longer holds leaves the report
+// without being said to be back within its budget, and is not read again.
+func TestANodeLetGoOverItsBudgetIsNotBackWithinIt(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	var heard []Excess
+	c.SetBudget(Budget{Keys: 1}, func(x Excess) { heard = append(heard, x) })
+	c.Apply("ace.web.port.a", need(t), 1, false)
+	c.Apply("ace.web.port.b", need(t), 2, false) // over: not held
+	c.Apply("ace.web.port.a", need(t), 3, true)  // room again: ace waits to be read again
+	c.Apply("ace.web.port.c", need(t), 4, false) // over again
+	if x := excessOf(c.OverBudget(), "ace"); !x.Over {
+		t.Fatalf("ace over its budget is reported as %+v", x)
+	}
+	heard = nil
+	c.setHolds(func(first string) bool { return first != "ace" })
+	c.dropUnheld()
+	if x := c.OverBudget(); len(x) != 0 {
+		t.Errorf("ace let go, the copy still reports %v over budget", x)
+	}
+	if len(heard) != 0 {
+		t.Errorf("ace let go, the budget's listener heard %+v, want nothing", heard)
+	}
+	if got := c.takeReadmits(); len(got) != 0 {
+		t.Errorf("ace let go, the nodes to read again are %v, want none", got)
+	}
+}
+
 func excessOf(x []Excess, node string) Excess {
 	for _, e := range x {
 		if e.Node == node {

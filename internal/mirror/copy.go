@@ -563,7 +563,10 @@ func (c *Copy[R]) dropUnheld() {
 		g.changedAt, g.gen = c.revision, c.gen
 		c.logChange(first)
 		c.recount(g, records, malformed)
-		c.checkBudget(first, g)
+		// The node is not back within its budget, only no longer held
+		// here: it leaves the report, and nothing is said or read again.
+		delete(c.overSet, first)
+		delete(c.readmit, first)
 		delete(c.groups, first)
 	}
 }
