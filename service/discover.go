@@ -68,6 +68,10 @@ type Peers struct {
 	// instance or its relay endpoints are open. A member leaving serves
 	// on until it has handed its partitions over.
 	Serving [][]string
+	// Strangers are the members that split the mesh into another number
+	// of partitions (wire.PartitionsMetadata), with theirs: they are in
+	// neither Members nor Serving, since their partitions are not these.
+	Strangers map[string]int
 }
 
 // Serves reports whether member serves partition p.
@@ -82,12 +86,19 @@ var ErrNoDiscovery = errors.New("service: micro discovery could not be asked")
 // DiscoverPeers asks micro discovery, on nc (the answering identity's
 // connection), which instances share the partitions of a mesh of
 // partitions, and which partitions each serves, from the answers heard
-// until ctx ends.
+// until ctx ends. A member of another number of partitions is a stranger.
 func DiscoverPeers(ctx context.Context, nc *nats.Conn, partitions int) (Peers, error) {
 	peers := Peers{Serving: make([][]string, partitions)}
 	err := discover(ctx, nc, func(info micro.Info) bool {
 		member := info.Metadata[wire.MemberMetadata]
 		if member == "" {
+			return false
+		}
+		if count, ok := info.Metadata[wire.PartitionsMetadata]; ok && count != strconv.Itoa(partitions) {
+			if peers.Strangers == nil {
+				peers.Strangers = map[string]int{}
+			}
+			peers.Strangers[member], _ = strconv.Atoi(count)
 			return false
 		}
 		index, ok := info.Metadata["partition"]

@@ -114,7 +114,7 @@ func (s *Service) openPartitions() error {
 // themselves: which partition, of how many, of which instance (and which
 // member, if it shares the partitions).
 func (s *Service) partitionMetadata(pt *partition) map[string]string {
-	metadata := map[string]string{"partition": strconv.Itoa(pt.index), "partitions": strconv.Itoa(len(s.partitions)),
+	metadata := map[string]string{"partition": strconv.Itoa(pt.index), wire.PartitionsMetadata: strconv.Itoa(len(s.partitions)),
 		wire.PartitionOfInstance: s.micro.Info().ID}
 	if s.member != "" {
 		metadata[wire.MemberMetadata] = s.member

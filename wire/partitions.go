@@ -91,6 +91,12 @@ const PartitionOfInstance = "instance"
 // serves.
 const MemberMetadata = "member"
 
+// PartitionsMetadata is the metadata key, on a member's micro instance and
+// on a partition's, of how many partitions the instance splits the mesh
+// into (serve --partitions): instances of different counts share nothing,
+// a partition's index naming other nodes in each.
+const PartitionsMetadata = "partitions"
+
 // FoldPartitions returns an instance's $SRV.STATS with its partitions'
 // endpoints folded in: each addressed endpoint's micro counts summed over
 // the partitions, on its subject with "*" for the partition, its data one

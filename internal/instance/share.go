@@ -95,7 +95,8 @@ func (in *Instance) announce() error {
 	svc, err := micro.AddService(in.cfg.Service.Conn, micro.Config{
 		Name: wire.ServiceName, Version: cmp.Or(in.cfg.Service.Version, "0.0.0"),
 		Description: "An instance among those that share the mesh's partitions (serve --hold auto).",
-		Metadata:    map[string]string{wire.MemberMetadata: in.seat.ID()},
+		Metadata: map[string]string{wire.MemberMetadata: in.seat.ID(),
+			wire.PartitionsMetadata: strconv.Itoa(in.cfg.Service.Partitions)},
 	})
 	if err != nil {
 		return fmt.Errorf("announce the instance among those sharing the partitions: %w", err)
@@ -146,6 +147,7 @@ func (in *Instance) share(ctx context.Context) error {
 		return nil // stopped while loading
 	}
 	me, n := in.seat.ID(), in.cfg.Service.Partitions
+	strangers := ""
 	heard := map[string]time.Time{}
 	unannounced := map[string]int{} // rounds a member serving was not announced
 	tick := time.NewTicker(shareEvery)
@@ -160,6 +162,7 @@ func (in *Instance) share(ctx context.Context) error {
 		case err != nil:
 			in.logger.Warn("sharing the partitions: discovery failed; what is held stays", "err", err)
 		default:
+			in.warnStrangers(peers.Strangers, &strangers)
 			now := time.Now()
 			for _, m := range peers.Members {
 				heard[m] = now
@@ -196,6 +199,22 @@ func (in *Instance) share(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		}
+	}
+}
+
+// warnStrangers logs the members of another number of partitions
+// (service.Peers.Strangers) whenever who they are changes, last being what
+// it said before: each of them and this instance serve, and write the plans
+// of, what each takes for a partition, the same nodes among them.
+func (in *Instance) warnStrangers(strangers map[string]int, last *string) {
+	said := fmt.Sprint(strangers) // in key order
+	if said == *last {
+		return
+	}
+	*last = said
+	if len(strangers) > 0 {
+		in.logger.Error("sharing the partitions: other instances split the mesh into another number of partitions, and share nothing with this one; give every instance the --partitions of nats-server's mappings",
+			"partitions", in.cfg.Service.Partitions, "others", strangers)
 	}
 }
 

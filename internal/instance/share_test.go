@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/novox/mesh-provisioner/client"
@@ -262,4 +264,75 @@ func TestInstancesStartedTogetherStartWithTheirShares(t *testing.T) {
 	if len(all) != partitions || len(slices.Compact(all)) != partitions {
 		t.Errorf("the two started with %v between them, want each partition once", all)
 	}
+}
+
+// An instance of another number of partitions shares nothing with one that
+// shares them: it is left out of the deal (each partition's index names
+// other nodes in each), and the instance says so in its log.
+func TestInstancesOfAnotherPartitionCountAreLeftOut(t *testing.T) {
+	t.Parallel()
+	const partitions = 16
+	s := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// The stranger announces itself, and serves its partition 3 of 8.
+	for _, metadata := range []map[string]string{
+		{wire.MemberMetadata: "stranger", wire.PartitionsMetadata: "8"},
+		{wire.MemberMetadata: "stranger", wire.PartitionsMetadata: "8", "partition": "3"},
+	} {
+		stranger, err := micro.AddService(natstest.Connect(t, s), micro.Config{Name: wire.ServiceName, Version: "0.0.1", Metadata: metadata})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = stranger.Stop() })
+	}
+	var logged lockedBuffer
+	conn := natstest.Connect(t, s)
+	inst, err := instance.Start(ctx, instance.Config{
+		Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.NewTextHandler(&logged, nil))},
+		SharePartitions: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if held := inst.Service().Held(); len(held) != partitions {
+		t.Errorf("beside an instance of 8 partitions, it starts with %v, want all %d of its own", held, partitions)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- inst.Run(runCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	const warned = "share nothing with this one"
+	natstest.CheckFor(t, 10*time.Second, func() error {
+		if !strings.Contains(logged.String(), warned) {
+			return fmt.Errorf("the log does not say %q yet", warned)
+		}
+		return nil
+	})
+	if n := strings.Count(logged.String(), warned); n != 1 {
+		t.Errorf("the stranger is named %d times in the log, want once while it stays", n)
+	}
+}
+
+// lockedBuffer is a buffer a logger writes to while a test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
