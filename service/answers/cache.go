@@ -33,21 +33,29 @@ type CacheKey struct {
 type cachedAnswer struct {
 	key   CacheKey
 	stamp Stamp
-	data  []byte
+	// size is what the entry counts against the cache's budget.
+	size int
 	// used is set by each hit; eviction spares a used entry once, clearing
 	// it (the CLOCK approximation of least recently used, so that a hit
 	// takes only a read lock).
 	used atomic.Bool
-	// sent is the answer as last sent whole, with the tail of the
-	// revisions it names: reused as it is while they are unchanged.
-	sent atomic.Pointer[sentAnswer]
+	// kept is the answer, bare and, once sent from the cache, whole.
+	kept atomic.Pointer[keptAnswer]
 }
 
-// sentAnswer is an answer with its tail, for the revisions it names.
-type sentAnswer struct {
+// keptAnswer is an answer without its tail (body) and, once sent from the
+// cache, as last sent whole, with the tail of the revisions it names
+// (whole, nil before): reused as it is while they are unchanged. In binary
+// the body is then the whole answer's prefix (Encoding.BodyOf), so that an
+// answer is held once, not twice.
+type keptAnswer struct {
+	body      []byte
+	whole     []byte
 	revisions mirror.Revisions
-	data      []byte
 }
+
+// body returns the answer without its tail.
+func (a *cachedAnswer) body() []byte { return a.kept.Load().body }
 
 // answerCache keeps encoded answers for reuse, within a byte budget, the
 // least recently used out first: a repeated request costs a lookup and a
@@ -89,8 +97,9 @@ func (c *answerCache) get(key CacheKey, st Stamp) (*cachedAnswer, bool) {
 // put keeps an answer, replacing the key's older one and making room. It
 // returns the entry, or nil when the answer is too large to keep.
 func (c *answerCache) put(key CacheKey, st Stamp, data []byte) *cachedAnswer {
-	a := &cachedAnswer{key: key, stamp: st, data: data}
-	if a.size() > c.limit/8 {
+	a := &cachedAnswer{key: key, stamp: st, size: entrySize(key, len(data))}
+	a.kept.Store(&keptAnswer{body: data})
+	if a.size > c.limit/8 {
 		return nil // one answer must not push out most of the others
 	}
 	c.mu.Lock()
@@ -99,7 +108,7 @@ func (c *answerCache) put(key CacheKey, st Stamp, data []byte) *cachedAnswer {
 		c.remove(el)
 	}
 	c.entries[key] = c.order.PushFront(a)
-	c.bytes += a.size()
+	c.bytes += a.size
 	for c.bytes > c.limit {
 		oldest := c.order.Back()
 		if old := oldest.Value.(*cachedAnswer); old != a && old.used.Swap(false) {
@@ -111,14 +120,20 @@ func (c *answerCache) put(key CacheKey, st Stamp, data []byte) *cachedAnswer {
 	return a
 }
 
-// size is what an entry holds: its answer twice (bare and as last sent),
-// and its bookkeeping, roughly.
-func (a *cachedAnswer) size() int { return 2*len(a.data) + len(a.key.request) + 256 }
+// entrySize is what an entry of an answer of n bytes holds: the answer
+// once in binary, twice in JSON (bare and as last sent, which differ), and
+// its bookkeeping and tail, roughly.
+func entrySize(key CacheKey, n int) int {
+	if key.json {
+		n *= 2
+	}
+	return n + len(key.request) + 256
+}
 
 func (c *answerCache) remove(el *list.Element) {
 	a := c.order.Remove(el).(*cachedAnswer)
 	delete(c.entries, a.key)
-	c.bytes -= a.size()
+	c.bytes -= a.size
 }
 
 // stats is the cache's part of the endpoint stats.

@@ -12,7 +12,7 @@ func TestAnswerCacheEvictsTheLeastRecentlyUsed(t *testing.T) {
 	t.Parallel()
 	key := func(i int) CacheKey { return CacheKey{endpoint: "provisioning", request: fmt.Sprintf("r%02d", i)} }
 	data := make([]byte, 100)
-	size := (&cachedAnswer{key: key(0), data: data}).size()
+	size := entrySize(key(0), len(data))
 	c := newAnswerCache(8 * size) // eight answers of this size
 	st := Stamp{registry: 1}
 	kept := func() []int {

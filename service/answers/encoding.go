@@ -197,6 +197,16 @@ func (e Encoding) Join(data, tail []byte) []byte {
 	return append(out, tail[1:]...) // without its opening brace
 }
 
+// BodyOf returns the answer without its tail, given the answer whole that
+// Join made of body: in binary whole's prefix (Join appends to a copy of
+// body), so that who keeps both holds the bytes once; in JSON body itself.
+func (e Encoding) BodyOf(whole, body []byte) []byte {
+	if e.json {
+		return body
+	}
+	return whole[:len(body):len(body)]
+}
+
 // Headers are an answer's headers in e.
 func (e Encoding) Headers() micro.Headers {
 	return micro.Headers{"Content-Type": {e.ContentType()}}

@@ -60,3 +60,21 @@ func sharedCollected(value string) *provisionerv1.ComposeResponse {
 		{Kind: "shell", Name: "zsh:login", Collection: "shell:zsh:normal", Items: items},
 	}}}}
 }
+
+// In binary, the body of an answer joined to its tail is the whole answer's
+// prefix, so that the cache holds a large answer once; in JSON, where the
+// two differ, the body itself.
+func TestBodyOfAJoinedAnswer(t *testing.T) {
+	t.Parallel()
+	for _, enc := range []Encoding{{}, {json: true}} {
+		body, tail := []byte(`{"node":"ace"}`), []byte(`{"revisions":{}}`)
+		whole := enc.Join(body, tail)
+		got := enc.BodyOf(whole, body)
+		if string(got) != string(body) {
+			t.Errorf("json %v: the body of %q is %q, want %q", enc.json, whole, got, body)
+		}
+		if shared := &got[0] == &whole[0]; shared == enc.json {
+			t.Errorf("json %v: the body shares the whole answer's bytes: %v, want %v", enc.json, shared, !enc.json)
+		}
+	}
+}

@@ -98,15 +98,16 @@ func (ep Verb[Req, Res]) Lookup(s *Answers, in Req, enc Encoding, waited time.Du
 	// Read after the stamp: the answer names revisions at least as new as
 	// what it holds.
 	revs := s.mirror.RevisionsNow()
-	if sent := cached.sent.Load(); sent != nil && waited == 0 && sent.revisions.Same(revs) {
-		return sent.data, key, st, true
+	kept := cached.kept.Load()
+	if kept.whole != nil && waited == 0 && kept.revisions.Same(revs) {
+		return kept.whole, key, st, true
 	}
-	whole, werr := ep.withTail(s, in, enc, cached.data, Timings{waited: waited}, revs)
+	whole, werr := ep.withTail(s, in, enc, kept.body, Timings{waited: waited}, revs)
 	if werr != nil {
 		return nil, key, st, false
 	}
 	if waited == 0 {
-		cached.sent.Store(&sentAnswer{revisions: revs, data: whole})
+		cached.kept.Store(&keptAnswer{body: enc.BodyOf(whole, kept.body), whole: whole, revisions: revs})
 	}
 	return whole, key, st, true
 }
@@ -119,8 +120,9 @@ func (ep Verb[Req, Res]) Respond(s *Answers, in Req, enc Encoding, waited time.D
 	st := ep.StampOf(in)
 	if cached, hit := s.cache.get(key, st); hit {
 		// Built while the request queued.
-		whole, werr := ep.withTail(s, in, enc, cached.data, Timings{waited: waited}, s.mirror.RevisionsNow())
-		return whole, cached.data, werr
+		body := cached.body()
+		whole, werr := ep.withTail(s, in, enc, body, Timings{waited: waited}, s.mirror.RevisionsNow())
+		return whole, body, werr
 	}
 	body, t, werr := ep.build(s, in, enc)
 	if werr != nil {
