@@ -48,6 +48,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/bench/benchnats"
+	"github.com/novox/mesh-provisioner/internal/bench/meshchange"
 	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/synth"
@@ -164,7 +165,7 @@ func run(cfg config) error {
 	for i, n := range mesh.Nodes {
 		nodes[i] = n.Name
 	}
-	kind, readers := widestKind(mesh)
+	kind, readers := meshchange.WidestKind(mesh)
 	covered := 0
 	for _, r := range readers {
 		if r {
@@ -347,7 +348,7 @@ func run(cfg config) error {
 	if err != nil {
 		return err
 	}
-	changed, err := changeKind(ctx, regKV, kind)
+	changed, err := meshchange.ChangeKind(ctx, regKV, kind)
 	if err != nil {
 		return err
 	}
@@ -579,56 +580,6 @@ func quantile(ds []time.Duration, q int) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[min(len(s)-1, len(s)*q/100)]
-}
-
-// widestKind returns the registry's bucket kind the most nodes' needs
-// read, and which nodes read it: only their compositions change with it.
-func widestKind(mesh *synth.Mesh) (string, []bool) {
-	bucketKinds := map[string]bool{}
-	for _, e := range registry.Table() {
-		if e.GetBucket() != nil && e.GetBucket().GetCollection() == "" {
-			bucketKinds[e.GetKind()] = true
-		}
-	}
-	count := map[string]int{}
-	for _, n := range mesh.Nodes {
-		seen := map[string]bool{}
-		for _, need := range n.Needs {
-			if bucketKinds[need.Kind] && !seen[need.Kind] {
-				seen[need.Kind] = true
-				count[need.Kind]++
-			}
-		}
-	}
-	best := ""
-	for k, c := range count {
-		if best == "" || c > count[best] || c == count[best] && k < best {
-			best = k
-		}
-	}
-	readers := make([]bool, len(mesh.Nodes))
-	for i, n := range mesh.Nodes {
-		readers[i] = slices.ContainsFunc(n.Needs, func(need synth.Need) bool { return need.Kind == best })
-	}
-	return best, readers
-}
-
-// changeKind returns kind's registry entry, as the bucket holds it, with
-// its bucket renamed: every composition that reads it changes.
-func changeKind(ctx context.Context, kv jetstream.KeyValue, kind string) ([]byte, error) {
-	e, err := kv.Get(ctx, kind)
-	if err != nil {
-		return nil, err
-	}
-	entry := &provisionerv1.RegistryEntry{}
-	if err := proto.Unmarshal(e.Value(), entry); err != nil {
-		return nil, err
-	}
-	if entry.GetBucket() == nil {
-		return nil, fmt.Errorf("registry kind %s has no bucket", kind)
-	}
-	entry.GetBucket().Bucket += "-bench"
-	return proto.MarshalOptions{Deterministic: true}.Marshal(entry)
 }
 
 func plansStats(svc *service.Service) (*provisionerv1.PlansStats, error) {

@@ -13,7 +13,12 @@
 //     messages pulled bare from JetStream (the watchers' consumers without
 //     the service), in the same run;
 //   - compose p50/p99 of nodes taken at random, one requester;
-//   - verb throughput at 8 requesters: compose (JSON) and needs by node.
+//   - verb throughput at 8 requesters: compose (JSON) and needs by node;
+//   - a mesh-wide change: the registry entry most nodes read, changed,
+//     until the last of its readers' new digests is heard from the plans
+//     bucket; then restored by the seat's holder 4 s later
+//     (--registry-restore-delay), likewise. A change whose digests take
+//     longer is cut short by the restore, and says how many were heard.
 //
 // It prints a table and writes a plot of the figures per key against the
 // mesh's size (-plot, an SVG or PNG by its name).
@@ -51,6 +56,7 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/bench/benchnats"
+	"github.com/novox/mesh-provisioner/internal/bench/meshchange"
 	"github.com/novox/mesh-provisioner/internal/synth"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/permissions"
@@ -126,6 +132,9 @@ type figures struct {
 	start, whole, pull    time.Duration
 	p50, p99              time.Duration
 	composeRate, needRate float64
+	// changed and restored are meshChange's: the last reader's new digest
+	// heard after a registry entry changed, then restored.
+	changed, restored wave
 	// split are the same mesh's figures served by cfg.instances, if more
 	// than one.
 	split *splitFigures
@@ -169,13 +178,14 @@ func run(cfg config) error {
 
 func printTable(all []figures) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tkeys\tempty RSS MiB\tRSS MiB\tpeak MiB\tRSS B/key\tstart\twhole\tbare pull\tstart/pull\twhole/pull\twhole µs/key\tcompose p50\tcompose p99\tcompose req/s\tneeds req/s\t")
+	fmt.Fprintln(w, "nodes\tkeys\tempty RSS MiB\tRSS MiB\tpeak MiB\tRSS B/key\tstart\twhole\tbare pull\tstart/pull\twhole/pull\twhole µs/key\tcompose p50\tcompose p99\tcompose req/s\tneeds req/s\tchange's last digest\trestored's\t")
 	for _, f := range all {
-		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.0f\t%.0f\t\n",
+		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t\n",
 			f.nodes, f.keys, mib(f.baselineRSS), mib(f.rss), mib(f.hwm), f.rssPerKey(),
 			f.start.Round(time.Millisecond), f.whole.Round(time.Millisecond), f.pull.Round(time.Millisecond),
 			float64(f.start)/float64(f.pull), float64(f.whole)/float64(f.pull), f.wholePerKey()/1e3,
-			f.p50.Round(time.Microsecond), f.p99.Round(time.Microsecond), f.composeRate, f.needRate)
+			f.p50.Round(time.Microsecond), f.p99.Round(time.Microsecond), f.composeRate, f.needRate,
+			f.changed, f.restored)
 	}
 	_ = w.Flush()
 	printSplit(all)
@@ -257,6 +267,14 @@ func measure(cfg config, nodes int) (figures, error) {
 	for i, n := range mesh.Nodes {
 		names[i] = n.Name
 	}
+	c := change{readers: map[string]bool{}}
+	var reads []bool
+	c.kind, reads = meshchange.WidestKind(mesh)
+	for i, r := range reads {
+		if r {
+			c.readers[names[i]] = true
+		}
+	}
 	mesh = nil
 	fmt.Printf("%d nodes: %d keys written in %s\n", nodes, f.keys, time.Since(began).Round(time.Millisecond))
 
@@ -313,10 +331,13 @@ func measure(cfg config, nodes int) (figures, error) {
 	if f.needRate, err = throughput(url, names, 8, cfg.round, needs); err != nil {
 		return f, err
 	}
+	if f.changed, f.restored, err = meshChange(ctx, js, nc, c, len(names), 1); err != nil {
+		return f, err
+	}
 	if cfg.instances > 1 {
 		srv.stop()
 		printTable([]figures{f}) // the one instance's, before the long part
-		if f.split, err = measureSplit(cfg, url, dir, nc, names, node, last, want); err != nil {
+		if f.split, err = measureSplit(cfg, url, dir, nc, js, names, node, last, want, c); err != nil {
 			return f, fmt.Errorf("%d instances: %w", cfg.instances, err)
 		}
 	}
@@ -360,6 +381,7 @@ func startServe(cfg config, url, stateDir string, args ...string) (*served, erro
 	cmd := exec.Command(cfg.bin, append([]string{"serve", "--nats-url", url, "--state-dir", stateDir,
 		"--bucket-max-bytes", strconv.FormatInt(cfg.bucketMaxBytes, 10),
 		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn",
+		"--registry-restore-delay", restoreDelay.String(),
 		// Several instances loading a large mesh at once on a small machine
 		// take longer than the default minute.
 		"--ready-timeout", "15m"}, args...)...)

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -11,8 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
-	"github.com/nats-io/nuid"
+	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -29,6 +28,9 @@ type splitFigures struct {
 	start, whole          time.Duration
 	p50, p99              time.Duration
 	composeRate           float64
+	// changed and restored are meshChange's: the last reader's new digest
+	// heard after a registry entry changed, then restored.
+	changed, restored wave
 	// onePartition is the settled VmRSS of one more instance that serves
 	// one partition alone: with the one instance's, it says what every
 	// instance holds whatever its share (sharedPart).
@@ -52,7 +54,7 @@ func (sf *splitFigures) sharedPart(one, empty int64) (shared, perPartition float
 // memory, the first correct answer of node, every copy whole, compose
 // latency and throughput (requests about another instance's nodes are
 // handed on to it).
-func measureSplit(cfg config, url, dir string, nc *nats.Conn, names []string, node string, last *provisionerv1.Revisions, want *provisionerv1.ComposeResponse) (*splitFigures, error) {
+func measureSplit(cfg config, url, dir string, nc *nats.Conn, js jetstream.JetStream, names []string, node string, last *provisionerv1.Revisions, want *provisionerv1.ComposeResponse, c change) (*splitFigures, error) {
 	sf := &splitFigures{instances: cfg.instances, partitions: cfg.partitions}
 	share := cfg.partitions / cfg.instances
 	var servers []*served
@@ -100,6 +102,9 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, names []string, no
 	if sf.composeRate, err = throughput(url, names, 8, cfg.round, compose); err != nil {
 		return nil, err
 	}
+	if sf.changed, sf.restored, err = meshChange(context.Background(), js, nc, c, len(names), cfg.instances); err != nil {
+		return nil, err
+	}
 	// One more instance, of partition 0 alone (its instance stands by):
 	// the shared part.
 	one, err := startServe(cfg, url, filepath.Join(dir, "split", "one"),
@@ -137,33 +142,16 @@ func allWhole(nc *nats.Conn, instances int) error {
 }
 
 // wholeInstances counts the processes whose stats say their copy is whole:
-// their own micro instances (a partition's names its process in its
-// metadata), each of whose endpoints' data names no bucket loading.
+// their data names no bucket loading.
 func wholeInstances(nc *nats.Conn) (int, error) {
-	inbox := nats.NewInbox() + "." + nuid.Next()
-	sub, err := nc.SubscribeSync(inbox)
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest("$SRV.STATS."+wire.ServiceName, inbox, nil); err != nil {
-		return 0, err
-	}
+	all, err := processStats(nc)
 	whole := 0
-	for {
-		msg, err := sub.NextMsg(time.Second)
-		if err != nil {
-			return whole, nil //nolint:nilerr // every answer in
-		}
-		var stats micro.Stats
-		if json.Unmarshal(msg.Data, &stats) != nil || len(stats.Endpoints) == 0 || stats.Metadata[wire.PartitionOfInstance] != "" {
-			continue
-		}
-		data, err := wire.DecodeStatsData(stats.Endpoints[0].Data)
-		if err == nil && len(data.GetLoading()) == 0 {
+	for _, data := range all {
+		if len(data.GetLoading()) == 0 {
 			whole++
 		}
 	}
+	return whole, err
 }
 
 // printSplit prints the figures of the meshes served by several instances.
@@ -172,7 +160,7 @@ func printSplit(all []figures) {
 		return
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\t")
+	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\tchange's last digest\trestored's\tchange / one's\t")
 	for _, f := range all {
 		s := f.split
 		if s == nil {
@@ -192,11 +180,12 @@ func printSplit(all []figures) {
 			ratio += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/share)
 			target += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/fair)
 		}
-		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t\n",
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n",
 			f.nodes, s.instances, s.partitions, rss, peak, ratio, mib(s.onePartition), shared/(1<<20), target,
 			s.start.Round(time.Millisecond), s.whole.Round(time.Millisecond),
 			float64(s.start)/float64(f.start), float64(s.whole)/float64(f.whole),
-			s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.composeRate)
+			s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.composeRate,
+			s.changed, s.restored, ratioOf(s.changed, f.changed))
 	}
 	_ = w.Flush()
 }
