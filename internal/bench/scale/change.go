@@ -96,7 +96,7 @@ func meshChange(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, c ch
 		return changed, restored, err
 	}
 	defer msgs.Stop()
-	prefix := "$KV." + keys.PlansBucket + "."
+	prefix := wire.KVPrefix(keys.PlansBucket)
 	// hear gathers the readers' digests from began for at most within.
 	hear := func(began time.Time, within time.Duration) wave {
 		heard := map[string]bool{}
