@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,6 +39,10 @@ type change struct {
 type wave struct {
 	took           time.Duration
 	heard, readers int
+	// pass is, for a change cut short, the slowest writer's pass that
+	// composed it (PlansStats.last_pass_ms): from the change it saw to its
+	// digests written.
+	pass time.Duration
 }
 
 func (w wave) whole() bool { return w.readers > 0 && w.heard == w.readers }
@@ -46,7 +52,7 @@ func (w wave) String() string {
 	case w.readers == 0:
 		return "-" // not timed
 	case !w.whole():
-		return fmt.Sprintf(">%s (%d of %d)", w.took, w.heard, w.readers)
+		return fmt.Sprintf(">%s (%d of %d; the writers' pass %s)", w.took, w.heard, w.readers, w.pass.Round(time.Millisecond))
 	default:
 		return w.took.Round(time.Millisecond).String()
 	}
@@ -121,6 +127,10 @@ func meshChange(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, c ch
 			return time.Time{}, fmt.Errorf("the registry entry %s was not changed within a minute", c.kind)
 		}
 	}
+	passes, err := processStats(nc)
+	if err != nil {
+		return changed, restored, err
+	}
 	began := time.Now()
 	if _, err := reg.Put(ctx, c.kind, renamed); err != nil {
 		return changed, restored, err
@@ -133,12 +143,41 @@ func meshChange(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, c ch
 	if err != nil {
 		return changed, restored, err
 	}
+	if !changed.whole() {
+		if changed.pass, err = slowestPass(nc, passes); err != nil {
+			return changed, restored, err
+		}
+	}
 	if changed.whole() {
 		if restored = hear(restoredAt, 10*time.Minute); !restored.whole() {
 			return changed, restored, fmt.Errorf("the registry entry %s restored: %s readers' digests heard", c.kind, restored)
 		}
 	}
 	return changed, restored, plansIdle(ctx, js, nc, nodes, instances)
+}
+
+// slowestPass returns the longest of the passes the processes' writers end
+// next, once each has ended one: its last_pass_ms moves from what before
+// says, and holds while the next pass runs.
+func slowestPass(nc *nats.Conn, before map[string]*provisionerv1.EndpointStatsData) (time.Duration, error) {
+	passes := map[string]time.Duration{}
+	for deadline := time.Now().Add(10 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		now, err := processStats(nc)
+		if err != nil {
+			return 0, err
+		}
+		for id, data := range now {
+			if was, ok := before[id]; ok && data.GetPlans().GetLastPassMs() != was.GetPlans().GetLastPassMs() {
+				if _, seen := passes[id]; !seen {
+					passes[id] = time.Duration(data.GetPlans().GetLastPassMs()) * time.Millisecond
+				}
+			}
+		}
+		if len(passes) == len(before) {
+			return slices.Max(slices.Collect(maps.Values(passes))), nil
+		}
+	}
+	return 0, fmt.Errorf("%d of %d writers ended a pass within 10 minutes", len(passes), len(before))
 }
 
 // plansIdle waits until instances processes' writers have each made a
@@ -180,10 +219,10 @@ func plansIdle(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, nodes
 	return errors.New("the plans writers did not settle within 10 minutes")
 }
 
-// processStats returns each serving process's own stats data, from its
-// own micro instance (a partition's names its process in its metadata),
-// the answers heard within a second of the last.
-func processStats(nc *nats.Conn) ([]*provisionerv1.EndpointStatsData, error) {
+// processStats returns each serving process's own stats data, by its micro
+// instance's id, from that instance (a partition's names its process in its
+// metadata), the answers heard within a second of the last.
+func processStats(nc *nats.Conn) (map[string]*provisionerv1.EndpointStatsData, error) {
 	inbox := nats.NewInbox() + "." + nuid.Next()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -193,7 +232,7 @@ func processStats(nc *nats.Conn) ([]*provisionerv1.EndpointStatsData, error) {
 	if err := nc.PublishRequest("$SRV.STATS."+wire.ServiceName, inbox, nil); err != nil {
 		return nil, err
 	}
-	var all []*provisionerv1.EndpointStatsData
+	all := map[string]*provisionerv1.EndpointStatsData{}
 	for {
 		msg, err := sub.NextMsg(time.Second)
 		if err != nil {
@@ -204,7 +243,7 @@ func processStats(nc *nats.Conn) ([]*provisionerv1.EndpointStatsData, error) {
 			continue
 		}
 		if data, err := wire.DecodeStatsData(stats.Endpoints[0].Data); err == nil {
-			all = append(all, data)
+			all[stats.ID] = data
 		}
 	}
 }
