@@ -19,6 +19,7 @@ import (
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/instance"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
+	"github.com/novox/mesh-provisioner/internal/testkit/testlog"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/permissions"
 	"github.com/novox/mesh-provisioner/service"
@@ -286,7 +287,7 @@ func TestInstancesOfAnotherPartitionCountAreLeftOut(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = stranger.Stop() })
 	}
-	var logged lockedBuffer
+	var logged testlog.Buffer
 	conn := natstest.Connect(t, s)
 	inst, err := instance.Start(ctx, instance.Config{
 		Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.NewTextHandler(&logged, nil))},
@@ -317,22 +318,4 @@ func TestInstancesOfAnotherPartitionCountAreLeftOut(t *testing.T) {
 	if n := strings.Count(logged.String(), warned); n != 1 {
 		t.Errorf("the stranger is named %d times in the log, want once while it stays", n)
 	}
-}
-
-// lockedBuffer is a buffer a logger writes to while a test reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
