@@ -31,6 +31,7 @@ func TestConfigRefusesNegativesWithoutNoLimit(t *testing.T) {
 		"SlowCompose":         func(c *service.Config) { c.SlowCompose = -time.Second },
 		"MaxWaiting":          func(c *service.Config) { c.MaxWaiting = -1 },
 		"AnswerCacheMaxBytes": func(c *service.Config) { c.AnswerCacheMaxBytes = -1 },
+		"PageMaxBytes":        func(c *service.Config) { c.PageMaxBytes = -1 },
 	} {
 		cfg := service.Config{Conn: nc}
 		set(&cfg)

@@ -45,7 +45,7 @@ func TestWorkersAreBounded(t *testing.T) {
 		Tail: func(*provisionerv1.ProvisioningRequest, answers.Timings, mirror.Revisions) *provisionerv1.ProvisioningResponse {
 			return &provisionerv1.ProvisioningResponse{}
 		},
-		Answer: func(*provisionerv1.ProvisioningRequest, answers.Encoding, int) (*provisionerv1.ProvisioningResponse, answers.Timings, func(), *wire.Error) {
+		Answer: func(*provisionerv1.ProvisioningRequest, answers.Encoding, answers.Budget) (*provisionerv1.ProvisioningResponse, answers.Timings, func(), *wire.Error) {
 			n := running.Add(1)
 			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
 			}

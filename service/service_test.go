@@ -36,7 +36,7 @@ type mesh struct {
 	svc *service.Service
 }
 
-func put(t *testing.T, kv jetstream.KeyValue, key string, value []byte) uint64 {
+func put(t testing.TB, kv jetstream.KeyValue, key string, value []byte) uint64 {
 	t.Helper()
 	rev, err := kv.Put(context.Background(), key, value)
 	if err != nil {
@@ -60,7 +60,7 @@ func putRaw(t *testing.T, nc *nats.Conn, bucket, key string, value []byte) uint6
 	return ack.Sequence
 }
 
-func encode(t *testing.T, m proto.Message) []byte {
+func encode(t testing.TB, m proto.Message) []byte {
 	t.Helper()
 	b, err := proto.Marshal(m)
 	if err != nil {
@@ -691,6 +691,48 @@ func TestAnswersLargerThanMaxPayloadArePaged(t *testing.T) {
 		if wire.CodeOf(err) != wire.CodeBadRequest || !strings.Contains(err.Error(), tt.says) {
 			t.Errorf("%s token: %v, want a 400 saying %q", tt.name, err, tt.says)
 		}
+	}
+}
+
+// A page is filled up to PageMaxBytes, well under max_payload, and a record
+// larger than that still comes, alone on its page.
+func TestPagesAreFilledToPageMaxBytes(t *testing.T) {
+	t.Parallel()
+	const pageMax = 4 << 10
+	nc := natstest.Connect(t, natstest.Start(t))
+	servicetest.Start(t, nc, func(c *service.Config) { c.PageMaxBytes = pageMax })
+	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
+	var want []*provisionerv1.NeedRecord
+	var last uint64
+	for i := range 21 {
+		local := strings.Repeat("x", 1000)
+		if i == 10 {
+			local = strings.Repeat("y", 3*pageMax) // alone over a page
+		}
+		need := &provisionerv1.Need{Placeholder: fmt.Sprintf("${dir:d%02d}", i), Local: local}
+		name := fmt.Sprintf("d%02d", i)
+		last = put(t, needs, "ace.web.dir."+name, encode(t, need))
+		want = append(want, &provisionerv1.NeedRecord{Node: "ace", Module: "web", Kind: "dir", Name: name, Need: need})
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var got []*provisionerv1.NeedRecord
+	pages := 0
+	for page, err := range client.New(nc).ProvisioningPages(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", MinRevision: last}) {
+		if err != nil {
+			t.Fatalf("page %d: %v", pages+1, err)
+		}
+		pages++
+		if size, n := proto.Size(page), len(page.GetNeeds()); size > pageMax && n != 1 {
+			t.Errorf("page %d is %d bytes of %d records, over PageMaxBytes (%d)", pages, size, n, pageMax)
+		}
+		got = append(got, page.GetNeeds()...)
+	}
+	if pages < 6 {
+		t.Errorf("21 records of 1 KB or more came in %d pages, want six or more (some four in a page of %d bytes)", pages, pageMax)
+	}
+	if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.NeedRecord{}, "revision")); diff != "" {
+		t.Errorf("pages joined (-want +got):\n%s", diff)
 	}
 }
 

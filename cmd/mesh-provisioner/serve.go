@@ -72,6 +72,7 @@ type serveFlags struct {
 	planWatchers     int
 	nodeMaxKeys      int
 	nodeMaxBytes     int
+	pageMaxBytes     int
 	providerMaxKeys  int
 	connectRetry     bool
 	maxQueueWait     time.Duration
@@ -111,6 +112,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.planWatchers, "plans-max-watchers", buckets.DefaultMaxPlanWatchers, "most consumers of mesh-provisioner_plans: the seat holder's watch of it and operators' reads (nodes make none: they hear their key's writes on its subject)")
 	fs.IntVar(&f.nodeMaxKeys, "node-max-keys", service.DefaultNodeMaxKeys, "most keys the server holds of one node in one state bucket; further keys are reported as malformed, not held (-1: no limit)")
 	fs.IntVar(&f.nodeMaxBytes, "node-max-bytes", service.DefaultNodeMaxBytes, "most value bytes the server holds of one node in one state bucket (-1: no limit)")
+	fs.IntVar(&f.pageMaxBytes, "page-max-bytes", service.DefaultPageMaxBytes, "most bytes the server fills one page of an answer with (a client follows next_page_token for the rest); never more than the NATS server's max_payload, and a single item larger than this is still sent alone")
 	fs.IntVar(&f.providerMaxKeys, "provider-max-keys", service.DefaultProviderMaxKeys, "most keys the server holds of one provider's bucket; one holding more is not followed, its provisions pending, until it holds fewer (-1: no limit)")
 	fs.DurationVar(&f.maxQueueWait, "max-queue-wait", service.DefaultMaxQueueWait, "a request that waited longer than this for a worker is answered 503 without being computed")
 	fs.IntVar(&f.maxRatePerAsker, "max-rate-per-asker", service.DefaultMaxRatePerAsker, "most requests a second of one node or provider on each of its own subjects, as many at once; more are dropped where they arrive, counted by asker in the stats and metrics, one a second answered with a 503 that says why (-1: no limit)")
@@ -142,6 +144,9 @@ func defineServe(fs *flag.FlagSet) action {
 		}
 		if f.nodeMaxKeys == 0 || f.nodeMaxBytes == 0 || f.providerMaxKeys == 0 || f.maxPerAsker == 0 || f.maxRatePerAsker == 0 || f.maxWriteRate == 0 {
 			return fmt.Errorf("--node-max-keys, --node-max-bytes, --provider-max-keys, --max-per-asker, --max-rate-per-asker and --max-write-rate-per-asker must be positive, or -1 for no limit")
+		}
+		if f.pageMaxBytes < 4<<10 {
+			return fmt.Errorf("--page-max-bytes %d: use at least 4096, so that a page carries more than its token and revisions", f.pageMaxBytes)
 		}
 		if err := permissions.CheckPartitions(f.partitions); err != nil {
 			return fmt.Errorf("--%w", err)
@@ -344,6 +349,7 @@ func (f *serveFlags) instanceConfig(conns *serveConns, httpServer *ops.Server, l
 			RevisionWait:         f.revisionWait,
 			NodeMaxKeys:          f.nodeMaxKeys,
 			NodeMaxBytes:         f.nodeMaxBytes,
+			PageMaxBytes:         f.pageMaxBytes,
 			ProviderMaxKeys:      f.providerMaxKeys,
 			MaxQueueWait:         f.maxQueueWait,
 			MaxPerAsker:          f.maxPerAsker,

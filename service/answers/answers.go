@@ -27,6 +27,9 @@ type Config struct {
 	// MaxPayload returns the most bytes NATS carries in one message, which
 	// an answer's page must fit.
 	MaxPayload func() int64
+	// PageMaxBytes is the most bytes the server fills a page with (zero:
+	// what one message carries); a larger item is still sent alone.
+	PageMaxBytes int
 	// RevisionWait bounds a wait for revisions the copy has not reached.
 	RevisionWait time.Duration
 	// SlowCompose is the duration over which a composition is logged with
@@ -64,6 +67,7 @@ type Answers struct {
 	partitions   partitions
 	stopping     context.Context
 	maxPayload   func() int64
+	pageMaxBytes int
 	revisionWait time.Duration
 	slowCompose  time.Duration
 	logger       *slog.Logger
@@ -79,7 +83,7 @@ type Answers struct {
 // New returns the answers of the read verbs from cfg's copy.
 func New(cfg Config) *Answers {
 	a := &Answers{
-		mirror: cfg.Copy, followers: cfg.Followers, stopping: cfg.Stopping, maxPayload: cfg.MaxPayload,
+		mirror: cfg.Copy, followers: cfg.Followers, stopping: cfg.Stopping, maxPayload: cfg.MaxPayload, pageMaxBytes: cfg.PageMaxBytes,
 		revisionWait: cfg.RevisionWait, slowCompose: cfg.SlowCompose, logger: cfg.Logger, warnings: cfg.Warnings,
 		earlyReads: newEarlyBound(cmp.Or(cfg.EarlyReadsPerSecond, earlyReadsPerSecond), earlyReadsPerNode),
 		cache:      newAnswerCache(cfg.CacheMaxBytes),

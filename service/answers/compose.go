@@ -91,8 +91,8 @@ func composeWaits(m *mirror.Mirror, in *provisionerv1.ComposeRequest, ownBuckets
 }
 
 // composeAnswer answers a compose request from m, in an arena of the pool.
-func composeAnswer(m *mirror.Mirror, views viewUse) func(*provisionerv1.ComposeRequest, Encoding, int) (*provisionerv1.ComposeResponse, Timings, func(), *wire.Error) {
-	return func(in *provisionerv1.ComposeRequest, enc Encoding, budget int) (*provisionerv1.ComposeResponse, Timings, func(), *wire.Error) {
+func composeAnswer(m *mirror.Mirror, views viewUse) func(*provisionerv1.ComposeRequest, Encoding, Budget) (*provisionerv1.ComposeResponse, Timings, func(), *wire.Error) {
+	return func(in *provisionerv1.ComposeRequest, enc Encoding, budget Budget) (*provisionerv1.ComposeResponse, Timings, func(), *wire.Error) {
 		arena, done := pooledArena()
 		out, t, werr := composeFrom(m, in, enc, budget, reading{views: views, arena: arena})
 		if werr != nil {
@@ -162,7 +162,7 @@ func phasesLog(phases []*provisionerv1.Phase) slog.Value {
 // answer lacks its revisions and phases, which are added as it is sent.
 // r says whether the node's decoded views are kept for later reads, and the
 // arena the composition is made in.
-func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc Encoding, budget int, r reading) (*provisionerv1.ComposeResponse, Timings, *wire.Error) {
+func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc Encoding, budget Budget, r reading) (*provisionerv1.ComposeResponse, Timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return composeDigest(in) })
 	if werr != nil {
 		return nil, Timings{}, werr
@@ -196,7 +196,7 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc Encodin
 	read := time.Since(start)
 
 	out := &provisionerv1.ComposeResponse{Node: in.GetNode(), Module: in.GetModule()}
-	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
+	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget.Fill, most: budget.Most, used: pageOverhead}
 	var resolve, collect time.Duration
 	done := 0
 	// The needs are composed in chunks, each measured before it joins the
@@ -217,7 +217,7 @@ chunks:
 		for {
 			part := composeNeeds(sources, in, needs[done:done+n], records, revisions, r.arena)
 			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
-			if p.used+size <= p.budget {
+			if p.takes(size) {
 				p.used += size
 				p.count += n
 				merge(out, part)

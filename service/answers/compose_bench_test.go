@@ -143,7 +143,7 @@ func BenchmarkComposeNode(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				arena, done := pooledArena()
-				out, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, Encoding{}, 1<<30, reading{views: keepViews, arena: arena})
+				out, _, werr := composeFrom(replay.mirror, &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}, Encoding{}, Budget{Fill: 1 << 30, Most: 1 << 30}, reading{views: keepViews, arena: arena})
 				if werr != nil {
 					b.Fatal(werr)
 				}
@@ -165,7 +165,7 @@ func BenchmarkComposeNode(b *testing.B) {
 				s.sections = newSectionCache(64 << 20)
 				req := &provisionerv1.ComposeRequest{Node: nodes[i%len(nodes)]}
 				s.sections.put(sectionsKey{node: req.GetNode(), json: enc.json}, &nodeSections{stamp: sectionStampOf(replay.mirror, req.GetNode())})
-				if _, _, ok := s.composeSections(req, enc, 1<<30); !ok {
+				if _, _, ok := s.composeSections(req, enc, Budget{Fill: 1 << 30, Most: 1 << 30}); !ok {
 					b.Fatal("not composed in sections")
 				}
 				i++

@@ -108,14 +108,23 @@ func readToken(text string, digestOf func() string) (pageToken, *wire.Error) {
 	return t, nil
 }
 
+// A Budget is what a page's encoded items may take: it is filled up to
+// Fill bytes, and a first item larger than that is still sent alone, up to
+// Most (what one message carries beside its headers). An answer kept
+// below what NATS carries keeps the service's buffers small: the page
+// kept in the answer cache, and the connection's write buffer, which
+// nats.go keeps at the largest message's size.
+type Budget struct{ Fill, Most int }
+
 // page fills an answer with items while they fit: at most size items (zero:
-// any number), and at most budget bytes once encoded. Each item's size is
-// measured as it is added, in the answer's encoding, so no answer is ever
-// built whole only to be refused.
+// any number), and at most budget bytes once encoded, or most for a first
+// item alone. Each item's size is measured as it is added, in the answer's
+// encoding, so no answer is ever built whole only to be refused.
 type page struct {
 	enc    Encoding
 	size   int
 	budget int
+	most   int
 	used   int
 	count  int
 	// full says an item did not fit: the page ends there.
@@ -124,7 +133,7 @@ type page struct {
 
 // fits reports whether an item of n encoded bytes may join the page, and
 // counts it in if so. The first item always fits the count; a first item
-// larger than the whole budget does not fit.
+// larger than most does not fit.
 func (p *page) fits(n int) bool {
 	if p.size > 0 && p.count >= p.size {
 		p.full = true
@@ -133,7 +142,7 @@ func (p *page) fits(n int) bool {
 	// A repeated field's element costs its bytes, a tag and a length in
 	// binary (at most 1+5), or a comma in JSON.
 	n += 6
-	if p.used+n > p.budget {
+	if !p.takes(n) {
 		p.full = true
 		return false
 	}
@@ -142,16 +151,22 @@ func (p *page) fits(n int) bool {
 	return true
 }
 
+// takes reports whether n more bytes fit the page: within its budget, or,
+// for its first item, within most.
+func (p *page) takes(n int) bool {
+	return p.used+n <= p.budget || p.count == 0 && p.used+n <= p.most
+}
+
 // sizeOf returns the encoded size of a message in the page's encoding; zero
 // for a replayed answer, which is never sent.
 func (p *page) sizeOf(m proto.Message) int {
-	if p.budget >= unpaged {
+	if p.budget >= unpaged.Fill {
 		return 0
 	}
 	if p.enc.json {
 		b, err := marshalJSON(m)
 		if err != nil {
-			return p.budget + 1 // unencodable: never fits; send reports it
+			return p.most + 1 // unencodable: never fits; send reports it
 		}
 		return len(b)
 	}

@@ -82,8 +82,8 @@ func provisioningTail(in *provisionerv1.ProvisioningRequest, _ Timings, revs mir
 
 // provisioningAnswer answers a provisioning request from m, which holds
 // the partitions ps says.
-func provisioningAnswer(m *mirror.Mirror, ps partitions) func(*provisionerv1.ProvisioningRequest, Encoding, int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
-	return func(in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
+func provisioningAnswer(m *mirror.Mirror, ps partitions) func(*provisionerv1.ProvisioningRequest, Encoding, Budget) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
+	return func(in *provisionerv1.ProvisioningRequest, enc Encoding, budget Budget) (*provisionerv1.ProvisioningResponse, Timings, func(), *wire.Error) {
 		start := time.Now()
 		out, werr := provisioningFrom(m, ps, in, enc, budget)
 		return out, Timings{read: time.Since(start)}, nil, werr
@@ -167,13 +167,13 @@ func copyOf(m *mirror.Mirror, what provisionerv1.What) mirror.Watched {
 // at most budget bytes once encoded, without the revision, which is added as
 // the answer is sent. A listing of every node's records reads the nodes of
 // the partitions the copy holds (ps), partition by partition.
-func provisioningFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisioningRequest, enc Encoding, budget int) (*provisionerv1.ProvisioningResponse, *wire.Error) {
+func provisioningFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisioningRequest, enc Encoding, budget Budget) (*provisionerv1.ProvisioningResponse, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisioningDigest(in) })
 	if werr != nil {
 		return nil, werr
 	}
 	out := &provisionerv1.ProvisioningResponse{What: WhatOf(in), Behind: m.Behind()}
-	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
+	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget.Fill, most: budget.Most, used: pageOverhead}
 	// A malformed key is kept unless one of its tokens contradicts a filter;
 	// a key too short to have the filter's token is kept.
 	tokenIs := func(tokens []string, i int, want string) bool {

@@ -51,7 +51,7 @@ func (s *Answers) provisionsEndpoint() Verb[*provisionerv1.ProvisionsRequest, *p
 			return Stamp{registry: registry, needs: needs, applied: applied, manifests: manifests,
 				bound: s.mirror.Bound.Stamp(), behind: behindBits(s.mirror)}
 		},
-		Answer: func(in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, func(), *wire.Error) {
+		Answer: func(in *provisionerv1.ProvisionsRequest, enc Encoding, budget Budget) (*provisionerv1.ProvisionsResponse, Timings, func(), *wire.Error) {
 			out, t, werr := provisionsFrom(s.mirror, s.partitions, in, enc, budget)
 			return out, t, nil, werr
 		},
@@ -85,7 +85,7 @@ func provisionsDigest(in *provisionerv1.ProvisionsRequest) string {
 // provisionsFrom lists a provider's provisions from the copy, need by need in
 // key order across the mesh (partition by partition on an instance that
 // holds some, ps), a page at a time.
-func provisionsFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisionsRequest, enc Encoding, budget int) (*provisionerv1.ProvisionsResponse, Timings, *wire.Error) {
+func provisionsFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.ProvisionsRequest, enc Encoding, budget Budget) (*provisionerv1.ProvisionsResponse, Timings, *wire.Error) {
 	token, werr := readToken(in.GetPageToken(), func() string { return provisionsDigest(in) })
 	if werr == nil {
 		werr = sameWalk(in.GetPageToken(), token, ps)
@@ -99,7 +99,7 @@ func provisionsFrom(m *mirror.Mirror, ps partitions, in *provisionerv1.Provision
 	revs := &provisionerv1.Revisions{Registry: m.Registry.Revision(), Needs: m.Needs.Revision()}
 	out := &provisionerv1.ProvisionsResponse{Provider: in.GetProvider()}
 	find := compose.NewProvisionsOf(in.GetProvider(), m.Sources(nil))
-	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget, used: pageOverhead}
+	p := &page{enc: enc, size: int(in.GetPageSize()), budget: budget.Fill, most: budget.Most, used: pageOverhead}
 	next := pageToken{Request: provisionsDigest(in), Revisions: []uint64{revs.GetRegistry(), revs.GetNeeds()}, Walk: ps.partial()}
 	at, more := ps.walk(token.Partition, func(part int, ofPart func(string) bool) bool {
 		previous := ""

@@ -25,7 +25,7 @@ func NewReplay(capture *provisionerv1.Capture) (*Replay, error) {
 
 // unpaged is the budget of a replayed answer: it is not sent, so one page
 // holds everything.
-const unpaged = 1 << 62
+var unpaged = Budget{Fill: 1 << 62, Most: 1 << 62}
 
 // Compose composes a node as the compose verb would, in one page; it does
 // not check the request, nor wait for revisions. It fails as the verb would

@@ -149,7 +149,7 @@ func (c *sectionCache) put(node sectionsKey, ns *nodeSections) {
 // answer would not fit budget (the request is then answered in pages by
 // composeFrom, whose answer the result equals but for the order of its
 // fields).
-func (s *Answers) composeSections(in *provisionerv1.ComposeRequest, enc Encoding, budget int) (data []byte, t Timings, ok bool) {
+func (s *Answers) composeSections(in *provisionerv1.ComposeRequest, enc Encoding, budget Budget) (data []byte, t Timings, ok bool) {
 	if s.sections == nil || in.GetModule() != "" || in.GetPageToken() != "" || in.GetPageSize() != 0 {
 		return nil, Timings{}, false
 	}
@@ -224,7 +224,7 @@ func (s *Answers) composeSections(in *provisionerv1.ComposeRequest, enc Encoding
 	head := &provisionerv1.ComposeResponse{Node: node, PlanDigest: compose.DigestOf(node, "", parts...),
 		Behind: append(m.Behind(), boundBucketsBehind(m, buckets)...)}
 	data, err := ns.join(head, enc)
-	fits := err == nil && len(data) <= budget
+	fits := err == nil && len(data) <= budget.Fill
 	if fits && s.sections.keeps(ns) {
 		s.sections.put(key, ns)
 	} else {

@@ -502,10 +502,10 @@ func TestSectionsGiveWayToPagesForALargeNode(t *testing.T) {
 	if kept := s.sections.get(key, sectionStampOf(s.mirror, node)); kept == nil || kept.whole || len(kept.sections) > 0 {
 		t.Fatalf("asked once: %+v kept, want the note of a node asked once", kept)
 	}
-	const budget = 1 << 10 // less than the node's composition
+	budget := Budget{Fill: 1 << 10, Most: 1 << 20} // filled with less than the node's composition
 	for i := range 2 {
 		if _, _, ok := s.composeSections(req, Encoding{}, budget); ok {
-			t.Fatalf("request %d: answered from sections in more than %d bytes", i, budget)
+			t.Fatalf("request %d: answered from sections in more than %d bytes", i, budget.Fill)
 		}
 		if kept := s.sections.get(key, sectionStampOf(s.mirror, node)); kept == nil || !kept.whole {
 			t.Fatalf("request %d: %+v kept, want the note of a node too large for sections", i, kept)

@@ -33,14 +33,14 @@ type Verb[Req, Res proto.Message] struct {
 	// while its stamp is unchanged.
 	StampOf func(Req) Stamp
 	// Answer builds the answer of a checked request on a worker, but for
-	// the fields Tail adds; budget is the most bytes the answer may take
+	// the fields Tail adds; budget is how many bytes the answer may take
 	// once encoded as sizing says. done, if not nil, is called once the
 	// answer is encoded and read no more: what it holds may then be reused.
-	Answer func(req Req, enc Encoding, budget int) (out Res, t Timings, done func(), werr *wire.Error)
+	Answer func(req Req, enc Encoding, budget Budget) (out Res, t Timings, done func(), werr *wire.Error)
 	// Encoded, if set, is tried before answer: it answers some requests
 	// encoded already, as Answer would but for how the encoding orders
 	// fields, cheaper (ok), and leaves the others to Answer.
-	Encoded func(req Req, enc Encoding, budget int) (data []byte, t Timings, ok bool)
+	Encoded func(req Req, enc Encoding, budget Budget) (data []byte, t Timings, ok bool)
 	// Early, if set, answers a checked request while the copy loads (it
 	// is then the instance's whole answer, tail and all), rather than a
 	// 503, once the copy holds the registry and manifests (earlyLoaded).
@@ -83,6 +83,16 @@ type revisionSource interface {
 
 // answerHeadroom is what an answer leaves of max_payload for its headers.
 const answerHeadroom = 1024
+
+// budget returns what a page may take: PageMaxBytes, and no more than
+// one message carries.
+func (s *Answers) budget() Budget {
+	most := int(s.maxPayload()) - answerHeadroom
+	if s.pageMaxBytes > 0 {
+		return Budget{Fill: min(s.pageMaxBytes, most), Most: most}
+	}
+	return Budget{Fill: most, Most: most}
+}
 
 // Lookup returns the answer kept in the cache for a request, if what it
 // read is unchanged: as it was last sent while the revisions it names are
@@ -151,7 +161,7 @@ func (ep Verb[Req, Res]) withTail(s *Answers, in Req, enc Encoding, data []byte,
 // rare JSON page whose text would not fit is filled again, measuring each
 // item's text.
 func (ep Verb[Req, Res]) build(s *Answers, in Req, enc Encoding) ([]byte, Timings, *wire.Error) {
-	budget := int(s.maxPayload()) - answerHeadroom
+	budget := s.budget()
 	if ep.Encoded != nil {
 		if data, t, ok := ep.Encoded(in, enc, budget); ok {
 			return data, t, nil
@@ -174,7 +184,7 @@ func (ep Verb[Req, Res]) build(s *Answers, in Req, enc Encoding) ([]byte, Timing
 			return nil, t, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
 		}
 		t = built
-		if len(data) <= budget || sizing == enc {
+		if len(data) <= budget.Fill || sizing == enc {
 			break
 		}
 	}
