@@ -734,6 +734,29 @@ func TestPagesAreFilledToPageMaxBytes(t *testing.T) {
 	if diff := cmp.Diff(want, got, protocmp.Transform(), protocmp.IgnoreFields(&provisionerv1.NeedRecord{}, "revision")); diff != "" {
 		t.Errorf("pages joined (-want +got):\n%s", diff)
 	}
+
+	// A composition likewise, of bob's 200 needs, some 130 bytes each: the
+	// first chunk measured is all of them, more than a page.
+	for i := range 200 {
+		name := fmt.Sprintf("d%03d", i)
+		last = put(t, needs, "bob.web.dir."+name, encode(t, &provisionerv1.Need{Placeholder: "${dir:" + name + "}"}))
+	}
+	composed, pages := 0, 0
+	for page, err := range client.New(nc).ComposePages(ctx, &provisionerv1.ComposeRequest{Node: "bob", MinRevisions: &provisionerv1.Revisions{Needs: last}}) {
+		if err != nil {
+			t.Fatalf("compose page %d: %v", pages+1, err)
+		}
+		pages++
+		if size := proto.Size(page); size > pageMax {
+			t.Errorf("compose page %d is %d bytes, over PageMaxBytes (%d)", pages, size, pageMax)
+		}
+		for _, plan := range page.GetPlans() {
+			composed += len(plan.GetItems())
+		}
+	}
+	if pages < 4 || composed != 200 {
+		t.Errorf("compose: %d needs in %d pages, want 200 in four or more", composed, pages)
+	}
 }
 
 // TestUnknownFieldsAreIgnored: a request from a newer client, with fields

@@ -217,7 +217,7 @@ chunks:
 		for {
 			part := composeNeeds(sources, in, needs[done:done+n], records, revisions, r.arena)
 			size := p.sizeOf(&provisionerv1.ComposeResponse{Plans: part.GetPlans(), Provisions: part.GetProvisions(), Refusals: part.GetRefusals()})
-			if p.takes(size) {
+			if p.takes(size, n) {
 				p.used += size
 				p.count += n
 				merge(out, part)

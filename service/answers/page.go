@@ -142,7 +142,7 @@ func (p *page) fits(n int) bool {
 	// A repeated field's element costs its bytes, a tag and a length in
 	// binary (at most 1+5), or a comma in JSON.
 	n += 6
-	if !p.takes(n) {
+	if !p.takes(n, 1) {
 		p.full = true
 		return false
 	}
@@ -151,10 +151,10 @@ func (p *page) fits(n int) bool {
 	return true
 }
 
-// takes reports whether n more bytes fit the page: within its budget, or,
-// for its first item, within most.
-func (p *page) takes(n int) bool {
-	return p.used+n <= p.budget || p.count == 0 && p.used+n <= p.most
+// takes reports whether items more, of n bytes, fit the page: within its
+// budget, or within most for a first item alone.
+func (p *page) takes(n, items int) bool {
+	return p.used+n <= p.budget || items == 1 && p.count == 0 && p.used+n <= p.most
 }
 
 // sizeOf returns the encoded size of a message in the page's encoding; zero
