@@ -216,6 +216,11 @@ type lag struct {
 	lag time.Duration
 }
 
+// lags matches each acked write with the first answer at or past its
+// revision. That answer may have been noted before the ack was: the
+// service's copy can take the write from the stream before the put's
+// reply reaches the writer, and the two goroutines take time.Now() apart.
+// Such a write was in answers when acked: lag 0.
 func (p *probe) lags() []lag {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -223,8 +228,8 @@ func (p *probe) lags() []lag {
 	for _, w := range p.acked {
 		l := lag{write: w, lag: -1}
 		for _, a := range p.answers {
-			if !a.at.Before(w.at) && a.revision >= w.revision {
-				l.lag = a.at.Sub(w.at)
+			if a.revision >= w.revision {
+				l.lag = max(a.at.Sub(w.at), 0)
 				break
 			}
 		}
