@@ -97,6 +97,9 @@ type Instance struct {
 	// partition's first member, serves it: this one then leaves its seat
 	// to that one (seatWanted). Nil: contend for every seat served.
 	firstServes atomic.Pointer[[]bool]
+	// roster keeps the members sharing the partitions (firstShare makes
+	// it; the share loop, then handOver, update it, one after the other).
+	roster *roster
 }
 
 // ErrContending is returned by Contend and Run while the instance already

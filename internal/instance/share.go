@@ -25,15 +25,13 @@ import (
 // member it is dealt to serves it: a partition moves without a moment
 // unserved, and its plans are written by the holder of its seat alone,
 // which the old holder hands back as it lets go. A member is taken for gone
-// once discovery has not heard of it for memberGone; its share is then
-// dealt among the others, who read it before they serve it.
+// once goneAfter rounds of discovery in a row have not heard of it
+// (roster); its share is then dealt among the others, who read it before
+// they serve it.
 const (
 	shareEvery = time.Second
 	// discoverFor is how long a round of discovery gathers answers.
 	discoverFor = 500 * time.Millisecond
-	// memberGone is how long a member is not heard of before it is taken
-	// for gone: three rounds, so that one answer late is not a move.
-	memberGone = 3 * shareEvery
 )
 
 // deal returns, by partition of n, the members (of members, not empty)
@@ -133,8 +131,8 @@ func (in *Instance) firstShare(ctx context.Context) ([]int, error) {
 			members = append(members, peers.Members...)
 		}
 	}
-	slices.Sort(members)
-	members = slices.Compact(members)
+	in.roster = newRoster(me, members)
+	members = in.roster.members()
 	share := shareOf(me, members, in.cfg.Service.Partitions, in.copies())
 	in.logger.Info("sharing the partitions", "members", len(members), "share", share)
 	return share, nil
@@ -148,8 +146,6 @@ func (in *Instance) share(ctx context.Context) error {
 	}
 	me, n := in.seat.ID(), in.cfg.Service.Partitions
 	strangers := ""
-	heard := map[string]time.Time{}
-	unannounced := map[string]int{} // rounds a member serving was not announced
 	tick := time.NewTicker(shareEvery)
 	defer tick.Stop()
 	for {
@@ -163,30 +159,8 @@ func (in *Instance) share(ctx context.Context) error {
 			in.logger.Warn("sharing the partitions: discovery failed; what is held stays", "err", err)
 		default:
 			in.warnStrangers(peers.Strangers, &strangers)
-			now := time.Now()
-			for _, m := range peers.Members {
-				heard[m] = now
-				delete(unannounced, m)
-			}
-			// A member that serves and no longer announces itself
-			// leaves (Leave): gone at its second round so, not
-			// memberGone later, lest its partitions wait.
-			for m := range serving(peers) {
-				if !slices.Contains(peers.Members, m) {
-					if unannounced[m]++; unannounced[m] >= 2 {
-						delete(heard, m)
-					}
-				}
-			}
-			members := []string{me}
-			for m, at := range heard {
-				switch {
-				case now.Sub(at) > memberGone:
-					delete(heard, m)
-				case m != me:
-					members = append(members, m)
-				}
-			}
+			in.roster.heard(peers)
+			members := in.roster.members()
 			in.seatsToFirst(me, members, peers)
 			if target := in.target(me, members, peers); !slices.Equal(target, in.svc.Held()) {
 				in.logger.Info("sharing the partitions: what this instance serves changes",
@@ -283,14 +257,16 @@ func serving(peers service.Peers) map[string]bool {
 	return out
 }
 
-// handOverEvery is how often a leaving instance asks whether the others
-// serve its partitions yet.
+// handOverEvery is how long a leaving instance pauses between rounds of
+// asking whether the others serve its partitions yet.
 const handOverEvery = 250 * time.Millisecond
 
 // handOver has the instance leave those sharing the partitions, and serve
 // on until the others serve every partition it serves, there are no
 // others, or within (the others read the partitions before they serve
-// them) passes.
+// them) passes. There are no others once the roster, which the share loop
+// kept, has taken each for gone: a round whose answers come late is not
+// taken for the others' absence.
 func (in *Instance) handOver(ctx context.Context, within time.Duration) {
 	in.leave()
 	held := in.svc.Held()
@@ -302,12 +278,13 @@ func (in *Instance) handOver(ctx context.Context, within time.Duration) {
 	defer cancel()
 	me, started := in.seat.ID(), time.Now()
 	for {
-		dctx, dcancel := context.WithTimeout(ctx, handOverEvery)
+		dctx, dcancel := context.WithTimeout(ctx, discoverFor)
 		peers, err := service.DiscoverPeers(dctx, in.cfg.Service.Conn, in.cfg.Service.Partitions)
 		dcancel()
 		if err == nil {
+			in.roster.heard(peers)
 			others := slices.DeleteFunc(slices.Clone(peers.Members), func(m string) bool { return m == me })
-			if len(others) == 0 {
+			if in.roster.others() == 0 {
 				in.logger.Warn("sharing the partitions: no other instance shares them; stopping without handing them over", "serves", held)
 				return
 			}

@@ -154,7 +154,8 @@ func TestFaultPartitionHolderLost(t *testing.T) {
 // TestFaultSharedPartitionHolderLost is TestFaultPartitionHolderLost with
 // three instances that share the partitions (serve --hold auto): no
 // standby, so the instances left deal the killed one's partitions among
-// themselves once they take it for gone (3 s), read them and serve them.
+// themselves once they take it for gone (three rounds, about 3 s), read
+// them and serve them.
 func TestFaultSharedPartitionHolderLost(t *testing.T) {
 	holderLost(t, nil, "auto", "auto", "auto")
 }
