@@ -45,9 +45,11 @@ type keptModule struct {
 // providers, changed. A need is resolved by its own kind's entry and its
 // own provider's manifest, so the node's other modules keep their sums.
 // The kinds are read from the needs' keys; the providers from the copy's
-// records, decoded only for a manifest's change. The node's collections
-// are forgotten with a kind: an entry's template names them. Nil when
-// every module is to be composed again. k is not changed.
+// records, decoded only for a manifest's change. The sums of the node's
+// collections are kept: an entry's template names the collection a need
+// reads, but a collection's sum is of the node's items alone (a change of
+// them composes the node without a Kept), so a template naming another
+// collection finds its sum missing, not wrong. k is not changed.
 func (k *Kept) Forgetting(m *mirror.Mirror, node string, kinds, providers []string) *Kept {
 	if k == nil {
 		return nil
@@ -70,13 +72,7 @@ func (k *Kept) Forgetting(m *mirror.Mirror, node string, kinds, providers []stri
 			}
 		}
 	}
-	if len(stale) >= len(k.modules) {
-		return nil // every module: composed whole, as without a Kept
-	}
 	next := &Kept{modules: slices.Clone(k.modules), collections: k.collections}
-	if len(kinds) > 0 {
-		next.collections = compose.CollectionCache{}
-	}
 	for i := range next.modules {
 		if stale[next.modules[i].module] {
 			next.modules[i].stale = true

@@ -81,7 +81,7 @@ func (w *writer) putBuilds(tb testing.TB, module, wanted, newest string) {
 // is the plan composed whole, through needs written, rewritten unchanged
 // and deleted, modules made and emptied, builds moved, values that do not
 // decode, and registry entries and providers' manifests changed (the
-// modules naming them forgotten).
+// modules naming them forgotten), a collection template among them.
 func TestComposeChangedDigestsAsCompose(t *testing.T) {
 	t.Parallel()
 	m, mesh, revision := meshCopy(t, synth.Config{Nodes: 2, Modules: 8, Needs: 6, Builds: 50, Bound: 50})
@@ -110,6 +110,15 @@ func TestComposeChangedDigestsAsCompose(t *testing.T) {
 				m.Registry.Apply(kind, nil, registryRevision, true)
 			}
 			kept = kept.Forgetting(m, node.Name, []string{kind}, nil)
+		case step%17 == 3: // the shell entry's template names another collection, one with items or none
+			shell := proto.Clone(entries["shell"]).(*provisionerv1.RegistryEntry)
+			if current := m.RegistryEntry("shell"); current != nil && current.GetBucket().GetCollection() != "plugins" {
+				shell.GetBucket().Collection = "plugins"
+			}
+			value, _ := proto.Marshal(shell)
+			registryRevision++
+			m.Registry.Apply("shell", value, registryRevision, false)
+			kept = kept.Forgetting(m, node.Name, []string{"shell"}, nil)
 		case step%13 == 7: // a provider's manifest, of another node
 			provider := []string{"pg", "redis"}[rng.IntN(2)]
 			key, err := keys.ManifestKey{Node: mesh.Nodes[1].Name, Provider: provider}.Key()
