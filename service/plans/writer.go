@@ -622,9 +622,9 @@ func addAll(set map[string]bool, keys []string) {
 	}
 }
 
-// planWindow bounds the digests a pass publishes before it awaits their
-// acknowledgements: under the JetStream's pending publishes' bound.
-const planWindow = 1024
+// planWindow bounds the digests of a pass in flight, published and not yet
+// acknowledged: under the JetStream's pending publishes' bound.
+const planWindow = 16384
 
 // pass brings the nodes' keys up to date in two steps: it composes every
 // node (on as many workers as the process has cores), then writes the
@@ -633,10 +633,11 @@ const planWindow = 1024
 // compositions from slowing the composing of the rest: for a change that
 // touches all of 1,000 plans, the last digest was written 1.5 s after the
 // change when each node was written as soon as composed, and well within
-// a second in two steps (make bench-plans). The digests are published a
-// window at a time (publish), and only then awaited: the nodes notified
-// first ask their compositions of the same cores, and digests awaited 64
-// at a time waited behind them.
+// a second in two steps (make bench-plans). The digests are published
+// with up to planWindow in flight (publish), each awaited only once that
+// many more are out: the nodes notified first ask their compositions of
+// the same cores, and digests awaited 64, then 1,024 at a time waited
+// behind them.
 func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 	if len(nodes) == 0 {
 		return nil
@@ -670,27 +671,41 @@ func (w *plansWriter) pass(ctx context.Context, nodes []string) error {
 		})
 	}
 	_ = composing.Wait() // plan reports its own failures
-	for len(writes) > 0 && ctx.Err() == nil {
-		window := writes[:min(planWindow, len(writes))]
-		writes = writes[len(window):]
-		acks := make([]jetstream.PubAckFuture, len(window))
-		for i, pw := range window {
-			acks[i] = w.publish(ctx, pw)
+	// Up to planWindow digests are in flight at any time, each awaited
+	// once planWindow more were published after it: a window drained
+	// before the next is published left the connection idle while the
+	// nodes told first asked their compositions, and took the cores.
+	acks := make([]jetstream.PubAckFuture, len(writes))
+	sent := make([]time.Time, len(writes))
+	await := func(i int) {
+		// An acknowledgement lost (the connection dropped while it was
+		// out) is awaited no longer than a write's time from its send.
+		awaiting, cancel := context.WithDeadline(ctx, sent[i].Add(planAckTimeout))
+		defer cancel()
+		w.acked(awaiting, writes[i], acks[i])
+		acks[i] = nil
+		stats.Pending.Add(^uint64(0))
+	}
+	published := 0
+	for i, pw := range writes {
+		if ctx.Err() != nil {
+			break
 		}
-		// An acknowledgement lost (the connection dropped while the
-		// window was out) is awaited no longer than a write's time.
-		awaiting, cancel := context.WithTimeout(ctx, planAckTimeout)
-		for i, pw := range window {
-			w.acked(awaiting, pw, acks[i])
-			stats.Pending.Add(^uint64(0))
+		if i >= planWindow {
+			await(i - planWindow)
 		}
-		cancel()
+		acks[i], sent[i] = w.publish(ctx, pw), time.Now()
+		published++
+	}
+	for i := max(published-planWindow, 0); i < published; i++ {
+		await(i)
 	}
 	return nil
 }
 
-// planAckTimeout bounds the wait for a window's acknowledgements: past it,
-// a digest not acknowledged is written again on the next pass.
+// planAckTimeout bounds the wait for a digest's acknowledgement from its
+// send: past it, a digest not acknowledged is written again on the next
+// pass.
 const planAckTimeout = 5 * time.Second
 
 // planWrite is what a pass writes to one node's key.
