@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/novox/mesh-provisioner/buckets"
+	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/internal/testkit/servicetest"
@@ -234,17 +235,32 @@ func TestApplyNamesTheModulesLastWrite(t *testing.T) {
 	need := func(name string, required bool) nodeclient.ModuleNeed {
 		return nodeclient.ModuleNeed{Kind: "port", Name: name, Need: &provisionerv1.Need{Placeholder: "${port:" + name + "}", Required: required}}
 	}
+	// settle waits until the service's copy holds an apply's revision: an
+	// apply naming a revision the copy does not hold yet reads the bucket
+	// by design, and on a loaded machine the copy can be a moment behind
+	// the write's acknowledgement.
+	reader := client.New(nc)
+	settle := func(out *provisionerv1.ApplyResponse) {
+		t.Helper()
+		if _, err := reader.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, Node: "ace", MinRevision: out.GetRevision()}); err != nil {
+			t.Fatalf("read at revision %d: %v", out.GetRevision(), err)
+		}
+	}
 	c, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: "ace"})
-	if _, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", false)}); err != nil {
+	out, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", false)})
+	if err != nil {
 		t.Fatal(err)
 	}
+	settle(out)
 	if n := asked(); n != 1 {
 		t.Errorf("the first apply of web asked the bucket %d times, want 1", n)
 	}
 	for _, required := range []bool{true, false} {
-		if _, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", required)}); err != nil {
+		out, err := c.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", required)})
+		if err != nil {
 			t.Fatal(err)
 		}
+		settle(out)
 	}
 	if n := asked(); n != 0 {
 		t.Errorf("two more applies of web asked the bucket %d times, want 0", n)
@@ -259,7 +275,7 @@ func TestApplyNamesTheModulesLastWrite(t *testing.T) {
 	if n := asked(); n != 1 {
 		t.Errorf("another client's first apply of web asked the bucket %d times, want 1", n)
 	}
-	out, err := other.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", true)})
+	out, err = other.ApplyNeeds(ctx, "web", []nodeclient.ModuleNeed{need("http", true)})
 	if err != nil || out.GetUnchanged() != 1 {
 		t.Fatalf("the same set again: %v, %v; want 1 unchanged", out, err)
 	}
