@@ -25,6 +25,10 @@ type Kept struct {
 	// read: the node's items, whose change composes it whole, are read
 	// only for a collection met anew.
 	collections compose.CollectionCache
+	// kinds and providers are the registry entries and manifests changed
+	// since it was made (Forgetting), each sorted: their modules are found
+	// and composed again by the next ComposeChanged.
+	kinds, providers []string
 }
 
 type keptModule struct {
@@ -39,35 +43,52 @@ type keptModule struct {
 	stale bool
 }
 
-// Forgetting returns k with the modules of node whose needs are of one of
-// kinds, or name one of providers, to be composed again whatever their
-// marks: a registry entry of those kinds, or a manifest of those
-// providers, changed. A need is resolved by its own kind's entry and its
-// own provider's manifest, so the node's other modules keep their sums.
-// The kinds are read from the needs' keys; the providers from the copy's
-// records, decoded only for a manifest's change. The sums of the node's
-// collections are kept: an entry's template names the collection a need
-// reads, but a collection's sum is of the node's items alone (a change of
-// them composes the node without a Kept), so a template naming another
+// Forgetting returns k with the modules whose needs are of one of kinds,
+// or name one of providers, to be composed again whatever their marks: a
+// registry entry of those kinds, or a manifest of those providers,
+// changed. It only records them, so that a writer told of a change that
+// many nodes read pays for it on the cores that compose them: the next
+// ComposeChanged finds the modules (stale). A need is resolved by its own
+// kind's entry and its own provider's manifest, so the node's other
+// modules keep their sums. The sums of the node's collections are kept:
+// an entry's template names the collection a need reads, but a
+// collection's sum is of the node's items alone (a change of them
+// composes the node without a Kept), so a template naming another
 // collection finds its sum missing, not wrong. k is not changed.
-func (k *Kept) Forgetting(m *mirror.Mirror, node string, kinds, providers []string) *Kept {
+func (k *Kept) Forgetting(kinds, providers []string) *Kept {
 	if k == nil {
 		return nil
 	}
+	next := *k
+	next.kinds, next.providers = union(k.kinds, kinds), union(k.providers, providers)
+	return &next
+}
+
+// stale returns k with the modules of node that Forgetting recorded marked
+// to be composed again, and nothing left to find. The kinds are read from
+// the needs' keys; the providers from the copy's records, decoded only for
+// a manifest's change. k is not changed.
+func (k *Kept) stale(m *mirror.Mirror, node string) *Kept {
+	if k == nil || len(k.kinds)+len(k.providers) == 0 {
+		return k
+	}
 	stale := map[string]bool{}
-	if len(kinds) > 0 {
+	if len(k.kinds) > 0 {
 		m.Needs.KeyRevisions(node, func(key string, _ uint64) {
 			module, rest, _ := strings.Cut(key[len(node)+1:], ".")
 			kind, _, _ := strings.Cut(rest, ".")
-			if slices.Contains(kinds, kind) {
+			if _, ok := slices.BinarySearch(k.kinds, kind); ok {
 				stale[module] = true
 			}
 		})
 	}
-	if len(providers) > 0 {
+	if len(k.providers) > 0 {
 		entries, _, _ := m.Needs.Group(node)
 		for _, e := range entries {
-			if e.Record != nil && slices.Contains(providers, e.Record.GetNeed().GetProvider()) {
+			if e.Record == nil {
+				continue
+			}
+			if _, ok := slices.BinarySearch(k.providers, e.Record.GetNeed().GetProvider()); ok {
 				stale[e.Record.GetModule()] = true
 			}
 		}
@@ -150,6 +171,7 @@ func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []mod
 // other change a node's composition reads (its items, its providers' keys,
 // the registry, the manifests) is for ComposeChanged with a nil kept.
 func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
+	kept = kept.stale(m, node)
 	scratch := scratches.Get().(*digestScratch)
 	defer scratches.Put(scratch)
 	var r reads

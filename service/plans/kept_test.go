@@ -109,7 +109,7 @@ func TestComposeChangedDigestsAsCompose(t *testing.T) {
 			} else {
 				m.Registry.Apply(kind, nil, registryRevision, true)
 			}
-			kept = kept.Forgetting(m, node.Name, []string{kind}, nil)
+			kept = kept.Forgetting([]string{kind}, nil)
 		case step%17 == 3: // the shell entry's template names another collection, one with items or none
 			shell := proto.Clone(entries["shell"]).(*provisionerv1.RegistryEntry)
 			if current := m.RegistryEntry("shell"); current != nil && current.GetBucket().GetCollection() != "plugins" {
@@ -118,7 +118,7 @@ func TestComposeChangedDigestsAsCompose(t *testing.T) {
 			value, _ := proto.Marshal(shell)
 			registryRevision++
 			m.Registry.Apply("shell", value, registryRevision, false)
-			kept = kept.Forgetting(m, node.Name, []string{"shell"}, nil)
+			kept = kept.Forgetting([]string{"shell"}, nil)
 		case step%13 == 7: // a provider's manifest, of another node
 			provider := []string{"pg", "redis"}[rng.IntN(2)]
 			key, err := keys.ManifestKey{Node: mesh.Nodes[1].Name, Provider: provider}.Key()
@@ -128,7 +128,7 @@ func TestComposeChangedDigestsAsCompose(t *testing.T) {
 			value, _ := proto.Marshal(&provisionerv1.Manifest{Offers: []*provisionerv1.Offer{{Provision: name}}})
 			manifestRevision++
 			m.Manifests.Apply(key, value, manifestRevision, false)
-			kept = kept.Forgetting(m, node.Name, nil, []string{provider})
+			kept = kept.Forgetting(nil, []string{provider})
 		case what < 5:
 			w.putNeed(t, module, kind, name, &provisionerv1.Need{Placeholder: fmt.Sprintf("${%s:%s}", kind, name), Provider: []string{"", "pg", "redis"}[rng.IntN(3)], Builds: [][]string{nil, {"b1"}, {"b2"}}[rng.IntN(3)]})
 		case what < 8:
@@ -273,7 +273,7 @@ func BenchmarkRegistryEntryChanged(b *testing.B) {
 			_, kept := plans.ComposeChanged(m, node.Name, nil)
 			for b.Loop() {
 				toggle(kind, entry)
-				_, kept = plans.ComposeChanged(m, node.Name, kept.Forgetting(m, node.Name, []string{kind}, nil))
+				_, kept = plans.ComposeChanged(m, node.Name, kept.Forgetting([]string{kind}, nil))
 			}
 			byModule = b.Elapsed() / time.Duration(b.N)
 		})

@@ -159,12 +159,6 @@ type plansWriter struct {
 	// applied records module by module (ComposeChanged); a node without
 	// is composed whole.
 	kept map[string]*Kept
-	// forgets holds, of nodes with a kept, the registry entries (kinds)
-	// and manifests (providers) changed since it was made: their modules
-	// naming one are forgotten (Kept.Forgetting) as the node is next
-	// composed, on the pass's cores, rather than as the change is seen,
-	// one node after another under mu.
-	forgets map[string]forgetting
 	// notBefore holds, for each node of many records composed lately,
 	// when it may be composed again (Share); entries go once past.
 	notBefore map[string]time.Time
@@ -239,7 +233,7 @@ func keepPlans(ctx context.Context, cfg Config) error {
 	w := &plansWriter{
 		copy: cfg.Copy, holds: cfg.Holds, stats: cfg.Stats, warnings: cfg.Warnings, kv: cfg.KV, js: cfg.JS, interval: cfg.Interval, key: map[string]heldDigest{}, redo: map[string]bool{},
 		buckets: map[string][]string{}, lastRead: map[string]nodeReads{}, writing: map[string]string{}, notBefore: map[string]time.Time{},
-		kept: map[string]*Kept{}, forgets: map[string]forgetting{},
+		kept: map[string]*Kept{},
 	}
 	watcher, err := cfg.KV.WatchAll(ctx)
 	if err != nil {
@@ -462,16 +456,13 @@ func (w *plansWriter) changed(mark plansMark, all bool) ([]string, plansMark) {
 	}
 	if all {
 		clear(w.kept)
-		clear(w.forgets)
 	}
 	for node := range whole {
 		delete(w.kept, node)
-		delete(w.forgets, node)
 	}
 	for node := range forget {
-		if w.kept[node] != nil {
-			f := w.forgets[node]
-			w.forgets[node] = forgetting{kinds: union(f.kinds, kinds), providers: union(f.providers, providers)}
+		if kept := w.kept[node]; kept != nil {
+			w.kept[node] = kept.Forgetting(kinds, providers)
 		}
 	}
 	// A node put off stays to be composed: in redo until its time comes.
@@ -507,12 +498,6 @@ func (w *plansWriter) untilDue() (time.Duration, bool) {
 		}
 	}
 	return max(until, 0), waiting
-}
-
-// forgetting is what a node's kept is to forget as it is next composed:
-// the kinds and providers changed since it was made, each sorted.
-type forgetting struct {
-	kinds, providers []string
 }
 
 // nodeReads are the registry entries (by kind) and the providers' manifests
@@ -744,18 +729,12 @@ func (w *plansWriter) plan(node string) (planWrite, bool) {
 		delete(w.buckets, node)
 		delete(w.lastRead, node)
 		delete(w.kept, node)
-		delete(w.forgets, node)
 		w.mu.Unlock()
 		return planWrite{node: node, held: held, has: has, gone: true}, has
 	}
 	w.mu.Lock()
 	kept := w.kept[node]
-	forget, forgets := w.forgets[node]
-	delete(w.forgets, node)
 	w.mu.Unlock()
-	if forgets {
-		kept = kept.Forgetting(w.copy, node, forget.kinds, forget.providers)
-	}
 	// Read before composing: a group emptied meanwhile differs at the
 	// next sweep.
 	groups := groupsHeld(w.copy, node)
