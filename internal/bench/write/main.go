@@ -8,7 +8,9 @@
 //
 //   - a node applying -modules x -needs: its applies sent at once
 //     (nodeclient.ApplyNeeds, each module's set changed) against the same
-//     records as async KV puts, the time until the last answer or ack;
+//     records as async KV puts, the time until the last answer or ack,
+//     and the floor of one more hop: a bare subscription that publishes
+//     each set asynchronously and answers;
 //
 //   - -nodes nodes applying -modules x -needs at once, each node its
 //     modules one after another: records a second against the same
@@ -169,6 +171,14 @@ func run(cfg config) error {
 	}); err != nil {
 		return err
 	}
+	// The same floor for an apply: the set decoded, each record published
+	// asynchronously with the writer's JetStream, answered once all are
+	// acknowledged; nothing compared, nothing checked.
+	if _, err := answering.Subscribe(floorApplySubject, func(m *nats.Msg) {
+		go func() { _ = m.Respond(floorApply(ctx, js, m.Data)) }()
+	}); err != nil {
+		return err
+	}
 	b := &bench{cfg: cfg, connectAs: func(node string) (*nodeConn, error) {
 		nc, err := connect(client.Inbox(wire.RoleNode, node))
 		if err != nil {
@@ -206,6 +216,36 @@ const directNodes = 100
 
 // floorSubject is the bare subscription's, under which a need's key follows.
 const floorSubject = "benchwrite.floor"
+
+// floorApplySubject is the bare subscription's that stores an apply's set.
+const floorApplySubject = "benchwrite.floorapply"
+
+// floorApply stores the records of an ApplyRequest as async puts and
+// returns nil once all are acknowledged, or the error's text.
+func floorApply(ctx context.Context, js jetstream.JetStream, data []byte) []byte {
+	in := &provisionerv1.ApplyRequest{}
+	if err := proto.Unmarshal(data, in); err != nil {
+		return []byte(err.Error())
+	}
+	acks := make([]jetstream.PubAckFuture, 0, len(in.GetNeeds()))
+	for _, rec := range in.GetNeeds() {
+		ack, err := js.PublishAsync(wire.KVSubject(keys.NeedsBucket, rec.GetKey()), rec.GetValue())
+		if err != nil {
+			return []byte(err.Error())
+		}
+		acks = append(acks, ack)
+	}
+	for _, ack := range acks {
+		select {
+		case <-ack.Ok():
+		case err := <-ack.Err():
+			return []byte(err.Error())
+		case <-ctx.Done():
+			return []byte(ctx.Err().Error())
+		}
+	}
+	return nil
+}
 
 func moduleName(m int) string { return fmt.Sprintf("m%d", m) }
 
@@ -273,10 +313,19 @@ func (b *bench) oneNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var verb, direct []time.Duration
+	var verb, direct, floor []time.Duration
 	for r := range b.cfg.applyRounds {
 		start := time.Now()
 		var g errgroup.Group
+		for m := range b.cfg.modules {
+			g.Go(func() error { return b.applyFloor(ctx, node.nc, r, m) })
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		floor = append(floor, time.Since(start))
+		start = time.Now()
+		g = errgroup.Group{}
 		for m := range b.cfg.modules {
 			g.Go(func() error { return b.apply(ctx, node.client, r, m) })
 		}
@@ -292,7 +341,9 @@ func (b *bench) oneNode(ctx context.Context) error {
 	}
 	records := b.cfg.modules * b.cfg.needs
 	fmt.Printf("a node applying %d modules x %d needs, its applies at once (median of %d)\n", b.cfg.modules, b.cfg.needs, b.cfg.applyRounds)
-	fmt.Printf("  verb %s, %d direct async KV puts %s, ratio %.2f (target <= 1.5)\n\n", ms(quantile(verb, 50)), records, ms(quantile(direct, 50)), ratio(quantile(verb, 50), quantile(direct, 50)))
+	fmt.Printf("  verb %s, %d direct async KV puts %s, ratio %.2f (target <= 1.5)\n", ms(quantile(verb, 50)), records, ms(quantile(direct, 50)), ratio(quantile(verb, 50), quantile(direct, 50)))
+	fmt.Printf("  the floor of one more hop (a bare subscription that publishes each set and answers): %s, ratio %.2f to the direct puts; the verb is %.2f of it\n\n",
+		ms(quantile(floor, 50)), ratio(quantile(floor, 50), quantile(direct, 50)), ratio(quantile(verb, 50), quantile(floor, 50)))
 	return nil
 }
 
@@ -360,6 +411,36 @@ func (b *bench) apply(ctx context.Context, node *nodeclient.Client, r, m int) er
 	}
 	if int(out.GetWritten()) != b.cfg.needs {
 		return fmt.Errorf("%s applies %s: %d written, want %d", node.Node(), moduleName(m), out.GetWritten(), b.cfg.needs)
+	}
+	return nil
+}
+
+// applyFloor sends module m of round r, as node "floor" would apply it,
+// to the bare subscription: the same request on the same connection, the
+// keys another node's than the verb's.
+func (b *bench) applyFloor(ctx context.Context, nc *nats.Conn, r, m int) error {
+	req := &provisionerv1.ApplyRequest{Module: moduleName(m)}
+	for i := range b.cfg.needs {
+		key, err := keys.NeedKey{Node: "floor", Module: moduleName(m), Kind: "port", Name: needName(i)}.Key()
+		if err != nil {
+			return err
+		}
+		value, err := proto.MarshalOptions{Deterministic: true}.Marshal(need(r, i))
+		if err != nil {
+			return err
+		}
+		req.Needs = append(req.Needs, &provisionerv1.Record{What: provisionerv1.What_WHAT_NEEDS, Key: key, Value: value})
+	}
+	data, err := proto.Marshal(req)
+	if err != nil {
+		return err
+	}
+	answer, err := nc.RequestWithContext(ctx, floorApplySubject, data)
+	if err != nil {
+		return err
+	}
+	if len(answer.Data) > 0 {
+		return fmt.Errorf("the floor's apply of %s: %s", moduleName(m), answer.Data)
 	}
 	return nil
 }
