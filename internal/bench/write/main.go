@@ -435,6 +435,8 @@ func (b *bench) applyFloor(ctx context.Context, nc *nats.Conn, r, m int) error {
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // as the latency floor's requests
+	defer cancel()
 	answer, err := nc.RequestWithContext(ctx, floorApplySubject, data)
 	if err != nil {
 		return err
