@@ -315,25 +315,16 @@ func (b *bench) oneNode(ctx context.Context) error {
 	}
 	var verb, direct, floor []time.Duration
 	for r := range b.cfg.applyRounds {
+		took, err := b.allAtOnce(func(m int) error { return b.applyFloor(ctx, node.nc, r, m) })
+		if err != nil {
+			return err
+		}
+		floor = append(floor, took)
+		if took, err = b.allAtOnce(func(m int) error { return b.apply(ctx, node.client, r, m) }); err != nil {
+			return err
+		}
+		verb = append(verb, took)
 		start := time.Now()
-		var g errgroup.Group
-		for m := range b.cfg.modules {
-			g.Go(func() error { return b.applyFloor(ctx, node.nc, r, m) })
-		}
-		if err := g.Wait(); err != nil {
-			return err
-		}
-		floor = append(floor, time.Since(start))
-		start = time.Now()
-		g = errgroup.Group{}
-		for m := range b.cfg.modules {
-			g.Go(func() error { return b.apply(ctx, node.client, r, m) })
-		}
-		if err := g.Wait(); err != nil {
-			return err
-		}
-		verb = append(verb, time.Since(start))
-		start = time.Now()
 		if err := b.publish(ctx, node.js, "one", r); err != nil {
 			return err
 		}
@@ -345,6 +336,18 @@ func (b *bench) oneNode(ctx context.Context) error {
 	fmt.Printf("  the floor of one more hop (a bare subscription that publishes each set and answers): %s, ratio %.2f to the direct puts; the verb is %.2f of it\n\n",
 		ms(quantile(floor, 50)), ratio(quantile(floor, 50), quantile(direct, 50)), ratio(quantile(verb, 50), quantile(floor, 50)))
 	return nil
+}
+
+// allAtOnce runs apply for every module at once and returns how long the
+// last one took to return.
+func (b *bench) allAtOnce(apply func(m int) error) (time.Duration, error) {
+	start := time.Now()
+	var g errgroup.Group
+	for m := range b.cfg.modules {
+		g.Go(func() error { return apply(m) })
+	}
+	err := g.Wait()
+	return time.Since(start), err
 }
 
 // mesh times every node applying its modules, one after another, all nodes
