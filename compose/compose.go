@@ -198,7 +198,7 @@ func (p *ProvisionsOf) Need(need *provisionerv1.NeedRecord) *provisionerv1.Provi
 	if refusal != nil || !res.provided {
 		return nil
 	}
-	provision := res.provisionOf(need, builds)
+	provision := res.fillProvision(&provisionerv1.Provision{}, need, builds)
 	provision.Node = need.GetNode()
 	return provision
 }
@@ -297,8 +297,8 @@ func (p *partSink) item(need *provisionerv1.NeedRecord, res resolution, builds [
 	return res.keyString
 }
 
-func (p *partSink) provision(x *provisionerv1.Provision) {
-	p.out.Provisions = append(p.out.Provisions, x)
+func (p *partSink) provision(need *provisionerv1.NeedRecord, res resolution, builds []string) {
+	p.out.Provisions = append(p.out.Provisions, res.fillProvision(p.arena.provision(), need, builds))
 }
 
 func (p *partSink) refusal(r *provisionerv1.Refusal) { p.out.Refusals = append(p.out.Refusals, r) }
@@ -376,13 +376,13 @@ func (res *resolution) item(need *provisionerv1.NeedRecord, builds []string, are
 	return item
 }
 
-// provisionOf returns what a need resolved asks of its provider.
-func (res *resolution) provisionOf(need *provisionerv1.NeedRecord, builds []string) *provisionerv1.Provision {
-	return &provisionerv1.Provision{
-		Provider: res.provider, Bucket: res.bucket, Key: res.keyOf(),
-		Module: need.GetModule(), Provision: res.provision, Local: need.GetNeed().GetLocal(), Name: need.GetName(),
-		Builds: builds, BoundRevision: res.bound, ManifestDigest: res.manifestDigest,
-	}
+// fillProvision fills p, a provision with no node, with what a need
+// resolved asks of its provider, and returns it.
+func (res *resolution) fillProvision(p *provisionerv1.Provision, need *provisionerv1.NeedRecord, builds []string) *provisionerv1.Provision {
+	p.Provider, p.Bucket, p.Key = res.provider, res.bucket, res.keyOf()
+	p.Module, p.Provision, p.Local, p.Name = need.GetModule(), res.provision, need.GetNeed().GetLocal(), need.GetName()
+	p.Builds, p.BoundRevision, p.ManifestDigest = builds, res.bound, res.manifestDigest
+	return p
 }
 
 // resolveNeed resolves one need of the builds given: what its plan item is

@@ -203,8 +203,8 @@ func TestCompose(t *testing.T) {
 }
 
 // One arena, reset after each composition, makes every case's messages
-// anew: none keeps a field of the case composed before it, whichever that
-// was.
+// anew, and digests each as Digest does: none keeps a field, or a
+// collection's sum, of the case composed before it, whichever that was.
 func TestComposeWithAReusedArena(t *testing.T) {
 	t.Parallel()
 	cases := composeCases()
@@ -214,6 +214,9 @@ func TestComposeWithAReusedArena(t *testing.T) {
 			got := compose.Compose(tt.input(arena))
 			if diff := cmp.Diff(tt.want, got, protocmp.Transform(), ignorePhases); diff != "" {
 				t.Errorf("%s, %s: Compose with the arena reset (-want +got):\n%s", order, tt.name, diff)
+			}
+			if want, got := compose.Digest(tt.want), arena.Digest(got); got != want {
+				t.Errorf("%s, %s: the arena's Digest = %s, want Digest's %s", order, tt.name, got, want)
 			}
 			arena.Reset()
 		}

@@ -153,6 +153,13 @@ type grouper struct {
 	hashed int
 }
 
+// reset readies g for another composition, keeping the room its buffers
+// and sums took.
+func (g *grouper) reset() {
+	clear(g.collections.sums)
+	g.hashed = 0
+}
+
 // groupsOf returns the sums of c's modules' groups, in key order, and its
 // malformed needs' refusals.
 func (g *grouper) groupsOf(c *provisionerv1.ComposeResponse) ([]ModuleSum, malformedRefusals) {

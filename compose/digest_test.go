@@ -88,3 +88,27 @@ func TestDigestReadsEveryField(t *testing.T) {
 		t.Error("the revisions at which a need and an item were written changed the digest")
 	}
 }
+
+// An arena's Digest keeps no collection's sum from one digest to the
+// next: two nodes whose collections share a name and not their items
+// digest apart, each as Digest digests it.
+func TestArenaDigestForgetsCollections(t *testing.T) {
+	t.Parallel()
+	withItem := func(value string) *provisionerv1.ComposeResponse {
+		return &provisionerv1.ComposeResponse{Node: "ace", Plans: []*provisionerv1.ModulePlan{{Module: "web", Items: []*provisionerv1.PlanItem{{
+			Kind: "shell", Name: "zsh:normal", Collection: "shell:zsh:normal",
+			Location: &provisionerv1.PlanItem_Bucket{Bucket: &provisionerv1.BucketKey{Bucket: "mesh-provisioner_collect", Key: "ace.shell=3Azsh=3Anormal.*"}},
+			Items:    []*provisionerv1.CollectedItem{{Contributor: "web", Item: &provisionerv1.CollectItem{Value: value}}},
+		}}}}}
+	}
+	a, b := withItem("a"), withItem("b")
+	if compose.Digest(a) == compose.Digest(b) {
+		t.Fatal("Digest reads no collection item: nothing to tell apart")
+	}
+	arena := new(compose.Arena)
+	for _, c := range []*provisionerv1.ComposeResponse{a, b, a} {
+		if got, want := arena.Digest(c), compose.Digest(c); got != want {
+			t.Errorf("the arena's Digest of the item %q = %s, want Digest's %s", c.GetPlans()[0].GetItems()[0].GetItems()[0].GetItem().GetValue(), got, want)
+		}
+	}
+}

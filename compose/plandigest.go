@@ -31,6 +31,8 @@ type PlanDigester struct {
 	outOfOrder  bool
 	lastRefusal string
 	collections collectionSums
+	// provisionScratch holds each provision while it is appended.
+	provisionScratch provisionerv1.Provision
 	// cache and loadItems are SumsOf's: the caller's sums of the node's
 	// collections, and what reads the node's items when one is missing.
 	cache     *CollectionCache
@@ -152,7 +154,8 @@ func (d *PlanDigester) item(need *provisionerv1.NeedRecord, res resolution, buil
 	return "" // appended as bytes
 }
 
-func (d *PlanDigester) provision(p *provisionerv1.Provision) {
+func (d *PlanDigester) provision(need *provisionerv1.NeedRecord, res resolution, builds []string) {
+	p := res.fillProvision(&d.provisionScratch, need, builds)
 	d.groupOf(p.GetModule())
 	d.g.provisions = appendProvision(d.g.provisions, p)
 	d.g.nProvisions++

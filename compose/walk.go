@@ -11,7 +11,7 @@ type sink interface {
 	// item returns the key's string if it made one, for the provision
 	// that follows to reuse rather than make again.
 	item(need *provisionerv1.NeedRecord, res resolution, builds []string) (key string)
-	provision(p *provisionerv1.Provision)
+	provision(need *provisionerv1.NeedRecord, res resolution, builds []string)
 	refusal(r *provisionerv1.Refusal)
 }
 
@@ -46,7 +46,7 @@ func (rs *resolver) walk(in *Input, needs []*provisionerv1.NeedRecord, s sink) {
 			res.keyString = key
 		}
 		if res.provided {
-			s.provision(res.provisionOf(need, builds))
+			s.provision(need, res, builds)
 		}
 	}
 }

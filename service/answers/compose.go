@@ -167,6 +167,9 @@ func composeFrom(m *mirror.Mirror, in *provisionerv1.ComposeRequest, enc Encodin
 	if werr != nil {
 		return nil, Timings{}, werr
 	}
+	if r.arena == nil {
+		r.arena = new(compose.Arena) // the answer's own
+	}
 	start := time.Now()
 	entries, _, needsRevision := groupOf(m.Needs, in.GetNode(), r.views)
 	items, _, collectRevision := groupOf(m.Collect, in.GetNode(), r.views)
@@ -249,7 +252,7 @@ chunks:
 	if len(needs) < len(all) || done < len(needs) {
 		whole = composeNeeds(sources, in, all, records, revisions, r.arena)
 	}
-	out.PlanDigest = compose.Digest(whole)
+	out.PlanDigest = r.arena.Digest(whole)
 	return out, Timings{read: read, resolve: resolve, items: collect}, nil
 }
 
