@@ -48,10 +48,10 @@ type keptModule struct {
 // registry entry of those kinds, or a manifest of those providers,
 // changed. It only records them, so that a writer told of a change that
 // many nodes read pays for it on the cores that compose them: the next
-// ComposeChanged finds the modules (stale). A need is resolved by its own
-// kind's entry and its own provider's manifest, so the node's other
-// modules keep their sums. The sums of the node's collections are kept:
-// an entry's template names the collection a need reads, but a
+// ComposeChanged finds the modules (marksOf, stale). A need is resolved
+// by its own kind's entry and its own provider's manifest, so the node's
+// other modules keep their sums. The sums of the node's collections are
+// kept: an entry's template names the collection a need reads, but a
 // collection's sum is of the node's items alone (a change of them
 // composes the node without a Kept), so a template naming another
 // collection finds its sum missing, not wrong. k is not changed.
@@ -64,36 +64,31 @@ func (k *Kept) Forgetting(kinds, providers []string) *Kept {
 	return &next
 }
 
-// stale returns k with the modules of node that Forgetting recorded marked
-// to be composed again, and nothing left to find. The kinds are read from
-// the needs' keys; the providers from the copy's records, decoded only for
-// a manifest's change. k is not changed.
+// stale returns k with the modules of node that name a provider Forgetting
+// recorded marked to be composed again, and nothing left to find: the
+// providers are read from the copy's records, decoded only for a
+// manifest's change. The modules of the kinds recorded are found by
+// marksOf, from the needs' keys, as it reads them for their marks. k is
+// not changed.
 func (k *Kept) stale(m *mirror.Mirror, node string) *Kept {
 	if k == nil || len(k.kinds)+len(k.providers) == 0 {
 		return k
 	}
-	stale := map[string]bool{}
-	if len(k.kinds) > 0 {
-		m.Needs.KeyRevisions(node, func(key string, _ uint64) {
-			module, rest, _ := strings.Cut(key[len(node)+1:], ".")
-			kind, _, _ := strings.Cut(rest, ".")
-			if _, ok := slices.BinarySearch(k.kinds, kind); ok {
-				stale[module] = true
-			}
-		})
+	next := &Kept{modules: k.modules, collections: k.collections}
+	if len(k.providers) == 0 {
+		return next
 	}
-	if len(k.providers) > 0 {
-		entries, _, _ := m.Needs.Group(node)
-		for _, e := range entries {
-			if e.Record == nil {
-				continue
-			}
-			if _, ok := slices.BinarySearch(k.providers, e.Record.GetNeed().GetProvider()); ok {
-				stale[e.Record.GetModule()] = true
-			}
+	stale := map[string]bool{}
+	entries, _, _ := m.Needs.Group(node)
+	for _, e := range entries {
+		if e.Record == nil {
+			continue
+		}
+		if _, ok := slices.BinarySearch(k.providers, e.Record.GetNeed().GetProvider()); ok {
+			stale[e.Record.GetModule()] = true
 		}
 	}
-	next := &Kept{modules: slices.Clone(k.modules), collections: k.collections}
+	next.modules = slices.Clone(k.modules)
 	for i := range next.modules {
 		if stale[next.modules[i].module] {
 			next.modules[i].stale = true
@@ -107,6 +102,9 @@ func (k *Kept) stale(m *mirror.Mirror, node string) *Kept {
 type moduleMark struct {
 	module string
 	mark   uint64
+	// ofKinds says one of its needs is of a kind marksOf was given: a
+	// registry entry it reads changed.
+	ofKinds bool
 }
 
 // appliedRevision is the revision of a module's applied record.
@@ -118,9 +116,11 @@ type appliedRevision struct {
 // marksOf returns the marks of node's modules, in key order, appended to
 // marks: of each module, its needs' count, newest and summed revisions (a
 // put moves the newest, a delete the count) and its applied record's
-// revision (its builds), and how many needs it holds well formed. It
-// decodes no value.
-func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []moduleMark, held int) {
+// revision (its builds), and how many needs it holds well formed; and
+// whether any of its needs is of one of kinds, sorted. It decodes no value,
+// and reads each key once: reading the keys again for the kinds was an
+// eighth of the composing of a change every node reads.
+func marksOf(m *mirror.Mirror, node string, scratch *digestScratch, kinds []string) (marks []moduleMark, held int) {
 	applied := scratch.applied[:0]
 	m.Applied.KeyRevisions(node, func(key string, revision uint64) {
 		applied = append(applied, appliedRevision{module: key[len(node)+1:], revision: revision})
@@ -129,6 +129,7 @@ func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []mod
 	marks = scratch.marks[:0]
 	var module string
 	var count, newest, total uint64
+	ofKinds := false
 	flush := func() {
 		if count == 0 {
 			return
@@ -142,14 +143,18 @@ func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []mod
 		binary.LittleEndian.PutUint64(b[8:], newest)
 		binary.LittleEndian.PutUint64(b[16:], total)
 		binary.LittleEndian.PutUint64(b[24:], builds)
-		marks = append(marks, moduleMark{module: module, mark: xxh3.Hash(b[:])})
+		marks = append(marks, moduleMark{module: module, mark: xxh3.Hash(b[:]), ofKinds: ofKinds})
 	}
 	m.Needs.KeyRevisions(node, func(key string, revision uint64) {
 		rest := key[len(node)+1:]
 		next := rest[:max(strings.IndexByte(rest, '.'), 0)]
 		if next != module || count == 0 {
 			flush()
-			module, count, newest, total = next, 0, 0, 0
+			module, count, newest, total, ofKinds = next, 0, 0, 0, false
+		}
+		if len(kinds) > 0 && !ofKinds {
+			kind, _, _ := strings.Cut(rest[min(len(next)+1, len(rest)):], ".")
+			_, ofKinds = slices.BinarySearch(kinds, kind)
 		}
 		count++
 		held++
@@ -171,11 +176,15 @@ func marksOf(m *mirror.Mirror, node string, scratch *digestScratch) (marks []mod
 // other change a node's composition reads (its items, its providers' keys,
 // the registry, the manifests) is for ComposeChanged with a nil kept.
 func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
+	var kinds []string
+	if kept != nil {
+		kinds = kept.kinds
+	}
 	kept = kept.stale(m, node)
 	scratch := scratches.Get().(*digestScratch)
 	defer scratches.Put(scratch)
 	var r reads
-	marks, held := marksOf(m, node, scratch)
+	marks, held := marksOf(m, node, scratch, kinds)
 	changed := changedModules(marks, kept)
 	next := &Kept{modules: make([]keptModule, 0, len(marks))}
 	if kept != nil {
@@ -278,7 +287,7 @@ func changedModules(marks []moduleMark, kept *Kept) []bool {
 		for len(old) > 0 && compose.ModuleOrder(old[0].module, mk.module) < 0 {
 			old = old[1:]
 		}
-		changed[i] = kept == nil || len(old) == 0 || old[0].module != mk.module || old[0].mark != mk.mark || old[0].stale
+		changed[i] = kept == nil || mk.ofKinds || len(old) == 0 || old[0].module != mk.module || old[0].mark != mk.mark || old[0].stale
 	}
 	return changed
 }
