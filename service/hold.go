@@ -275,6 +275,14 @@ func isRelayed(r micro.Request) bool {
 // most likely given up (nats.go's requests wait 2 s, the nats CLI's 5 s).
 const relayWait = 10 * time.Second
 
+// relayAgain is how long a request handed on waits for its holder's
+// answer before it is handed on once more (wire.RequestAgain): a holder
+// killed with it in hand never answers, and its asker, who waits 2 s or
+// more, is then answered by another holder rather than left waiting for
+// relayWait. A holder that answers later (a request waiting for a
+// revision) answers both; the verbs handed on only read.
+const relayAgain = time.Second
+
 // relay hands r to a holder of partition p and sends its answer to r's
 // asker, off the callback; no holder, or none that answers, is a 503. A
 // request handed on waits as one waiting for revisions does: it takes one
@@ -293,7 +301,7 @@ func (s *Service) relay(r micro.Request, who admission.Asker, p int, enc answers
 		defer t.done()
 		ctx, cancel := context.WithTimeout(s.stopping, relayWait)
 		defer cancel()
-		answer, err := wire.Request(ctx, s.conn, wire.RoleServer, wire.ServerIdentity, asked)
+		answer, err := wire.RequestAgain(ctx, s.conn, wire.RoleServer, wire.ServerIdentity, asked, relayAgain)
 		switch {
 		case errors.Is(err, nats.ErrNoResponders):
 			s.send(r, enc, count, nil, wire.Errorf(wire.CodeUnavailable, "the request reads nodes of partition %d, which this instance does not serve, and no instance serves it now; ask again shortly", p))

@@ -234,6 +234,45 @@ func TestRequestsHandedOnAreBounded(t *testing.T) {
 	}
 }
 
+// A request handed to a holder that dies with it in hand is handed on once
+// more, a second after, to the holder nats-server sends it to then: its
+// asker is answered, rather than left waiting for relayWait (10 s).
+func TestARequestHandedToAHolderThatDiesIsHandedOnAgain(t *testing.T) {
+	t.Parallel()
+	const partitions = 4
+	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
+	nc := natstest.Connect(t, server)
+	servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1} })
+	node := ""
+	for i := 0; node == ""; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
+			node = name
+		}
+	}
+	// Partition 2's first holder takes the request and dies with it:
+	// another, which answers, subscribes as it does.
+	holders := natstest.Connect(t, server)
+	subject := wire.RelaySubject(2, wire.ComposeSubject)
+	answer, _ := proto.Marshal(&provisionerv1.ComposeResponse{Node: node, PlanDigest: "the second holder's"})
+	dying, err := holders.Subscribe(subject, func(*nats.Msg) {
+		if _, err := holders.Subscribe(subject, func(m *nats.Msg) { _ = m.Respond(answer) }); err != nil {
+			t.Error(err)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dying.AutoUnsubscribe(1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	got, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
+	if err != nil || got.GetPlanDigest() != "the second holder's" {
+		t.Errorf("an operator's compose of %s, its first holder dead with it: %v, %v; want the second holder's answer within 3 s", node, got, err)
+	}
+}
+
 // A request another instance handed on is never handed on again, with the
 // service observed (serve --http) as without: instances that disagree on
 // who holds what would otherwise pass it round.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
@@ -79,4 +80,35 @@ func Request(ctx context.Context, nc *nats.Conn, role Role, name string, msg *na
 		return nil, nats.ErrNoResponders
 	}
 	return reply, nil
+}
+
+// RequestAgain is Request for a request that only reads, sent once more if
+// again passes without an answer, the first answer of either returned: a
+// responder that died with the request in hand never answers it, and by
+// then nats-server has forgotten its subscriptions and sends the second to
+// another; a responder merely slow is answered by whichever is first.
+func RequestAgain(ctx context.Context, nc *nats.Conn, role Role, name string, msg *nats.Msg, again time.Duration) (*nats.Msg, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the request still out is given up
+	type answer struct {
+		msg *nats.Msg
+		err error
+	}
+	answers := make(chan answer, 2)
+	ask := func() {
+		// A message of its own each: Request sets its reply.
+		reply, err := Request(ctx, nc, role, name, &nats.Msg{Subject: msg.Subject, Header: msg.Header, Data: msg.Data})
+		answers <- answer{reply, err}
+	}
+	go ask()
+	timer := time.NewTimer(again)
+	defer timer.Stop()
+	select {
+	case a := <-answers:
+		return a.msg, a.err
+	case <-timer.C:
+	}
+	go ask()
+	a := <-answers
+	return a.msg, a.err
 }
