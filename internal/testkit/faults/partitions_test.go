@@ -258,8 +258,11 @@ func holderLost(t *testing.T, extra []string, holds ...string) {
 		t.Logf("%s: %s killed%s, %s took partition 0's seat %s later; %d needs written (%d failed); every digest current %s after the writes stopped; %d compositions answered, %d 503s, %d timed out, %d other failures",
 			fault.name, holder, map[bool]string{true: " (" + leader + ")"}[leader != ""], taker, vacant.Round(time.Millisecond),
 			acked, failed, took.Round(time.Millisecond), answered, unavailable, timedOut, len(others))
-		if timedOut > 0 && !fault.withLeader {
-			t.Errorf("%s: %d requests timed out, with no NATS server killed", fault.name, timedOut)
+		// askAll has one request out at a time: the one the killed
+		// instance held when killed, if any, is lost with it (its asker
+		// times out). One handed on to it is handed on again (relayAgain).
+		if timedOut > 1 && !fault.withLeader {
+			t.Errorf("%s: %d requests timed out, with no NATS server killed (one may have been in the killed instance's hands)", fault.name, timedOut)
 		}
 		if len(others) > 0 {
 			t.Errorf("%s: requests failed with other than a 503: %v", fault.name, others[:min(len(others), 5)])
