@@ -258,11 +258,17 @@ func TestARequestHandedToAHolderThatDiesIsHandedOnAgain(t *testing.T) {
 		if _, err := holders.Subscribe(subject, func(m *nats.Msg) { _ = m.Respond(answer) }); err != nil {
 			t.Error(err)
 		}
+		if err := holders.Flush(); err != nil { // subscribed before the request comes again
+			t.Error(err)
+		}
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := dying.AutoUnsubscribe(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := holders.Flush(); err != nil { // subscribed before the request comes
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
