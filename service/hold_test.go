@@ -167,6 +167,18 @@ func statsData(t *testing.T, svc *service.Service) *provisionerv1.EndpointStatsD
 	return nil
 }
 
+// nodesOf returns the first n node names, n0, n1 and on, of partition p of
+// a mesh of partitions.
+func nodesOf(p, partitions, n int) []string {
+	var nodes []string
+	for i := 0; len(nodes) < n; i++ {
+		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == p {
+			nodes = append(nodes, name)
+		}
+	}
+	return nodes
+}
+
 // A request about a partition no instance serves is a 503 that says so,
 // at once, not a request left to time out.
 func TestARequestAboutAPartitionNobodyServesIsA503(t *testing.T) {
@@ -175,12 +187,7 @@ func TestARequestAboutAPartitionNobodyServesIsA503(t *testing.T) {
 	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
 	nc := natstest.Connect(t, server)
 	servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1} })
-	node := ""
-	for i := 0; node == ""; i++ {
-		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
-			node = name
-		}
-	}
+	node := nodesOf(2, partitions, 1)[0]
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
 	_, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
@@ -203,12 +210,7 @@ func TestRequestsHandedOnAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = silent.Unsubscribe() }()
-	var of2 []string
-	for i := 0; len(of2) < 2; i++ {
-		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
-			of2 = append(of2, name)
-		}
-	}
+	of2 := nodesOf(2, partitions, 2)
 	operator := client.New(nc)
 	first := make(chan error, 1)
 	go func() {
@@ -243,12 +245,7 @@ func TestARequestHandedToAHolderThatDiesIsHandedOnAgain(t *testing.T) {
 	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
 	nc := natstest.Connect(t, server)
 	servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1} })
-	node := ""
-	for i := 0; node == ""; i++ {
-		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
-			node = name
-		}
-	}
+	node := nodesOf(2, partitions, 1)[0]
 	// Partition 2's first holder takes the request and dies with it:
 	// another, which answers, subscribes as it does.
 	holders := natstest.Connect(t, server)
@@ -291,12 +288,7 @@ func TestARequestHandedOnIsNotHandedOnAgain(t *testing.T) {
 		c.Partitions, c.Hold = partitions, []int{0, 1}
 		c.Observe = func(string, int, time.Duration) {}
 	})
-	node := ""
-	for i := 0; node == ""; i++ {
-		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 2 {
-			node = name
-		}
-	}
+	node := nodesOf(2, partitions, 1)[0]
 	// As another instance would hand it on, on its own inbox, but to a
 	// holder of partition 0 for a node of partition 2.
 	inbox := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".test"

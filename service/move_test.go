@@ -199,12 +199,7 @@ func TestHoldCutShortServesNothingUnread(t *testing.T) {
 	svc := servicetest.Start(t, natstest.Connect(t, server), func(c *service.Config) {
 		c.Partitions, c.Hold, c.HoldChanges = partitions, []int{0}, true
 	})
-	var node string
-	for i := 0; node == ""; i++ {
-		if name := fmt.Sprintf("n%d", i); wire.PartitionOf(name, partitions) == 1 {
-			node = name
-		}
-	}
+	node := nodesOf(1, partitions, 1)[0]
 	// Written directly (this test's identity may): partition 1 has no
 	// instance to write through.
 	needs := servicetest.Bucket(t, nc, keys.NeedsBucket)
