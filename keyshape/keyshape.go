@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/novox/mesh-provisioner/keys"
 )
@@ -27,8 +29,39 @@ type shapeToken struct {
 
 // Parse parses a key shape: dot-separated tokens, each a literal key
 // token or a placeholder <name> of Placeholders, with at most one optional
-// tail "[.tokens]" at the end.
+// tail "[.tokens]" at the end. The first maxParsed shapes are parsed once:
+// a registry has a few, which every composition reads, and parsing them for
+// each node was a tenth of the plans writer's pass over nodes of 10 x 3.
 func Parse(shape string) (Shape, error) {
+	if p, ok := parsedShapes.Load(shape); ok {
+		p := p.(parsed)
+		return p.shape, p.err
+	}
+	ks, err := parse(shape)
+	if parsedCount.Load() < maxParsed {
+		if _, loaded := parsedShapes.LoadOrStore(shape, parsed{ks, err}); !loaded {
+			parsedCount.Add(1)
+		}
+	}
+	return ks, err
+}
+
+// maxParsed bounds the shapes Parse keeps (give or take the parses that
+// race past the bound).
+const maxParsed = 1024
+
+// parsed is a shape Parse kept, or why it does not parse.
+type parsed struct {
+	shape Shape
+	err   error
+}
+
+var (
+	parsedShapes sync.Map // shape -> parsed
+	parsedCount  atomic.Int32
+)
+
+func parse(shape string) (Shape, error) {
 	required, optional := shape, ""
 	if i := strings.IndexByte(shape, '['); i >= 0 {
 		if !strings.HasSuffix(shape, "]") || !strings.HasPrefix(shape[i:], "[.") {

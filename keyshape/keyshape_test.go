@@ -105,3 +105,18 @@ func TestShapeLeadsWith(t *testing.T) {
 		})
 	}
 }
+
+// A shape parsed again, as every composition parses its registry's, is
+// the shape parsed first; one that does not parse fails again.
+func TestParseAgain(t *testing.T) {
+	t.Parallel()
+	for range 2 {
+		ks, err := keyshape.Parse("<node>.<module>.<provision>[.<local>]")
+		if err != nil || ks.String() != "<node>.<module>.<provision>[.<local>]" || !ks.LeadsWith("node") {
+			t.Errorf("Parse() = %v, %v", ks, err)
+		}
+		if _, err := keyshape.Parse("<node>.<nobody>"); !errors.Is(err, keyshape.ErrInvalid) {
+			t.Errorf("Parse(<node>.<nobody>) = %v, want ErrInvalid", err)
+		}
+	}
+}

@@ -286,3 +286,23 @@ func BenchmarkRegistryEntryChanged(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSmallNodeChanged is the writer's cost a node of bench-scale's
+// mesh (10 modules x 3 needs) when a registry entry nearly every node
+// names changes: each node composed again with that kind forgotten, as a
+// pass does.
+//
+//	go test ./service/plans -run '^$' -bench BenchmarkSmallNodeChanged
+func BenchmarkSmallNodeChanged(b *testing.B) {
+	m, mesh, _ := meshCopy(b, synth.Config{Nodes: 2000, Modules: 10, Needs: 3})
+	kept := make([]*plans.Kept, len(mesh.Nodes))
+	for i, n := range mesh.Nodes {
+		_, kept[i] = plans.ComposeChanged(m, n.Name, nil)
+	}
+	i := 0
+	for b.Loop() {
+		j := i % len(mesh.Nodes)
+		_, kept[j] = plans.ComposeChanged(m, mesh.Nodes[j].Name, kept[j].Forgetting([]string{"config"}, nil))
+		i++
+	}
+}
