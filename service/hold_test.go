@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"google.golang.org/protobuf/proto"
 
@@ -179,15 +180,26 @@ func nodesOf(p, partitions, n int) []string {
 	return nodes
 }
 
+// relayingPartitions is how many partitions the mesh of startRelaying has.
+const relayingPartitions = 4
+
+// startRelaying starts a nats-server that maps relayingPartitions
+// partitions, and on it a service that serves partitions 0 and 1, further
+// configured by options: it hands on the requests about nodes of 2 and 3.
+func startRelaying(t *testing.T, options ...func(*service.Config)) (*server.Server, *nats.Conn, *service.Service) {
+	t.Helper()
+	srv := natstest.StartWithConfig(t, permissions.MappingsConfig(relayingPartitions))
+	nc := natstest.Connect(t, srv)
+	holds := func(c *service.Config) { c.Partitions, c.Hold = relayingPartitions, []int{0, 1} }
+	return srv, nc, servicetest.Start(t, nc, append([]func(*service.Config){holds}, options...)...)
+}
+
 // A request about a partition no instance serves is a 503 that says so,
 // at once, not a request left to time out.
 func TestARequestAboutAPartitionNobodyServesIsA503(t *testing.T) {
 	t.Parallel()
-	const partitions = 4
-	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
-	nc := natstest.Connect(t, server)
-	servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1} })
-	node := nodesOf(2, partitions, 1)[0]
+	_, nc, _ := startRelaying(t)
+	node := nodesOf(2, relayingPartitions, 1)[0]
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
 	_, err := client.New(nc).Compose(ctx, &provisionerv1.ComposeRequest{Node: node})
@@ -200,17 +212,14 @@ func TestARequestAboutAPartitionNobodyServesIsA503(t *testing.T) {
 // revisions does: past MaxWaiting of them at once, a 503 that says so.
 func TestRequestsHandedOnAreBounded(t *testing.T) {
 	t.Parallel()
-	const partitions = 4
-	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
-	nc := natstest.Connect(t, server)
-	svc := servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold, c.MaxWaiting = partitions, []int{0, 1}, 1 })
+	_, nc, svc := startRelaying(t, func(c *service.Config) { c.MaxWaiting = 1 })
 	// A holder of partition 2 that never answers.
 	silent, err := nc.Subscribe(wire.RelaySubject(2, wire.ComposeSubject), func(*nats.Msg) {})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = silent.Unsubscribe() }()
-	of2 := nodesOf(2, partitions, 2)
+	of2 := nodesOf(2, relayingPartitions, 2)
 	operator := client.New(nc)
 	first := make(chan error, 1)
 	go func() {
@@ -241,14 +250,11 @@ func TestRequestsHandedOnAreBounded(t *testing.T) {
 // asker is answered, rather than left waiting for relayWait (10 s).
 func TestARequestHandedToAHolderThatDiesIsHandedOnAgain(t *testing.T) {
 	t.Parallel()
-	const partitions = 4
-	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
-	nc := natstest.Connect(t, server)
-	servicetest.Start(t, nc, func(c *service.Config) { c.Partitions, c.Hold = partitions, []int{0, 1} })
-	node := nodesOf(2, partitions, 1)[0]
+	srv, nc, _ := startRelaying(t)
+	node := nodesOf(2, relayingPartitions, 1)[0]
 	// Partition 2's first holder takes the request and dies with it:
 	// another, which answers, subscribes as it does.
-	holders := natstest.Connect(t, server)
+	holders := natstest.Connect(t, srv)
 	subject := wire.RelaySubject(2, wire.ComposeSubject)
 	answer, _ := proto.Marshal(&provisionerv1.ComposeResponse{Node: node, PlanDigest: "the second holder's"})
 	dying, err := holders.Subscribe(subject, func(*nats.Msg) {
@@ -281,14 +287,8 @@ func TestARequestHandedToAHolderThatDiesIsHandedOnAgain(t *testing.T) {
 // who holds what would otherwise pass it round.
 func TestARequestHandedOnIsNotHandedOnAgain(t *testing.T) {
 	t.Parallel()
-	const partitions = 4
-	server := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
-	nc := natstest.Connect(t, server)
-	servicetest.Start(t, nc, func(c *service.Config) {
-		c.Partitions, c.Hold = partitions, []int{0, 1}
-		c.Observe = func(string, int, time.Duration) {}
-	})
-	node := nodesOf(2, partitions, 1)[0]
+	_, nc, _ := startRelaying(t, func(c *service.Config) { c.Observe = func(string, int, time.Duration) {} })
+	node := nodesOf(2, relayingPartitions, 1)[0]
 	// As another instance would hand it on, on its own inbox, but to a
 	// holder of partition 0 for a node of partition 2.
 	inbox := wire.InboxPrefix(wire.RoleServer, wire.ServerIdentity) + ".test"
