@@ -176,11 +176,12 @@ conformance: build python-venv clients/ts/node_modules/.package-lock.json ## Run
 		.venv/bin/pytest -v tests/test_conformance.py
 
 .PHONY: fuzz
-fuzz: ## Fuzz the key parsers, the collection escape, the applied records' builds read in place and the plans writer's digest against the composition's (FUZZTIME each, default 1m)
+fuzz: ## Fuzz the key parsers, the collection escape, the applied records' builds read in place, the plans writer's digest against the composition's and the digest's collected items against their encoding (FUZZTIME each, default 1m)
 	go test ./keys -run '^$$' -fuzz '^FuzzCollectionEscape$$' -fuzztime $(or $(FUZZTIME),1m)
 	go test ./keys -run '^$$' -fuzz '^FuzzParseKeys$$' -fuzztime $(or $(FUZZTIME),1m)
 	go test ./internal/mirror -run '^$$' -fuzz '^FuzzReadBuilds$$' -fuzztime $(or $(FUZZTIME),1m)
 	go test ./compose -run '^$$' -fuzz '^FuzzPlanDigest$$' -fuzztime $(or $(FUZZTIME),1m)
+	go test ./compose -run '^$$' -fuzz '^FuzzAppendCollectItem$$' -fuzztime $(or $(FUZZTIME),1m)
 
 .PHONY: bench
 bench: ## Compose benchmarks: a node (vs a by-key composer that reads providers' entries and manifests too), a 1,000-node mesh (and its decoding alone), two builds vs one, a node's plan digest (vs SHA-256 alone of its bytes); MESH_COMPOSE_CAPTURE=file to replay a capture

@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/zeebo/xxh3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -436,7 +438,7 @@ func collectionSum[T collected](c *collectionSums, collection string, items []T)
 	b := binary.AppendUvarint(c.scratch[:0], uint64(len(items)))
 	for _, it := range items {
 		b = appendString(b, it.GetContributor())
-		b = appendMessage(b, it.GetItem())
+		b = appendCollectItem(b, it.GetItem())
 	}
 	c.scratch = b
 	sum := xxh3.Hash128(b).Bytes()
@@ -445,4 +447,68 @@ func collectionSum[T collected](c *collectionSums, collection string, items []T)
 	}
 	c.sums[collection] = sum
 	return sum
+}
+
+// appendCollectItem appends item as appendMessage does: its deterministic
+// encoding, length-prefixed. It is written with protowire rather than by
+// protobuf-go's marshalling, which sorts the attributes' keys through
+// reflection and was four fifths of hashing a node's collections (a tenth
+// of composing a 60 x 25 node, BenchmarkComposeNode). An item holding
+// fields unknown to this build, or strings that are not UTF-8 (which do
+// not marshal), is left to appendMessage. TestAppendCollectItem holds the
+// two to the same bytes.
+func appendCollectItem(b []byte, item *provisionerv1.CollectItem) []byte {
+	if item == nil || len(item.ProtoReflect().GetUnknown()) > 0 || !utf8.ValidString(item.GetValue()) {
+		return appendMessage(b, item)
+	}
+	attributes := item.GetAttributes()
+	var inline [4]string
+	names := inline[:0]
+	size := 0
+	if v := item.GetValue(); v != "" {
+		size += protowire.SizeTag(collectItemValue) + protowire.SizeBytes(len(v))
+	}
+	if o := item.GetOrder(); o != 0 {
+		size += protowire.SizeTag(collectItemOrder) + protowire.SizeVarint(uint64(int64(o)))
+	}
+	for name, value := range attributes {
+		if !utf8.ValidString(name) || !utf8.ValidString(value) {
+			return appendMessage(b, item)
+		}
+		names = append(names, name)
+		size += protowire.SizeTag(collectItemAttributes) + protowire.SizeBytes(attributeSize(name, value))
+	}
+	b = protowire.AppendVarint(b, uint64(size))
+	if v := item.GetValue(); v != "" {
+		b = protowire.AppendTag(b, collectItemValue, protowire.BytesType)
+		b = protowire.AppendString(b, v)
+	}
+	if o := item.GetOrder(); o != 0 {
+		b = protowire.AppendTag(b, collectItemOrder, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(int64(o)))
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		value := attributes[name]
+		b = protowire.AppendTag(b, collectItemAttributes, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(attributeSize(name, value)))
+		// A map entry's key and value are written even when empty.
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, name)
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, value)
+	}
+	return b
+}
+
+// CollectItem's fields, in the order a deterministic encoding writes them.
+const (
+	collectItemValue      protowire.Number = 1
+	collectItemOrder      protowire.Number = 2
+	collectItemAttributes protowire.Number = 3
+)
+
+// attributeSize is the size of an attribute's map entry.
+func attributeSize(name, value string) int {
+	return 2*protowire.SizeTag(1) + protowire.SizeBytes(len(name)) + protowire.SizeBytes(len(value))
 }

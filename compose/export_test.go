@@ -10,3 +10,11 @@ func DigestedBytes(c *provisionerv1.ComposeResponse) int {
 	hashed := g.hashed
 	return hashed
 }
+
+// AppendCollectItem and AppendMessage are the digest's two writers of a
+// collected item, which TestAppendCollectItem holds to the same bytes.
+func AppendCollectItem(b []byte, item *provisionerv1.CollectItem) []byte {
+	return appendCollectItem(b, item)
+}
+
+func AppendMessage(b []byte, item *provisionerv1.CollectItem) []byte { return appendMessage(b, item) }
