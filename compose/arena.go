@@ -1,6 +1,10 @@
 package compose
 
-import provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+import (
+	"unsafe"
+
+	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+)
 
 // Arena holds the messages of compositions' plan items and collected items
 // in arrays, one element a need (or a collection item), rather than
@@ -26,10 +30,12 @@ type Arena struct {
 	// digests is Digest's: its buffers and collections' sums, kept from
 	// one digest to the next.
 	digests grouper
+	// text holds the strings of the plan items' and provisions' keys.
+	text texts
 }
 
 // Reset readies the arena for other compositions: the messages it made are
-// cleared, to be made again. Call it only once nothing reads the
+// cleared, to be made again, and the strings of their keys overwritten. Call it only once nothing reads the
 // compositions made with it, nor anything taken from them.
 func (a *Arena) Reset() {
 	a.items = reset(a.items)
@@ -37,6 +43,7 @@ func (a *Arena) Reset() {
 	a.keys = reset(a.keys)
 	a.collects = reset(a.collects)
 	a.provisions = reset(a.provisions)
+	a.text.reset()
 }
 
 // Digest returns Digest(c), made in buffers the arena keeps from one
@@ -100,3 +107,26 @@ func (a *Arena) collected(it *provisionerv1.CollectRecord) *provisionerv1.Collec
 	c.Contributor, c.Item, c.Revision = it.GetContributor(), it.GetItem(), it.GetRevision()
 	return c
 }
+
+// texts makes strings of bytes in an array it reuses once reset, rather
+// than an allocation a string: a plan item's key was more than half of a
+// composition's allocations. The strings are valid until the reset, as
+// the messages of an Arena are. A full array is replaced, never grown in
+// place, so that the strings made in it stay as they are; the zero texts
+// is ready, and a nil one makes strings of their own.
+type texts struct{ buf []byte }
+
+func (t *texts) string(b []byte) string {
+	if t == nil || len(b) == 0 {
+		return string(b)
+	}
+	if cap(t.buf)-len(t.buf) < len(b) {
+		t.buf = make([]byte, 0, max(2*cap(t.buf), len(b), 4096))
+	}
+	start := len(t.buf)
+	t.buf = append(t.buf, b...)
+	return unsafe.String(&t.buf[start], len(b))
+}
+
+// reset readies the array for strings again: those made are overwritten.
+func (t *texts) reset() { t.buf = t.buf[:0] }

@@ -25,7 +25,8 @@ type Sources struct {
 	// from its applied record; empty when it names none.
 	Builds func(node, module string) (wanted, newest string)
 	// Bound returns the revision of key in a provider's bucket: zero while
-	// the provider has not bound it.
+	// the provider has not bound it. key is made in the composition's
+	// Arena: keep a copy (strings.Clone), not key, past the call.
 	Bound func(bucket, key string) uint64
 	// Manifest returns a provider's manifest, or nil when it has none.
 	Manifest func(provider string) *provisionerv1.ManifestRecord
@@ -42,8 +43,8 @@ type Input struct {
 	Malformed []*provisionerv1.MalformedKey
 	// Items are the node's collection items in key order.
 	Items []*provisionerv1.CollectRecord
-	// Arena is where the composition's plan items and collected items are
-	// made; nil, a new one.
+	// Arena is where the composition's plan items, collected items and
+	// their keys' strings are made; nil, a new one.
 	Arena *Arena
 	// Revisions are those of the copy the input was read from.
 	Revisions *provisionerv1.Revisions
@@ -81,8 +82,11 @@ type resolver struct {
 	last     *resolved
 	// The builds of the last module met, for the same reason.
 	lastModule builds
-	// key is where each need's key is rendered, read before the next.
-	key []byte
+	// key is where each need's key is rendered, read before the next, and
+	// text where the string of it is made, when it is made: an arena's,
+	// or nil for strings of their own.
+	key  []byte
+	text *texts
 }
 
 // builds are a module's builds on a node: wanted, then newest, once each
@@ -231,7 +235,9 @@ func NewComposer(in Input) *Composer {
 	if arena == nil {
 		arena = new(Arena)
 	}
-	return &Composer{in: in, rs: newResolver(in.Sources), arena: arena}
+	rs := newResolver(in.Sources)
+	rs.text = &arena.text
+	return &Composer{in: in, rs: rs, arena: arena}
 }
 
 // Part composes needs and malformed keys of the Composer's node, each in
@@ -342,9 +348,10 @@ type resolution struct {
 	verb   *provisionerv1.VerbSource
 	bucket string
 	// key is rendered in the resolver's buffer: read it before the next
-	// need is resolved. keyString is it as a string, once made.
+	// need is resolved. keyString is it as a string, once made in text.
 	key        []byte
 	keyString  string
+	text       *texts
 	collection string
 	// provided says the need asks provider for a provision: the entry is
 	// answered by each provider.
@@ -358,7 +365,7 @@ type resolution struct {
 // keyOf returns the key as a string, made once.
 func (res *resolution) keyOf() string {
 	if res.keyString == "" {
-		res.keyString = string(res.key)
+		res.keyString = res.text.string(res.key)
 	}
 	return res.keyString
 }
@@ -435,7 +442,7 @@ func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *
 	if err != nil {
 		return refuse(provisionerv1.RefusalReason_REFUSAL_REASON_UNFILLABLE_KEY_SHAPE, "%v", err)
 	}
-	res.key = rs.key
+	res.key, res.text = rs.key, rs.text
 	if !r.perProvider {
 		return res, nil
 	}

@@ -224,6 +224,26 @@ func TestComposeWithAReusedArena(t *testing.T) {
 	}
 }
 
+// An arena not reset keeps every composition made in it as it was made:
+// many compositions, enough to fill the arena's arrays and replace them.
+func TestArenaKeepsCompositionsUntilReset(t *testing.T) {
+	t.Parallel()
+	cases := composeCases()
+	arena := new(compose.Arena)
+	var made []*provisionerv1.ComposeResponse
+	for range 50 {
+		for _, tt := range cases {
+			made = append(made, compose.Compose(tt.input(arena)))
+		}
+	}
+	for i, got := range made {
+		tt := cases[i%len(cases)]
+		if diff := cmp.Diff(tt.want, got, protocmp.Transform(), ignorePhases); diff != "" {
+			t.Fatalf("%s, composition %d of the arena, read once %d more were made (-want +got):\n%s", tt.name, i, len(made)-1-i, diff)
+		}
+	}
+}
+
 // A composition made a module at a time by one Composer is the composition
 // of all the needs at once, and its parts' DigestParts digest it as Digest
 // digests it whole: each case, and the needs of every case at once, with

@@ -31,8 +31,10 @@ type PlanDigester struct {
 	outOfOrder  bool
 	lastRefusal string
 	collections collectionSums
-	// provisionScratch holds each provision while it is appended.
+	// provisionScratch holds each provision while it is appended, and
+	// text the strings of the keys of one composition.
 	provisionScratch provisionerv1.Provision
+	text             texts
 	// cache and loadItems are SumsOf's: the caller's sums of the node's
 	// collections, and what reads the node's items when one is missing.
 	cache     *CollectionCache
@@ -74,7 +76,9 @@ func (d *PlanDigester) Sums(in Input) (sums []ModuleSum, ok bool) {
 func (d *PlanDigester) SumsOf(in Input, cache *CollectionCache, items func() []*provisionerv1.CollectRecord) (sums []ModuleSum, ok bool) {
 	d.reset()
 	d.in, d.cache, d.loadItems = &in, cache, items
-	newResolver(in.Sources).walk(&in, in.Needs, d)
+	rs := newResolver(in.Sources)
+	rs.text = &d.text
+	rs.walk(&in, in.Needs, d)
 	d.closeGroup()
 	d.in, d.cache, d.loadItems = nil, nil, nil
 	return d.groups, !d.outOfOrder
@@ -217,6 +221,7 @@ func (d *PlanDigester) reset() {
 	clear(d.collections.sums)
 	clear(d.byCollection)
 	d.grouped = false
+	d.text.reset()
 	d.planOf, d.wanted, d.newest = "", "", ""
 }
 
