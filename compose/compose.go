@@ -87,6 +87,8 @@ type resolver struct {
 	// or nil for strings of their own.
 	key  []byte
 	text *texts
+	// collection is where each need's collection is rendered.
+	collection []byte
 }
 
 // builds are a module's builds on a node: wanted, then newest, once each
@@ -261,11 +263,7 @@ func (c *Composer) Part(needs []*provisionerv1.NeedRecord, malformed []*provisio
 
 	if len(p.collections) > 0 {
 		if c.byCollection == nil {
-			c.byCollection = map[string][]*provisionerv1.CollectedItem{}
-			c.arena.reserveCollected(len(in.Items))
-			for _, it := range in.Items {
-				c.byCollection[it.GetCollection()] = append(c.byCollection[it.GetCollection()], c.arena.collected(it))
-			}
+			c.byCollection = collectedBy(in.Items, c.arena)
 		}
 		for _, item := range p.collections {
 			item.Items = c.byCollection[item.GetCollection()]
@@ -273,6 +271,33 @@ func (c *Composer) Part(needs []*provisionerv1.NeedRecord, malformed []*provisio
 	}
 	out.Phases = append(out.Phases, phase("items", time.Since(mark)))
 	return out
+}
+
+// collectedBy returns the items of each collection, made in arena. Items in
+// key order hold each collection's together: its list is a window on one
+// array of them all, and only a collection met again after another (items
+// out of order) gets an array of its own.
+func collectedBy(items []*provisionerv1.CollectRecord, arena *Arena) map[string][]*provisionerv1.CollectedItem {
+	arena.reserveCollected(len(items))
+	all := make([]*provisionerv1.CollectedItem, len(items))
+	for i, it := range items {
+		all[i] = arena.collected(it)
+	}
+	by := map[string][]*provisionerv1.CollectedItem{}
+	for start := 0; start < len(items); {
+		collection := items[start].GetCollection()
+		end := start + 1
+		for end < len(items) && items[end].GetCollection() == collection {
+			end++
+		}
+		if list, ok := by[collection]; ok {
+			by[collection] = append(list[:len(list):len(list)], all[start:end]...)
+		} else {
+			by[collection] = all[start:end:end]
+		}
+		start = end
+	}
+	return by
 }
 
 // partSink makes the messages of a Part as walk composes it.
@@ -288,7 +313,8 @@ type partSink struct {
 }
 
 func (p *partSink) plan(module string, b *builds) {
-	p.plans = &provisionerv1.ModulePlan{Module: module, WantedBuild: b.wanted, NewestBuild: b.newest}
+	p.plans = p.arena.plan()
+	p.plans.Module, p.plans.WantedBuild, p.plans.NewestBuild = module, b.wanted, b.newest
 	p.out.Plans = append(p.out.Plans, p.plans)
 	p.planStart = len(p.items)
 }
@@ -376,7 +402,7 @@ func (res *resolution) item(need *provisionerv1.NeedRecord, builds []string, are
 	item.Kind, item.Name, item.Placeholder = need.GetKind(), need.GetName(), need.GetNeed().GetPlaceholder()
 	item.Owner, item.Revision, item.Builds, item.Collection = res.owner, need.GetRevision(), builds, res.collection
 	if res.verb != nil {
-		item.Location = &provisionerv1.PlanItem_Verb{Verb: res.verb}
+		item.Location = arena.verb(res.verb)
 	} else {
 		item.Location = arena.bucketKey(res.bucket, res.keyOf())
 	}
@@ -390,6 +416,16 @@ func (res *resolution) fillProvision(p *provisionerv1.Provision, need *provision
 	p.Module, p.Provision, p.Local, p.Name = need.GetModule(), res.provision, need.GetNeed().GetLocal(), need.GetName()
 	p.Builds, p.BoundRevision, p.ManifestDigest = builds, res.bound, res.manifestDigest
 	return p
+}
+
+// collectionOf returns keyshape.CollectionOf(template, kind, name), made
+// in the resolver's text: a collection that is the name is the name.
+func (rs *resolver) collectionOf(template, kind, name string) string {
+	rs.collection = keyshape.AppendCollection(rs.collection[:0], template, kind, name)
+	if string(rs.collection) == name {
+		return name
+	}
+	return rs.text.string(rs.collection)
 }
 
 // resolveNeed resolves one need of the builds given: what its plan item is
@@ -433,7 +469,7 @@ func (rs *resolver) resolveNeed(node string, need *provisionerv1.NeedRecord, r *
 	}
 	var err error
 	if tmpl := source.GetCollection(); tmpl != "" {
-		res.collection = keyshape.CollectionOf(tmpl, need.GetKind(), need.GetName())
+		res.collection = rs.collectionOf(tmpl, need.GetKind(), need.GetName())
 		values.Collection = res.collection
 		rs.key, err = r.shape.AppendFilter(rs.key[:0], values)
 	} else {

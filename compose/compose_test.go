@@ -335,3 +335,49 @@ func needKey(t *testing.T, n *provisionerv1.NeedRecord) string {
 	}
 	return key
 }
+
+// Each plan item that reads a collection lists that collection's items in
+// the order given, whether the items come in key order (each collection's
+// together) or not.
+func TestComposeListsEachCollectionsItems(t *testing.T) {
+	t.Parallel()
+	item := func(collection, contributor string) *provisionerv1.CollectRecord {
+		return &provisionerv1.CollectRecord{Node: "ace", Collection: collection, Contributor: contributor, Item: &provisionerv1.CollectItem{Value: contributor}}
+	}
+	needs := []*provisionerv1.NeedRecord{
+		{Node: "ace", Module: "db", Kind: "shell", Name: "bash", Need: &provisionerv1.Need{}},
+		{Node: "ace", Module: "web", Kind: "shell", Name: "bash", Need: &provisionerv1.Need{}},
+		{Node: "ace", Module: "web", Kind: "shell", Name: "zsh", Need: &provisionerv1.Need{}},
+	}
+	entries := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		entries[e.GetKind()] = e
+	}
+	for _, tt := range []struct {
+		name  string
+		items []*provisionerv1.CollectRecord
+		want  map[string][]string // contributors by collection
+	}{
+		{"in key order", []*provisionerv1.CollectRecord{item("shell:bash", "db"), item("shell:bash", "web"), item("shell:zsh", "web")},
+			map[string][]string{"shell:bash": {"db", "web"}, "shell:zsh": {"web"}}},
+		{"a collection met again", []*provisionerv1.CollectRecord{item("shell:bash", "db"), item("shell:zsh", "web"), item("shell:bash", "web"), item("shell:zsh", "db")},
+			map[string][]string{"shell:bash": {"db", "web"}, "shell:zsh": {"web", "db"}}},
+		{"none", nil, map[string][]string{}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			got := compose.Compose(compose.Input{Node: "ace", Needs: needs, Items: tt.items, Sources: compose.Sources{Registry: func(k string) *provisionerv1.RegistryEntry { return entries[k] }}})
+			for _, plan := range got.GetPlans() {
+				for _, it := range plan.GetItems() {
+					var contributors []string
+					for _, c := range it.GetItems() {
+						contributors = append(contributors, c.GetContributor())
+					}
+					if diff := cmp.Diff(tt.want[it.GetCollection()], contributors); diff != "" {
+						t.Errorf("%s's item of %s lists (-want +got):\n%s", plan.GetModule(), it.GetCollection(), diff)
+					}
+				}
+			}
+		})
+	}
+}

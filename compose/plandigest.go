@@ -1,6 +1,8 @@
 package compose
 
 import (
+	"strings"
+
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 )
 
@@ -240,5 +242,6 @@ func (c *CollectionCache) put(collection string, sum [16]byte) {
 	if c.sums == nil {
 		c.sums = map[string][16]byte{}
 	}
-	c.sums[collection] = sum
+	// Kept past the composition, whose text made collection.
+	c.sums[strings.Clone(collection)] = sum
 }
