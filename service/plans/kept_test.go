@@ -306,3 +306,23 @@ func BenchmarkSmallNodeChanged(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkMidNodeChanged is BenchmarkSmallNodeChanged for a node of
+// bench-plans' mesh (30 modules x 10 needs) and the kind its registry
+// change renames a bucket of ("access", which about two modules in five
+// of such a node name): the modules that name it composed again.
+//
+//	go test ./service/plans -run '^$' -bench BenchmarkMidNodeChanged
+func BenchmarkMidNodeChanged(b *testing.B) {
+	m, mesh, _ := meshCopy(b, synth.Config{Nodes: 1000, Modules: 30, Needs: 10})
+	kept := make([]*plans.Kept, len(mesh.Nodes))
+	for i, n := range mesh.Nodes {
+		_, kept[i] = plans.ComposeChanged(m, n.Name, nil)
+	}
+	i := 0
+	for b.Loop() {
+		j := i % len(mesh.Nodes)
+		_, kept[j] = plans.ComposeChanged(m, mesh.Nodes[j].Name, kept[j].Forgetting([]string{"access"}, nil))
+		i++
+	}
+}
