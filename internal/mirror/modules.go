@@ -42,11 +42,12 @@ func (c *Copy[R]) Odd(first string) []*Entry[R] {
 	return odd
 }
 
-// RangeInto returns the entries of the group first held well formed whose
-// keys start with prefix, in key order, decoded in scratch's arrays as
-// GroupInto decodes (a view kept already is read, not decoded): for a
-// reader of one module's needs of a node, which decodes no other's.
-func (c *Copy[R]) RangeInto(first, prefix string, scratch *Scratch[R]) []*Entry[R] {
+// RangesInto returns the entries of the group first held well formed whose
+// keys start with any of prefixes, in key order (prefixes given in key
+// order, none starting another), decoded in scratch's arrays as GroupInto
+// decodes (a view kept already is read, not decoded): for a reader of
+// some modules' needs of a node, which decodes no other's, in one walk.
+func (c *Copy[R]) RangesInto(first string, prefixes []string, scratch *Scratch[R]) []*Entry[R] {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	g := c.groups[first]
@@ -54,33 +55,43 @@ func (c *Copy[R]) RangeInto(first, prefix string, scratch *Scratch[R]) []*Entry[
 		return nil
 	}
 	if v := g.view.Load(); v != nil {
-		return withPrefix(v.entries, prefix)
+		var entries []*Entry[R]
+		for _, prefix := range prefixes {
+			entries = appendWithPrefix(entries, v.entries, prefix)
+		}
+		return entries
 	}
 	slots := g.inOrder()
-	lo, _ := slices.BinarySearchFunc(slots, prefix, func(s slot, p string) int { return strings.Compare(s.key(), p) })
-	hi := lo
-	for hi < len(slots) && strings.HasPrefix(slots[hi].key(), prefix) {
-		hi++
+	ranges := make([][2]int, 0, len(prefixes))
+	n := 0
+	for _, prefix := range prefixes {
+		lo, _ := slices.BinarySearchFunc(slots, prefix, func(s slot, p string) int { return strings.Compare(s.key(), p) })
+		hi := lo
+		for hi < len(slots) && strings.HasPrefix(slots[hi].key(), prefix) {
+			hi++
+		}
+		ranges = append(ranges, [2]int{lo, hi})
+		n += hi - lo
 	}
-	n := hi - lo
 	entries := cleared(&scratch.entries, n)
 	if n == 0 {
 		return entries
 	}
 	made, record := cleared(&scratch.made, n), c.recordsOf(n, &scratch.records)
-	for _, s := range slots[lo:hi] {
-		key, value := s.key(), s.value()
-		// made never grows past its capacity: its elements do not move.
-		made = append(made, Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision})
-		entries = append(entries, &made[len(made)-1])
+	for _, r := range ranges {
+		for _, s := range slots[r[0]:r[1]] {
+			key, value := s.key(), s.value()
+			// made never grows past its capacity: its elements do not move.
+			made = append(made, Entry[R]{Key: key, Record: record(key, value, s.revision), size: int32(len(value)), revision: s.revision})
+			entries = append(entries, &made[len(made)-1])
+		}
 	}
 	return entries
 }
 
-// withPrefix returns the well-formed entries of a view whose keys start
-// with prefix.
-func withPrefix[R proto.Message](entries []*Entry[R], prefix string) []*Entry[R] {
-	var out []*Entry[R]
+// appendWithPrefix appends to out the well-formed entries of a view whose
+// keys start with prefix.
+func appendWithPrefix[R proto.Message](out, entries []*Entry[R], prefix string) []*Entry[R] {
 	for _, e := range entries {
 		if e.Malformed == nil && strings.HasPrefix(e.Key, prefix) {
 			out = append(out, e)

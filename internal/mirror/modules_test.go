@@ -18,21 +18,32 @@ func TestOneModulesNeeds(t *testing.T) {
 	for i, key := range []string{"a.web.port.http", "a.web-x.port.http", "a.web.dir.state", "a.db.port.pg", "a.web.port.bad name", "b.web.port.http"} {
 		c.Apply(key, need(t), uint64(i+1), false)
 	}
-	want := []string{"a.web.dir.state", "a.web.port.http"}
 	var scratch Scratch[*provisionerv1.NeedRecord]
-	if diff := cmp.Diff(want, keysOf(c.RangeInto("a", "a.web.", &scratch))); diff != "" {
-		t.Errorf("RangeInto(a, a.web.) decoded (-want +got):\n%s", diff)
+	for _, tt := range []struct {
+		prefixes []string
+		want     []string
+	}{
+		{[]string{"a.web."}, []string{"a.web.dir.state", "a.web.port.http"}},
+		{[]string{"a.db.", "a.web."}, []string{"a.db.port.pg", "a.web.dir.state", "a.web.port.http"}},
+		{[]string{"a.db.", "a.web-x.", "a.web."}, []string{"a.db.port.pg", "a.web-x.port.http", "a.web.dir.state", "a.web.port.http"}},
+		{[]string{"a.cache.", "a.web-x."}, []string{"a.web-x.port.http"}},
+		{nil, []string{}},
+	} {
+		if diff := cmp.Diff(tt.want, keysOf(c.RangesInto("a", tt.prefixes, &scratch))); diff != "" {
+			t.Errorf("RangesInto(a, %q) decoded (-want +got):\n%s", tt.prefixes, diff)
+		}
 	}
+	want := []string{"a.db.port.pg", "a.web.dir.state", "a.web.port.http"}
 	c.Group("a") // a view kept: read, not decoded
-	got := c.RangeInto("a", "a.web.", &scratch)
+	got := c.RangesInto("a", []string{"a.db.", "a.web."}, &scratch)
 	if diff := cmp.Diff(want, keysOf(got)); diff != "" {
-		t.Errorf("RangeInto(a, a.web.) from the view (-want +got):\n%s", diff)
+		t.Errorf("RangesInto(a, a.db., a.web.) from the view (-want +got):\n%s", diff)
 	}
-	if got[0].Record.GetModule() != "web" || got[0].Record.GetKind() != "dir" {
-		t.Errorf("RangeInto's first record: %v", got[0].Record)
+	if got[1].Record.GetModule() != "web" || got[1].Record.GetKind() != "dir" {
+		t.Errorf("RangesInto's second record: %v", got[1].Record)
 	}
-	if none := c.RangeInto("c", "c.web.", &scratch); len(none) != 0 {
-		t.Errorf("RangeInto of a node without needs: %v", keysOf(none))
+	if none := c.RangesInto("c", []string{"c.web."}, &scratch); len(none) != 0 {
+		t.Errorf("RangesInto of a node without needs: %v", keysOf(none))
 	}
 
 	var heard []string

@@ -197,13 +197,13 @@ func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
 		scratch.items = mirror.WellFormed(scratch.items[:0], entries)
 		return scratch.items
 	}
-	if kept == nil || 4*count(changed) > len(changed) {
-		// More than a quarter of the modules changed: the node's needs
-		// decoded at once and walked once. A module composed alone costs
-		// some three times its share of a whole walk (each resolves the
-		// registry entries it reads again): at half, a registry entry's
-		// change composed 30 x 10 nodes 30% slower module by module
-		// (bench-plans).
+	if kept == nil || 4*count(changed) > 3*len(changed) {
+		// More than three quarters of the modules changed: the node's
+		// needs decoded and walked whole. With every module changed, the
+		// changed modules' walk (finding each module's needs apart, and
+		// its builds) was 5% slower than the whole node's
+		// (BenchmarkRegistryEntryChanged); with two in five, 0.6 times the
+		// whole's (BenchmarkMidNodeChanged).
 		entries, _, _ := m.Needs.GroupInto(node, &scratch.needs)
 		builds, _ := m.BuildsOf(node)
 		in := compose.Input{Node: node, Sources: r.hear(m.Sources(&builds))}
@@ -224,10 +224,22 @@ func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
 			return composeWhole(m, node), nil // a group of no module marked: never so
 		}
 	} else {
-		// Each module's builds read in place as the walk asks
-		// (Sources(nil)): of a few modules, rather than all of the
-		// node's (BuildsOf).
+		// The changed modules' needs walked at once, each module's builds
+		// read in place as the walk asks (Sources(nil)): of a few modules,
+		// rather than all of the node's (BuildsOf).
+		prefixes := make([]string, 0, len(marks))
+		for i, mk := range marks {
+			if changed[i] {
+				prefixes = append(prefixes, node+"."+mk.module+".")
+			}
+		}
 		in := compose.Input{Node: node, Sources: r.hear(m.Sources(nil))}
+		in.Needs, _ = mirror.SplitNeeds(scratch.records[:0], nil, m.Needs.RangesInto(node, prefixes, &scratch.needs))
+		sums, ok := scratch.digester.SumsOf(in, &next.collections, loadItems)
+		scratch.records = emptied(in.Needs)
+		if !ok {
+			return composeWhole(m, node), nil // not in key order, which the copy's keys are
+		}
 		old := keptModules(kept)
 		for i, mk := range marks {
 			for len(old) > 0 && compose.ModuleOrder(old[0].module, mk.module) < 0 {
@@ -237,23 +249,19 @@ func ComposeChanged(m *mirror.Mirror, node string, kept *Kept) (Plan, *Kept) {
 				next.modules = append(next.modules, old[0]) // kept holds it as it is
 				continue
 			}
-			entries := m.Needs.RangeInto(node, node+"."+mk.module+".", &scratch.needs)
-			in.Needs, _ = mirror.SplitNeeds(scratch.records[:0], nil, entries)
-			sums, ok := scratch.digester.SumsOf(in, &next.collections, loadItems)
-			scratch.records = emptied(in.Needs)
-			if !ok || len(sums) > 1 {
-				return composeWhole(m, node), nil // not in key order, which the copy's keys are
-			}
 			km := keptModule{module: mk.module, mark: mk.mark}
 			if len(old) > 0 && old[0].module == mk.module {
 				km.module = old[0].module // a clone of its own already
 			} else {
 				km.module = strings.Clone(mk.module)
 			}
-			if len(sums) == 1 {
-				km.sum, km.grouped = sums[0].Sum, true
+			if len(sums) > 0 && sums[0].Module == mk.module {
+				km.sum, km.grouped, sums = sums[0].Sum, true, sums[1:]
 			}
 			next.modules = append(next.modules, km)
+		}
+		if len(sums) > 0 {
+			return composeWhole(m, node), nil // a group of no module changed: never so
 		}
 	}
 	scratch.items = emptied(scratch.items)
