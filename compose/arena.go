@@ -39,8 +39,9 @@ type Arena struct {
 }
 
 // Reset readies the arena for other compositions: the messages it made are
-// cleared, to be made again, and the strings of their keys overwritten. Call it only once nothing reads the
-// compositions made with it, nor anything taken from them.
+// cleared, to be made again, and the strings of their keys overwritten.
+// Call it only once nothing reads the compositions made with it, nor
+// anything taken from them.
 func (a *Arena) Reset() {
 	a.items = reset(a.items)
 	a.buckets = reset(a.buckets)
