@@ -34,8 +34,10 @@ type Arena struct {
 	// one digest to the next.
 	digests grouper
 	// text holds the strings of the plan items' and provisions' keys and
-	// collections.
-	text texts
+	// collections; resolved the registry entries made ready, which
+	// Reset keeps.
+	text     texts
+	resolved resolvedCache
 }
 
 // Reset readies the arena for other compositions: the messages it made are

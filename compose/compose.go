@@ -19,7 +19,9 @@ import (
 // the registry, the nodes' builds, the providers' entries and manifests.
 // A nil function reads nothing: no builds, nothing bound, no manifests.
 type Sources struct {
-	// Registry returns the registry entry that answers kind, or nil.
+	// Registry returns the registry entry that answers kind, or nil. An
+	// entry returned is never changed: another entry is another message
+	// (an Arena and a PlanDigester keep what they made of each).
 	Registry func(kind string) *provisionerv1.RegistryEntry
 	// Builds returns the wanted and newest builds of a module on a node,
 	// from its applied record; empty when it names none.
@@ -61,14 +63,61 @@ type resolved struct {
 	buckets     map[string]string
 }
 
-// bucketOf returns the bucket of a provider, the template filled once.
+// newResolved makes entry ready: its key shape parsed.
+func newResolved(entry *provisionerv1.RegistryEntry) *resolved {
+	r := &resolved{entry: entry}
+	if b := entry.GetBucket(); b != nil {
+		r.shape, r.err = keyshape.Parse(b.GetKeyShape())
+		r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
+		r.buckets = map[string]string{}
+		if r.err == nil && r.perProvider && !r.shape.LeadsWith("node") {
+			// Answers are reused until a key of the node's own
+			// changes in a provider's bucket: one by node first.
+			r.err = fmt.Errorf("key shape %s of a bucket each provider keeps does not begin with <node>", r.shape)
+		}
+	}
+	return r
+}
+
+// bucketOf returns the bucket of a provider, the template filled once for
+// each of the first maxProviderBuckets providers met: a need names any
+// provider it likes, and an entry is kept from one composition to the
+// next (resolvedCache).
 func (r *resolved) bucketOf(provider string) string {
 	b, ok := r.buckets[provider]
 	if !ok {
 		b = strings.ReplaceAll(r.entry.GetBucket().GetBucket(), "<provider>", provider)
-		r.buckets[provider] = b
+		if len(r.buckets) < maxProviderBuckets {
+			r.buckets[strings.Clone(provider)] = b // provider may be a window on a need's value
+		}
 	}
 	return b
+}
+
+// maxProviderBuckets bounds the providers' buckets an entry keeps.
+const maxProviderBuckets = 256
+
+// A resolvedCache keeps registry entries made ready from one composition to
+// the next, for as long as the source's entry of their kind is the same
+// message: a need written composes one module of its node, and making each
+// of its kinds' entries ready again was a third of it.
+type resolvedCache struct{ byKind map[string]*resolved }
+
+// of returns entry, the source's entry of kind, made ready: the one kept
+// if it is of the same message. A nil cache keeps nothing.
+func (c *resolvedCache) of(kind string, entry *provisionerv1.RegistryEntry) *resolved {
+	if c == nil {
+		return newResolved(entry)
+	}
+	if r, ok := c.byKind[kind]; ok && r.entry == entry {
+		return r
+	}
+	r := newResolved(entry)
+	if c.byKind == nil {
+		c.byKind = map[string]*resolved{}
+	}
+	c.byKind[strings.Clone(kind)] = r // kind may be a window on a need's value
+	return r
 }
 
 // resolver makes each registry entry ready once per composition, and
@@ -89,6 +138,8 @@ type resolver struct {
 	text *texts
 	// collection is where each need's collection is rendered.
 	collection []byte
+	// made keeps the entries made ready past the composition, if not nil.
+	made *resolvedCache
 }
 
 // builds are a module's builds on a node: wanted, then newest, once each
@@ -157,17 +208,7 @@ func (rs *resolver) resolve(kind string) *resolved {
 	r, ok := rs.kinds[kind]
 	if !ok {
 		if entry := rs.Registry(kind); entry != nil {
-			r = &resolved{entry: entry}
-			if b := entry.GetBucket(); b != nil {
-				r.shape, r.err = keyshape.Parse(b.GetKeyShape())
-				r.perProvider = strings.Contains(b.GetBucket(), "<provider>")
-				r.buckets = map[string]string{}
-				if r.err == nil && r.perProvider && !r.shape.LeadsWith("node") {
-					// Answers are reused until a key of the node's own
-					// changes in a provider's bucket: one by node first.
-					r.err = fmt.Errorf("key shape %s of a bucket each provider keeps does not begin with <node>", r.shape)
-				}
-			}
+			r = rs.made.of(kind, entry)
 		}
 		rs.kinds[kind] = r
 	}
@@ -238,7 +279,7 @@ func NewComposer(in Input) *Composer {
 		arena = new(Arena)
 	}
 	rs := newResolver(in.Sources)
-	rs.text = &arena.text
+	rs.text, rs.made = &arena.text, &arena.resolved
 	return &Composer{in: in, rs: rs, arena: arena}
 }
 

@@ -1,6 +1,7 @@
 package compose_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -379,5 +380,32 @@ func TestComposeListsEachCollectionsItems(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An arena keeps its entries' providers' buckets from one composition to
+// the next, but only so many: each need names the provider it likes.
+func TestAnArenaKeepsSomeProvidersBuckets(t *testing.T) {
+	t.Parallel()
+	entries := map[string]*provisionerv1.RegistryEntry{}
+	for _, e := range registry.Table() {
+		entries[e.GetKind()] = e
+	}
+	in := compose.Input{Node: "ace", Arena: new(compose.Arena), Sources: compose.Sources{Registry: func(k string) *provisionerv1.RegistryEntry { return entries[k] }}}
+	const providers = 3 * compose.MaxProviderBuckets
+	for i := range providers {
+		in.Needs = append(in.Needs, &provisionerv1.NeedRecord{Node: "ace", Module: "web", Kind: "bound", Name: fmt.Sprintf("n%04d", i), Need: &provisionerv1.Need{Provider: fmt.Sprintf("p%04d", i)}})
+	}
+	got := compose.Compose(in)
+	for i, p := range got.GetProvisions() {
+		if want := fmt.Sprintf("p%04d_bound", i); p.GetBucket() != want {
+			t.Fatalf("provision %d is in bucket %s, want %s", i, p.GetBucket(), want)
+		}
+	}
+	if len(got.GetProvisions()) != providers {
+		t.Fatalf("%d provisions, want %d", len(got.GetProvisions()), providers)
+	}
+	if n := compose.ProviderBucketsKept(in.Arena); n > compose.MaxProviderBuckets {
+		t.Errorf("the arena keeps %d providers' buckets, more than %d", n, compose.MaxProviderBuckets)
 	}
 }

@@ -18,3 +18,15 @@ func AppendCollectItem(b []byte, item *provisionerv1.CollectItem) []byte {
 }
 
 func AppendMessage(b []byte, item *provisionerv1.CollectItem) []byte { return appendMessage(b, item) }
+
+// ProviderBucketsKept counts the providers' buckets the arena's entries
+// keep, for TestAnArenaKeepsSomeProvidersBuckets.
+func ProviderBucketsKept(a *Arena) int {
+	n := 0
+	for _, r := range a.resolved.byKind {
+		n += len(r.buckets)
+	}
+	return n
+}
+
+const MaxProviderBuckets = maxProviderBuckets

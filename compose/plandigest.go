@@ -33,10 +33,12 @@ type PlanDigester struct {
 	outOfOrder  bool
 	lastRefusal string
 	collections collectionSums
-	// provisionScratch holds each provision while it is appended, and
-	// text the strings of the keys of one composition.
+	// provisionScratch holds each provision while it is appended, text
+	// the strings of the keys of one composition, and resolved the
+	// registry entries made ready, kept from one to the next.
 	provisionScratch provisionerv1.Provision
 	text             texts
+	resolved         resolvedCache
 	// cache and loadItems are SumsOf's: the caller's sums of the node's
 	// collections, and what reads the node's items when one is missing.
 	cache     *CollectionCache
@@ -79,7 +81,7 @@ func (d *PlanDigester) SumsOf(in Input, cache *CollectionCache, items func() []*
 	d.reset()
 	d.in, d.cache, d.loadItems = &in, cache, items
 	rs := newResolver(in.Sources)
-	rs.text = &d.text
+	rs.text, rs.made = &d.text, &d.resolved
 	rs.walk(&in, in.Needs, d)
 	d.closeGroup()
 	d.in, d.cache, d.loadItems = nil, nil, nil
