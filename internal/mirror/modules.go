@@ -89,12 +89,13 @@ func (c *Copy[R]) RangesInto(first string, prefixes []string, scratch *Scratch[R
 	return entries
 }
 
-// appendWithPrefix appends to out the well-formed entries of a view whose
-// keys start with prefix.
+// appendWithPrefix appends to out the well-formed entries of a view, in
+// key order, whose keys start with prefix.
 func appendWithPrefix[R proto.Message](out, entries []*Entry[R], prefix string) []*Entry[R] {
-	for _, e := range entries {
-		if e.Malformed == nil && strings.HasPrefix(e.Key, prefix) {
-			out = append(out, e)
+	i, _ := slices.BinarySearchFunc(entries, prefix, func(e *Entry[R], p string) int { return strings.Compare(e.Key, p) })
+	for ; i < len(entries) && strings.HasPrefix(entries[i].Key, prefix); i++ {
+		if entries[i].Malformed == nil {
+			out = append(out, entries[i])
 		}
 	}
 	return out
