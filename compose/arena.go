@@ -128,8 +128,9 @@ func (a *Arena) collected(it *provisionerv1.CollectRecord) *provisionerv1.Collec
 // texts makes strings of bytes in an array it reuses once reset, rather
 // than an allocation a string: a plan item's key was more than half of a
 // composition's allocations. The strings are valid until the reset, as
-// the messages of an Arena are. A full array is replaced, never grown in
-// place, so that the strings made in it stay as they are; the zero texts
+// the messages of an Arena are. A full array is replaced by one twice its
+// size, without copying it (its strings stay where they are), so that
+// after a reset the array soon holds a whole composition's; the zero texts
 // is ready, and a nil one makes strings of their own.
 type texts struct{ buf []byte }
 

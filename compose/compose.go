@@ -27,8 +27,9 @@ type Sources struct {
 	// from its applied record; empty when it names none.
 	Builds func(node, module string) (wanted, newest string)
 	// Bound returns the revision of key in a provider's bucket: zero while
-	// the provider has not bound it. key is made in the composition's
-	// Arena: keep a copy (strings.Clone), not key, past the call.
+	// the provider has not bound it. key may be made in an Arena's (or a
+	// PlanDigester's) array: keep a copy (strings.Clone), not key, past
+	// the call.
 	Bound func(bucket, key string) uint64
 	// Manifest returns a provider's manifest, or nil when it has none.
 	Manifest func(provider string) *provisionerv1.ManifestRecord
@@ -52,7 +53,8 @@ type Input struct {
 	Revisions *provisionerv1.Revisions
 }
 
-// resolved is a registry entry made ready once per composition.
+// resolved is a registry entry made ready: once per composition, or once
+// while the source returns the same entry (resolvedCache).
 type resolved struct {
 	entry *provisionerv1.RegistryEntry
 	shape keyshape.Shape
@@ -120,8 +122,8 @@ func (c *resolvedCache) of(kind string, entry *provisionerv1.RegistryEntry) *res
 	return r
 }
 
-// resolver makes each registry entry ready once per composition, and
-// reads each module's builds once.
+// resolver makes each registry entry ready once per composition (or
+// takes it from made), and reads each module's builds once.
 type resolver struct {
 	Sources
 	kinds map[string]*resolved

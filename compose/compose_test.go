@@ -368,6 +368,9 @@ func TestComposeListsEachCollectionsItems(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			got := compose.Compose(compose.Input{Node: "ace", Needs: needs, Items: tt.items, Sources: compose.Sources{Registry: func(k string) *provisionerv1.RegistryEntry { return entries[k] }}})
+			if n := len(got.GetPlans()); n != 2 {
+				t.Fatalf("%d plans, want db's and web's", n)
+			}
 			for _, plan := range got.GetPlans() {
 				for _, it := range plan.GetItems() {
 					var contributors []string

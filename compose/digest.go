@@ -266,8 +266,10 @@ type DigestPart struct {
 
 // A PartDigester reads the parts of one composition for DigestOf, each
 // collection's items hashed once for all of them: a node's modules that
-// add to a shared collection each read its items. The zero PartDigester is
-// ready; one is for one goroutine at a time.
+// add to a shared collection each read its items. It keeps each
+// collection's sum by its name, which the parts' Arena may have made: use
+// one for the parts of one composition only, not past its Arena's Reset.
+// The zero PartDigester is ready; one is for one goroutine at a time.
 type PartDigester struct {
 	g grouper
 }

@@ -17,7 +17,9 @@ func AppendCollectItem(b []byte, item *provisionerv1.CollectItem) []byte {
 	return appendCollectItem(b, item)
 }
 
-func AppendMessage(b []byte, item *provisionerv1.CollectItem) []byte { return appendMessage(b, item) }
+func AppendMessage(b []byte, item *provisionerv1.CollectItem) []byte {
+	return appendMessage(b, item)
+}
 
 // ProviderBucketsKept counts the providers' buckets the arena's entries
 // keep, for TestAnArenaKeepsSomeProvidersBuckets.

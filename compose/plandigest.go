@@ -34,8 +34,8 @@ type PlanDigester struct {
 	lastRefusal string
 	collections collectionSums
 	// provisionScratch holds each provision while it is appended, text
-	// the strings of the keys of one composition, and resolved the
-	// registry entries made ready, kept from one to the next.
+	// the strings of one composition's keys and collections, and
+	// resolved the registry entries made ready, kept from one to the next.
 	provisionScratch provisionerv1.Provision
 	text             texts
 	resolved         resolvedCache
