@@ -294,17 +294,7 @@ func BenchmarkRegistryEntryChanged(b *testing.B) {
 //
 //	go test ./service/plans -run '^$' -bench BenchmarkSmallNodeChanged
 func BenchmarkSmallNodeChanged(b *testing.B) {
-	m, mesh, _ := meshCopy(b, synth.Config{Nodes: 2000, Modules: 10, Needs: 3})
-	kept := make([]*plans.Kept, len(mesh.Nodes))
-	for i, n := range mesh.Nodes {
-		_, kept[i] = plans.ComposeChanged(m, n.Name, nil)
-	}
-	i := 0
-	for b.Loop() {
-		j := i % len(mesh.Nodes)
-		_, kept[j] = plans.ComposeChanged(m, mesh.Nodes[j].Name, kept[j].Forgetting([]string{"config"}, nil))
-		i++
-	}
+	benchNodeChanged(b, synth.Config{Nodes: 2000, Modules: 10, Needs: 3}, "config")
 }
 
 // BenchmarkMidNodeChanged is BenchmarkSmallNodeChanged for a node of
@@ -314,7 +304,14 @@ func BenchmarkSmallNodeChanged(b *testing.B) {
 //
 //	go test ./service/plans -run '^$' -bench BenchmarkMidNodeChanged
 func BenchmarkMidNodeChanged(b *testing.B) {
-	m, mesh, _ := meshCopy(b, synth.Config{Nodes: 1000, Modules: 30, Needs: 10})
+	benchNodeChanged(b, synth.Config{Nodes: 1000, Modules: 30, Needs: 10}, "access")
+}
+
+// benchNodeChanged composes the nodes of a mesh of cfg again, one after
+// the other, each with kind forgotten, as a pass does once its registry
+// entry changed.
+func benchNodeChanged(b *testing.B, cfg synth.Config, kind string) {
+	m, mesh, _ := meshCopy(b, cfg)
 	kept := make([]*plans.Kept, len(mesh.Nodes))
 	for i, n := range mesh.Nodes {
 		_, kept[i] = plans.ComposeChanged(m, n.Name, nil)
@@ -322,7 +319,7 @@ func BenchmarkMidNodeChanged(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		j := i % len(mesh.Nodes)
-		_, kept[j] = plans.ComposeChanged(m, mesh.Nodes[j].Name, kept[j].Forgetting([]string{"access"}, nil))
+		_, kept[j] = plans.ComposeChanged(m, mesh.Nodes[j].Name, kept[j].Forgetting([]string{kind}, nil))
 		i++
 	}
 }
