@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 
@@ -22,6 +23,93 @@ func (c *Copy[R]) KeyRevisions(first string, each func(key string, revision uint
 		}
 	}
 	return c.revision
+}
+
+// Span is a run of a group's keys that share their second token, such as
+// a node's module's needs in the needs' copy.
+type Span struct {
+	// Second is the keys' second token: a window on the copy's key, to be
+	// cloned before it is kept.
+	Second string
+	// Keys counts the span's keys; Newest and Total are the greatest and
+	// the sum of their revisions.
+	Keys          int
+	Newest, Total uint64
+	// OfThirds says a key of the span has one of the thirds Spans was
+	// given as its third token.
+	OfThirds bool
+}
+
+// Spans calls each with every span of the keys the group first holds well
+// formed, in key order, and returns the copy's revision. It reads each
+// key's revision, but parses only each span's first key, and finds the
+// span's end and its thirds by binary search: a walk parsing every key was
+// a third of a node's new digest after one of its needs changed. thirds
+// are sorted. each runs under the copy's read lock, and must not call the
+// copy.
+func (c *Copy[R]) Spans(first string, thirds []string, each func(Span)) (revision uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	g := c.groups[first]
+	if g == nil {
+		return c.revision
+	}
+	slots := g.inOrder()
+	for len(slots) > 0 {
+		key := slots[0].key()
+		if len(key) <= len(first) {
+			slots = slots[1:] // the first token alone: of no span
+			continue
+		}
+		rest := key[len(first)+1:]
+		second, _, _ := strings.Cut(rest, ".")
+		// The span's keys are those starting with its first key up to
+		// the dot after the second token (a key of two tokens is a span
+		// alone).
+		prefix := key[:min(len(first)+1+len(second)+1, len(key))]
+		end := 1
+		if len(prefix) < len(key) {
+			end, _ = slices.BinarySearchFunc(slots[1:], prefix, func(s slot, prefix string) int {
+				if strings.HasPrefix(s.key(), prefix) {
+					return -1
+				}
+				return 1 // past the span: every later key sorts after it
+			})
+			end++
+		}
+		span := Span{Second: second, Keys: end}
+		for _, s := range slots[:end] {
+			span.Newest = max(span.Newest, s.revision)
+			span.Total += s.revision
+		}
+		for _, third := range thirds {
+			if span.OfThirds {
+				break
+			}
+			span.OfThirds = spanHasThird(slots[:end], len(prefix), third)
+		}
+		each(span)
+		slots = slots[end:]
+	}
+	return c.revision
+}
+
+// spanHasThird reports whether a key of span, past its first at bytes,
+// has third as its next token and another token after it. Those keys are
+// together, in key order: they start with the same bytes.
+func spanHasThird(span []slot, at int, third string) bool {
+	i, found := slices.BinarySearchFunc(span, third, func(s slot, third string) int {
+		rest := s.key()[min(at, len(s.key())):]
+		if !strings.HasPrefix(rest, third) {
+			return strings.Compare(rest, third)
+		}
+		// Against third and a dot: the byte after third decides.
+		if len(rest) == len(third) {
+			return -1
+		}
+		return cmp.Compare(rest[len(third)], '.')
+	})
+	return found && i < len(span)
 }
 
 // Odd returns the entries of the keys the group first holds otherwise than

@@ -1,6 +1,9 @@
 package mirror
 
 import (
+	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -61,5 +64,59 @@ func TestOneModulesNeeds(t *testing.T) {
 	odd := c.Odd("a")
 	if len(odd) != 1 || odd[0].Key != "a.web.port.bad name" || odd[0].Malformed == nil {
 		t.Errorf("Odd(a) = %v, want the key with a space, malformed", keysOf(odd))
+	}
+}
+
+// Spans tells each module's needs apart by the key's second token, with
+// their revisions and whether one is of a kind asked, as a walk of every
+// key would: tokens that start alike ("a", "a-b", "a.") sort around each
+// other, and a copy still loading holds keys out of order.
+func TestSpans(t *testing.T) {
+	t.Parallel()
+	tokens := []string{"a", "a-b", "a-", "ab", "a_", "a/b", "b", "-"}
+	for _, loaded := range []bool{false, true} {
+		rng := rand.New(rand.NewPCG(1, uint64(len(tokens))))
+		for round := range 50 {
+			c := New().Needs
+			for i := range 1 + rng.IntN(80) {
+				key := "n." + tokens[rng.IntN(len(tokens))] + "." + tokens[rng.IntN(len(tokens))] + "." + tokens[rng.IntN(len(tokens))]
+				c.Apply(key, need(t), uint64(1+rng.IntN(1000)), false)
+				if i == 40 && loaded {
+					c.MarkLoaded()
+				}
+			}
+			c.Apply("m.a.a.a", need(t), 5, false) // another node's
+			var thirds []string
+			for _, token := range tokens {
+				if rng.IntN(3) == 0 {
+					thirds = append(thirds, token)
+				}
+			}
+			slices.Sort(thirds)
+
+			// What a walk of every key makes of them.
+			var want []Span
+			c.KeyRevisions("n", func(key string, revision uint64) {
+				tok := strings.Split(key, ".")
+				if len(want) == 0 || want[len(want)-1].Second != tok[1] {
+					want = append(want, Span{Second: tok[1]})
+				}
+				s := &want[len(want)-1]
+				s.Keys++
+				s.Newest = max(s.Newest, revision)
+				s.Total += revision
+				s.OfThirds = s.OfThirds || slices.Contains(thirds, tok[2])
+			})
+			var got []Span
+			c.Spans("n", thirds, func(s Span) { got = append(got, s) })
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Fatalf("round %d (loaded %v), thirds %q: Spans(n) (-want +got):\n%s", round, loaded, thirds, diff)
+			}
+		}
+	}
+	var none []Span
+	New().Needs.Spans("n", nil, func(s Span) { none = append(none, s) })
+	if len(none) != 0 {
+		t.Errorf("Spans of a node without keys: %v", none)
 	}
 }

@@ -118,8 +118,7 @@ type appliedRevision struct {
 // put moves the newest, a delete the count) and its applied record's
 // revision (its builds), and how many needs it holds well formed; and
 // whether any of its needs is of one of kinds, sorted. It decodes no value,
-// and reads each key once: reading the keys again for the kinds was an
-// eighth of the composing of a change every node reads.
+// and parses one key a module (mirror.Copy.Spans).
 func marksOf(m *mirror.Mirror, node string, scratch *digestScratch, kinds []string) (marks []moduleMark, held int) {
 	applied := scratch.applied[:0]
 	m.Applied.KeyRevisions(node, func(key string, revision uint64) {
@@ -127,41 +126,19 @@ func marksOf(m *mirror.Mirror, node string, scratch *digestScratch, kinds []stri
 	})
 	scratch.applied = applied
 	marks = scratch.marks[:0]
-	var module string
-	var count, newest, total uint64
-	ofKinds := false
-	flush := func() {
-		if count == 0 {
-			return
-		}
+	m.Needs.Spans(node, kinds, func(s mirror.Span) {
 		var builds uint64
-		if i, ok := slices.BinarySearchFunc(applied, module, func(a appliedRevision, m string) int { return strings.Compare(a.module, m) }); ok {
+		if i, ok := slices.BinarySearchFunc(applied, s.Second, func(a appliedRevision, m string) int { return strings.Compare(a.module, m) }); ok {
 			builds = applied[i].revision
 		}
 		var b [32]byte
-		binary.LittleEndian.PutUint64(b[0:], count)
-		binary.LittleEndian.PutUint64(b[8:], newest)
-		binary.LittleEndian.PutUint64(b[16:], total)
+		binary.LittleEndian.PutUint64(b[0:], uint64(s.Keys))
+		binary.LittleEndian.PutUint64(b[8:], s.Newest)
+		binary.LittleEndian.PutUint64(b[16:], s.Total)
 		binary.LittleEndian.PutUint64(b[24:], builds)
-		marks = append(marks, moduleMark{module: module, mark: xxh3.Hash(b[:]), ofKinds: ofKinds})
-	}
-	m.Needs.KeyRevisions(node, func(key string, revision uint64) {
-		rest := key[len(node)+1:]
-		next := rest[:max(strings.IndexByte(rest, '.'), 0)]
-		if next != module || count == 0 {
-			flush()
-			module, count, newest, total, ofKinds = next, 0, 0, 0, false
-		}
-		if len(kinds) > 0 && !ofKinds {
-			kind, _, _ := strings.Cut(rest[min(len(next)+1, len(rest)):], ".")
-			_, ofKinds = slices.BinarySearch(kinds, kind)
-		}
-		count++
-		held++
-		newest = max(newest, revision)
-		total += revision
+		marks = append(marks, moduleMark{module: s.Second, mark: xxh3.Hash(b[:]), ofKinds: s.OfThirds})
+		held += s.Keys
 	})
-	flush()
 	scratch.marks = marks
 	return marks, held
 }
