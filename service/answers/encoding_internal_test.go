@@ -78,3 +78,29 @@ func TestBodyOfAJoinedAnswer(t *testing.T) {
 		}
 	}
 }
+
+// Join leaves the room after data alone, which the cache's or a flight's
+// readers of data may share; JoinOwned fills it, so that an answer built
+// for one request is not copied again to add its tail.
+func TestJoinOwnedFillsTheRoomJoinLeaves(t *testing.T) {
+	t.Parallel()
+	body, tail := []byte("body"), []byte("tail")
+	data := append(make([]byte, 0, len(body)+joinRoom(len(body))), body...)
+	enc := Encoding{}
+	joined := enc.Join(data, tail)
+	if &joined[0] == &data[0] || string(data[:cap(data)][len(body):len(body)+len(tail)]) == "tail" {
+		t.Errorf("Join wrote into data's room: %q", data[:cap(data)])
+	}
+	owned := enc.JoinOwned(data, tail)
+	if &owned[0] != &data[0] {
+		t.Error("JoinOwned copied data that had room for the tail")
+	}
+	for _, got := range [][]byte{joined, owned} {
+		if string(got) != "bodytail" {
+			t.Errorf("joined %q, want %q", got, "bodytail")
+		}
+	}
+	if got := enc.BodyOf(owned, data); string(got) != "body" || cap(got) != len(body) {
+		t.Errorf("BodyOf the owned join = %q (cap %d), want %q clipped", got, cap(got), "body")
+	}
+}

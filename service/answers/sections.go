@@ -245,7 +245,8 @@ func (ns *nodeSections) join(head *provisionerv1.ComposeResponse, enc Encoding) 
 		}
 	}
 	if !enc.json {
-		data, err := deterministic.MarshalAppend(make([]byte, 0, deterministic.Size(head)+size), head)
+		size += deterministic.Size(head)
+		data, err := deterministic.MarshalAppend(make([]byte, 0, size+joinRoom(size)), head)
 		for _, sec := range ns.sections {
 			data = append(data, sec.encoded[0]...)
 		}

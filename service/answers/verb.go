@@ -139,21 +139,31 @@ func (ep Verb[Req, Res]) Respond(s *Answers, in Req, enc Encoding, waited time.D
 		return nil, nil, werr
 	}
 	t.waited, t.built = waited, true
-	s.cache.put(key, st, body)
 	// Read after the build: the answer names revisions at least as new as
-	// what it holds.
-	answer, werr = ep.withTail(s, in, enc, body, t, s.mirror.RevisionsNow())
-	return answer, body, werr
+	// what it holds. The body is no one else's until it is cached: the
+	// tail is added in place, and the cache keeps the answer's prefix.
+	answer, werr = ep.addTail(s, in, enc, body, t, s.mirror.RevisionsNow(), enc.JoinOwned)
+	if werr != nil {
+		return nil, nil, werr
+	}
+	body = enc.BodyOf(answer, body)
+	s.cache.put(key, st, body)
+	return answer, body, nil
 }
 
-// withTail adds an encoded answer's tail to it.
+// withTail adds an encoded answer's tail to a copy of it.
 func (ep Verb[Req, Res]) withTail(s *Answers, in Req, enc Encoding, data []byte, t Timings, revs mirror.Revisions) ([]byte, *wire.Error) {
+	return ep.addTail(s, in, enc, data, t, revs, enc.Join)
+}
+
+// addTail adds an encoded answer's tail to it with join.
+func (ep Verb[Req, Res]) addTail(s *Answers, in Req, enc Encoding, data []byte, t Timings, revs mirror.Revisions, join func(data, tail []byte) []byte) ([]byte, *wire.Error) {
 	tail, err := enc.Marshal(ep.Tail(in, t, revs))
 	if err != nil {
 		s.logger.Error("encoding an answer failed", "endpoint", ep.Name, "err", err)
 		return nil, wire.NewError(wire.CodeInternal, "the server could not encode its answer; see its log")
 	}
-	return enc.Join(data, tail), nil
+	return join(data, tail), nil
 }
 
 // build builds and encodes the answer of a checked request, without its
