@@ -5,6 +5,9 @@
 //
 //   - RSS a key: the serving process's resident memory (VmRSS) once its
 //     copy has settled, above the same binary's serving empty buckets;
+//     and then the Go heap in use, and its goal (twice what the last
+//     collection found live), read from serve's /metrics: what of the
+//     resident memory is data, and what the runtime keeps;
 //   - start: from exec to the first compose answer at the buckets' last
 //     revisions that equals the one composed from the mesh itself (a lone
 //     instance answers a node from its keys read alone while its copy
@@ -33,10 +36,13 @@ package main
 import (
 	"bufio"
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +56,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -129,6 +137,8 @@ func main() {
 type figures struct {
 	nodes, keys           int
 	baselineRSS, rss, hwm int64 // bytes
+	// baselineHeap and heap are the Go heap's, empty and loaded.
+	baselineHeap, heap    heapFigures
 	start, whole, pull    time.Duration
 	p50, p99              time.Duration
 	composeRate, needRate float64
@@ -178,10 +188,10 @@ func run(cfg config) error {
 
 func printTable(all []figures) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tkeys\tempty RSS MiB\tRSS MiB\tpeak MiB\tRSS B/key\tstart\twhole\tbare pull\tstart/pull\twhole/pull\twhole µs/key\tcompose p50\tcompose p99\tcompose req/s\tneeds req/s\tchange's last digest\trestored's\t")
+	fmt.Fprintln(w, "nodes\tkeys\tempty RSS MiB\tRSS MiB\tpeak MiB\tRSS B/key\theap in use (goal) MiB\tstart\twhole\tbare pull\tstart/pull\twhole/pull\twhole µs/key\tcompose p50\tcompose p99\tcompose req/s\tneeds req/s\tchange's last digest\trestored's\t")
 	for _, f := range all {
-		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t\n",
-			f.nodes, f.keys, mib(f.baselineRSS), mib(f.rss), mib(f.hwm), f.rssPerKey(),
+		fmt.Fprintf(w, "%d\t%d\t%.1f\t%.1f\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t\n",
+			f.nodes, f.keys, mib(f.baselineRSS), mib(f.rss), mib(f.hwm), f.rssPerKey(), f.heap,
 			f.start.Round(time.Millisecond), f.whole.Round(time.Millisecond), f.pull.Round(time.Millisecond),
 			float64(f.start)/float64(f.pull), float64(f.whole)/float64(f.pull), f.wholePerKey()/1e3,
 			f.p50.Round(time.Microsecond), f.p99.Round(time.Microsecond), f.composeRate, f.needRate,
@@ -236,6 +246,9 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	f.baselineRSS, err = settledRSS(srv.pid(), cfg.settle)
+	if err == nil {
+		f.baselineHeap, err = srv.heap()
+	}
 	srv.stop()
 	if err != nil {
 		return f, err
@@ -315,6 +328,9 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	f.hwm, _ = procStatus(srv.pid(), "VmHWM")
+	if f.heap, err = srv.heap(); err != nil {
+		return f, err
+	}
 
 	if f.p50, f.p99, err = composeLatency(nc, names, cfg.samples); err != nil {
 		return f, err
@@ -361,6 +377,8 @@ func published(js jetstream.JetStream) error {
 type served struct {
 	cmd     *exec.Cmd
 	started time.Time
+	// metrics is its /metrics, asked with token.
+	metrics, token string
 }
 
 func (s *served) pid() int { return s.cmd.Process.Pid }
@@ -378,7 +396,12 @@ func (s *served) stop() {
 }
 
 func startServe(cfg config, url, stateDir string, args ...string) (*served, error) {
+	addr, token, tokenFile, err := operatorsHTTP(stateDir)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(cfg.bin, append([]string{"serve", "--nats-url", url, "--state-dir", stateDir,
+		"--http", addr, "--http-token-file", tokenFile,
 		"--bucket-max-bytes", strconv.FormatInt(cfg.bucketMaxBytes, 10),
 		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn",
 		"--registry-restore-delay", restoreDelay.String(),
@@ -388,7 +411,7 @@ func startServe(cfg config, url, stateDir string, args ...string) (*served, erro
 	if cfg.keepServerLogs {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	}
-	s := &served{cmd: cmd, started: time.Now()}
+	s := &served{cmd: cmd, started: time.Now(), metrics: "http://" + addr + "/metrics", token: token}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -624,4 +647,64 @@ func procStatus(pid int, field string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("/proc/%d/status has no %s", pid, field)
+}
+
+// operatorsHTTP returns an address on the loopback for serve's --http, and
+// a token written to a file in stateDir for its --http-token-file.
+func operatorsHTTP(stateDir string) (addr, token, tokenFile string, err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", "", err
+	}
+	addr = l.Addr().String()
+	if err := l.Close(); err != nil {
+		return "", "", "", err
+	}
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return "", "", "", err
+	}
+	token = crand.Text()
+	tokenFile = filepath.Join(stateDir, "http-token")
+	return addr, token, tokenFile, os.WriteFile(tokenFile, []byte(token+"\n"), 0o600)
+}
+
+// heapFigures are a process's Go heap, bytes: in use, and its goal, twice
+// what the last collection found live (GOGC 100).
+type heapFigures struct{ inUse, goal int64 }
+
+func (h heapFigures) String() string { return fmt.Sprintf("%.0f (%.0f)", mib(h.inUse), mib(h.goal)) }
+
+// heap reads the process's Go heap from its /metrics.
+func (s *served) heap() (heapFigures, error) {
+	req, err := http.NewRequest(http.MethodGet, s.metrics, nil)
+	if err != nil {
+		return heapFigures{}, err
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return heapFigures{}, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return heapFigures{}, fmt.Errorf("%s: %s", s.metrics, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return heapFigures{}, fmt.Errorf("%s: %w", s.metrics, err)
+	}
+	gauge := func(name string) (int64, error) {
+		f := families[name]
+		if f == nil || len(f.GetMetric()) == 0 {
+			return 0, fmt.Errorf("%s: no %s", s.metrics, name)
+		}
+		return int64(f.GetMetric()[0].GetGauge().GetValue()), nil
+	}
+	var h heapFigures
+	if h.inUse, err = gauge("go_memstats_heap_inuse_bytes"); err != nil {
+		return h, err
+	}
+	h.goal, err = gauge("go_memstats_next_gc_bytes")
+	return h, err
 }

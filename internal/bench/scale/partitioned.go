@@ -25,6 +25,7 @@ type splitFigures struct {
 	instances, partitions int
 	rss                   []int64 // each instance's settled VmRSS, bytes
 	hwm                   []int64
+	heap                  []heapFigures
 	start, whole          time.Duration
 	p50, p99              time.Duration
 	composeRate           float64
@@ -34,7 +35,8 @@ type splitFigures struct {
 	// onePartition is the settled VmRSS of one more instance that serves
 	// one partition alone: with the one instance's, it says what every
 	// instance holds whatever its share (sharedPart).
-	onePartition int64
+	onePartition     int64
+	onePartitionHeap heapFigures
 }
 
 // sharedPart returns, above the empty process, what every instance holds
@@ -42,10 +44,25 @@ type splitFigures struct {
 // what follows the whole mesh), and what one partition adds: the line
 // through one partition's instance's memory and the one instance's, all P
 // partitions.
-func (sf *splitFigures) sharedPart(one, empty int64) (shared, perPartition float64) {
-	a1, all := float64(sf.onePartition-empty), float64(one-empty)
+func (sf *splitFigures) sharedPart(onePartition, one, empty int64) (shared, perPartition float64) {
+	a1, all := float64(onePartition-empty), float64(one-empty)
 	perPartition = (all - a1) / float64(sf.partitions-1)
 	return a1 - perPartition, perPartition
+}
+
+// againstFair returns, for each of each, its memory above empty against
+// the shared part plus the instances' share of the rest (sharedPart).
+func (sf *splitFigures) againstFair(each []int64, onePartition, one, empty int64) string {
+	shared, perPartition := sf.sharedPart(onePartition, one, empty)
+	fair := shared + perPartition*float64(sf.partitions)/float64(sf.instances)
+	out := ""
+	for i, m := range each {
+		if i > 0 {
+			out += " "
+		}
+		out += fmt.Sprintf("%.2f", float64(m-empty)/fair)
+	}
+	return out
 }
 
 // measureSplit serves the mesh the one instance served (on url, whose
@@ -90,7 +107,11 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, js jetstream.JetSt
 			return nil, err
 		}
 		hwm, _ := procStatus(srv.pid(), "VmHWM")
-		sf.rss, sf.hwm = append(sf.rss, rss), append(sf.hwm, hwm)
+		heap, err := srv.heap()
+		if err != nil {
+			return nil, err
+		}
+		sf.rss, sf.hwm, sf.heap = append(sf.rss, rss), append(sf.hwm, hwm), append(sf.heap, heap)
 	}
 	var err error
 	if sf.p50, sf.p99, err = composeLatency(nc, names, cfg.samples); err != nil {
@@ -117,6 +138,9 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, js jetstream.JetSt
 		return nil, err
 	}
 	if sf.onePartition, err = settledRSS(one.pid(), cfg.settle); err != nil {
+		return nil, err
+	}
+	if sf.onePartitionHeap, err = one.heap(); err != nil {
 		return nil, err
 	}
 	return sf, nil
@@ -160,16 +184,16 @@ func printSplit(all []figures) {
 		return
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\tchange's last digest\trestored's\tchange / one's\t")
+	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\theap in use (goal) MiB each\tthe same, heap in use\tthe same, heap goal (twice the live heap)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\tchange's last digest\trestored's\tchange / one's\t")
 	for _, f := range all {
 		s := f.split
 		if s == nil {
 			continue
 		}
-		rss, peak, ratio, target := "", "", "", ""
+		rss, peak, ratio, heap := "", "", "", ""
 		share := float64(f.rss-f.baselineRSS) / float64(s.instances)
-		shared, perPartition := s.sharedPart(f.rss, f.baselineRSS)
-		fair := shared + perPartition*float64(s.partitions)/float64(s.instances)
+		shared, _ := s.sharedPart(s.onePartition, f.rss, f.baselineRSS)
+		inUse, goal := make([]int64, len(s.heap)), make([]int64, len(s.heap))
 		for i := range s.rss {
 			sep := ""
 			if i > 0 {
@@ -178,10 +202,14 @@ func printSplit(all []figures) {
 			rss += sep + fmt.Sprintf("%.0f", mib(s.rss[i]))
 			peak += sep + fmt.Sprintf("%.0f", mib(s.hwm[i]))
 			ratio += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/share)
-			target += sep + fmt.Sprintf("%.2f", float64(s.rss[i]-f.baselineRSS)/fair)
+			heap += sep + s.heap[i].String()
+			inUse[i], goal[i] = s.heap[i].inUse, s.heap[i].goal
 		}
-		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n",
-			f.nodes, s.instances, s.partitions, rss, peak, ratio, mib(s.onePartition), shared/(1<<20), target,
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n",
+			f.nodes, s.instances, s.partitions, rss, peak, ratio, mib(s.onePartition), shared/(1<<20),
+			s.againstFair(s.rss, s.onePartition, f.rss, f.baselineRSS),
+			heap, s.againstFair(inUse, s.onePartitionHeap.inUse, f.heap.inUse, f.baselineHeap.inUse),
+			s.againstFair(goal, s.onePartitionHeap.goal, f.heap.goal, f.baselineHeap.goal),
 			s.start.Round(time.Millisecond), s.whole.Round(time.Millisecond),
 			float64(s.start)/float64(f.start), float64(s.whole)/float64(f.whole),
 			s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.composeRate,
