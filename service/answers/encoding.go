@@ -206,9 +206,11 @@ func (e Encoding) JoinOwned(data, tail []byte) []byte {
 }
 
 // joinRoom returns the room to leave after an answer of size bytes for its
-// tail (JoinOwned): the revisions, with one for each provider's bucket
-// read, and the timings, some 100 bytes to 2 KB.
-func joinRoom(size int) int { return min(64+size/8, 2048) }
+// tail (JoinOwned): the timings, and the revisions, one for each provider's
+// bucket read (some 25 bytes each), so some 60 bytes to 2 KB. What the
+// tail leaves of it stays with the answer in the cache, uncounted: at most
+// 64 bytes and a 64th of the answer.
+func joinRoom(size int) int { return min(64+size/64, 2048) }
 
 // BodyOf returns the answer without its tail, given the answer whole that
 // Join or JoinOwned made of body: in binary whole's prefix, so that who
