@@ -515,3 +515,75 @@ func TestSectionsGiveWayToPagesForALargeNode(t *testing.T) {
 		t.Fatal("a node noted too large was composed in sections before what it reads changed")
 	}
 }
+
+// A composition built in sections for one request, its tail added in the
+// room the sections left (Encoding.JoinOwned), is cached as the answer's
+// prefix, clipped: an answer made of it later with another tail is new,
+// and leaves the first answer's bytes as they were sent. Each decodes to
+// what composeFrom composes.
+func TestABuiltCompositionIsCachedAsItsAnswersPrefix(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 6, Needs: 5, Bound: 50})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	needs, err := js.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := mesh.Nodes[0]
+	if _, err := askCompose(s, node.Name, false); err != nil { // noted, its providers' buckets read
+		t.Fatal(err)
+	}
+	value, err := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:extra}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := needs.Put(ctx, node.Name+"."+node.Needs[0].Module+".port.extra", value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if !s.mirror.Needs.WaitFor(wctx, rev) {
+		t.Fatalf("the copy did not reach revision %d", rev)
+	}
+	want, _, werr := composeFrom(s.mirror, &provisionerv1.ComposeRequest{Node: node.Name}, Encoding{}, unpaged, reading{views: keepViews})
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	verb, in := s.Compose(), &provisionerv1.ComposeRequest{Node: node.Name}
+	answer, body, werr := verb.Respond(s, in, Encoding{}, 0)
+	if werr != nil {
+		t.Fatal(werr)
+	}
+	if len(body) == 0 || &body[0] != &answer[0] || cap(body) != len(body) {
+		t.Fatalf("the body cached is not the answer's prefix, clipped: len %d cap %d, answer %d", len(body), cap(body), len(answer))
+	}
+	sent := slices.Clone(answer)
+	// Asked again after a wait: the answer cached with another tail.
+	again, _, _, ok := verb.Lookup(s, in, Encoding{}, time.Millisecond)
+	if !ok {
+		t.Fatal("the answer built was not cached")
+	}
+	if &again[0] == &answer[0] {
+		t.Error("the answer reused shares the first answer's bytes")
+	}
+	if !slices.Equal(answer, sent) {
+		t.Error("the first answer's bytes changed once its body was reused")
+	}
+	for name, data := range map[string][]byte{"built": answer, "reused": again} {
+		got := &provisionerv1.ComposeResponse{}
+		if err := proto.Unmarshal(data, got); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if diff := cmp.Diff(want.GetPlans(), got.GetPlans(), protocmp.Transform()); diff != "" {
+			t.Errorf("%s: plans (-composeFrom +answer):\n%s", name, diff)
+		}
+		if got.GetPlanDigest() != want.GetPlanDigest() || got.GetRevisions().GetNeeds() < rev {
+			t.Errorf("%s: digest %s at needs %d, want %s at %d or later", name, got.GetPlanDigest(), got.GetRevisions().GetNeeds(), want.GetPlanDigest(), rev)
+		}
+	}
+}
