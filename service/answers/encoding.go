@@ -179,8 +179,8 @@ func marshalJSON(msg proto.Message) ([]byte, error) {
 
 // Join appends an encoded message's fields to another encoded message of
 // the same type: in binary a concatenation, which protobuf reads as one
-// message; in JSON the fields of both objects in one. data is left as it
-// is (the cache's or a flight's, which others read): the answer is new.
+// message; in JSON the fields of both objects in one. data is never
+// written (the cache's or a flight's, which others read).
 func (e Encoding) Join(data, tail []byte) []byte {
 	return e.JoinOwned(data[:len(data):len(data)], tail)
 }
@@ -209,7 +209,8 @@ func (e Encoding) JoinOwned(data, tail []byte) []byte {
 // tail (JoinOwned): the timings, and the revisions, one for each provider's
 // bucket read (some 25 bytes each), so some 60 bytes to 2 KB. What the
 // tail leaves of it stays with the answer in the cache, uncounted: at most
-// 64 bytes and a 64th of the answer.
+// 64 bytes and a 64th of the answer (Verb.Respond keeps a body the tail
+// did not fit as it was built).
 func joinRoom(size int) int { return min(64+size/64, 2048) }
 
 // BodyOf returns the answer without its tail, given the answer whole that

@@ -516,11 +516,11 @@ func TestSectionsGiveWayToPagesForALargeNode(t *testing.T) {
 	}
 }
 
-// A composition built in sections for one request, its tail added in the
-// room the sections left (Encoding.JoinOwned), is cached as the answer's
-// prefix, clipped: an answer made of it later with another tail is new,
-// and leaves the first answer's bytes as they were sent. Each decodes to
-// what composeFrom composes.
+// A composition built in sections for one request has its tail added in
+// the room the sections left (Encoding.JoinOwned), not to a copy, and is
+// cached as the answer's prefix, clipped: an answer made of it later with
+// another tail is new, and leaves the first answer's bytes as they were
+// sent. Each decodes to what composeFrom composes.
 func TestABuiltCompositionIsCachedAsItsAnswersPrefix(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -560,7 +560,7 @@ func TestABuiltCompositionIsCachedAsItsAnswersPrefix(t *testing.T) {
 		t.Fatal(werr)
 	}
 	if len(body) == 0 || &body[0] != &answer[0] || cap(body) != len(body) {
-		t.Fatalf("the body cached is not the answer's prefix, clipped: len %d cap %d, answer %d", len(body), cap(body), len(answer))
+		t.Fatalf("the body cached is not the answer's prefix, clipped (the tail went to a copy?): len %d cap %d, answer %d", len(body), cap(body), len(answer))
 	}
 	sent := slices.Clone(answer)
 	// Asked again after a wait: the answer cached with another tail.

@@ -122,8 +122,8 @@ func (ep Verb[Req, Res]) Lookup(s *Answers, in Req, enc Encoding, waited time.Du
 	return whole, key, st, true
 }
 
-// Respond builds the encoded answer of a checked request on a worker, keeps
-// it in the cache, and adds its tail; it returns the body too, the answer
+// Respond builds the encoded answer of a checked request on a worker, adds
+// its tail and keeps it in the cache; it returns the body too, the answer
 // without its tail.
 func (ep Verb[Req, Res]) Respond(s *Answers, in Req, enc Encoding, waited time.Duration) (answer, body []byte, werr *wire.Error) {
 	key := CacheKey{endpoint: ep.Name, json: enc.json, request: ep.KeyOf(in)}
@@ -141,12 +141,16 @@ func (ep Verb[Req, Res]) Respond(s *Answers, in Req, enc Encoding, waited time.D
 	t.waited, t.built = waited, true
 	// Read after the build: the answer names revisions at least as new as
 	// what it holds. The body is no one else's until it is cached: the
-	// tail is added in place, and the cache keeps the answer's prefix.
+	// tail goes into its room, if it has some (JoinOwned), and the cache
+	// keeps the answer's prefix; a body the tail was not added to in place
+	// is kept as it was built, which holds no more than its bytes.
 	answer, werr = ep.addTail(s, in, enc, body, t, s.mirror.RevisionsNow(), enc.JoinOwned)
 	if werr != nil {
 		return nil, nil, werr
 	}
-	body = enc.BodyOf(answer, body)
+	if len(body) > 0 && &answer[0] == &body[0] {
+		body = enc.BodyOf(answer, body)
+	}
 	s.cache.put(key, st, body)
 	return answer, body, nil
 }
