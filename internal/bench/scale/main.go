@@ -650,7 +650,10 @@ func procStatus(pid int, field string) (int64, error) {
 }
 
 // operatorsHTTP returns an address on the loopback for serve's --http, and
-// a token written to a file in stateDir for its --http-token-file.
+// a token written to a file in stateDir for its --http-token-file. The
+// port is one the system gave and took back: another process may take it
+// meanwhile, and serve then exits, its reason in its log (-v), and the
+// bench's wait for its answers fails.
 func operatorsHTTP(stateDir string) (addr, token, tokenFile string, err error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -674,6 +677,10 @@ type heapFigures struct{ inUse, goal int64 }
 
 func (h heapFigures) String() string { return fmt.Sprintf("%.0f (%.0f)", mib(h.inUse), mib(h.goal)) }
 
+// metricsClient reads serve's /metrics: a process that stopped answering
+// fails the bench rather than hanging it.
+var metricsClient = &http.Client{Timeout: 10 * time.Second}
+
 // heap reads the process's Go heap from its /metrics.
 func (s *served) heap() (heapFigures, error) {
 	req, err := http.NewRequest(http.MethodGet, s.metrics, nil)
@@ -681,7 +688,7 @@ func (s *served) heap() (heapFigures, error) {
 		return heapFigures{}, err
 	}
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := metricsClient.Do(req)
 	if err != nil {
 		return heapFigures{}, err
 	}
