@@ -525,14 +525,7 @@ func TestABuiltCompositionIsCachedAsItsAnswersPrefix(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	s, mesh, nc := startOnMesh(t, synth.Config{Nodes: 2, Modules: 6, Needs: 5, Bound: 50})
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	needs, err := js.KeyValue(ctx, keys.NeedsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	needs := bucketsOn(t, nc)(keys.NeedsBucket)
 	node := mesh.Nodes[0]
 	if _, err := askCompose(s, node.Name, false); err != nil { // noted, its providers' buckets read
 		t.Fatal(err)
