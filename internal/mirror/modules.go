@@ -45,8 +45,10 @@ type Span struct {
 // key's revision, but parses only each span's first key, and finds the
 // span's end and its thirds by binary search: a walk parsing every key was
 // a third of a node's new digest after one of its needs changed. thirds
-// are sorted. each runs under the copy's read lock, and must not call the
-// copy.
+// are sorted. It is for keys of four tokens or more, as the needs' are: a
+// key of the first token alone is in no span, one of two tokens is a span
+// alone, and a third token that is a key's last is never found. each runs
+// under the copy's read lock, and must not call the copy.
 func (c *Copy[R]) Spans(first string, thirds []string, each func(Span)) (revision uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
