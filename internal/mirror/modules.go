@@ -71,13 +71,7 @@ func (c *Copy[R]) Spans(first string, thirds []string, each func(Span)) (revisio
 		prefix := key[:min(len(first)+1+len(second)+1, len(key))]
 		end := 1
 		if len(prefix) < len(key) {
-			end, _ = slices.BinarySearchFunc(slots[1:], prefix, func(s slot, prefix string) int {
-				if strings.HasPrefix(s.key(), prefix) {
-					return -1
-				}
-				return 1 // past the span: every later key sorts after it
-			})
-			end++
+			end += prefixEnd(slots[1:], prefix)
 		}
 		span := Span{Second: second, Keys: end}
 		for _, s := range slots[:end] {
@@ -94,6 +88,19 @@ func (c *Copy[R]) Spans(first string, thirds []string, each func(Span)) (revisio
 		slots = slots[end:]
 	}
 	return c.revision
+}
+
+// prefixEnd returns how many of slots, in key order and none sorting
+// before prefix, start with prefix: those come first, together, by binary
+// search.
+func prefixEnd(slots []slot, prefix string) int {
+	n, _ := slices.BinarySearchFunc(slots, prefix, func(s slot, prefix string) int {
+		if strings.HasPrefix(s.key(), prefix) {
+			return -1
+		}
+		return 1 // past them: every later key sorts after them
+	})
+	return n
 }
 
 // spanHasThird reports whether a key of span, past its first at bytes,
@@ -156,10 +163,7 @@ func (c *Copy[R]) RangesInto(first string, prefixes []string, scratch *Scratch[R
 	n := 0
 	for _, prefix := range prefixes {
 		lo, _ := slices.BinarySearchFunc(slots, prefix, func(s slot, p string) int { return strings.Compare(s.key(), p) })
-		hi := lo
-		for hi < len(slots) && strings.HasPrefix(slots[hi].key(), prefix) {
-			hi++
-		}
+		hi := lo + prefixEnd(slots[lo:], prefix)
 		ranges = append(ranges, [2]int{lo, hi})
 		n += hi - lo
 	}
