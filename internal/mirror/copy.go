@@ -346,11 +346,25 @@ func (c *Copy[R]) WaitFor(ctx context.Context, revision uint64) bool {
 // Apply takes one change into the copy: a put, or a delete or purge. One
 // goroutine applies a copy's changes (its watcher, or Load).
 func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool) {
+	c.apply(key, value, revision, deleted, true)
+}
+
+// fillIn takes in a key's last value read apart from the watcher (a Hold's
+// read), which may be ahead of the watcher: the copy's revision stays,
+// lest the watcher's next changes be taken for applied.
+func (c *Copy[R]) fillIn(key string, value []byte, revision uint64) {
+	c.apply(key, value, revision, false, false)
+}
+
+// apply is Apply; advance moves the copy's revision to the change's.
+func (c *Copy[R]) apply(key string, value []byte, revision uint64, deleted, advance bool) {
 	first, _, _ := strings.Cut(key, ".")
 	if !c.holdsGroup(first) {
-		c.mu.Lock()
-		c.advanceTo(revision)
-		c.mu.Unlock()
+		if advance {
+			c.mu.Lock()
+			c.advanceTo(revision)
+			c.mu.Unlock()
+		}
 		return
 	}
 	var odd *Entry[R]
@@ -377,7 +391,9 @@ func (c *Copy[R]) Apply(key string, value []byte, revision uint64, deleted bool)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	loaded := c.ready.Load() // set under c.mu, once the tails are merged
-	c.advanceTo(revision)
+	if advance {
+		c.advanceTo(revision)
+	}
 	g := c.groups[first]
 	if g == nil {
 		if deleted {

@@ -52,3 +52,23 @@ func TestAFilledValueGivesWayToTheWatchers(t *testing.T) {
 		t.Errorf("the copy after the read and the watcher (-want +got):\n%s", diff)
 	}
 }
+
+// A value the read delivers ahead of the watcher (one that lags) leaves the
+// copy's revision where the watcher has it: the watcher's next changes,
+// older than the value read, are still applied, not taken for applied.
+func TestAFilledValueAheadOfTheWatcherLeavesItsChangesToApply(t *testing.T) {
+	t.Parallel()
+	c := New().Needs
+	f := &follower{copy: c}
+	fl := &fill{seen: map[string]uint64{}, adding: func(first string) bool { return first == "bob" }}
+	f.fill = fl
+	f.apply("ace.web.port.http", []byte{}, 5, false, false)
+	f.applyFilled(fl, "bob.web.port.http", []byte{}, 20)
+	if got := c.Revision(); got != 5 {
+		t.Errorf("the copy's revision after a value read at 20: %d, want the watcher's 5", got)
+	}
+	f.apply("ace.web.port.lagged", []byte{}, 6, false, false) // written before the value read
+	if entries, _, _ := c.Group("ace"); len(entries) != 2 {
+		t.Errorf("ace's keys once the watcher delivers its change at 6: %d, want 2", len(entries))
+	}
+}

@@ -230,5 +230,5 @@ func (f *follower) applyFilled(fl *fill, key string, value []byte, revision uint
 	if f.fill != fl || !fl.adding(first) || fl.seen[key] >= revision {
 		return
 	}
-	f.copy.Apply(key, value, revision, false)
+	f.copy.fillIn(key, value, revision)
 }

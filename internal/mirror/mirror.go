@@ -79,6 +79,7 @@ type Watched interface {
 type followed interface {
 	Watched
 	Apply(key string, value []byte, revision uint64, deleted bool)
+	fillIn(key string, value []byte, revision uint64)
 	MarkLoaded()
 	setBehind(bool)
 	setMoved(chan<- struct{})
