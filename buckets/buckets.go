@@ -31,6 +31,13 @@ type Config struct {
 	// and reads the key with a direct get (docs/security.md). Zero means
 	// DefaultMaxPlanWatchers.
 	MaxPlanWatchers int
+	// Partitions, when not zero, has the buckets of needs, applied records
+	// and items made from now on store each key under its node's partition
+	// of this many (wire.StoredKeys), so that an instance serving some
+	// partitions reads their keys alone: serve's --partitions. A bucket
+	// written already keeps the layout it has. The manifests, which every
+	// instance holds whole, are stored as written.
+	Partitions int
 }
 
 // Defaults of Config. A need, an applied record or a collection item is a
@@ -144,8 +151,9 @@ func configureRegistry(ctx context.Context, js jetstream.JetStream) error {
 }
 
 // configureState turns off AllowRollup on a state bucket's stream, which the
-// KV client turns on when it creates a bucket, turns on DenyPurge, and sets
-// its size limits.
+// KV client turns on when it creates a bucket, turns on DenyPurge, sets its
+// size limits, and, on a stream never written, stores its keys by partition
+// (Config.Partitions).
 //
 // DenyPurge: nothing a bucket needs purges its stream (a node deletes its
 // keys with delete markers; KV's own purge of a key is a rollup, refused
@@ -158,10 +166,18 @@ func configureState(ctx context.Context, js jetstream.JetStream, bucket string, 
 	if err != nil {
 		return fmt.Errorf("bucket %s: %w", bucket, err)
 	}
-	sc := stream.CachedInfo().Config
-	if !sc.AllowRollup && sc.DenyPurge && sc.MaxMsgSize == cfg.MaxValueSize && sc.MaxBytes == cfg.MaxBytes {
+	info := stream.CachedInfo()
+	sc := info.Config
+	// The keys' layout is set on a stream never written only, which holds
+	// no key of another layout: instances starting together set the same.
+	layout := sc.SubjectTransform
+	if layout == nil && info.State.LastSeq == 0 && cfg.Partitions > 0 && bucket != keys.ManifestsBucket {
+		layout = wire.StoredKeys{Bucket: bucket, Partitions: cfg.Partitions}.Transform()
+	}
+	if !sc.AllowRollup && sc.DenyPurge && sc.MaxMsgSize == cfg.MaxValueSize && sc.MaxBytes == cfg.MaxBytes && layout == sc.SubjectTransform {
 		return nil
 	}
+	sc.SubjectTransform = layout
 	sc.AllowRollup, sc.DenyPurge = false, true
 	sc.MaxMsgSize, sc.MaxBytes = cfg.MaxValueSize, cfg.MaxBytes
 	if _, err := js.UpdateStream(ctx, sc); err != nil {

@@ -246,3 +246,81 @@ func TestEnsureLetsTheNodesWatchTheirPlans(t *testing.T) {
 		}
 	}
 }
+
+// With Partitions, the buckets of needs, applied records and items store
+// each key under its node's partition, as the verbs' mapping computes it,
+// while a KV put, create, update at a revision and delete keep their
+// meaning on the key written; a bucket written before keeps its layout,
+// and the manifests are stored as written.
+func TestEnsureStoresKeysByPartition(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, _ := jetstream.New(nc)
+	// The collect bucket made and written before, by an earlier version.
+	collect, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: keys.CollectBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := collect.Put(ctx, "ace.motd.web", nil); err != nil {
+		t.Fatal(err)
+	}
+	const partitions = 8
+	for range 2 { // a second run changes nothing and fails on nothing
+		if err := buckets.Ensure(ctx, js, buckets.Config{Partitions: partitions}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for bucket, want := range map[string]int{keys.NeedsBucket: partitions, keys.AppliedBucket: partitions, keys.CollectBucket: 0, keys.ManifestsBucket: 0} {
+		stream, err := js.Stream(ctx, wire.StreamOf(bucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, err := wire.StoredKeysOf(bucket, stream.CachedInfo().Config.SubjectTransform)
+		if err != nil || stored.Partitions != want {
+			t.Errorf("bucket %s stores keys by %d partitions (%v), want %d", bucket, stored.Partitions, err, want)
+		}
+	}
+
+	needs, _ := js.KeyValue(ctx, keys.NeedsBucket)
+	stream, _ := js.Stream(ctx, wire.StreamOf(keys.NeedsBucket))
+	stored := wire.StoredKeys{Bucket: keys.NeedsBucket, Partitions: partitions}
+	const key = "ace.web.port.http"
+	first, err := needs.Create(ctx, key, []byte("v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := needs.Create(ctx, key, []byte("again")); err == nil {
+		t.Error("a second create of the key was taken")
+	}
+	if _, err := needs.Update(ctx, key, []byte("stale"), first+7); err == nil {
+		t.Error("an update at a revision the key is not at was taken")
+	}
+	second, err := needs.Update(ctx, key, []byte("v2"), first)
+	if err != nil {
+		t.Fatalf("the update at the key's revision: %v", err)
+	}
+	msg, err := stream.GetLastMsgForSubject(ctx, stored.NodePrefix("ace")+"web.port.http")
+	if err != nil {
+		t.Fatalf("the key at its stored subject: %v", err)
+	}
+	if got, ok := stored.Key(msg.Subject); !ok || got != key || string(msg.Data) != "v2" || msg.Sequence != second {
+		t.Errorf("stored %s = %q at %d, want %s = v2 at %d", got, msg.Data, msg.Sequence, key, second)
+	}
+	if want := wire.KVSubject(keys.NeedsBucket, fmt.Sprintf("%d.ace.web.port.http", wire.PartitionOf("ace", partitions))); msg.Subject != want {
+		t.Errorf("stored on %s, want %s", msg.Subject, want)
+	}
+	if _, err := needs.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Errorf("a KV get by the key: %v, want not found (it names the subject written, not the stored)", err)
+	}
+	if err := needs.Delete(ctx, key, jetstream.LastRevision(second)); err != nil {
+		t.Fatalf("the delete at the key's revision: %v", err)
+	}
+	third, err := needs.Put(ctx, key, []byte("v3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := stream.GetLastMsgForSubject(ctx, stored.NodePrefix("ace")+"web.port.http"); err != nil || msg.Sequence != third {
+		t.Errorf("the put after the delete is not the key's last: %v, %v", msg, err)
+	}
+}
