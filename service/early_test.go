@@ -41,14 +41,15 @@ type loadingMesh struct {
 	service *service.Service
 }
 
-func newLoadingMesh(t *testing.T, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
+func newLoadingMesh(t *testing.T, layout buckets.Config, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
 	t.Helper()
 	pullWhole := "$JS.API.CONSUMER.MSG.NEXT." + wire.StreamOf(keys.NeedsBucket) + ".>"
-	return newMeshDenying(t, []string{pullWhole}, meshConfig, write, cfg)
+	return newMeshDenying(t, layout, []string{pullWhole}, meshConfig, write, cfg)
 }
 
-// newMeshDenying is a mesh whose service's identity is denied deny.
-func newMeshDenying(t *testing.T, deny []string, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
+// newMeshDenying is a mesh, its buckets made with layout, whose service's
+// identity is denied deny.
+func newMeshDenying(t *testing.T, layout buckets.Config, deny []string, meshConfig synth.Config, write func(js jetstream.JetStream), cfg service.Config) *loadingMesh {
 	t.Helper()
 	s := natstest.StartDenying(t, "svc", deny...)
 	m := &loadingMesh{server: s, admin: natstest.Connect(t, s, nats.UserInfo("admin", "admin"))}
@@ -57,7 +58,7 @@ func newMeshDenying(t *testing.T, deny []string, meshConfig synth.Config, write 
 	if m.js, err = jetstream.New(m.admin); err != nil {
 		t.Fatal(err)
 	}
-	if err := buckets.Ensure(ctx, m.js, buckets.Config{}); err != nil {
+	if err := buckets.Ensure(ctx, m.js, layout); err != nil {
 		t.Fatal(err)
 	}
 	kv, err := m.js.KeyValue(ctx, keys.RegistryBucket)
@@ -100,10 +101,21 @@ func (m *loadingMesh) stillLoading(t *testing.T) {
 // is the node's name alone, a provider with no bucket, and no keys at all.
 func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 	t.Parallel()
+	for _, layout := range []buckets.Config{{}, {Partitions: 8}} {
+		t.Run(fmt.Sprintf("stored by %d partitions", layout.Partitions), func(t *testing.T) {
+			t.Parallel()
+			verbsWhileLoadingAnswerAsTheCopy(t, layout)
+		})
+	}
+}
+
+// verbsWhileLoadingAnswerAsTheCopy is TestVerbsWhileLoadingAnswerAsTheCopy
+// on buckets made with layout.
+func verbsWhileLoadingAnswerAsTheCopy(t *testing.T, layout buckets.Config) {
 	need := func(provider string) []byte {
 		return encode(t, &provisionerv1.Need{Provider: provider, Provision: "db9"})
 	}
-	m := newLoadingMesh(t, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Builds: 50, Bound: 50}, func(js jetstream.JetStream) {
+	m := newLoadingMesh(t, layout, synth.Config{Nodes: 4, Modules: 6, Needs: 5, Builds: 50, Bound: 50}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
 		put(t, needs, "odd.web.bound.ok", need("pg"))
 		put(t, needs, "odd.web.bound.garbled", []byte{0xff, 0xff}) // malformed
@@ -185,7 +197,7 @@ func TestVerbsWhileLoadingAnswerAsTheCopy(t *testing.T) {
 func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 	t.Parallel()
 	registryConsumer := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(keys.RegistryBucket)
-	m := newMeshDenying(t, []string{registryConsumer, registryConsumer + ".>"}, synth.Config{Nodes: 1, Modules: 3, Needs: 4}, func(js jetstream.JetStream) {
+	m := newMeshDenying(t, buckets.Config{}, []string{registryConsumer, registryConsumer + ".>"}, synth.Config{Nodes: 1, Modules: 3, Needs: 4}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
 		for i := range 40 {
 			put(t, needs, fmt.Sprintf("big.web.port.p%d", i), encode(t, &provisionerv1.Need{}))
@@ -241,7 +253,7 @@ func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 // looked for them.
 func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 	t.Parallel()
-	m := newLoadingMesh(t, synth.Config{Nodes: 1, Modules: 2, Needs: 2}, func(js jetstream.JetStream) {
+	m := newLoadingMesh(t, buckets.Config{}, synth.Config{Nodes: 1, Modules: 2, Needs: 2}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
 		for i := range 20 { // more providers' buckets than a read alone waits for
 			put(t, needs, fmt.Sprintf("wide.web.bound.b%d", i), encode(t, &provisionerv1.Need{Provider: fmt.Sprintf("p%d", i), Provision: "db"}))
@@ -303,7 +315,7 @@ func TestReadsAloneAreBounded(t *testing.T) {
 	const perSecond, asked, nodes = 10, 200, 10
 	cfg := service.Config{MaxQueueWait: time.Minute}
 	cfg.SetEarlyReadsPerSecond(perSecond)
-	m := newLoadingMesh(t, synth.Config{Nodes: nodes, Modules: 2, Needs: 2}, nil, cfg)
+	m := newLoadingMesh(t, buckets.Config{}, synth.Config{Nodes: nodes, Modules: 2, Needs: 2}, nil, cfg)
 	var answered, bounded atomic.Int64
 	var asking sync.WaitGroup
 	start := time.Now()
@@ -342,7 +354,7 @@ func TestAGreedyNodeLeavesReadsAloneToTheOthers(t *testing.T) {
 	const perSecond = 20 // twice a node's own bound
 	cfg := service.Config{MaxQueueWait: time.Minute}
 	cfg.SetEarlyReadsPerSecond(perSecond)
-	m := newLoadingMesh(t, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, cfg)
+	m := newLoadingMesh(t, buckets.Config{}, synth.Config{Nodes: 2, Modules: 2, Needs: 2}, nil, cfg)
 	greedy, other := m.mesh.Nodes[0].Name, m.mesh.Nodes[1].Name
 	ctx, stop := context.WithCancel(t.Context())
 	var asked, refused atomic.Int64

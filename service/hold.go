@@ -71,12 +71,6 @@ func partitionSet(list []int, n int) []bool {
 	return set
 }
 
-// holdsNodeOf returns whether a node's partition is in set, which is not
-// changed after: what the copy holds (mirror.Mirror.SetHolds).
-func holdsNodeOf(set []bool) func(node string) bool {
-	return func(node string) bool { return set[wire.PartitionOf(node, len(set))] }
-}
-
 // HoldsNode reports whether this instance serves node's partition: it
 // answers node, and writes its plans while it holds the partition's seat.
 func (s *Service) HoldsNode(node string) bool {
@@ -171,7 +165,7 @@ func (s *Service) Hold(ctx context.Context, partitions []int) error {
 			copyHeld[p] = copyHeld[p] || ok
 		}
 		s.copyHeld.Store(&copyHeld)
-		s.filled = s.followers.Hold(holdsNodeOf(copyHeld))
+		s.filled = s.followers.Hold(copyHeld)
 	}
 	// Wait for the read of the partitions taken on, this Hold's or one
 	// cut short before it whose partitions it takes on too.
@@ -243,7 +237,7 @@ func (s *Service) dropLetGo() {
 	}
 	copyHeld := slices.Clone(served)
 	s.copyHeld.Store(&copyHeld)
-	s.followers.LetGo(holdsNodeOf(copyHeld))
+	s.followers.LetGo(copyHeld)
 }
 
 // uint32s returns partitions as the stats carry them.

@@ -501,7 +501,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		s.held.Store(&held)
 		s.copyHeld.Store(&held)
 		s.releaseGrace = cmp.Or(cfg.releaseGrace, releaseGrace)
-		s.mirror.SetHolds(holdsNodeOf(held))
+		s.mirror.SetHolds(held)
 		holds = s.copyHolds
 	}
 	if !cfg.NoAnswerCache {

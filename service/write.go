@@ -172,6 +172,9 @@ type stateBucket struct {
 	maxValue int
 	// held is the bucket's copy, whose budget a put must fit.
 	held heldCopy
+	// stored is how the bucket stores its keys, which a read of a node's
+	// subjects names.
+	stored wire.StoredKeys
 }
 
 // checked is what the admission's CheckValue reads of the bucket.
@@ -218,28 +221,33 @@ func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirro
 		if err != nil {
 			return nil, fmt.Errorf("read bucket %s's limits: %w", b.bucket, err)
 		}
-		maxValue := 0
+		sb := &stateBucket{bucket: b.bucket, kv: kv, held: b.held, stored: wire.StoredKeys{Bucket: b.bucket}}
 		if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-			maxValue = int(max(bs.StreamInfo().Config.MaxMsgSize, 0))
+			sc := bs.StreamInfo().Config
+			sb.maxValue = int(max(sc.MaxMsgSize, 0))
+			if sb.stored, err = wire.StoredKeysOf(b.bucket, sc.SubjectTransform); err != nil {
+				return nil, err
+			}
 		}
-		w.buckets[b.bucket] = &stateBucket{bucket: b.bucket, kv: kv, maxValue: maxValue, held: b.held}
+		w.buckets[b.bucket] = sb
 	}
 	return w, nil
 }
 
-// lastUnder returns the revision of the newest write of any key of bucket
-// under prefix (a node's module's, delete markers included), 0 when none is
-// stored: a direct get of the last message on the prefix's subjects, which
-// the stream's leader answers beside its other reads, not in the JetStream
+// lastOfModule returns the revision of the newest write of any key of
+// node's module in b (delete markers included), 0 when none is stored: a
+// direct get of the last message on the module's stored subjects, which the
+// stream's leader answers beside its other reads, not in the JetStream
 // API's queue.
-func (w *writeStore) lastUnder(ctx context.Context, bucket, prefix string) (uint64, error) {
+func (w *writeStore) lastOfModule(ctx context.Context, b *stateBucket, node, module string) (uint64, error) {
+	prefix := node + "." + module + "."
 	body, err := json.Marshal(struct {
 		LastBySubject string `json:"last_by_subj"`
-	}{wire.KVSubject(bucket, prefix+">")})
+	}{b.stored.NodePrefix(node) + module + ".>"})
 	if err != nil {
 		return 0, err
 	}
-	msg, err := w.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+wire.StreamOf(bucket), body)
+	msg, err := w.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+wire.StreamOf(b.bucket), body)
 	if err != nil {
 		return 0, err
 	}
@@ -373,7 +381,7 @@ func (s *Service) applyNeeds(ctx context.Context, names []string, in *provisione
 	last := in.GetMinRevision()
 	if last == 0 || b.held.Revision() < last {
 		var err error
-		if last, err = s.store.lastUnder(ctx, b.bucket, prefix); err != nil {
+		if last, err = s.store.lastOfModule(ctx, b, node, module); err != nil {
 			return nil, stored("the apply of "+keys.Echo(module), err)
 		}
 	}

@@ -37,7 +37,9 @@ type Config struct {
 	// grants (a test). Service.Seat nil reports the instance's own seat in
 	// the endpoints' stats; a test may report another.
 	Service service.Config
-	// Buckets configures the buckets ensured at start.
+	// Buckets configures the buckets ensured at start. Their Partitions
+	// are the service's: state buckets made for a partitioned mesh store
+	// their keys by partition.
 	Buckets buckets.Config
 	// RegistryInterval is how often the seat's holder reconciles the
 	// registry; zero means registry.DefaultInterval.
@@ -192,7 +194,9 @@ func jetStreamEnabled(ctx context.Context, js jetstream.JetStream, url string) e
 // prepareBuckets makes the buckets, opens the registry's and the plans',
 // and binds the seat.
 func (in *Instance) prepareBuckets(ctx context.Context, js jetstream.JetStream) error {
-	if err := retryStart(ctx, in.logger, "make the buckets", func(ctx context.Context) error { return buckets.Ensure(ctx, js, in.cfg.Buckets) }); err != nil {
+	made := in.cfg.Buckets
+	made.Partitions = in.cfg.Service.Partitions
+	if err := retryStart(ctx, in.logger, "make the buckets", func(ctx context.Context) error { return buckets.Ensure(ctx, js, made) }); err != nil {
 		return err
 	}
 	for _, open := range []struct {

@@ -111,80 +111,85 @@ func excessOf(x []Excess, node string) Excess {
 // as many as fit.
 func TestBudgetReadmitsKeysWhenRoomIsMade(t *testing.T) {
 	t.Parallel()
-	nc := natstest.Connect(t, natstest.Start(t))
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(t.Context(), js, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(t.Context(), keys.NeedsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const budget, written = 3, 110 // some listed, some refused unlisted
-	key := func(i int) string { return fmt.Sprintf("ace.web.port.p%03d", i) }
-	for i := range written {
-		if _, err := kv.Put(t.Context(), key(i), need(t)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	m := New()
-	m.Needs.SetBudget(Budget{Keys: budget}, func(Excess) {})
-	w, err := m.Open(t.Context(), js, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	go w.Run(ctx)
-	held := func() []string {
-		entries, _, _ := m.Needs.Group("ace")
-		var out []string
-		for _, e := range entries {
-			if !e.overBudget {
-				out = append(out, e.Key)
+	for _, layout := range []buckets.Config{{}, {Partitions: 8}} {
+		t.Run(fmt.Sprintf("stored by %d partitions", layout.Partitions), func(t *testing.T) {
+			t.Parallel()
+			nc := natstest.Connect(t, natstest.Start(t))
+			js, err := jetstream.New(nc)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		return out
-	}
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		natstest.CheckFor(t, 5*time.Second, func() error {
-			if !ok() {
-				return fmt.Errorf("%s: held %v, over budget %+v", what, held(), m.Needs.OverBudget())
+			if err := buckets.Ensure(t.Context(), js, layout); err != nil {
+				t.Fatal(err)
 			}
-			return nil
+			kv, err := js.KeyValue(t.Context(), keys.NeedsBucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const budget, written = 3, 110 // some listed, some refused unlisted
+			key := func(i int) string { return fmt.Sprintf("ace.web.port.p%03d", i) }
+			for i := range written {
+				if _, err := kv.Put(t.Context(), key(i), need(t)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m := New()
+			m.Needs.SetBudget(Budget{Keys: budget}, func(Excess) {})
+			w, err := m.Open(t.Context(), js, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			go w.Run(ctx)
+			held := func() []string {
+				entries, _, _ := m.Needs.Group("ace")
+				var out []string
+				for _, e := range entries {
+					if !e.overBudget {
+						out = append(out, e.Key)
+					}
+				}
+				return out
+			}
+			waitFor := func(what string, ok func() bool) {
+				t.Helper()
+				natstest.CheckFor(t, 5*time.Second, func() error {
+					if !ok() {
+						return fmt.Errorf("%s: held %v, over budget %+v", what, held(), m.Needs.OverBudget())
+					}
+					return nil
+				})
+			}
+			waitFor("loaded", func() bool { return m.Needs.Ready() && len(held()) == budget })
+			if x := excessOf(m.Needs.OverBudget(), "ace"); x.Refused != written-budget {
+				t.Fatalf("loaded: %+v, want %d refused", x, written-budget)
+			}
+			// Two held keys and one refused unlisted key deleted: two keys are
+			// admitted again, from those not held, and the counts stay exact.
+			deleted := append(held()[:2:2], key(written-1))
+			for _, k := range deleted {
+				if err := kv.Delete(t.Context(), k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitFor("room made", func() bool {
+				x := excessOf(m.Needs.OverBudget(), "ace")
+				return len(held()) == budget && x.Refused == written-budget-len(deleted)
+			})
+			for _, k := range held() {
+				for _, d := range deleted {
+					if k == d {
+						t.Errorf("deleted key %s is held", k)
+					}
+				}
+				if _, ok := m.Needs.Get("ace", k); !ok {
+					t.Errorf("held key %s has no record", k)
+				}
+			}
+			t.Logf("held after the deletes: %v", held())
 		})
 	}
-	waitFor("loaded", func() bool { return m.Needs.Ready() && len(held()) == budget })
-	if x := excessOf(m.Needs.OverBudget(), "ace"); x.Refused != written-budget {
-		t.Fatalf("loaded: %+v, want %d refused", x, written-budget)
-	}
-	// Two held keys and one refused unlisted key deleted: two keys are
-	// admitted again, from those not held, and the counts stay exact.
-	deleted := append(held()[:2:2], key(written-1))
-	for _, k := range deleted {
-		if err := kv.Delete(t.Context(), k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	waitFor("room made", func() bool {
-		x := excessOf(m.Needs.OverBudget(), "ace")
-		return len(held()) == budget && x.Refused == written-budget-len(deleted)
-	})
-	for _, k := range held() {
-		for _, d := range deleted {
-			if k == d {
-				t.Errorf("deleted key %s is held", k)
-			}
-		}
-		if _, ok := m.Needs.Get("ace", k); !ok {
-			t.Errorf("held key %s has no record", k)
-		}
-	}
-	t.Logf("held after the deletes: %v", held())
 }
 
 // The copy's counts, kept as it changes, are what a full read counts:
@@ -231,7 +236,7 @@ func TestCountsAreAFullReadsCounts(t *testing.T) {
 	apply("bob.web.port", true)
 	check("some deleted")
 	live := map[string]bool{"ace.web.port.p000": true, "ace.web.port.p002": true}
-	c.keepOnly(live)
+	c.keepOnly(live, nil)
 	check("only two keys live")
 	apply("ace.web.port.p000", true)
 	apply("ace.web.port.p002", true)

@@ -46,9 +46,18 @@ func Capture(ctx context.Context, js jetstream.JetStream) (*provisionerv1.Captur
 	return out, nil
 }
 
-// captureBucket reads one bucket's live keys, in key order.
+// captureBucket reads one bucket's live keys, in key order, each named by
+// its key, not as it is stored (wire.StoredKeys).
 func captureBucket(ctx context.Context, js jetstream.JetStream, bucket string, opts ...jetstream.WatchOpt) (*provisionerv1.CapturedBucket, error) {
 	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("capture %s: %w", bucket, err)
+	}
+	stream, err := js.Stream(ctx, wire.StreamOf(bucket))
+	if err != nil {
+		return nil, fmt.Errorf("capture %s: %w", bucket, err)
+	}
+	stored, err := wire.StoredKeysOf(bucket, stream.CachedInfo().Config.SubjectTransform)
 	if err != nil {
 		return nil, fmt.Errorf("capture %s: %w", bucket, err)
 	}
@@ -58,7 +67,7 @@ func captureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o
 	}
 	captured := &provisionerv1.CapturedBucket{Bucket: bucket}
 	for _, e := range live {
-		captured.Entries = append(captured.Entries, &provisionerv1.CapturedEntry{Key: e.Key(), Value: e.Value(), Revision: e.Revision()})
+		captured.Entries = append(captured.Entries, &provisionerv1.CapturedEntry{Key: stored.KeyOfStored(e.Key()), Value: e.Value(), Revision: e.Revision()})
 		captured.Revision = max(captured.GetRevision(), e.Revision())
 	}
 	slices.SortFunc(captured.GetEntries(), func(a, b *provisionerv1.CapturedEntry) int { return strings.Compare(a.GetKey(), b.GetKey()) })

@@ -426,6 +426,14 @@ func (c *Copy[R]) apply(key string, value []byte, revision uint64, deleted, adva
 	}
 }
 
+// advance moves the copy's revision to revision, if later: it holds every
+// change up to it of the keys it holds.
+func (c *Copy[R]) advance(revision uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.advanceTo(revision)
+}
+
 // advanceTo moves the copy's revision to revision, if later, and wakes its
 // waiters. c.mu is held.
 func (c *Copy[R]) advanceTo(revision uint64) {
@@ -542,15 +550,6 @@ func (c *Copy[R]) holdsGroup(first string) bool {
 	return holds == nil || (*holds)(first)
 }
 
-// heldNow returns what the copy holds now, for a change of it to compare
-// with: every group when SetHolds was never called.
-func (c *Copy[R]) heldNow() func(first string) bool {
-	if holds := c.holds.Load(); holds != nil {
-		return *holds
-	}
-	return func(string) bool { return true }
-}
-
 // setHolds has the copy hold the groups holds says yes to from now on.
 func (c *Copy[R]) setHolds(holds func(first string) bool) { c.holds.Store(&holds) }
 
@@ -587,13 +586,16 @@ func (c *Copy[R]) dropUnheld() {
 	}
 }
 
-// keepOnly drops the keys not in live: they were deleted while no watcher
-// ran.
-func (c *Copy[R]) keepOnly(live map[string]bool) {
+// keepOnly drops the keys not in live of the groups read says yes to (nil:
+// every group): they were deleted while no watcher ran.
+func (c *Copy[R]) keepOnly(live map[string]bool, read func(first string) bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	liveRefused := c.liveRefused(live)
 	for first, g := range c.groups {
+		if read != nil && !read(first) {
+			continue
+		}
 		records, malformed := g.counts()
 		var gone []string
 		for _, sl := range g.slots {

@@ -544,7 +544,7 @@ func TestEveryChangeTellsMoved(t *testing.T) {
 		{"a put", func() { c.Apply("b.web.port.http", value, 12, false) }},
 		{"a put below the copy's revision", func() { c.Apply("a.web.port.old", value, 5, false) }},
 		{"a key dropped by keepOnly", func() {
-			c.keepOnly(map[string]bool{"a.web.port.http": true, "b.web.port.http": true, "a.web.port.old": true})
+			c.keepOnly(map[string]bool{"a.web.port.http": true, "b.web.port.http": true, "a.web.port.old": true}, nil)
 		}},
 	} {
 		step.change()

@@ -14,27 +14,28 @@ import (
 	"github.com/novox/mesh-provisioner/wire"
 )
 
-// Hold changes, while the copies are followed, which nodes the copies of
-// needs, applied records and items hold (SetHolds set them first): the keys
-// of the nodes holds no longer says yes to are dropped at once, and every
-// key of those it says yes to now, and did not before, is read from its
+// Hold changes, while the copies are followed, which partitions' nodes the
+// copies of needs, applied records and items hold (SetHolds set them
+// first): the keys of the nodes of partitions no longer held are dropped at
+// once, and every key of those held now, and not before, is read from its
 // bucket. The channel returned is closed once each of the three copies
 // holds those nodes whole: every change of theirs up to a revision of its
-// bucket after the call. holds must answer the same for a node from then
-// on: a change of what is held is another Hold. A Hold made while the last
-// one's keys are still being read reads them too, and closes both channels
-// when done.
+// bucket after the call. A Hold made while the last one's keys are still
+// being read reads them too, and closes both channels when done.
 //
 // The keys are read by a consumer of their own beside the bucket's watcher,
 // which goes on applying every change as it comes, those of the nodes held
 // anew included; the read applies a key's last value unless the watcher
-// applied a later change of it meanwhile. Each bucket is read whole (a
-// key's partition is not in its subject), as at the start.
-func (w *Watchers) Hold(holds func(node string) bool) <-chan struct{} {
+// applied a later change of it meanwhile. It reads the partitions taken on
+// alone where the bucket stores keys by partition (wire.StoredKeys), and
+// the bucket whole otherwise.
+func (w *Watchers) Hold(held []bool) <-chan struct{} {
+	was := w.mirror.heldNow()
+	w.mirror.setHeld(held)
 	var waits []<-chan struct{}
 	for _, f := range w.followers {
 		if w.mirror.isPartial(f.copy) {
-			waits = append(waits, f.hold(w.filling, holds))
+			waits = append(waits, f.hold(w.filling, was, held))
 		}
 	}
 	done := make(chan struct{})
@@ -48,13 +49,14 @@ func (w *Watchers) Hold(holds func(node string) bool) <-chan struct{} {
 }
 
 // LetGo has the copies of needs, applied records and items hold the nodes
-// holds says yes to, fewer than they hold: the keys of the others are
+// of the partitions held, fewer than they hold: the keys of the others are
 // dropped at once, and nothing is read again.
-func (w *Watchers) LetGo(holds func(node string) bool) {
+func (w *Watchers) LetGo(held []bool) {
+	w.mirror.setHeld(held)
 	for _, f := range w.followers {
 		if w.mirror.isPartial(f.copy) {
 			f.applying.Lock()
-			f.copy.setHolds(holds)
+			f.copy.setHolds(holdsOf(held))
 			f.copy.dropUnheld()
 			f.applying.Unlock()
 		}
@@ -73,7 +75,10 @@ func (m *Mirror) isPartial(c followed) bool {
 
 // fill is a read of the keys of the nodes a copy holds anew.
 type fill struct {
-	adding func(first string) bool
+	// partitions are those held anew, adding says whether a node is of
+	// one.
+	partitions []bool
+	adding     func(first string) bool
 	// seen is the revision of the last change of each key of those nodes
 	// that the watcher applied while the read lasts: the read does not
 	// apply an older value over it.
@@ -101,26 +106,28 @@ type closer struct {
 
 func (c *closer) close() { c.once.Do(func() { close(c.ch) }) }
 
-// hold has the follower's copy hold what holds says yes to, and starts the
-// read of the nodes it holds anew (a read under way is ended and taken
-// over: its nodes are read again with these). It returns a channel closed
-// once the read is done.
-func (f *follower) hold(ctx context.Context, holds func(first string) bool) <-chan struct{} {
+// hold has the follower's copy hold the partitions held, was before (nil
+// for every node), and starts the read of the nodes it holds anew (a read
+// under way is ended and taken over: its nodes are read again with these).
+// It returns a channel closed once the read is done.
+func (f *follower) hold(ctx context.Context, was, held []bool) <-chan struct{} {
 	done := &closer{ch: make(chan struct{})}
 	f.applying.Lock()
 	defer f.applying.Unlock()
-	wasHeld := f.copy.heldNow()
-	fl := &fill{seen: map[string]uint64{}, dones: []*closer{done}}
-	if prev := f.fill; prev != nil {
+	fl := &fill{seen: map[string]uint64{}, dones: []*closer{done}, partitions: make([]bool, len(held))}
+	prev := f.fill
+	if prev != nil {
 		prev.cancel()
 		// Its nodes were not read whole: read them again, what the
 		// watcher saw of them still standing.
 		fl.seen, fl.dones = prev.seen, append(fl.dones, prev.dones...)
-		held, prevAdding := wasHeld, prev.adding
-		wasHeld = func(first string) bool { return held(first) && !prevAdding(first) }
 	}
-	fl.adding = func(first string) bool { return holds(first) && !wasHeld(first) }
-	f.copy.setHolds(holds)
+	for p := range held {
+		wasHeld := was == nil || (len(was) == len(held) && was[p])
+		fl.partitions[p] = held[p] && (!wasHeld || prev != nil && len(prev.partitions) == len(held) && prev.partitions[p])
+	}
+	fl.adding = holdsOf(fl.partitions)
+	f.copy.setHolds(holdsOf(held))
 	f.copy.dropUnheld()
 	var fctx context.Context
 	fctx, fl.cancel = context.WithCancel(ctx)
@@ -171,22 +178,11 @@ func (f *follower) readFill(ctx context.Context, fl *fill) error {
 		return fmt.Errorf("read the bucket's stream state: %w", err)
 	}
 	last := info.State.LastSeq
-	consumer, err := f.stream.CreateConsumer(apiCtx, jetstream.ConsumerConfig{
-		AckPolicy:         jetstream.AckNonePolicy,
-		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
-		FilterSubject:     f.prefix + ">",
-		InactiveThreshold: consumerInactive,
-		MemoryStorage:     true,
-		Replicas:          1,
-	})
+	consumer, err := f.stream.CreateConsumer(apiCtx, f.lastValues(fl.partitions))
 	if err != nil {
 		return fmt.Errorf("create the read's consumer: %w", err)
 	}
-	defer func() {
-		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
-		defer dcancel()
-		_ = f.stream.DeleteConsumer(dctx, consumer.CachedInfo().Name)
-	}()
+	defer f.deleteConsumer(ctx, consumer)
 	if consumer.CachedInfo().NumPending == 0 {
 		return nil // an empty bucket
 	}
@@ -212,13 +208,21 @@ func (f *follower) readFill(ctx context.Context, fl *fill) error {
 			return fmt.Errorf("%w: delivery %d after %d", ErrWatchGap, meta.Sequence.Consumer, delivered)
 		}
 		delivered = meta.Sequence.Consumer
-		if key, ok := strings.CutPrefix(msg.Subject(), f.prefix); ok && !wire.KVRemoves(msg.Headers()) {
+		if key, ok := f.stored.Key(msg.Subject()); ok && !wire.KVRemoves(msg.Headers()) {
 			f.applyFilled(fl, key, msg.Data(), meta.Sequence.Stream)
 		}
 		if meta.NumPending == 0 || meta.Sequence.Stream >= last {
 			return nil
 		}
 	}
+}
+
+// deleteConsumer deletes a consumer of a read that is over, rather than
+// leave it to its inactivity threshold.
+func (f *follower) deleteConsumer(ctx context.Context, consumer jetstream.Consumer) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), apiTimeout)
+	defer cancel()
+	_ = f.stream.DeleteConsumer(ctx, consumer.CachedInfo().Name)
 }
 
 // applyFilled applies a key's last value the read delivered, if it is of a

@@ -4,10 +4,12 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/keyshape"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // Mirror is the watched copy of the five provisioning buckets, and of the
@@ -22,6 +24,9 @@ type Mirror struct {
 
 	manifests *manifests
 	moved     chan struct{}
+	// held is the partitions whose nodes the partial copies hold
+	// (SetHolds), nil for every node.
+	held atomic.Pointer[[]bool]
 }
 
 // New returns an empty mirror.
@@ -83,14 +88,14 @@ type followed interface {
 	MarkLoaded()
 	setBehind(bool)
 	setMoved(chan<- struct{})
-	keepOnly(live map[string]bool)
+	keepOnly(live map[string]bool, read func(first string) bool)
+	advance(revision uint64)
 	readmits() <-chan struct{}
 	takeReadmits() []string
 	notHeld(key string) (revision uint64, ok bool)
 	liveKeys() (n int, oldest, revision uint64)
 	holdsGroup(first string) bool
 	setHolds(holds func(first string) bool)
-	heldNow() func(first string) bool
 	dropUnheld()
 }
 
@@ -139,15 +144,38 @@ func (m *Mirror) Behind() []string {
 }
 
 // SetHolds has the copies of needs, applied records and items hold the
-// keys of the nodes holds says yes to, and no other: a key of another node
-// moves its copy's revision, and is dropped. An instance that serves some
-// partitions of the mesh holds their nodes alone; the registry, the
-// manifests and the providers' buckets stay whole. Call it before the
-// mirror is loaded.
-func (m *Mirror) SetHolds(holds func(node string) bool) {
+// keys of the nodes of the partitions held, held[p] for each partition p of
+// a mesh of len(held) (wire.PartitionOf), and no other: a key of another
+// node moves its copy's revision, and is dropped. An instance that serves
+// some partitions of the mesh holds their nodes alone, and reads their
+// keys alone where the buckets store keys by partition (wire.StoredKeys);
+// the registry, the manifests and the providers' buckets stay whole. Call
+// it before the mirror is loaded.
+func (m *Mirror) SetHolds(held []bool) {
+	m.setHeld(held)
 	for _, c := range m.partial() {
-		c.setHolds(holds)
+		c.setHolds(holdsOf(held))
 	}
+}
+
+// setHeld records the partitions the partial copies hold.
+func (m *Mirror) setHeld(held []bool) {
+	held = slices.Clone(held)
+	m.held.Store(&held)
+}
+
+// heldNow returns the partitions the partial copies hold, nil for every
+// node.
+func (m *Mirror) heldNow() []bool {
+	if held := m.held.Load(); held != nil {
+		return *held
+	}
+	return nil
+}
+
+// holdsOf returns whether a node is of a partition held.
+func holdsOf(held []bool) func(node string) bool {
+	return func(node string) bool { return held[wire.PartitionOf(node, len(held))] }
 }
 
 // partial returns the copies that may hold some nodes only (SetHolds).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -81,7 +82,7 @@ func readNodeInto[R proto.Message](ctx context.Context, f *follower, node string
 			return fmt.Errorf("read %s of node %s: %w", into.Bucket(), node, err)
 		}
 	}
-	err = eachKey(ctx, f.kv, node, alone, func(key string, value []byte, revision uint64) bool {
+	err = eachKey(ctx, f, node, alone, func(key string, value []byte, revision uint64) bool {
 		into.Apply(key, value, revision, false)
 		return !into.overBudget(node)
 	})
@@ -98,13 +99,16 @@ func readNodeInto[R proto.Message](ctx context.Context, f *follower, node string
 	return nil
 }
 
-// eachKey hands each live key of node in kv to each, in the order they
-// were written, through a KV watcher of one filter, <node>.> (kvread.LiveOf
-// says why one), with the entries of alone (read apart) in their place,
-// until each returns false (kvread.ErrStopped).
-func eachKey(ctx context.Context, kv jetstream.KeyValue, node string, alone []jetstream.KeyValueEntry, each func(key string, value []byte, revision uint64) bool) error {
-	take := func(e jetstream.KeyValueEntry) bool { return each(e.Key(), e.Value(), e.Revision()) }
-	err := kvread.Each(ctx, kv, node+".>", func(e jetstream.KeyValueEntry) bool {
+// eachKey hands each live key of node in f's bucket to each, in the order
+// they were written, through a KV watcher of one filter, the stored
+// <node>.> (kvread.LiveOf says why one), with the entries of alone (read
+// apart) in their place, until each returns false (kvread.ErrStopped).
+func eachKey(ctx context.Context, f *follower, node string, alone []jetstream.KeyValueEntry, each func(key string, value []byte, revision uint64) bool) error {
+	take := func(e jetstream.KeyValueEntry) bool {
+		return each(f.stored.KeyOfStored(e.Key()), e.Value(), e.Revision())
+	}
+	filter := strings.TrimPrefix(f.stored.NodePrefix(node), f.prefix) + ">"
+	err := kvread.Each(ctx, f.kv, filter, func(e jetstream.KeyValueEntry) bool {
 		for len(alone) > 0 && alone[0].Revision() < e.Revision() {
 			if !take(alone[0]) {
 				return false

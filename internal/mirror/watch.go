@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
@@ -93,17 +93,30 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		if err != nil {
 			return nil, fmt.Errorf("open bucket %s: %w", c.Bucket(), err)
 		}
-		w.followers = append(w.followers, &follower{
+		stored, err := wire.StoredKeysOf(kv.Bucket(), stream.CachedInfo().Config.SubjectTransform)
+		if err != nil {
+			return nil, fmt.Errorf("open bucket %s: %w", c.Bucket(), err)
+		}
+		f := &follower{
 			copy:      c,
 			kv:        kv,
 			stream:    stream,
 			prefix:    wire.KVPrefix(kv.Bucket()),
+			stored:    stored,
 			heartbeat: DefaultHeartbeat,
 			conn:      w.conn,
 			logger:    logger.With("bucket", c.Bucket()),
 			kick:      make(chan struct{}, 1),
 			wake:      make(chan struct{}, 1),
-		})
+		}
+		if m.isPartial(c) {
+			f.held = m.heldNow
+			if held := m.heldNow(); slices.Contains(held, false) && stored.HeldSubjects(held) == nil {
+				f.logger.Info("the bucket stores every node's keys together (made before the mesh had partitions, or for a count of them that is no multiple of this one's): the copy reads every key as it loads, and keeps its partitions' alone",
+					"stored_partitions", stored.Partitions, "partitions", len(held))
+			}
+		}
+		w.followers = append(w.followers, f)
 	}
 	return w, nil
 }
@@ -183,7 +196,9 @@ type follower struct {
 	copy      followed
 	kv        jetstream.KeyValue // the bucket, bound once: a node's keys are read through it (ReadNode)
 	stream    jetstream.Stream
-	prefix    string // of the bucket's key subjects: wire.KVPrefix
+	prefix    string          // of the bucket's key subjects: wire.KVPrefix
+	stored    wire.StoredKeys // how the bucket stores its keys
+	held      func() []bool   // the partitions the copy holds (Mirror.heldNow); nil: every node
 	heartbeat time.Duration
 	conn      *nats.Conn
 	logger    *slog.Logger
@@ -252,6 +267,10 @@ func (f *follower) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errPartitionsRead) {
+			retry.Reset()
+			continue
+		}
 		if errors.Is(err, errFollowed) {
 			retry.Reset() // it had caught up: not a failure streak
 		}
@@ -285,6 +304,10 @@ func (f *follower) run(ctx context.Context) {
 // errFollowed wraps why a watcher that had caught up with its bucket
 // stopped.
 var errFollowed = errors.New("after catching up")
+
+// errPartitionsRead ends a full read of the partitions held alone: the
+// watcher goes on at once with a consumer of every change after it.
+var errPartitionsRead = errors.New("the partitions held were read")
 
 // fellBehind records that the copy may lag the bucket from now on, and logs
 // it once.
@@ -344,12 +367,18 @@ func (f *follower) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("create the bucket's consumer: %w", err)
 	}
+	if run.partitions {
+		defer f.deleteConsumer(ctx, consumer) // it sees the partitions held alone
+	}
 	if f.copy.Ready() {
 		f.logger.Debug("bucket watcher resuming", "from_revision", run.revision+1,
 			"bucket_last_revision", run.lastSeq, "pending", consumer.CachedInfo().NumPending)
 	}
 	if consumer.CachedInfo().NumPending == 0 {
 		run.catchUp(max(run.revision, run.lastSeq))
+	}
+	if run.partitions && run.caught {
+		return errPartitionsRead
 	}
 	messages, err := consumer.Messages(
 		jetstream.PullHeartbeat(f.heartbeat),
@@ -384,6 +413,9 @@ func (f *follower) follow(ctx context.Context) error {
 		if err := run.deliver(msg); err != nil {
 			return err
 		}
+		if run.partitions && run.caught {
+			return errPartitionsRead
+		}
 	}
 }
 
@@ -396,11 +428,18 @@ type followRun struct {
 	// drops the others (nil for an empty copy, which has nothing to drop).
 	reload bool
 	live   map[string]bool
+	// held is the partitions a full read reads (nil: every node), and
+	// partitions says it reads them alone (wire.StoredKeys): its consumer,
+	// which sees no other partition's changes, ends with the read
+	// (errPartitionsRead), and one of every key's changes follows.
+	held       []bool
+	partitions bool
 	// applyAll applies every change though the copy's revision cannot go
 	// back: the bucket was deleted and made again, its revisions over.
 	applyAll  bool
 	loading   *loader // applies a full read's changes, while it lasts
 	delivered uint64  // the consumer's last delivery
+	read      int     // messages delivered
 	caught    bool    // the copy reached the stream's last revision
 }
 
@@ -416,20 +455,18 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 	}
 	state := info.State
 	run := &followRun{f: f, revision: revision, lastSeq: state.LastSeq, applyAll: revision > state.LastSeq}
-	cfg := jetstream.ConsumerConfig{
-		AckPolicy:         jetstream.AckNonePolicy,
-		FilterSubject:     f.prefix + ">",
-		InactiveThreshold: consumerInactive,
-		MemoryStorage:     true,
-		Replicas:          1,
-	}
 	run.reload = !f.copy.Ready() || state.FirstSeq > revision+1 || revision > state.LastSeq || f.lostMessages()
 	if !run.reload {
+		cfg := f.lastValues(nil)
 		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 		cfg.OptStartSeq = revision + 1
 		return run, cfg, nil
 	}
-	cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	if f.held != nil {
+		run.held = f.held()
+	}
+	cfg := f.lastValues(run.held)
+	run.partitions = len(cfg.FilterSubjects) > 0
 	if !f.copy.Empty() {
 		run.live = map[string]bool{}
 	}
@@ -438,6 +475,23 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 			"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
 	}
 	return run, cfg, nil
+}
+
+// lastValues returns the configuration of a consumer of the last value of
+// each key of the nodes in the partitions held (nil for every node), read
+// alone where the bucket stores keys by partition.
+func (f *follower) lastValues(held []bool) jetstream.ConsumerConfig {
+	cfg := jetstream.ConsumerConfig{
+		AckPolicy:         jetstream.AckNonePolicy,
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		InactiveThreshold: consumerInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	}
+	if cfg.FilterSubjects = f.stored.HeldSubjects(held); cfg.FilterSubjects == nil {
+		cfg.FilterSubject = f.prefix + ">"
+	}
+	return cfg
 }
 
 // deliver applies one message of the consumer, and marks the copy caught up
@@ -451,7 +505,8 @@ func (r *followRun) deliver(msg jetstream.Msg) error {
 		return fmt.Errorf("%w: delivery %d after %d", ErrWatchGap, meta.Sequence.Consumer, r.delivered)
 	}
 	r.delivered = meta.Sequence.Consumer
-	key, ok := strings.CutPrefix(msg.Subject(), r.f.prefix)
+	r.read++
+	key, ok := r.f.stored.Key(msg.Subject())
 	if !ok {
 		return nil
 	}
@@ -476,9 +531,22 @@ func (r *followRun) deliver(msg jetstream.Msg) error {
 func (r *followRun) catchUp(revision uint64) {
 	r.finishLoading()
 	if r.live != nil {
-		r.f.keepOnly(r.live)
+		var read func(string) bool // every node
+		if r.held != nil {
+			read = holdsOf(r.held) // a partition taken on meanwhile is its Hold's
+		}
+		r.f.keepOnly(r.live, read)
 		r.live = nil
 		r.f.setReloading(false)
+	}
+	if r.partitions {
+		// The copy holds its nodes' every change up to the stream's last
+		// revision when the read began, or the read's last, if later.
+		revision = max(revision, r.lastSeq)
+		r.f.copy.advance(revision)
+	}
+	if r.reload {
+		r.f.logger.Debug("read every key's last value", "messages", r.read, "partitions_alone", r.partitions, "revision", revision)
 	}
 	r.f.caughtUp(revision)
 	r.caught = true
@@ -557,11 +625,12 @@ func (f *follower) apply(key string, value []byte, revision uint64, deleted, app
 	}
 }
 
-// keepOnly ends a full read: the keys it did not deliver are dropped.
-func (f *follower) keepOnly(live map[string]bool) {
+// keepOnly ends a full read: the keys it did not deliver, of the nodes it
+// read (nil: every node), are dropped.
+func (f *follower) keepOnly(live map[string]bool, read func(node string) bool) {
 	f.applying.Lock()
 	defer f.applying.Unlock()
-	f.copy.keepOnly(live)
+	f.copy.keepOnly(live, read)
 	f.mu.Lock()
 	f.lost = false
 	f.mu.Unlock()
@@ -630,7 +699,7 @@ func (f *follower) pollOnce(ctx context.Context) {
 			}
 			return // nothing more for now, or no answer
 		}
-		if key, ok := strings.CutPrefix(msg.Subject, f.prefix); ok {
+		if key, ok := f.stored.Key(msg.Subject); ok {
 			f.apply(key, msg.Data, msg.Sequence, wire.KVRemoves(msg.Header), false)
 		}
 	}
@@ -670,7 +739,7 @@ func (f *follower) readmit(ctx context.Context, node string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*apiTimeout)
 	defer cancel()
 	consumer, err := f.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{f.prefix + node, f.prefix + node + ".>"},
+		FilterSubjects: []string{f.prefix + node, f.stored.NodePrefix(node) + ">"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
@@ -689,7 +758,7 @@ func (f *follower) readmit(ctx context.Context, node string) error {
 				return err
 			}
 			last = meta.NumPending == 0
-			key, ok := strings.CutPrefix(msg.Subject(), f.prefix)
+			key, ok := f.stored.Key(msg.Subject())
 			if ok && !wire.KVRemoves(msg.Headers()) && f.readmitKey(key, msg.Data(), meta.Sequence.Stream) {
 				admitted++
 			}

@@ -86,6 +86,7 @@ type config struct {
 	// instance, each --hold of its share of partitions (partitioned.go).
 	instances, partitions int
 	auto                  bool // with instances: --hold auto
+	storedAsWritten       bool // with instances: the state buckets store keys as written, not by partition
 }
 
 func main() {
@@ -101,6 +102,7 @@ func main() {
 	flag.BoolVar(&cfg.keepServerLogs, "v", false, "show the served binary's logs")
 	flag.IntVar(&cfg.instances, "instances", 1, "above 1: after the one instance, this many serve the same mesh, each --hold of an equal share of -partitions, and their figures are set against the one's")
 	flag.IntVar(&cfg.partitions, "partitions", 16, "with -instances: the partitions of the mesh (a multiple of -instances)")
+	flag.BoolVar(&cfg.storedAsWritten, "stored-as-written", false, "with -instances: the state buckets store every node's keys together, as buckets made before the mesh had partitions do, rather than by partition as serve --partitions makes them; each instance then reads every key as it loads")
 	flag.BoolVar(&cfg.auto, "auto", false, "with -instances: each is given --hold auto and deals itself its share, rather than a list")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
@@ -232,7 +234,11 @@ func measure(cfg config, nodes int) (figures, error) {
 	if err != nil {
 		return f, err
 	}
-	if err := buckets.Ensure(ctx, js, buckets.Config{MaxBytes: cfg.bucketMaxBytes}); err != nil {
+	made := buckets.Config{MaxBytes: cfg.bucketMaxBytes}
+	if cfg.instances > 1 && !cfg.storedAsWritten {
+		made.Partitions = cfg.partitions // as the instances' serve --partitions makes them
+	}
+	if err := buckets.Ensure(ctx, js, made); err != nil {
 		return f, err
 	}
 
