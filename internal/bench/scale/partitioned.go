@@ -183,8 +183,16 @@ func printSplit(all []figures) {
 	if all[0].split == nil {
 		return
 	}
+	// Issue 38 sets the split mesh's whole copies and mesh-wide change
+	// against one instance's at 10,000 nodes, when the run has that size.
+	var tenThousand *figures
+	for i := range all {
+		if all[i].nodes == 10_000 {
+			tenThousand = &all[i]
+		}
+	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\theap in use (goal) MiB each\tthe same, heap in use\tthe same, heap goal (twice the live heap)\tstart\twhole\tstart / one's\twhole / one's\tcompose p50\tcompose p99\tcompose req/s\tchange's last digest\trestored's\tchange / one's\t")
+	fmt.Fprintln(w, "nodes\tinstances\tpartitions\tRSS MiB each\tpeak MiB each\tabove empty / (one's / instances)\tone partition's RSS MiB\tshared MiB\tabove empty / (shared + rest / instances)\theap in use (goal) MiB each\tthe same, heap in use\tthe same, heap goal (twice the live heap)\tstart\twhole\tstart / one's\twhole / one's\twhole / 10,000's one\tcompose p50\tcompose p99\tcompose req/s\tchange's last digest\trestored's\tchange / one's\tchange / 10,000's one\t")
 	for _, f := range all {
 		s := f.split
 		if s == nil {
@@ -205,15 +213,20 @@ func printSplit(all []figures) {
 			heap += sep + s.heap[i].String()
 			inUse[i], goal[i] = s.heap[i].inUse, s.heap[i].goal
 		}
-		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%.0f\t%s\t%s\t%s\t\n",
+		wholeAgainst10k, changeAgainst10k := "-", "-"
+		if tenThousand != nil {
+			wholeAgainst10k = fmt.Sprintf("%.2f", float64(s.whole)/float64(tenThousand.whole))
+			changeAgainst10k = ratioOf(s.changed, tenThousand.changed)
+		}
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%.2f\t%.2f\t%s\t%s\t%s\t%.0f\t%s\t%s\t%s\t%s\t\n",
 			f.nodes, s.instances, s.partitions, rss, peak, ratio, mib(s.onePartition), shared/(1<<20),
 			s.againstFair(s.rss, s.onePartition, f.rss, f.baselineRSS),
 			heap, s.againstFair(inUse, s.onePartitionHeap.inUse, f.heap.inUse, f.baselineHeap.inUse),
 			s.againstFair(goal, s.onePartitionHeap.goal, f.heap.goal, f.baselineHeap.goal),
 			s.start.Round(time.Millisecond), s.whole.Round(time.Millisecond),
-			float64(s.start)/float64(f.start), float64(s.whole)/float64(f.whole),
+			float64(s.start)/float64(f.start), float64(s.whole)/float64(f.whole), wholeAgainst10k,
 			s.p50.Round(time.Microsecond), s.p99.Round(time.Microsecond), s.composeRate,
-			s.changed, s.restored, ratioOf(s.changed, f.changed))
+			s.changed, s.restored, ratioOf(s.changed, f.changed), changeAgainst10k)
 	}
 	_ = w.Flush()
 }
