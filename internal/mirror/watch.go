@@ -222,6 +222,10 @@ type follower struct {
 	// lost says the bucket lost messages the copy holds (a purge): the next
 	// consumer reads every key again, whatever the revisions say.
 	lost bool
+	// followOn is set by the end of a read of the partitions held alone:
+	// the next consumer starts after it without asking the stream's state,
+	// one JetStream API request fewer when many copies load at once.
+	followOn *uint64
 
 	// fill is the read of the keys of nodes the copy holds anew
 	// (Watchers.Hold), while it lasts; guarded by applying.
@@ -448,6 +452,16 @@ type followRun struct {
 // the copy has not loaded, or lost messages it held), every key's last
 // value.
 func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConfig, error) {
+	f.mu.Lock()
+	after := f.followOn
+	f.followOn = nil
+	f.mu.Unlock()
+	if after != nil {
+		cfg := f.lastValues(nil)
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = *after + 1
+		return &followRun{f: f, revision: *after, lastSeq: *after}, cfg, nil
+	}
 	revision := f.copy.Revision()
 	info, err := f.stream.Info(ctx)
 	if err != nil {
@@ -544,6 +558,9 @@ func (r *followRun) catchUp(revision uint64) {
 		// revision when the read began, or the read's last, if later.
 		revision = max(revision, r.lastSeq)
 		r.f.copy.advance(revision)
+		r.f.mu.Lock()
+		r.f.followOn = &revision
+		r.f.mu.Unlock()
 	}
 	if r.reload {
 		r.f.logger.Debug("read every key's last value", "messages", r.read, "partitions_alone", r.partitions, "revision", revision)
