@@ -100,6 +100,13 @@ func (s StoredKeys) NodePrefix(node string) string {
 	return KVPrefix(s.Bucket) + strconv.Itoa(PartitionOf(node, s.Partitions)) + "." + node + "."
 }
 
+// NodeKeys returns the filter of a KV watcher of the bucket (after its
+// prefix) that names node's stored keys but its name alone:
+// "[<partition>.]<node>.>".
+func (s StoredKeys) NodeKeys(node string) string {
+	return strings.TrimPrefix(s.NodePrefix(node), KVPrefix(s.Bucket)) + ">"
+}
+
 // HeldSubjects returns the stored subjects of the keys of the nodes in the
 // partitions held, held[p] for each partition p of a mesh of len(held), for
 // a consumer's filter; nil for every key of the bucket, when held holds

@@ -58,6 +58,12 @@ func TestStoredKeys(t *testing.T) {
 		if got, want := byEight.NodePrefix("ace"), "$KV.needs."+itoa(ace)+".ace."; got != want {
 			t.Errorf("NodePrefix(ace) = %q, want %q", got, want)
 		}
+		if got, want := byEight.NodeKeys("ace"), itoa(ace)+".ace.>"; got != want {
+			t.Errorf("NodeKeys(ace) = %q, want %q", got, want)
+		}
+		if got, want := (wire.StoredKeys{Bucket: "needs"}).NodeKeys("ace"), "ace.>"; got != want {
+			t.Errorf("NodeKeys(ace) stored as written = %q, want %q", got, want)
+		}
 	})
 	t.Run("held subjects", func(t *testing.T) {
 		t.Parallel()

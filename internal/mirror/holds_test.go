@@ -327,7 +327,7 @@ func TestHoldReadsBesideTheWatcher(t *testing.T) {
 		// The bucket's keys as stored, read with the stored subjects.
 		stored := wire.StoredKeys{Bucket: keys.NeedsBucket, Partitions: layout.Partitions}
 		want := map[string]string{}
-		entries, err := kvread.LiveOf(ctx, kv, strings.TrimPrefix(stored.NodePrefix("bob"), wire.KVPrefix(keys.NeedsBucket))+">")
+		entries, err := kvread.LiveOf(ctx, kv, stored.NodeKeys("bob"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -107,8 +106,7 @@ func eachKey(ctx context.Context, f *follower, node string, alone []jetstream.Ke
 	take := func(e jetstream.KeyValueEntry) bool {
 		return each(f.stored.KeyOfStored(e.Key()), e.Value(), e.Revision())
 	}
-	filter := strings.TrimPrefix(f.stored.NodePrefix(node), f.prefix) + ">"
-	err := kvread.Each(ctx, f.kv, filter, func(e jetstream.KeyValueEntry) bool {
+	err := kvread.Each(ctx, f.kv, f.stored.NodeKeys(node), func(e jetstream.KeyValueEntry) bool {
 		for len(alone) > 0 && alone[0].Revision() < e.Revision() {
 			if !take(alone[0]) {
 				return false
