@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
+	"github.com/novox/mesh-provisioner/backoff"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 )
@@ -134,9 +135,12 @@ type BoundBucket struct {
 	next           time.Time
 	// warned says the last look's failure was logged: once a run of
 	// failures, not every retry; tooMany that the bucket held too many
-	// keys, looked for again less often. Only the looking goroutine, one
-	// at a time, reads and writes them (and Run once it ended).
+	// keys, looked for again less often; patience how long a look waits
+	// for its API requests, longer after one that failed. Only the looking
+	// goroutine, one at a time, reads and writes them (and Run once it
+	// ended).
 	warned, tooMany bool
+	patience        *backoff.Backoff
 	// changedAt is Bound.gen at the bucket's last change (Changed);
 	// guarded by Bound.changedMu.
 	changedAt uint64
@@ -166,7 +170,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if bb = b.buckets[bucket]; bb == nil {
-		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held}
+		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held, patience: newAPIPatience()}
 		bb.named()
 		b.buckets[bucket] = bb
 		b.mark(bb, true)
@@ -581,6 +585,7 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, failu
 	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
 		bb.markMissing()
 		bb.warned = false
+		bb.patience.Reset() // answered
 	default:
 		bb.markFailing(bb.tooMany)
 		if !bb.warned {
@@ -597,7 +602,7 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 	// Bounded as the watchers' API requests are: a request the server's
 	// identity may not send gets no answer at all, and compositions wait
 	// for the bucket's first read.
-	bind, cancel := context.WithTimeout(ctx, apiTimeout)
+	bind, cancel := context.WithTimeout(ctx, bb.patience.Next())
 	defer cancel()
 	kv, err := js.KeyValue(bind, bb.bucket)
 	if err != nil {
@@ -632,6 +637,7 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			}
 			switch {
 			case e == nil: // the keys there were are in
+				bb.patience.Reset()
 				bb.replace(initial, top)
 				initial = nil
 				stalled = stall{last: last, revision: bb.Revision()}

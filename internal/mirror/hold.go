@@ -141,8 +141,9 @@ func (f *follower) hold(ctx context.Context, was, held []bool) <-chan struct{} {
 // again, and its read starts over.
 func (f *follower) runFill(ctx context.Context, fl *fill) {
 	retry := backoff.New(backoff.Config{Min: watchRetryMin, Max: watchRetryMax, Factor: 2, Jitter: 0.5})
+	patience := newAPIPatience()
 	for {
-		err := f.readFill(ctx, fl)
+		err := f.readFill(ctx, fl, patience.Next())
 		if err == nil {
 			f.applying.Lock()
 			if f.fill == fl {
@@ -167,9 +168,10 @@ func (f *follower) runFill(ctx context.Context, fl *fill) {
 }
 
 // readFill is one consumer's read of every key's last value, applied to the
-// copy for fl's nodes unless the watcher applied a later change of the key.
-func (f *follower) readFill(ctx context.Context, fl *fill) error {
-	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+// copy for fl's nodes unless the watcher applied a later change of the key;
+// its API requests are given up after timeout.
+func (f *follower) readFill(ctx context.Context, fl *fill, timeout time.Duration) error {
+	apiCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	// The read ends at the bucket's last revision now: each later change
 	// is the watcher's, of nodes the copy holds already.
@@ -178,7 +180,7 @@ func (f *follower) readFill(ctx context.Context, fl *fill) error {
 		return fmt.Errorf("read the bucket's stream state: %w", err)
 	}
 	last := info.State.LastSeq
-	consumer, err := f.stream.CreateConsumer(apiCtx, f.lastValues(fl.partitions))
+	consumer, err := f.createConsumer(apiCtx, f.lastValues(fl.partitions))
 	if err != nil {
 		return fmt.Errorf("create the read's consumer: %w", err)
 	}
@@ -186,7 +188,7 @@ func (f *follower) readFill(ctx context.Context, fl *fill) error {
 	if consumer.CachedInfo().NumPending == 0 {
 		return nil // an empty bucket
 	}
-	messages, err := consumer.Messages(jetstream.PullHeartbeat(f.heartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true),
+	messages, err := consumer.Messages(jetstream.PullHeartbeat(readHeartbeat), jetstream.WithMessagesErrOnMissingHeartbeat(true),
 		jetstream.PullMaxMessages(pullBatch))
 	if err != nil {
 		return fmt.Errorf("pull from the read's consumer: %w", err)

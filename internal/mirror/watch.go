@@ -36,10 +36,33 @@ const (
 	// DefaultHeartbeat is the idle heartbeat of a watcher's pull requests: a
 	// consumer that sends none for two of them is taken for lost.
 	DefaultHeartbeat = 500 * time.Millisecond
+	// readHeartbeat is the idle heartbeat of a consumer that reads the
+	// last value of the keys of some partitions and ends with the read (a
+	// Hold's, or a copy's first read of its partitions): such a read lost
+	// is read again from its start, and nats-server may deliver nothing to
+	// a bucket's consumers for a second while it makes another consumer of
+	// millions of keys' last values (bench-scale's four instances lost a
+	// dozen reads so at a 500ms heartbeat). A consumer that follows the
+	// bucket live keeps DefaultHeartbeat.
+	readHeartbeat = 2 * time.Second
 	// apiTimeout bounds each JetStream API request of a watcher (stream
 	// info, consumer creation): one sent into an election is given up and
 	// sent again rather than waited on for the client's 5s default.
 	apiTimeout = time.Second
+	// apiPatienceMax is the longest an attempt to read every key's last
+	// value (a copy that loads, a Hold's read, a look at a provider's
+	// bucket) waits for its API requests
+	// once attempts before it failed: each failure doubles the next
+	// attempt's wait from apiTimeout. nats-server answers its API with as
+	// many workers as it has cores, and makes a consumer of every key's
+	// last value only once it has listed each key's last message, a second
+	// or more for millions of keys on a busy small machine. A request given
+	// up still costs the server its work, and sent again it queues behind
+	// its earlier copy: bench-scale's four instances gave up some hundred
+	// reads so in a run, at the start, and took tens of seconds more to
+	// load. An election answers nothing: each attempt into one costs up to
+	// this much more.
+	apiPatienceMax = 4 * apiTimeout
 	// consumerInactive is how long the server keeps a consumer no watcher
 	// pulls from.
 	consumerInactive = 10 * time.Second
@@ -257,6 +280,7 @@ func (f *follower) connectionChanged(status nats.Status) {
 // run follows the bucket until ctx is done.
 func (f *follower) run(ctx context.Context) {
 	retry := backoff.New(backoff.Config{Min: watchRetryMin, Max: watchRetryMax, Factor: 2, Jitter: 0.5})
+	patience := newAPIPatience()
 	loadFailed := false // logged once
 	for {
 		attempt, cancel := context.WithCancel(ctx)
@@ -265,7 +289,14 @@ func (f *follower) run(ctx context.Context) {
 		f.mu.Unlock()
 		var err error
 		if f.conn.IsConnected() {
-			err = f.follow(attempt)
+			// A copy that loads reads every key's last value; one that
+			// resumes asks for a consumer that costs the server little,
+			// and one not answered in time was sent into an election.
+			timeout := apiTimeout
+			if !f.copy.Ready() {
+				timeout = patience.Next()
+			}
+			err = f.follow(attempt, timeout)
 		}
 		cancel()
 		if ctx.Err() != nil {
@@ -300,9 +331,17 @@ func (f *follower) run(ctx context.Context) {
 			return
 		case <-f.kick:
 			retry.Reset()
+			patience.Reset()
 		case <-wait:
 		}
 	}
+}
+
+// newAPIPatience returns how long each attempt of a retry loop waits for
+// its JetStream API requests: apiTimeout, doubled by each attempt after
+// one that failed, up to apiPatienceMax, until Reset.
+func newAPIPatience() *backoff.Backoff {
+	return backoff.New(backoff.Config{Min: apiTimeout, Max: apiPatienceMax, Factor: 2})
 }
 
 // errFollowed wraps why a watcher that had caught up with its bucket
@@ -355,9 +394,10 @@ func (f *follower) caughtUp(revision uint64) {
 // applies what it delivers until ctx is done or the consumer is lost. The
 // first time, and when the bucket no longer holds the changes after the
 // copy's revision (purged, or removed by limits), it reads every key's last
-// value instead and drops the keys it does not deliver.
-func (f *follower) follow(ctx context.Context) error {
-	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+// value instead and drops the keys it does not deliver. Its API requests
+// are given up after timeout.
+func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
+	apiCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	run, cfg, err := f.plan(apiCtx)
 	if err != nil {
@@ -367,7 +407,7 @@ func (f *follower) follow(ctx context.Context) error {
 		f.setReloading(true)
 		defer f.setReloading(false)
 	}
-	consumer, err := f.stream.CreateConsumer(apiCtx, cfg)
+	consumer, err := f.createConsumer(apiCtx, cfg)
 	if err != nil {
 		return fmt.Errorf("create the bucket's consumer: %w", err)
 	}
@@ -384,8 +424,12 @@ func (f *follower) follow(ctx context.Context) error {
 	if run.partitions && run.caught {
 		return errPartitionsRead
 	}
+	heartbeat := f.heartbeat
+	if run.partitions {
+		heartbeat = readHeartbeat // it ends with the read
+	}
 	messages, err := consumer.Messages(
-		jetstream.PullHeartbeat(f.heartbeat),
+		jetstream.PullHeartbeat(heartbeat),
 		jetstream.WithMessagesErrOnMissingHeartbeat(true),
 		jetstream.PullMaxMessages(pullBatch),
 	)
@@ -489,6 +533,18 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 			"revision", revision, "bucket_first_revision", state.FirstSeq, "bucket_last_revision", state.LastSeq)
 	}
 	return run, cfg, nil
+}
+
+// createConsumer creates a consumer of the bucket's stream, and logs how
+// long nats-server took to make it.
+func (f *follower) createConsumer(ctx context.Context, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	asked := time.Now()
+	consumer, err := f.stream.CreateConsumer(ctx, cfg)
+	if err == nil {
+		f.logger.Debug("bucket consumer made", "took", time.Since(asked).Round(time.Millisecond),
+			"last_values", cfg.DeliverPolicy == jetstream.DeliverLastPerSubjectPolicy, "pending", consumer.CachedInfo().NumPending)
+	}
+	return consumer, err
 }
 
 // lastValues returns the configuration of a consumer of the last value of

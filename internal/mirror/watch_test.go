@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -269,4 +270,93 @@ func TestWatchersStartTheLargeBucketsWithoutTheRegistry(t *testing.T) {
 	if m.Registry.Ready() {
 		t.Error("the registry's copy loaded: the test wants it refused")
 	}
+}
+
+// A nats-server slower to answer its JetStream API than a watcher's first
+// patience (as one is while it lists millions of keys' last messages for
+// other consumers) is waited on longer by each attempt after one that
+// timed out: the copy loads, and a Hold's read is done, rather than every
+// attempt given up and sent again behind its own earlier copy.
+func TestWatchersWaitLongerOnASlowJetStreamAPI(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	direct, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layout := buckets.Config{Partitions: meshPartitions}
+	if err := buckets.Ensure(ctx, direct, layout); err != nil {
+		t.Fatal(err)
+	}
+	needs, err := direct.KeyValue(ctx, keys.NeedsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	for _, key := range []string{"ace.web.port.http", "bob.web.port.http"} {
+		if _, err := needs.Put(ctx, key, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Every consumer is made 1.2s late, once the watchers are open: later
+	// than a first attempt waits.
+	const delay = 1200 * time.Millisecond
+	slow, slowing := slowJetStreamAPI(t, nc, delay, "CONSUMER.CREATE.")
+	m := mirror.New()
+	m.SetHolds(heldOf("ace"))
+	w, err := m.Open(ctx, slow, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowing.Store(true)
+	runCtx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(runCtx); close(done) }()
+	t.Cleanup(func() { stop(); <-done })
+	select {
+	case <-m.Needs.Loaded():
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the needs' copy did not load within 30s with the API answering %s late", delay)
+	}
+	select {
+	case <-w.Hold(heldOf("ace", "bob")):
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the copy did not hold bob within 30s with the API answering %s late", delay)
+	}
+	if entries, _, _ := m.Needs.Group("bob"); len(entries) != 1 {
+		t.Errorf("bob's needs once held: %d, want 1", len(entries))
+	}
+}
+
+// slowJetStreamAPI returns a JetStream client of nc whose API requests go
+// through a relay that hands those whose subject (after the API prefix)
+// starts with one of slowed to nats-server delay late once slowing is set,
+// and the others at once; the server answers each on its own reply
+// subject.
+func slowJetStreamAPI(t *testing.T, nc *nats.Conn, delay time.Duration, slowed ...string) (js jetstream.JetStream, slowing *atomic.Bool) {
+	t.Helper()
+	const prefix = "slow.API."
+	slowing = &atomic.Bool{}
+	sub, err := nc.Subscribe(prefix+">", func(msg *nats.Msg) {
+		rest := strings.TrimPrefix(msg.Subject, prefix)
+		relay := func() {
+			_ = nc.PublishMsg(&nats.Msg{Subject: jetstream.DefaultAPIPrefix + rest, Reply: msg.Reply, Header: msg.Header, Data: msg.Data})
+		}
+		if slowing.Load() && slices.ContainsFunc(slowed, func(s string) bool { return strings.HasPrefix(rest, s) }) {
+			time.AfterFunc(delay, relay)
+			return
+		}
+		relay()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	js, err = jetstream.NewWithAPIPrefix(nc, strings.TrimSuffix(prefix, "."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, slowing
 }
