@@ -41,9 +41,9 @@ const (
 	// Hold's, or a copy's first read of its partitions): such a read lost
 	// is read again from its start, and nats-server may deliver nothing to
 	// a bucket's consumers for a second while it makes another consumer of
-	// millions of keys' last values (bench-scale's four instances lost a
-	// dozen reads so at a 500ms heartbeat). A consumer that follows the
-	// bucket live keeps DefaultHeartbeat.
+	// millions of keys' last values (bench-scale's four instances lost up
+	// to a dozen reads so at a 500ms heartbeat). A consumer that follows
+	// the bucket live keeps DefaultHeartbeat.
 	readHeartbeat = 2 * time.Second
 	// apiTimeout bounds each JetStream API request of a watcher (stream
 	// info, consumer creation): one sent into an election is given up and
@@ -51,17 +51,16 @@ const (
 	apiTimeout = time.Second
 	// apiPatienceMax is the longest an attempt to read every key's last
 	// value (a copy that loads, a Hold's read, a look at a provider's
-	// bucket) waits for its API requests
-	// once attempts before it failed: each failure doubles the next
-	// attempt's wait from apiTimeout. nats-server answers its API with as
-	// many workers as it has cores, and makes a consumer of every key's
-	// last value only once it has listed each key's last message, a second
-	// or more for millions of keys on a busy small machine. A request given
-	// up still costs the server its work, and sent again it queues behind
-	// its earlier copy: bench-scale's four instances gave up some hundred
-	// reads so in a run, at the start, and took tens of seconds more to
-	// load. An election answers nothing: each attempt into one costs up to
-	// this much more.
+	// bucket) waits for its API requests once attempts before it failed:
+	// each failure doubles the next attempt's wait from apiTimeout.
+	// nats-server answers its API with as many workers as it has cores, and
+	// makes a consumer of every key's last value only once it has listed
+	// each key's last message, a second or more for millions of keys on a
+	// busy small machine. A request given up still costs the server its
+	// work, and sent again it queues behind its earlier copy: bench-scale's
+	// four instances gave up 45 to 96 reads so in a run, at the start, and
+	// took tens of seconds more to load. An election answers nothing: each
+	// attempt into one costs up to this much more.
 	apiPatienceMax = 4 * apiTimeout
 	// consumerInactive is how long the server keeps a consumer no watcher
 	// pulls from.
