@@ -59,9 +59,11 @@ const (
 	// busy small machine. A request given up still costs the server its
 	// work, and sent again it queues behind its earlier copy: bench-scale's
 	// four instances gave up 45 to 96 reads so in a run, at the start, and
-	// took tens of seconds more to load. An election answers nothing: each
-	// attempt into one costs up to this much more.
-	apiPatienceMax = 4 * apiTimeout
+	// took tens of seconds more to load. An election answers nothing, and
+	// each attempt into one costs up to this much, not apiTimeout: at 4 s,
+	// a partition's read after its holder and a stream's leader were
+	// killed ended 2.7-5.4 s after the election in two fault runs of six.
+	apiPatienceMax = 2 * apiTimeout
 	// consumerInactive is how long the server keeps a consumer no watcher
 	// pulls from.
 	consumerInactive = 10 * time.Second
