@@ -71,10 +71,7 @@ func TestSetHoldsKeepsTheNodesHeldAlone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runCtx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { w.Run(runCtx); close(done) }()
-		t.Cleanup(func() { stop(); <-done })
+		runWatchers(t, w)
 		natstest.CheckFor(t, 10*time.Second, func() error {
 			if !m.Ready() {
 				return fmt.Errorf("loading %v", m.Loading())
@@ -165,10 +162,7 @@ func TestHoldChangesTheNodesHeldWhileFollowed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runCtx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { w.Run(runCtx); close(done) }()
-		t.Cleanup(func() { stop(); <-done })
+		runWatchers(t, w)
 		natstest.CheckFor(t, 10*time.Second, func() error {
 			if !m.Ready() {
 				return fmt.Errorf("loading %v", m.Loading())
@@ -279,10 +273,7 @@ func TestHoldReadsBesideTheWatcher(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runCtx, stop := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { w.Run(runCtx); close(done) }()
-		t.Cleanup(func() { stop(); <-done })
+		runWatchers(t, w)
 		natstest.CheckFor(t, 20*time.Second, func() error {
 			if !m.Ready() {
 				return fmt.Errorf("loading %v", m.Loading())

@@ -258,10 +258,7 @@ func TestWatchersStartTheLargeBucketsWithoutTheRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	runWatchers(t, w)
 	select {
 	case <-m.Needs.Loaded():
 	case <-time.After(10 * time.Second):
@@ -270,6 +267,15 @@ func TestWatchersStartTheLargeBucketsWithoutTheRegistry(t *testing.T) {
 	if m.Registry.Ready() {
 		t.Error("the registry's copy loaded: the test wants it refused")
 	}
+}
+
+// runWatchers runs w until the test ends.
+func runWatchers(t *testing.T, w *mirror.Watchers) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
 }
 
 // A nats-server slower to answer its JetStream API than a watcher's first
@@ -311,10 +317,7 @@ func TestWatchersWaitLongerOnASlowJetStreamAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	slowing.Store(true)
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.Run(runCtx); close(done) }()
-	t.Cleanup(func() { stop(); <-done })
+	runWatchers(t, w)
 	select {
 	case <-m.Needs.Loaded():
 	case <-time.After(30 * time.Second):
