@@ -54,12 +54,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
@@ -322,7 +324,7 @@ func measure(cfg config, nodes int) (figures, error) {
 		return f, err
 	}
 	defer srv.stop()
-	if err := firstCorrectAnswer(nc, node, last, want); err != nil {
+	if err := firstCorrectAnswer(nc, node, last, want, srv.started, cfg.keepServerLogs); err != nil {
 		return f, err
 	}
 	f.start = time.Since(srv.started)
@@ -437,8 +439,10 @@ func waitServing(nc *nats.Conn) error {
 }
 
 // firstCorrectAnswer asks for node's composition at the last revisions
-// until the answer equals want.
-func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revisions, want *provisionerv1.ComposeResponse) error {
+// until the answer equals want. With verbose, it prints each refusal that
+// differs from the one before, and when it came after started: what kept
+// the first answer.
+func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revisions, want *provisionerv1.ComposeResponse, started time.Time, verbose bool) error {
 	want = proto.CloneOf(want)
 	want.Phases, want.Revisions = nil, nil
 	deadline := time.Now().Add(5 * time.Minute)
@@ -452,6 +456,13 @@ func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revision
 				return nil
 			}
 			err = errors.New("an answer that differs from the mesh's composition")
+			if verbose {
+				diff := cmp.Diff(want, got, protocmp.Transform())
+				err = fmt.Errorf("%w (-want +got, the start):\n%s", err, diff[:min(len(diff), 600)])
+			}
+		}
+		if verbose && (lastErr == nil || err.Error() != lastErr.Error()) {
+			fmt.Printf("first answer of %s, %s after the start: %v\n", node, time.Since(started).Round(time.Millisecond), err)
 		}
 		lastErr = err
 		time.Sleep(2 * time.Millisecond)

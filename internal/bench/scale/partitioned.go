@@ -93,7 +93,7 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, js jetstream.JetSt
 		servers = append(servers, srv)
 	}
 	started := servers[0].started
-	if err := firstCorrectAnswer(nc, node, last, want); err != nil {
+	if err := firstCorrectAnswer(nc, node, last, want, started, cfg.keepServerLogs); err != nil {
 		return nil, err
 	}
 	sf.start = time.Since(started)
