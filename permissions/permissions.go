@@ -294,7 +294,8 @@ func followBound(who string, providers []string) ([]string, error) {
 //   - for each of the five buckets, publish
 //     $JS.API.CONSUMER.MSG.NEXT.<stream>.> (pull from the consumer that
 //     keeps its copy) and $JS.API.DIRECT.GET.<stream> (read the changes
-//     after its copy's revision while that consumer is being made again);
+//     after its copy's revision while that consumer is being made again,
+//     and an asking node's keys while the copy loads);
 //   - for each provider given, its bucket's stream KV_<provider>_bound:
 //     publish $JS.API.STREAM.INFO, $JS.API.CONSUMER.CREATE.<stream> (and
 //     .>), $JS.API.CONSUMER.DELETE.<stream>.> and $JS.FC.<stream>.>: follow

@@ -24,11 +24,12 @@ import (
 // this way.
 
 // Reads of a node alone are bounded across every node: earlyReadsPerSecond a
-// second, after a burst of as many. Each costs JetStream some six API
-// requests (a bucket's state and a watcher, in each state bucket), and a
-// node asks for itself as often as it likes: without the bound, a node
-// asking in a loop while the copy loads would have the server ask
-// JetStream thousands of times a second, and slow the load.
+// second, after a burst of as many. Each costs JetStream a direct get in
+// each state bucket (two more for a bucket without a key of the node's,
+// and a bucket's state and a watcher for one with more than a batch holds:
+// mirror.ReadNode), and a node asks for itself as often as it likes:
+// without the bound, a node asking in a loop while the copy loads would
+// have the server read thousands of times a second, and slow the load.
 const earlyReadsPerSecond = 100
 
 // earlyReadsPerNode is the most reads of one node alone in a second, a tenth
