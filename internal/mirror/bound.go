@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
-	"github.com/novox/mesh-provisioner/backoff"
 	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
 )
@@ -44,6 +43,17 @@ const (
 	// after, for whether it was deleted (or made again): a watcher does
 	// not say.
 	boundCheck = 15
+	// boundLookWait is how long a look at a bucket waits for each of its
+	// JetStream API requests. Answers wait for it no longer than
+	// apiTimeout: past that, the bucket reads as failing (its provisions
+	// pending, answers say it is behind), as after a look that failed,
+	// while the look goes on. nats-server answers stream infos only when
+	// no other API request waits for its workers: while instances load a
+	// large mesh, seconds later. A look given up after a second or two was
+	// answered all the same, and the next queued behind it: four
+	// instances starting on 100,000 nodes said two buckets behind in a
+	// node's answers for 20 s (bench-scale).
+	boundLookWait = 5 * time.Second
 )
 
 // Bound is the watched copy of the providers' buckets (<provider>_bound):
@@ -135,12 +145,14 @@ type BoundBucket struct {
 	next           time.Time
 	// warned says the last look's failure was logged: once a run of
 	// failures, not every retry; tooMany that the bucket held too many
-	// keys, looked for again less often; patience how long a look waits
-	// for its API requests, longer after one that failed. Only the looking
-	// goroutine, one at a time, reads and writes them (and Run once it
-	// ended).
+	// keys, looked for again less often. Only the looking goroutine, one
+	// at a time, reads and writes them (and Run once it ended).
 	warned, tooMany bool
-	patience        *backoff.Backoff
+	// looks counts the looks begun, settled is the count at the last look
+	// that read the keys (replace) or found the bucket missing: a look
+	// slow to do either marks the bucket failing meanwhile, unless it
+	// did (failUnsettled). Guarded by mu.
+	looks, settled uint64
 	// changedAt is Bound.gen at the bucket's last change (Changed);
 	// guarded by Bound.changedMu.
 	changedAt uint64
@@ -170,7 +182,7 @@ func (b *Bound) Bucket(bucket string) *BoundBucket {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if bb = b.buckets[bucket]; bb == nil {
-		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held, patience: newAPIPatience()}
+		bb = &BoundBucket{bound: b, bucket: bucket, keys: map[string]uint64{}, advanced: make(chan struct{}), loaded: b.held}
 		bb.named()
 		b.buckets[bucket] = bb
 		b.mark(bb, true)
@@ -440,6 +452,7 @@ func (b *Bound) Changed(gen uint64) (firsts, buckets []string, now uint64) {
 func (bb *BoundBucket) markMissing() {
 	bb.mu.Lock()
 	defer bb.mu.Unlock()
+	bb.settled = bb.looks
 	if bb.loaded && !bb.failing && len(bb.keys) == 0 && bb.revision == 0 {
 		return // found missing again: nothing changed
 	}
@@ -450,11 +463,34 @@ func (bb *BoundBucket) markMissing() {
 	bb.advance()
 }
 
+// beginLook counts a look begun, and returns its number.
+func (bb *BoundBucket) beginLook() uint64 {
+	bb.mu.Lock()
+	defer bb.mu.Unlock()
+	bb.looks++
+	return bb.looks
+}
+
+// failUnsettled marks the bucket failing, unless look read its keys or
+// found it missing: the look goes on, and either marks the bucket again.
+func (bb *BoundBucket) failUnsettled(look uint64) {
+	bb.mu.Lock()
+	defer bb.mu.Unlock()
+	if bb.settled != look {
+		bb.markFailingLocked(false)
+	}
+}
+
 // markFailing says the bucket cannot be read: its provisions are pending
 // on what it held, or on nothing if drop is set.
 func (bb *BoundBucket) markFailing(drop bool) {
 	bb.mu.Lock()
 	defer bb.mu.Unlock()
+	bb.markFailingLocked(drop)
+}
+
+// markFailingLocked is markFailing, bb.mu held.
+func (bb *BoundBucket) markFailingLocked(drop bool) {
 	if bb.loaded && bb.failing && (!drop || len(bb.keys) == 0) {
 		return
 	}
@@ -585,7 +621,6 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, failu
 	case errors.Is(err, jetstream.ErrBucketNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
 		bb.markMissing()
 		bb.warned = false
-		bb.patience.Reset() // answered
 	default:
 		bb.markFailing(bb.tooMany)
 		if !bb.warned {
@@ -599,16 +634,21 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, failu
 // watch reads the bucket's keys and follows them until ctx is done, the
 // watcher stops, or the bucket is no longer the one it watched.
 func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error {
-	// Bounded as the watchers' API requests are: a request the server's
-	// identity may not send gets no answer at all, and compositions wait
-	// for the bucket's first read.
-	bind, cancel := context.WithTimeout(ctx, bb.patience.Next())
-	defer cancel()
+	look := bb.beginLook()
+	slow := time.AfterFunc(apiTimeout, func() { bb.failUnsettled(look) })
+	defer slow.Stop()
+	// Each request bounded: one the server's identity may not send gets no
+	// answer at all. Compositions wait for the bucket's first read no
+	// longer than apiTimeout (boundLookWait).
+	bind, cancel := context.WithTimeout(ctx, boundLookWait)
 	kv, err := js.KeyValue(bind, bb.bucket)
+	cancel()
 	if err != nil {
 		return err
 	}
+	bind, cancel = context.WithTimeout(ctx, boundLookWait)
 	made, last, err := bucketState(bind, kv)
+	cancel()
 	if err != nil {
 		return err
 	}
@@ -637,7 +677,6 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			}
 			switch {
 			case e == nil: // the keys there were are in
-				bb.patience.Reset()
 				bb.replace(initial, top)
 				initial = nil
 				stalled = stall{last: last, revision: bb.Revision()}
@@ -718,6 +757,7 @@ func (s *stall) at(revision, last uint64) bool {
 // replace sets the bucket's keys to a full read's, and marks it loaded.
 func (bb *BoundBucket) replace(keys map[string]uint64, revision uint64) {
 	bb.mu.Lock()
+	bb.settled = bb.looks
 	old := bb.keys
 	bb.keys = keys
 	bb.revision = max(bb.revision, revision)

@@ -141,3 +141,49 @@ func runBound(t *testing.T) (*mirror.Bound, jetstream.JetStream, context.Context
 	t.Cleanup(func() { cancel(); <-done })
 	return b, js, ctx
 }
+
+// A provider's bucket whose stream infos nats-server answers late (as it
+// does while instances load a large mesh: infos wait until no other API
+// request does) reads as behind once a look has waited apiTimeout, so that
+// answers do not wait for it, and is read by that same look when the
+// answers come: a look given up and sent again would queue behind itself.
+func TestBoundReadsABucketItsLookWaitedFor(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.Start(t))
+	direct, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	kv, err := direct.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, "ace.web.db", []byte("a secret the server never reads"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two infos a look, each 1.5s late: more than the second the answers
+	// wait, and than a look waited before.
+	slow, slowing := slowJetStreamAPI(t, nc, 1500*time.Millisecond, "STREAM.INFO.")
+	slowing.Store(true)
+	b := mirror.NewBound()
+	done := make(chan struct{})
+	go func() { b.Run(ctx, slow, nil); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	named := time.Now()
+	pg := b.Bucket("pg_bound")
+	waitCtx, cancelWait := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancelWait()
+	if !pg.WaitLoaded(waitCtx) || !pg.Behind() {
+		t.Fatalf("1.5s after it was named, with its look unanswered: loaded %v, behind %v; want answers no longer waiting, told it is behind", pg.Loaded(), pg.Behind())
+	}
+	readCtx, cancelRead := context.WithTimeout(ctx, 8*time.Second)
+	defer cancelRead()
+	if !pg.WaitFor(readCtx, rev) || pg.Behind() || b.Key("pg_bound", "ace.web.db") != rev {
+		t.Fatalf("8s after it was named: behind %v, ace.web.db at revision %d; want %d", pg.Behind(), b.Key("pg_bound", "ace.web.db"), rev)
+	}
+	t.Logf("read %v after it was named", time.Since(named).Round(time.Millisecond))
+}

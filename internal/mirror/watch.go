@@ -50,8 +50,9 @@ const (
 	// sent again rather than waited on for the client's 5s default.
 	apiTimeout = time.Second
 	// apiPatienceMax is the longest an attempt to read every key's last
-	// value (a copy that loads, a Hold's read, a look at a provider's
-	// bucket) waits for its API requests once attempts before it failed:
+	// value (a copy that loads, a Hold's read) waits for its API requests
+	// once attempts before it failed (a look at a provider's bucket waits
+	// boundLookWait):
 	// each failure doubles the next attempt's wait from apiTimeout.
 	// nats-server answers its API with as many workers as it has cores, and
 	// makes a consumer of every key's last value only once it has listed
