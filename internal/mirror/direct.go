@@ -39,6 +39,13 @@ var errNotInOneBatch = errors.New("not read in one batch direct get")
 // errNoneMatched is a batch direct get's "no results": no subject matches.
 var errNoneMatched = errors.New("no key matched")
 
+// directMaxBytes bounds what one batch direct get of a node's keys
+// brings: a node whose values are more (under a larger budget, or none)
+// is read through a watcher, which nats.go flow-controls. A batch past a
+// subscription's pending limit (64 MiB by default; 1,024 values of 64
+// KiB reach it) would lose its end, and the read wait for it.
+const directMaxBytes = 8 << 20
+
 // Headers of a batch direct get's end (nats-server's stream.go): what it
 // left unsent, and the stream's revision the batch was read at.
 const (
@@ -48,12 +55,16 @@ const (
 
 // lastOfNode returns the last message of each of node's keys in f's bucket
 // (delete markers included), oldest first, and the bucket's revision they
-// were read at: every key of node's as of then. maxBytes, when above 0,
-// bounds what the server sends; past it, errNotInOneBatch.
+// were read at: every key of node's as of then. The server sends at most
+// maxBytes, or directMaxBytes if less or maxBytes is not above 0; past
+// it, errNotInOneBatch.
 func (f *follower) lastOfNode(ctx context.Context, js jetstream.JetStream, node string, maxBytes int) ([]*nats.Msg, uint64, error) {
 	// A key that is the node's name alone is malformed, stored as written,
 	// and read with the node's.
 	filters := []string{f.prefix + node, f.stored.NodePrefix(node) + ">"}
+	if maxBytes <= 0 || maxBytes > directMaxBytes {
+		maxBytes = directMaxBytes
+	}
 	stream := wire.StreamOf(f.copy.Bucket())
 	msgs, upTo, err := directLast(ctx, js, stream, filters, maxBytes)
 	if !errors.Is(err, errNoneMatched) {
@@ -98,7 +109,7 @@ func directLast(ctx context.Context, js jetstream.JetStream, stream string, filt
 	body, err := json.Marshal(struct {
 		MultiLast []string `json:"multi_last"`
 		MaxBytes  int      `json:"max_bytes,omitempty"`
-	}{filters, max(maxBytes, 0)})
+	}{filters, maxBytes})
 	if err != nil {
 		return nil, 0, err
 	}

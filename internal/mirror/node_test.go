@@ -26,8 +26,8 @@ import (
 // keys come from direct gets, which the server answers at once. ace has
 // keys of its own in two buckets (one deleted, one its name alone) and
 // none in the third, whose read says the revision all the same; wide has
-// more keys than one batch direct get returns, and is read through a
-// watcher.
+// more keys than one batch direct get returns, and heavy more bytes than
+// one is let bring: both are read through a watcher.
 func TestANodeIsReadAlonePastASlowJetStreamAPI(t *testing.T) {
 	t.Parallel()
 	forEachLayout(t, func(t *testing.T, layout buckets.Config) {
@@ -65,6 +65,12 @@ func TestANodeIsReadAlonePastASlowJetStreamAPI(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
+				large := make([]byte, 60_000)
+				for i := range 150 {
+					if _, err := kv.Put(ctx, fmt.Sprintf("heavy.web.port.p%d", i), large); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
 		}
 
@@ -83,6 +89,13 @@ func TestANodeIsReadAlonePastASlowJetStreamAPI(t *testing.T) {
 		}
 		if entries, _, _ := wide.Needs.Group("wide"); len(entries) != 1100 {
 			t.Errorf("wide read alone: %d needs, want 1100", len(entries))
+		}
+		heavy, err := w.ReadNode(ctx, "heavy")
+		if err != nil {
+			t.Fatalf("read heavy alone: %v", err)
+		}
+		if entries, _, _ := heavy.Needs.Group("heavy"); len(entries) != 150 {
+			t.Errorf("heavy, 9 MB of values, read alone: %d needs, want 150", len(entries))
 		}
 
 		slowing.Store(true)
