@@ -421,6 +421,13 @@ func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
 			"bucket_last_revision", run.lastSeq, "pending", consumer.CachedInfo().NumPending)
 	}
 	if consumer.CachedInfo().NumPending == 0 {
+		if run.stateUnread { // no key to end the read with: the stream's last revision does
+			info, err := f.stream.Info(apiCtx)
+			if err != nil {
+				return fmt.Errorf("read the bucket's stream state: %w", err)
+			}
+			run.lastSeq = info.State.LastSeq
+		}
 		run.catchUp(max(run.revision, run.lastSeq))
 	}
 	if run.partitions && run.caught {
@@ -486,11 +493,15 @@ type followRun struct {
 	partitions bool
 	// applyAll applies every change though the copy's revision cannot go
 	// back: the bucket was deleted and made again, its revisions over.
-	applyAll  bool
-	loading   *loader // applies a full read's changes, while it lasts
-	delivered uint64  // the consumer's last delivery
-	read      int     // messages delivered
-	caught    bool    // the copy reached the stream's last revision
+	applyAll bool
+	// stateUnread says lastSeq was not read: a copy's first read of a
+	// bucket it holds whole ends with the last key delivered, and needs
+	// the stream's state only when there is none (plan).
+	stateUnread bool
+	loading     *loader // applies a full read's changes, while it lasts
+	delivered   uint64  // the consumer's last delivery
+	read        int     // messages delivered
+	caught      bool    // the copy reached the stream's last revision
 }
 
 // plan reads the stream's state and says how the copy follows it: the
@@ -509,6 +520,26 @@ func (f *follower) plan(ctx context.Context) (*followRun, jetstream.ConsumerConf
 		return &followRun{f: f, revision: *after, lastSeq: *after}, cfg, nil
 	}
 	revision := f.copy.Revision()
+	if revision == 0 && !f.copy.Ready() {
+		// A first read of every key's last value, but of some partitions
+		// (which follow on from the stream's last revision): nothing of the
+		// stream's state decides it. nats-server answers stream infos only
+		// when no other API request waits for its workers: while instances
+		// loaded a large mesh, the registry's and the manifests' first
+		// reads, which an instance needs to answer anything, waited seconds
+		// for theirs.
+		var held []bool
+		if f.held != nil {
+			held = f.held()
+		}
+		if cfg := f.lastValues(held); len(cfg.FilterSubjects) == 0 {
+			run := &followRun{f: f, reload: true, stateUnread: true, held: held}
+			if !f.copy.Empty() {
+				run.live = map[string]bool{}
+			}
+			return run, cfg, nil
+		}
+	}
 	info, err := f.stream.Info(ctx)
 	if err != nil {
 		return nil, jetstream.ConsumerConfig{}, fmt.Errorf("read the bucket's stream state: %w", err)

@@ -363,3 +363,50 @@ func slowJetStreamAPI(t *testing.T, nc *nats.Conn, delay time.Duration, slowed .
 	}
 	return js, slowing
 }
+
+// A copy's first read of a bucket it holds whole asks nothing of the
+// stream's state, which nats-server answers last while it has other API
+// requests (as while instances load a large mesh): every copy loads with
+// stream infos answered 3 s late, later than a read waits for one.
+func TestFirstReadsWaitForNoStreamInfo(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc := natstest.Connect(t, natstest.Start(t))
+	direct, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(ctx, direct, buckets.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	for _, bucket := range keys.Buckets() {
+		kv, err := direct.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "ace.web.port.http", data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slow, slowing := slowJetStreamAPI(t, nc, 3*time.Second, "STREAM.INFO.")
+	m := mirror.New()
+	w, err := m.Open(ctx, slow, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowing.Store(true)
+	opened := time.Now()
+	runWatchers(t, w)
+	for _, c := range m.Copies() {
+		select {
+		case <-c.Loaded():
+		case <-time.After(2500 * time.Millisecond):
+			t.Fatalf("the copy of %s did not load within 2.5s with stream infos answered 3s late", c.Bucket())
+		}
+		if c.Revision() == 0 {
+			t.Errorf("the copy of %s loaded at revision 0", c.Bucket())
+		}
+	}
+	t.Logf("every copy loaded %v after the watchers started", time.Since(opened).Round(time.Millisecond))
+}
