@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
@@ -33,14 +34,7 @@ func TestSetHoldsKeepsTheNodesHeldAlone(t *testing.T) {
 	t.Parallel()
 	forEachLayout(t, func(t *testing.T, layout buckets.Config) {
 		ctx := t.Context()
-		nc := natstest.Connect(t, natstest.Start(t))
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := buckets.Ensure(ctx, js, layout); err != nil {
-			t.Fatal(err)
-		}
+		_, js := bucketsOn(t, layout)
 		put := func(bucket, key string, value proto.Message) uint64 {
 			t.Helper()
 			kv, err := js.KeyValue(ctx, bucket)
@@ -127,14 +121,7 @@ func TestHoldChangesTheNodesHeldWhileFollowed(t *testing.T) {
 	t.Parallel()
 	forEachLayout(t, func(t *testing.T, layout buckets.Config) {
 		ctx := t.Context()
-		nc := natstest.Connect(t, natstest.Start(t))
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := buckets.Ensure(ctx, js, layout); err != nil {
-			t.Fatal(err)
-		}
+		_, js := bucketsOn(t, layout)
 		kv, err := js.KeyValue(ctx, keys.NeedsBucket)
 		if err != nil {
 			t.Fatal(err)
@@ -226,14 +213,7 @@ func TestHoldReadsBesideTheWatcher(t *testing.T) {
 	t.Parallel()
 	forEachLayout(t, func(t *testing.T, layout buckets.Config) {
 		ctx := t.Context()
-		nc := natstest.Connect(t, natstest.Start(t))
-		js, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := buckets.Ensure(ctx, js, layout); err != nil {
-			t.Fatal(err)
-		}
+		_, js := bucketsOn(t, layout)
 		kv, err := js.KeyValue(ctx, keys.NeedsBucket)
 		if err != nil {
 			t.Fatal(err)
@@ -398,3 +378,18 @@ func recordReads() (*slog.Logger, func(bucket string) []int) {
 type writerFunc func(p []byte) (int, error)
 
 func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
+
+// bucketsOn starts a nats-server of the test's own, and returns a
+// connection to it and its JetStream, the mesh's buckets made in layout.
+func bucketsOn(t *testing.T, layout buckets.Config) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.Start(t))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := buckets.Ensure(t.Context(), js, layout); err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}

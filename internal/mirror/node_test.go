@@ -14,7 +14,6 @@ import (
 	"github.com/novox/mesh-provisioner/buckets"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
-	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -32,14 +31,7 @@ func TestANodeIsReadAlonePastASlowJetStreamAPI(t *testing.T) {
 	t.Parallel()
 	forEachLayout(t, func(t *testing.T, layout buckets.Config) {
 		ctx := t.Context()
-		nc := natstest.Connect(t, natstest.Start(t))
-		direct, err := jetstream.New(nc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := buckets.Ensure(ctx, direct, layout); err != nil {
-			t.Fatal(err)
-		}
+		nc, direct := bucketsOn(t, layout)
 		need, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
 		puts := map[string][]string{
 			keys.NeedsBucket:   {"ace.web.port.http", "ace.web.port.admin", "ace.db.port.pg", "ace", "bob.web.port.http"},

@@ -286,15 +286,8 @@ func runWatchers(t *testing.T, w *mirror.Watchers) {
 func TestWatchersWaitLongerOnASlowJetStreamAPI(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	nc := natstest.Connect(t, natstest.Start(t))
-	direct, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	layout := buckets.Config{Partitions: meshPartitions}
-	if err := buckets.Ensure(ctx, direct, layout); err != nil {
-		t.Fatal(err)
-	}
+	nc, direct := bucketsOn(t, layout)
 	needs, err := direct.KeyValue(ctx, keys.NeedsBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -371,14 +364,7 @@ func slowJetStreamAPI(t *testing.T, nc *nats.Conn, delay time.Duration, slowed .
 func TestFirstReadsWaitForNoStreamInfo(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	nc := natstest.Connect(t, natstest.Start(t))
-	direct, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := buckets.Ensure(ctx, direct, buckets.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	nc, direct := bucketsOn(t, buckets.Config{})
 	data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
 	for _, bucket := range keys.Buckets() {
 		kv, err := direct.KeyValue(ctx, bucket)
