@@ -118,6 +118,8 @@ func TestAGreedyNodeLeavesRoomToWait(t *testing.T) {
 	// Each waits a minute, for a revision the needs will not reach.
 	ahead := &provisionerv1.Revisions{Needs: 1 << 40}
 	var refused, forPlaces atomic.Int64
+	var othersMu sync.Mutex
+	var others []string // the refusals not for places, said on failure
 	var asking sync.WaitGroup
 	greedyCtx, stop := context.WithCancel(t.Context())
 	defer asking.Wait()
@@ -132,7 +134,11 @@ func TestAGreedyNodeLeavesRoomToWait(t *testing.T) {
 			var werr *wire.Error
 			if errors.As(err, &werr) && strings.Contains(werr.Sentence(), fmt.Sprintf("%d requests of node %s already", most, greedy)) {
 				forPlaces.Add(1)
+				return
 			}
+			othersMu.Lock()
+			others = append(others, fmt.Sprint(err))
+			othersMu.Unlock()
 		})
 	}
 	// Every greedy request waits or was refused.
@@ -143,8 +149,10 @@ func TestAGreedyNodeLeavesRoomToWait(t *testing.T) {
 		return nil
 	})
 	if len(s.waiting) != most || forPlaces.Load() != 4*places-most {
-		t.Errorf("%d of %s's %d requests wait, and %d of the others were refused for its places; want %d: its places, and all the others",
-			len(s.waiting), greedy, 4*places, forPlaces.Load(), most)
+		othersMu.Lock()
+		t.Errorf("%d of %s's %d requests wait, and %d of the others were refused for its places; want %d: its places, and all the others; refused otherwise: %q",
+			len(s.waiting), greedy, 4*places, forPlaces.Load(), most, others)
+		othersMu.Unlock()
 	}
 
 	// The other node asks for the revision of a need it writes next.
