@@ -295,7 +295,8 @@ func followBound(who string, providers []string) ([]string, error) {
 //     $JS.API.CONSUMER.MSG.NEXT.<stream>.> (pull from the consumer that
 //     keeps its copy) and $JS.API.DIRECT.GET.<stream> (read the changes
 //     after its copy's revision while that consumer is being made again,
-//     and an asking node's keys while the copy loads);
+//     an asking node's keys while the copy loads, and the registry's and
+//     the manifests' keys as the copy first reads them);
 //   - for each provider given, its bucket's stream KV_<provider>_bound:
 //     publish $JS.API.STREAM.INFO, $JS.API.CONSUMER.CREATE.<stream> (and
 //     .>), $JS.API.CONSUMER.DELETE.<stream>.> and $JS.FC.<stream>.>: follow

@@ -197,7 +197,8 @@ func verbsWhileLoadingAnswerAsTheCopy(t *testing.T, layout buckets.Config) {
 func TestARequestTheCopyCameWholeForIsTheCopys(t *testing.T) {
 	t.Parallel()
 	registryConsumer := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(keys.RegistryBucket)
-	m := newMeshDenying(t, buckets.Config{}, []string{registryConsumer, registryConsumer + ".>"}, synth.Config{Nodes: 1, Modules: 3, Needs: 4}, func(js jetstream.JetStream) {
+	registryRead := "$JS.API.DIRECT.GET." + wire.StreamOf(keys.RegistryBucket) // its first read, in one batch
+	m := newMeshDenying(t, buckets.Config{}, []string{registryConsumer, registryConsumer + ".>", registryRead}, synth.Config{Nodes: 1, Modules: 3, Needs: 4}, func(js jetstream.JetStream) {
 		needs, _ := js.KeyValue(t.Context(), keys.NeedsBucket)
 		for i := range 40 {
 			put(t, needs, fmt.Sprintf("big.web.port.p%d", i), encode(t, &provisionerv1.Need{}))
@@ -268,7 +269,9 @@ func TestVerbsWhileLoadingRefuseWhatTheyCannotReadAlone(t *testing.T) {
 		req  *provisionerv1.ComposeRequest
 		want string
 	}{
-		{"too many providers' buckets not read yet", &provisionerv1.ComposeRequest{Node: "wide"}, "name 20 providers' buckets it has not read yet, more than the 16 a read alone waits for"},
+		// Of the 20 it names, those not read when it counts: a look that
+		// finds a bucket missing may end while it names the next.
+		{"too many providers' buckets not read yet", &provisionerv1.ComposeRequest{Node: "wide"}, "providers' buckets it has not read yet, more than the 16 a read alone waits for"},
 		{"over its budget", &provisionerv1.ComposeRequest{Node: "big"}, "the node is over its budget in mesh-provisioner_needs"},
 		{"a revision after the read", &provisionerv1.ComposeRequest{Node: m.mesh.Nodes[0].Name, MinRevisions: &provisionerv1.Revisions{Needs: 1 << 40}}, "behind the 1099511627776 asked for"},
 	} {

@@ -39,6 +39,10 @@ var errNotInOneBatch = errors.New("not read in one batch direct get")
 // errNoneMatched is a batch direct get's "no results": no subject matches.
 var errNoneMatched = errors.New("no key matched")
 
+// errNoMessage says a stream holds no message at all: no direct get says
+// its revision.
+var errNoMessage = fmt.Errorf("%w: the stream holds no message", errNotInOneBatch)
+
 // directMaxBytes bounds what one batch direct get of a node's keys
 // brings: a node whose values are more (under a larger budget, or none)
 // is read through a watcher, which nats.go flow-controls. A batch past a
@@ -65,27 +69,32 @@ func (f *follower) lastOfNode(ctx context.Context, js jetstream.JetStream, node 
 	if maxBytes <= 0 || maxBytes > directMaxBytes {
 		maxBytes = directMaxBytes
 	}
-	stream := wire.StreamOf(f.copy.Bucket())
-	msgs, upTo, err := directLast(ctx, js, stream, filters, maxBytes)
-	if !errors.Is(err, errNoneMatched) {
-		return msgs, upTo, err
-	}
-	// The node has no key here, and "no results" does not say as of which
-	// revision. The stream's last message, read with the node's keys, has
-	// the answer come with it.
-	last, err := directLastOf(ctx, js, stream, ">")
-	if err != nil {
-		return nil, 0, err
-	}
-	msgs, upTo, err = directLast(ctx, js, stream, append(filters, last), maxBytes)
-	if errors.Is(err, errNoneMatched) {
-		return nil, 0, fmt.Errorf("%w: a replica behind the one that answered first read none of the stream", errNotInOneBatch)
-	}
+	msgs, upTo, err := directLastOfKeys(ctx, js, wire.StreamOf(f.copy.Bucket()), filters, maxBytes)
 	notOfNode := func(msg *nats.Msg) bool {
 		subject := msg.Header.Get(jetstream.SubjectHeader)
 		return subject != filters[0] && !strings.HasPrefix(subject, f.stored.NodePrefix(node))
 	}
 	return slices.DeleteFunc(msgs, notOfNode), upTo, err
+}
+
+// directLastOfKeys is directLast, but for keys of which none may be
+// stored: "no results" does not say as of which revision, and the
+// stream's last message, asked for with the keys, has it come with them.
+// Messages not on filters' subjects may come: the stream's last.
+func directLastOfKeys(ctx context.Context, js jetstream.JetStream, stream string, filters []string, maxBytes int) ([]*nats.Msg, uint64, error) {
+	msgs, upTo, err := directLast(ctx, js, stream, filters, maxBytes)
+	if !errors.Is(err, errNoneMatched) {
+		return msgs, upTo, err
+	}
+	last, err := directLastOf(ctx, js, stream, ">")
+	if err != nil {
+		return nil, 0, err
+	}
+	msgs, upTo, err = directLast(ctx, js, stream, append(slices.Clip(filters), last), maxBytes)
+	if errors.Is(err, errNoneMatched) {
+		return nil, 0, fmt.Errorf("%w: a replica behind the one that answered first read none of the stream", errNotInOneBatch)
+	}
+	return msgs, upTo, err
 }
 
 // directGetSubject is the subject of stream's direct gets, under js's API
@@ -173,8 +182,48 @@ func directLastOf(ctx context.Context, js jetstream.JetStream, stream, filter st
 	case "":
 		return msg.Header.Get(jetstream.SubjectHeader), nil
 	case "404":
-		return "", fmt.Errorf("%w: the stream holds no message", errNotInOneBatch)
+		return "", errNoMessage
 	default:
 		return "", fmt.Errorf("direct get of the last message of %s: %s %s", filter, status, msg.Header.Get("Description"))
 	}
+}
+
+// readLastDirect is the first read of a bucket of few keys
+// (follower.readsDirectFirst): the last value of each of its keys, by one
+// batch direct get, into the copy, which is then loaded at the revision
+// they were read at; the consumer that follows the bucket starts after it
+// (followOn). A consumer of every key's last value is made through
+// nats-server's JetStream API queue, behind every request already in it:
+// while other instances loaded a large mesh, the registry's and the
+// manifests' first reads waited seconds there, and an instance answers
+// nothing without them.
+func (f *follower) readLastDirect(ctx context.Context) error {
+	msgs, upTo, err := directLastOfKeys(ctx, f.js, wire.StreamOf(f.copy.Bucket()), []string{f.prefix + ">"}, directMaxBytes)
+	switch {
+	case errors.Is(err, errNoMessage):
+		// Never written, or purged: nothing to hold, and the consumer
+		// that follows starts at the stream's first message. A copy read
+		// through a consumer is at revision 0 too.
+		msgs, upTo = nil, 0
+	case err != nil:
+		return err
+	}
+	for _, msg := range msgs {
+		key, ok := f.stored.Key(msg.Header.Get(jetstream.SubjectHeader))
+		if !ok {
+			continue // the stream's last message, not a key (directLastOfKeys)
+		}
+		seq, err := strconv.ParseUint(msg.Header.Get(jetstream.SequenceHeader), 10, 64)
+		if err != nil {
+			return fmt.Errorf("direct get of %s without its revision: %w", key, err)
+		}
+		f.apply(key, msg.Data, seq, wire.KVRemoves(msg.Header), false)
+	}
+	f.copy.advance(upTo)
+	f.mu.Lock()
+	f.followOn = &upTo
+	f.mu.Unlock()
+	f.caughtUp(upTo)
+	f.logger.Debug("read every key's last value by one batch direct get", "messages", len(msgs), "revision", upTo)
+	return nil
 }

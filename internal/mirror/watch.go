@@ -129,10 +129,13 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 			prefix:    wire.KVPrefix(kv.Bucket()),
 			stored:    stored,
 			heartbeat: DefaultHeartbeat,
+			js:        js,
 			conn:      w.conn,
 			logger:    logger.With("bucket", c.Bucket()),
 			kick:      make(chan struct{}, 1),
 			wake:      make(chan struct{}, 1),
+
+			readsDirectFirst: c == followed(m.Registry) || c == followed(m.Manifests),
 		}
 		if m.isPartial(c) {
 			f.held = m.heldNow
@@ -177,7 +180,7 @@ func (w *Watchers) Run(ctx context.Context) {
 	})
 	for _, f := range w.followers {
 		wg.Go(func() {
-			if f.copy != followed(w.mirror.Registry) && f.copy != followed(w.mirror.Manifests) {
+			if !f.readsDirectFirst {
 				<-small
 			}
 			f.run(ctx)
@@ -225,10 +228,15 @@ type follower struct {
 	stored    wire.StoredKeys // how the bucket stores its keys
 	held      func() []bool   // the partitions the copy holds (Mirror.heldNow); nil: every node
 	heartbeat time.Duration
-	conn      *nats.Conn
-	logger    *slog.Logger
-	kick      chan struct{} // resume now: the connection is back
-	wake      chan struct{} // the copy fell behind: poll
+	// readsDirectFirst says the copy's first read is one batch direct get
+	// (readLastDirect): a bucket of few keys that an instance needs to
+	// answer anything, the registry's or the manifests'.
+	readsDirectFirst bool
+	js               jetstream.JetStream
+	conn             *nats.Conn
+	logger           *slog.Logger
+	kick             chan struct{} // resume now: the connection is back
+	wake             chan struct{} // the copy fell behind: poll
 
 	// applying orders the changes applied by the consumer and by the
 	// poller: each is applied once, in revision order.
@@ -304,7 +312,7 @@ func (f *follower) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errPartitionsRead) {
+		if errors.Is(err, errReadEnded) {
 			retry.Reset()
 			continue
 		}
@@ -350,9 +358,11 @@ func newAPIPatience() *backoff.Backoff {
 // stopped.
 var errFollowed = errors.New("after catching up")
 
-// errPartitionsRead ends a full read of the partitions held alone: the
-// watcher goes on at once with a consumer of every change after it.
-var errPartitionsRead = errors.New("the partitions held were read")
+// errReadEnded ends a read of every key's last value that is not a
+// consumer that follows on (the partitions held alone, or a bucket's
+// first read by a batch direct get): the watcher goes on at once with a
+// consumer of every change after it (followOn).
+var errReadEnded = errors.New("every key's last value was read")
 
 // fellBehind records that the copy may lag the bucket from now on, and logs
 // it once.
@@ -399,6 +409,18 @@ func (f *follower) caughtUp(revision uint64) {
 // value instead and drops the keys it does not deliver. Its API requests
 // are given up after timeout.
 func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
+	if f.readsDirectFirst && f.copy.Revision() == 0 && !f.copy.Ready() {
+		directCtx, cancel := context.WithTimeout(ctx, apiTimeout)
+		err := f.readLastDirect(directCtx)
+		cancel()
+		if err == nil {
+			return errReadEnded
+		}
+		// Too many keys or bytes for one batch, an empty bucket (no
+		// results says as of no revision), or no answer (a stream that
+		// answers no direct get, or an identity not granted it).
+		f.logger.Debug("the bucket's first read is not one batch direct get; reading it through a consumer", "err", err)
+	}
 	apiCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	run, cfg, err := f.plan(apiCtx)
@@ -431,7 +453,7 @@ func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
 		run.catchUp(max(run.revision, run.lastSeq))
 	}
 	if run.partitions && run.caught {
-		return errPartitionsRead
+		return errReadEnded
 	}
 	heartbeat := f.heartbeat
 	if run.partitions {
@@ -471,7 +493,7 @@ func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
 			return err
 		}
 		if run.partitions && run.caught {
-			return errPartitionsRead
+			return errReadEnded
 		}
 	}
 }
@@ -488,7 +510,7 @@ type followRun struct {
 	// held is the partitions a full read reads (nil: every node), and
 	// partitions says it reads them alone (wire.StoredKeys): its consumer,
 	// which sees no other partition's changes, ends with the read
-	// (errPartitionsRead), and one of every key's changes follows.
+	// (errReadEnded), and one of every key's changes follows.
 	held       []bool
 	partitions bool
 	// applyAll applies every change though the copy's revision cannot go

@@ -20,6 +20,7 @@ import (
 	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/internal/testkit/testlog"
 	"github.com/novox/mesh-provisioner/keys"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 type fixture struct {
@@ -241,7 +242,8 @@ func TestWatcherResumesWhenItsConsumerStalls(t *testing.T) {
 // bucket's copy back for good.
 func TestWatchersStartTheLargeBucketsWithoutTheRegistry(t *testing.T) {
 	t.Parallel()
-	s := natstest.StartDenying(t, "svc", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry.>")
+	s := natstest.StartDenying(t, "svc", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry", "$JS.API.CONSUMER.CREATE.KV_mesh-provisioner_registry.>",
+		"$JS.API.DIRECT.GET.KV_mesh-provisioner_registry")
 	admin, err := jetstream.New(natstest.Connect(t, s, nats.UserInfo("admin", "admin")))
 	if err != nil {
 		t.Fatal(err)
@@ -395,4 +397,85 @@ func TestFirstReadsWaitForNoStreamInfo(t *testing.T) {
 		}
 	}
 	t.Logf("every copy loaded %v after the watchers started", time.Since(opened).Round(time.Millisecond))
+}
+
+// The registry's and the manifests' copies, which an instance needs to
+// answer anything, first read their buckets by one batch direct get, which
+// nats-server answers at once: they load with every JetStream API request
+// (stream infos, consumers) answered 5 s late, as while other instances
+// make consumers of a large mesh's keys. The registry's copy holds the
+// bucket's last values (a key deleted is not) as of the stream's last
+// message, the seat's lease, which is no key; the manifests', of an empty
+// bucket, nothing, at revision 0. The changes after each follow.
+func TestTheRegistryAndTheManifestsLoadPastASlowJetStreamAPI(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc, direct := bucketsOn(t, buckets.Config{})
+	slow, slowing := slowJetStreamAPI(t, nc, 5*time.Second, "STREAM.INFO.", "CONSUMER.CREATE.")
+	m := mirror.New()
+	copies := map[string]mirror.Watched{keys.RegistryBucket: m.Registry, keys.ManifestsBucket: m.Manifests}
+	data, _ := proto.Marshal(&provisionerv1.Need{Placeholder: "${port:http}"})
+	put := func(bucket, key string) uint64 {
+		t.Helper()
+		kv, err := direct.KeyValue(ctx, bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		revision, err := kv.Put(ctx, key, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return revision
+	}
+	put(keys.RegistryBucket, "ace.kept")
+	put(keys.RegistryBucket, "ace.deleted")
+	registry, err := direct.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := registry.Delete(ctx, "ace.deleted"); err != nil {
+		t.Fatal(err)
+	}
+	put(keys.RegistryBucket, "bob.kept")
+	lease, err := direct.Publish(ctx, wire.SeatSubject, []byte("a lease"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{keys.RegistryBucket: lease.Sequence, keys.ManifestsBucket: 0}
+
+	w, err := m.Open(ctx, slow, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowing.Store(true)
+	runWatchers(t, w)
+	held := map[string]func(first string) int{
+		keys.RegistryBucket:  func(first string) int { entries, _, _ := m.Registry.Group(first); return len(entries) },
+		keys.ManifestsBucket: func(first string) int { entries, _, _ := m.Manifests.Group(first); return len(entries) },
+	}
+	for bucket, c := range copies {
+		select {
+		case <-c.Loaded():
+		case <-time.After(2 * time.Second):
+			t.Fatalf("the copy of %s did not load within 2s with the JetStream API answering 5s late", bucket)
+		}
+		if got := c.Revision(); got != want[bucket] {
+			t.Errorf("the copy of %s loaded at revision %d, want %d", bucket, got, want[bucket])
+		}
+	}
+	if ace, bob := held[keys.RegistryBucket]("ace"), held[keys.RegistryBucket]("bob"); ace != 1 || bob != 1 {
+		t.Errorf("the registry's copy holds %d keys of ace and %d of bob, want 1 each: those not deleted", ace, bob)
+	}
+
+	// The consumer that follows each bucket starts after the revision read.
+	slowing.Store(false)
+	for bucket, c := range copies {
+		later := put(bucket, "cid.later")
+		waitCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		reached := c.WaitFor(waitCtx, later)
+		cancel()
+		if !reached || held[bucket]("cid") != 1 {
+			t.Errorf("the copy of %s did not follow the bucket to revision %d, and the key written there: at %d", bucket, later, c.Revision())
+		}
+	}
 }
