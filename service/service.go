@@ -118,6 +118,15 @@ type Config struct {
 	// instance serves change while it runs (Service.Hold, serve --hold
 	// auto): it starts with those Hold lists, none if it is empty.
 	HoldChanges bool
+	// FirstHold, with HoldChanges, returns the partitions the instance
+	// starts with, in place of Hold: Start calls it once the buckets are
+	// bound. Binding asks nats-server's JetStream API for each bucket's
+	// stream, which it answers only when no other API request waits; an
+	// instance that shares the partitions tells the others of itself in
+	// FirstHold (the instance package), and bound first, it serves what
+	// it is dealt at once, rather than after the others' consumers of
+	// their shares. Start may call it again if it fails after it.
+	FirstHold func(ctx context.Context) ([]int, error)
 	// Member, with HoldChanges, is this instance's name among the
 	// instances that share the partitions (the instance package's): the
 	// micro instances of its partitions tell it (wire.MemberMetadata), so
@@ -385,6 +394,9 @@ func (cfg *Config) Validate() error {
 	if cfg.Member != "" && !cfg.HoldChanges {
 		return errors.New("service: Config.Member is set without HoldChanges: an instance that shares the partitions changes what it holds")
 	}
+	if cfg.FirstHold != nil && !cfg.HoldChanges {
+		return errors.New("service: Config.FirstHold is set without HoldChanges: the partitions it returns change while the instance runs")
+	}
 	if cfg.HoldChanges && cfg.Partitions < 2 {
 		return errors.New("service: Config.HoldChanges is set for an unpartitioned mesh: set Partitions (serve --partitions) to the mappings' count")
 	}
@@ -495,15 +507,6 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		warnings: ratelog.New(cfg.Logger, ratelog.Period),
 	}
 	s.floodAt = floodAt(s.maxRatePerAsker, s.maxWriteRatePerAsker)
-	var holds func(int) bool
-	if len(cfg.Hold) > 0 || cfg.HoldChanges {
-		held := partitionSet(cfg.Hold, cfg.Partitions)
-		s.held.Store(&held)
-		s.copyHeld.Store(&held)
-		s.releaseGrace = cmp.Or(cfg.releaseGrace, releaseGrace)
-		s.mirror.SetHolds(held)
-		holds = s.copyHolds
-	}
 	if !cfg.NoAnswerCache {
 		s.flights = admission.NewFlights[answers.CacheKey, answers.Stamp](flightWaiters)
 	}
@@ -517,6 +520,23 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if s.store, err = openWriteStore(ctx, js, s.mirror); err != nil {
 		return nil, err
+	}
+	if cfg.FirstHold != nil {
+		if cfg.Hold, err = cfg.FirstHold(ctx); err != nil {
+			return nil, err
+		}
+		if err := checkHold(cfg.Hold, cfg.Partitions); err != nil {
+			return nil, err
+		}
+	}
+	var holds func(int) bool
+	if len(cfg.Hold) > 0 || cfg.HoldChanges {
+		held := partitionSet(cfg.Hold, cfg.Partitions)
+		s.held.Store(&held)
+		s.copyHeld.Store(&held)
+		s.releaseGrace = cmp.Or(cfg.releaseGrace, releaseGrace)
+		s.mirror.SetHolds(held)
+		holds = s.copyHolds
 	}
 	s.stopping, s.stop = context.WithCancel(context.Background())
 	s.answers = answers.New(answers.Config{

@@ -152,9 +152,7 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	svcCfg := cfg.Service
 	if cfg.SharePartitions {
 		svcCfg.Member = in.seat.ID()
-		if svcCfg.Hold, err = in.firstShare(ctx); err != nil {
-			return nil, err
-		}
+		svcCfg.FirstHold = in.firstShare // once the service has bound the buckets
 	}
 	if svcCfg.PartitionSeats == nil && in.partitionSeats != nil {
 		svcCfg.PartitionSeats = in.PartitionSeats

@@ -139,10 +139,6 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 		}
 		if m.isPartial(c) {
 			f.held = m.heldNow
-			if held := m.heldNow(); slices.Contains(held, false) && stored.HeldSubjects(held) == nil {
-				f.logger.Info("the bucket stores every node's keys together (made before the mesh had partitions, or for a count of them that is no multiple of this one's): the copy reads every key as it loads, and keeps its partitions' alone",
-					"stored_partitions", stored.Partitions, "partitions", len(held))
-			}
 		}
 		w.followers = append(w.followers, f)
 	}
@@ -179,6 +175,12 @@ func (w *Watchers) Run(ctx context.Context) {
 		}
 	})
 	for _, f := range w.followers {
+		if f.held != nil { // the partitions held are set by now (SetHolds)
+			if held := f.held(); slices.Contains(held, false) && f.stored.HeldSubjects(held) == nil {
+				f.logger.Info("the bucket stores every node's keys together (made before the mesh had partitions, or for a count of them that is no multiple of this one's): the copy reads every key as it loads, and keeps its partitions' alone",
+					"stored_partitions", f.stored.Partitions, "partitions", len(held))
+			}
+		}
 		wg.Go(func() {
 			if !f.readsDirectFirst {
 				<-small
