@@ -249,8 +249,9 @@ func Server() Permissions {
 }
 
 // followBound returns the subjects that follow the keys of each provider's
-// bucket through a KV watcher: its stream's information, an ordered
-// consumer (made, flow-controlled, removed).
+// bucket through an ordered consumer of headers only: its stream's
+// information, the consumer made, pulled from (the server's) or
+// flow-controlled (capture's push consumer), and removed.
 func followBound(who string, providers []string) ([]string, error) {
 	var subjects []string
 	for _, provider := range providers {
@@ -262,6 +263,7 @@ func followBound(who string, providers []string) ([]string, error) {
 			jsAPI("STREAM.INFO", stream),
 			jsAPI("CONSUMER.CREATE", stream),
 			jsAPI("CONSUMER.CREATE", stream)+".>",
+			jsAPI("CONSUMER.MSG.NEXT", stream)+".>",
 			jsAPI("CONSUMER.DELETE", stream)+".>",
 			"$JS.FC."+stream+".>",
 		)
@@ -299,7 +301,8 @@ func followBound(who string, providers []string) ([]string, error) {
 //     the manifests' keys as the copy first reads them);
 //   - for each provider given, its bucket's stream KV_<provider>_bound:
 //     publish $JS.API.STREAM.INFO, $JS.API.CONSUMER.CREATE.<stream> (and
-//     .>), $JS.API.CONSUMER.DELETE.<stream>.> and $JS.FC.<stream>.>: follow
+//     .>), $JS.API.CONSUMER.MSG.NEXT.<stream>.>,
+//     $JS.API.CONSUMER.DELETE.<stream>.> and $JS.FC.<stream>.>: follow
 //     the keys it has bound (the server asks for headers only, never a
 //     provider's values), which compositions report as bound or pending;
 //     and publish $KV.<provider>_bound.> and $JS.API.STREAM.CREATE of its

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
 	"github.com/novox/mesh-provisioner/internal/mirror"
+	"github.com/novox/mesh-provisioner/internal/testkit/natstest"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/wire"
 )
@@ -84,10 +86,16 @@ func TestTheWriterReadsANodeAloneWithItsGrants(t *testing.T) {
 			t.Fatalf("the copy did not read %s", bucket)
 		}
 	}
-	redis := "$JS.API.STREAM.INFO." + wire.StreamOf(wire.BoundBucket("redis"))
-	if !writer.violated(redis) {
-		t.Errorf("nats-server did not refuse the writer %s", redis)
-	}
+	// A look's first request: a consumer, named anew each time.
+	redis := "$JS.API.CONSUMER.CREATE." + wire.StreamOf(wire.BoundBucket("redis")) + "."
+	natstest.CheckFor(t, 3*time.Second, func() error {
+		writer.mu.Lock()
+		defer writer.mu.Unlock()
+		if !slices.ContainsFunc(writer.violations, func(v string) bool { return strings.Contains(v, `Publish to "`+redis) }) {
+			return fmt.Errorf("nats-server did not refuse the writer %s...", redis)
+		}
+		return nil
+	})
 	writer.mu.Lock()
 	violations := slices.Clone(writer.violations)
 	writer.mu.Unlock()

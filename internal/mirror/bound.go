@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/time/rate"
 
-	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/observe/ratelog"
+	"github.com/novox/mesh-provisioner/wire"
 )
 
 // How the providers' buckets are found and followed.
@@ -27,7 +27,7 @@ const (
 	boundRetry = 2 * time.Second
 	// boundLookups a second, after a burst of boundLookupBurst, bound the
 	// looks for buckets not followed yet, across every bucket named (each
-	// a JetStream API request, three for a bucket found). A need names its
+	// one JetStream API request, a consumer). A need names its
 	// provider, and so a bucket: without the bound, a node naming a
 	// provider in each of its thousands of keys would have the server ask
 	// about each missing bucket every boundRetry, for as long as it holds
@@ -43,16 +43,15 @@ const (
 	// after, for whether it was deleted (or made again): a watcher does
 	// not say.
 	boundCheck = 15
-	// boundLookWait is how long a look at a bucket waits for each of its
-	// JetStream API requests. Answers wait for it no longer than
-	// apiTimeout: past that, the bucket reads as failing (its provisions
-	// pending, answers say it is behind), as after a look that failed,
-	// while the look goes on. nats-server answers stream infos only when
-	// no other API request waits for its workers: while instances load a
-	// large mesh, seconds later. A look given up after a second or two was
-	// answered all the same, and the next queued behind it: four
-	// instances starting on 100,000 nodes said two buckets behind in a
-	// node's answers for 20 s (bench-scale).
+	// boundLookWait is how long a look at a bucket waits for its consumer.
+	// Answers wait for it no longer than apiTimeout: past that, the bucket
+	// reads as failing (its provisions pending, answers say it is behind),
+	// as after a look that failed, while the look goes on. nats-server
+	// makes consumers in turn with as many workers as it has cores: while
+	// instances load a large mesh, each of theirs takes a second. A look
+	// given up after a second or two was answered all the same, and the
+	// next queued behind it: four instances starting on 100,000 nodes said
+	// two buckets behind in a node's answers for 20 s (bench-scale).
 	boundLookWait = 5 * time.Second
 )
 
@@ -512,10 +511,11 @@ func (bb *BoundBucket) advance() {
 }
 
 // Run follows every bucket named, until ctx is done: a bucket that exists
-// through a KV watcher that asks for headers only, one that does not exist
-// yet (or cannot be read) by looking for it every few seconds. A goroutine
-// runs only for a bucket being looked for or followed: a bucket found
-// missing costs its entry in the map, however many a node names.
+// through an ordered consumer that asks for headers only (watch), one that
+// does not exist yet (or cannot be read) by looking for it every few
+// seconds. A goroutine runs only for a bucket being looked for or
+// followed: a bucket found missing costs its entry in the map, however
+// many a node names.
 func (b *Bound) Run(ctx context.Context, js jetstream.JetStream, logger *slog.Logger) {
 	if logger == nil {
 		logger = slog.Default()
@@ -633,74 +633,125 @@ func (bb *BoundBucket) follow(ctx context.Context, js jetstream.JetStream, failu
 
 // watch reads the bucket's keys and follows them until ctx is done, the
 // watcher stops, or the bucket is no longer the one it watched.
+//
+// It asks nats-server's JetStream API for one thing before the keys come:
+// an ordered consumer of the last message of each key, headers only (a
+// provider's values never reach the server), which says whether the
+// bucket exists and how many keys it has. A KV watcher would bind the
+// bucket first with a stream info, and the look read the stream's state
+// with another, and nats-server answers stream infos only when no other
+// API request waits: while instances made consumers of a large mesh's
+// keys, a look timed out on them for up to 30 s, and every node's
+// answer said the bucket was behind (bench-scale, one instance and
+// four). The stream's state, which tells a bucket deleted and made again
+// (its creation time) and a watcher that stalled, is read once the keys
+// are in, and every boundCheck retries after.
 func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error {
 	look := bb.beginLook()
 	slow := time.AfterFunc(apiTimeout, func() { bb.failUnsettled(look) })
 	defer slow.Stop()
-	// Each request bounded: one the server's identity may not send gets no
+	began := time.Now()
+	stream, prefix := wire.StreamOf(bb.bucket), wire.KVPrefix(bb.bucket)
+	// Bounded: a request the server's identity may not send gets no
 	// answer at all. Compositions wait for the bucket's first read no
 	// longer than apiTimeout (boundLookWait).
 	bind, cancel := context.WithTimeout(ctx, boundLookWait)
-	kv, err := js.KeyValue(bind, bb.bucket)
+	consumer, err := js.OrderedConsumer(bind, stream, jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{prefix + ">"},
+		DeliverPolicy:     jetstream.DeliverLastPerSubjectPolicy,
+		HeadersOnly:       true,
+		InactiveThreshold: consumerInactive,
+	})
 	cancel()
 	if err != nil {
 		return err
 	}
-	bind, cancel = context.WithTimeout(ctx, boundLookWait)
-	made, last, err := bucketState(bind, kv)
-	cancel()
+	messages, err := consumer.Messages()
 	if err != nil {
 		return err
 	}
-	// A deleted bucket's watcher waits on, silent, and one made again
-	// would be read from the old one's revisions on: the bucket is checked
-	// every boundCheck retries.
-	check := time.NewTicker(boundCheck * bb.bound.retry)
-	defer check.Stop()
-	w, err := kv.WatchAll(ctx, jetstream.MetaOnly())
-	if err != nil {
-		return err
-	}
-	defer kvread.Stop(w)
-	var stalled stall
+	// Its messages are handed over by a goroutine of their own, so that
+	// the checks below go on while none come.
+	deliveries, stopped, done := make(chan jetstream.Msg), make(chan error, 1), make(chan struct{})
+	defer func() { close(done); messages.Stop() }()
+	go func() {
+		for {
+			msg, err := messages.Next()
+			if err != nil {
+				stopped <- err
+				return
+			}
+			select {
+			case deliveries <- msg:
+			case <-done:
+				return
+			}
+		}
+	}()
 	// The keys the watcher starts with replace the copy's: a key deleted
-	// while no watcher followed the bucket is not held on.
+	// while no watcher followed the bucket is not held on. Nil once they
+	// are in.
 	initial := map[string]uint64{}
 	var top uint64 // the newest revision among them, deletes included
+	keysIn := func() {
+		bb.replace(initial, top)
+		initial = nil
+	}
+	if consumer.CachedInfo().NumPending == 0 {
+		keysIn() // an empty bucket
+	}
+	// A deleted bucket's watcher waits on, silent, and one made again
+	// would be read from the old one's revisions on: the bucket's state
+	// is read once its keys are in, then every boundCheck retries.
+	check := time.NewTimer(0)
+	if initial != nil {
+		check.Stop()
+	}
+	defer check.Stop()
+	var made time.Time // the stream's creation, once read
+	var stalled stall
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("the bucket's watcher stopped")
+		case err := <-stopped:
+			if ctx.Err() != nil {
+				return nil
 			}
-			switch {
-			case e == nil: // the keys there were are in
-				bb.replace(initial, top)
-				initial = nil
-				stalled = stall{last: last, revision: bb.Revision()}
-			case initial != nil:
-				if e.Operation() == jetstream.KeyValuePut {
-					initial[e.Key()] = e.Revision()
-				} else {
-					delete(initial, e.Key()) // a later put of it came before
-				}
-				top = max(top, e.Revision())
-				if limit := bb.bound.maxKeys; limit > 0 && len(initial) > limit {
-					return fmt.Errorf("%w (%d)", ErrTooManyKeys, limit)
-				}
-			default:
-				if !bb.apply(e.Key(), e.Revision(), e.Operation() != jetstream.KeyValuePut) {
+			return fmt.Errorf("the bucket's watcher stopped: %w", err)
+		case msg := <-deliveries:
+			meta, err := msg.Metadata()
+			if err != nil {
+				return fmt.Errorf("a message of the bucket's watcher: %w", err)
+			}
+			key, revision := strings.TrimPrefix(msg.Subject(), prefix), meta.Sequence.Stream
+			deleted := wire.KVRemoves(msg.Headers())
+			if initial == nil {
+				if !bb.apply(key, revision, deleted) {
 					return fmt.Errorf("%w (%d)", ErrTooManyKeys, bb.bound.maxKeys)
 				}
+				continue
+			}
+			if deleted {
+				delete(initial, key) // a later put of it came before
+			} else {
+				initial[key] = revision
+			}
+			top = max(top, revision)
+			if limit := bb.bound.maxKeys; limit > 0 && len(initial) > limit {
+				return fmt.Errorf("%w (%d)", ErrTooManyKeys, limit)
+			}
+			if meta.NumPending == 0 {
+				keysIn()
+				check.Reset(0)
 			}
 		case <-check.C:
+			check.Reset(boundCheck * bb.bound.retry)
 			checkCtx, cancel := context.WithTimeout(ctx, apiTimeout)
 			// The copy's revision first: the bucket's, read after, is at
 			// least as new.
 			revision, before := bb.Revision(), stalled.last
-			now, last, err := bucketState(checkCtx, kv)
+			now, last, err := bucketState(checkCtx, js, stream)
 			cancel()
 			switch {
 			case ctx.Err() != nil:
@@ -710,9 +761,13 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 			case err != nil:
 				// An election, or a server slow to answer: the watcher
 				// goes on, and the bucket is checked again next time.
+			case made.IsZero() && now.After(began):
+				return errors.New("the bucket was made while it was looked for: looking again")
+			case made.IsZero():
+				made, stalled = now, stall{last: last, revision: revision}
 			case !now.Equal(made):
 				return errors.New("the bucket was deleted and made again")
-			case initial == nil && stalled.at(revision, last):
+			case stalled.at(revision, last):
 				return fmt.Errorf("%w: the bucket went from revision %d to %d since the last check, and its watcher delivered nothing past %d", ErrWatcherStalled, before, last, revision)
 			}
 		}
@@ -721,12 +776,12 @@ func (bb *BoundBucket) watch(ctx context.Context, js jetstream.JetStream) error 
 
 // bucketState returns when the bucket's stream was made, and its last
 // revision.
-func bucketState(ctx context.Context, kv jetstream.KeyValue) (made time.Time, last uint64, err error) {
-	st, err := kv.Status(ctx)
+func bucketState(ctx context.Context, js jetstream.JetStream, stream string) (made time.Time, last uint64, err error) {
+	s, err := js.Stream(ctx, stream)
 	if err != nil {
 		return time.Time{}, 0, err
 	}
-	info := st.(*jetstream.KeyValueBucketStatus).StreamInfo()
+	info := s.CachedInfo()
 	return info.Created, info.State.LastSeq, nil
 }
 

@@ -34,7 +34,7 @@ func TestBoundLooksForBucketsAtABoundedRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	asked := countRequests(t, srv, "$JS.API.STREAM.INFO.>")
+	asked := countRequests(t, srv, "$JS.API.CONSUMER.CREATE.>") // a look's one request
 
 	const named, perSecond, burst = 200, 20, 20
 	b := NewBound()
