@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -20,7 +21,9 @@ import (
 // asks: nats-server answers stream infos only when no other JetStream
 // API request waits, and an instance sharing the partitions tells the
 // others of itself in FirstHold, from which moment they count on it to
-// serve its share. The partitions FirstHold returns are served.
+// serve its share. It asks discovery whether others serve meanwhile (a
+// FirstHold that does not return until it sees the question ends), not
+// after, and then serves the partitions FirstHold returns.
 func TestStartBindsTheBucketsBeforeItAsksWhatToHold(t *testing.T) {
 	t.Parallel()
 	const partitions = 4
@@ -31,22 +34,37 @@ func TestStartBindsTheBucketsBeforeItAsksWhatToHold(t *testing.T) {
 	var mu sync.Mutex
 	var asked []string // the JetStream API requests seen, and "FirstHold"
 	watch := natstest.Connect(t, server)
-	sub, err := watch.Subscribe("$JS.API.>", func(msg *nats.Msg) {
-		mu.Lock()
-		asked = append(asked, msg.Subject)
-		mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
+	probed := make(chan struct{}, 1)
+	for _, subject := range []string{"$JS.API.>", "$SRV.INFO." + wire.ServiceName} {
+		sub, err := watch.Subscribe(subject, func(msg *nats.Msg) {
+			mu.Lock()
+			asked = append(asked, msg.Subject)
+			mu.Unlock()
+			if msg.Subject != subject {
+				return
+			}
+			select {
+			case probed <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sub.Unsubscribe() })
 	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	if err := watch.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	svc, err := service.Start(t.Context(), service.Config{Conn: natstest.Connect(t, server), Partitions: partitions, HoldChanges: true,
-		FirstHold: func(context.Context) ([]int, error) {
+		FirstHold: func(ctx context.Context) ([]int, error) {
 			if err := watch.Flush(); err != nil { // every request sent before is in
 				return nil, err
+			}
+			select {
+			case <-probed:
+			case <-time.After(5 * time.Second):
+				t.Error("no discovery request while FirstHold ran: whether others serve is asked after it")
 			}
 			mu.Lock()
 			asked = append(asked, "FirstHold")

@@ -521,7 +521,13 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if s.store, err = openWriteStore(ctx, js, s.mirror); err != nil {
 		return nil, err
 	}
+	var probe chan map[string]bool
 	if cfg.FirstHold != nil {
+		// Which partitions others serve is asked while FirstHold gathers
+		// the members, not after it: an instance that starts with others
+		// would otherwise wait probeTimeout more before it serves.
+		probe = make(chan map[string]bool, 1)
+		go func() { probe <- s.servedByOthers(ctx, nil) }()
 		if cfg.Hold, err = cfg.FirstHold(ctx); err != nil {
 			return nil, err
 		}
@@ -561,7 +567,13 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		}
 	}
 
-	othersServe := s.othersServe(ctx) // before this instance answers discovery too
+	var served map[string]bool // before this instance answers discovery too
+	if probe != nil {
+		served = <-probe
+	} else {
+		served = s.servedByOthers(ctx, s.othersServe)
+	}
+	othersServe := s.othersServe(served)
 	s.micro, err = micro.AddService(cfg.Conn, s.microConfig(cfg.Version))
 	if err != nil {
 		s.stopWatchers()
@@ -617,31 +629,38 @@ func (s *Service) microConfig(version string) micro.Config {
 // probeTimeout bounds the question whether other instances serve.
 const probeTimeout = 500 * time.Millisecond
 
-// othersServe reports whether another instance answers the verbs now (of
-// every partition this instance serves, if it serves some): a request to
-// one of them gets an answer, whatever it says, rather than "no
-// responders". It asks micro discovery (discover) before this instance adds
-// its own service: an instance that lists endpoints serves.
-func (s *Service) othersServe(ctx context.Context) bool {
+// servedByOthers returns the partitions other instances answer the verbs
+// of now, as micro discovery tells within probeTimeout (an instance that
+// lists endpoints serves; "" names an unpartitioned one), or sooner once
+// they are enough. It asks before this instance adds its own service.
+func (s *Service) servedByOthers(ctx context.Context, enough func(served map[string]bool) bool) map[string]bool {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	// An instance that serves some partitions joins others only where
-	// its partitions are served already: each partition's micro instance
-	// says which it is.
-	unserved := map[string]bool{}
-	for _, p := range s.Held() {
-		unserved[strconv.Itoa(p)] = true
-	}
-	served := false
+	served := map[string]bool{}
 	_ = discover(ctx, s.conn, func(info micro.Info) bool {
 		if len(info.Endpoints) == 0 {
 			return false
 		}
-		delete(unserved, info.Metadata["partition"])
-		served = len(unserved) == 0
-		return served
+		served[info.Metadata["partition"]] = true
+		return enough != nil && enough(served)
 	})
 	return served
+}
+
+// othersServe reports whether other instances answer the verbs, in
+// served (servedByOthers): of every partition this instance serves, if it
+// serves some. A request to one of them gets an answer, whatever it says,
+// rather than "no responders".
+func (s *Service) othersServe(served map[string]bool) bool {
+	if len(served) == 0 {
+		return false
+	}
+	for _, p := range s.Held() {
+		if !served[strconv.Itoa(p)] {
+			return false
+		}
+	}
+	return true
 }
 
 // registerWhenReady adds the endpoints once the copy is whole, unless Stop
