@@ -134,6 +134,7 @@ func (m *Mirror) Open(ctx context.Context, js jetstream.JetStream, logger *slog.
 			logger:    logger.With("bucket", c.Bucket()),
 			kick:      make(chan struct{}, 1),
 			wake:      make(chan struct{}, 1),
+			following: make(chan struct{}),
 
 			readsDirectFirst: c == followed(m.Registry) || c == followed(m.Manifests),
 		}
@@ -154,23 +155,32 @@ func (w *Watchers) Run(ctx context.Context) {
 	defer w.conn.RemoveStatusListener(statuses)
 	var wg sync.WaitGroup
 	wg.Go(func() { w.mirror.Bound.Run(ctx, w.js, w.logger) })
-	// The registry and the manifests are read first, at most smallFirst
-	// ahead of the large buckets: a few keys, which an instance alone
-	// needs to answer a node before its copy is whole (ReadNode), and
-	// which would otherwise share nats-server with the large buckets'
-	// delivery.
+	// The registry and the manifests are read first, and their consumers
+	// made, at most smallFirst ahead of the large buckets: a few keys,
+	// which an instance alone needs to answer a node before its copy is
+	// whole (ReadNode), and which would otherwise share nats-server with
+	// the large buckets' delivery. Read by a direct get, a copy is loaded
+	// before its consumer is asked for: made after the large buckets'
+	// consumers of millions of keys, each a second of nats-server's API,
+	// it timed out, and every answer said the registry's copy was behind
+	// for 20 s (bench-scale, four instances).
 	small := make(chan struct{})
 	wg.Go(func() {
 		defer close(small)
 		wait := time.NewTimer(smallFirst)
 		defer wait.Stop()
-		for _, c := range []Watched{w.mirror.Registry, w.mirror.Manifests} {
-			select {
-			case <-c.Loaded():
-			case <-wait.C:
-				return
-			case <-ctx.Done():
-				return
+		for _, f := range w.followers {
+			if !f.readsDirectFirst {
+				continue
+			}
+			for _, ready := range []<-chan struct{}{f.copy.Loaded(), f.following} {
+				select {
+				case <-ready:
+				case <-wait.C:
+					return
+				case <-ctx.Done():
+					return
+				}
 			}
 		}
 	})
@@ -239,6 +249,10 @@ type follower struct {
 	logger           *slog.Logger
 	kick             chan struct{} // resume now: the connection is back
 	wake             chan struct{} // the copy fell behind: poll
+	// following is closed once a consumer of the bucket was first made
+	// (markFollowing).
+	following     chan struct{}
+	followingOnce sync.Once
 
 	// applying orders the changes applied by the consumer and by the
 	// poller: each is applied once, in revision order.
@@ -266,6 +280,9 @@ type follower struct {
 	// (Watchers.Hold), while it lasts; guarded by applying.
 	fill *fill
 }
+
+// markFollowing says a consumer of the bucket was made.
+func (f *follower) markFollowing() { f.followingOnce.Do(func() { close(f.following) }) }
 
 // connectionChanged ends the consumer being followed when the connection is
 // lost or comes back: a consumer on the server left may be gone, and the
@@ -418,9 +435,9 @@ func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
 		if err == nil {
 			return errReadEnded
 		}
-		// Too many keys or bytes for one batch, an empty bucket (no
-		// results says as of no revision), or no answer (a stream that
-		// answers no direct get, or an identity not granted it).
+		// Too many keys or bytes for one batch, a replica behind the one
+		// that answered first, or no answer (a stream that answers no
+		// direct get, or an identity not granted it).
 		f.logger.Debug("the bucket's first read is not one batch direct get; reading it through a consumer", "err", err)
 	}
 	apiCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -437,6 +454,7 @@ func (f *follower) follow(ctx context.Context, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("create the bucket's consumer: %w", err)
 	}
+	f.markFollowing()
 	if run.partitions {
 		defer f.deleteConsumer(ctx, consumer) // it sees the partitions held alone
 	}

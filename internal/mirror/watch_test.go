@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -477,5 +478,51 @@ func TestTheRegistryAndTheManifestsLoadPastASlowJetStreamAPI(t *testing.T) {
 		if !reached || held[bucket]("cid") != 1 {
 			t.Errorf("the copy of %s did not follow the bucket to revision %d, and the key written there: at %d", bucket, later, c.Revision())
 		}
+	}
+}
+
+// The large buckets' consumers are asked for once the registry's and the
+// manifests' copies are loaded and their consumers made (within
+// smallFirst), not as soon as the direct gets have loaded them: asked
+// after the large buckets' consumers of millions of keys, each a second
+// of nats-server's API, the registry's timed out, and answers said its
+// copy was behind. With the registry's consumer made 500 ms late, the
+// needs' is asked for after it.
+func TestTheLargeBucketsWaitForTheRegistrysConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	nc, direct := bucketsOn(t, buckets.Config{})
+	registry, err := direct.KeyValue(ctx, keys.RegistryBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := registry.Put(ctx, "port", []byte("a record")); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var asked []string // the consumers asked of nats-server, by stream, in order
+	sub, err := nc.Subscribe("$JS.API.CONSUMER.CREATE.>", func(msg *nats.Msg) {
+		mu.Lock()
+		asked = append(asked, strings.Split(msg.Subject, ".")[4])
+		mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	slow, slowing := slowJetStreamAPI(t, nc, 500*time.Millisecond, "CONSUMER.CREATE."+wire.StreamOf(keys.RegistryBucket))
+	slowing.Store(true)
+	m := mirror.New()
+	w, err := m.Open(ctx, slow, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWatchers(t, w)
+	waitLoaded(t, m.Needs)
+	mu.Lock()
+	defer mu.Unlock()
+	first := func(stream string) int { return slices.Index(asked, stream) }
+	if r, n := first(wire.StreamOf(keys.RegistryBucket)), first(wire.StreamOf(keys.NeedsBucket)); r < 0 || n < r {
+		t.Errorf("consumers asked for, in order: %q; want the registry's before the needs'", asked)
 	}
 }
