@@ -142,6 +142,35 @@ func runBound(t *testing.T) (*mirror.Bound, jetstream.JetStream, context.Context
 	return b, js, ctx
 }
 
+// boundPastSlowAPI makes provider's bucket with key in it, and runs a copy
+// of the providers' buckets whose JetStream API requests that begin with
+// one of slowed are answered late by delay; it returns the copy, the key's
+// revision and a context that ends with the test.
+func boundPastSlowAPI(t *testing.T, bucket, key string, delay time.Duration, slowed ...string) (*mirror.Bound, uint64, context.Context) {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.Start(t))
+	direct, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	kv, err := direct.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, key, []byte("a secret the server never reads"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, slowing := slowJetStreamAPI(t, nc, delay, slowed...)
+	slowing.Store(true)
+	b := mirror.NewBound()
+	done := make(chan struct{})
+	go func() { b.Run(ctx, slow, nil); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return b, rev, ctx
+}
+
 // A provider's bucket whose consumer nats-server makes late (as it does
 // while instances load a large mesh: each of their consumers of millions
 // of keys takes its API a second) reads as behind once a look has waited
@@ -150,30 +179,9 @@ func runBound(t *testing.T) (*mirror.Bound, jetstream.JetStream, context.Context
 // queue behind itself.
 func TestBoundReadsABucketItsLookWaitedFor(t *testing.T) {
 	t.Parallel()
-	nc := natstest.Connect(t, natstest.Start(t))
-	direct, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	kv, err := direct.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "pg_bound"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev, err := kv.Put(ctx, "ace.web.db", []byte("a secret the server never reads"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The look's consumer 1.5s late: more than the second the answers
 	// wait.
-	slow, slowing := slowJetStreamAPI(t, nc, 1500*time.Millisecond, "CONSUMER.CREATE.")
-	slowing.Store(true)
-	b := mirror.NewBound()
-	done := make(chan struct{})
-	go func() { b.Run(ctx, slow, nil); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-
+	b, rev, ctx := boundPastSlowAPI(t, "pg_bound", "ace.web.db", 1500*time.Millisecond, "CONSUMER.CREATE.")
 	named := time.Now()
 	pg := b.Bucket("pg_bound")
 	waitCtx, cancelWait := context.WithTimeout(ctx, 1500*time.Millisecond)
@@ -197,28 +205,7 @@ func TestBoundReadsABucketItsLookWaitedFor(t *testing.T) {
 // the keys are read within a second, and the bucket is not behind.
 func TestBoundLooksAskNoStreamInfoBeforeTheKeys(t *testing.T) {
 	t.Parallel()
-	nc := natstest.Connect(t, natstest.Start(t))
-	direct, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	kv, err := direct.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "redis_bound"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev, err := kv.Put(ctx, "ace.web.cache", []byte("a secret the server never reads"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	slow, slowing := slowJetStreamAPI(t, nc, 10*time.Second, "STREAM.INFO.")
-	slowing.Store(true)
-	b := mirror.NewBound()
-	done := make(chan struct{})
-	go func() { b.Run(ctx, slow, nil); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-
+	b, rev, ctx := boundPastSlowAPI(t, "redis_bound", "ace.web.cache", 10*time.Second, "STREAM.INFO.")
 	named := time.Now()
 	redis := b.Bucket("redis_bound")
 	readCtx, cancelRead := context.WithTimeout(ctx, time.Second)
