@@ -320,14 +320,18 @@ func TestAWalksTokenIsRefusedByAnInstanceThatWalksOtherwise(t *testing.T) {
 	nc := natstest.Connect(t, server)
 	whole := servicetest.Start(t, natstest.Connect(t, server), func(c *service.Config) { c.Partitions = partitions })
 	ctx := t.Context()
+	var last uint64
 	for _, node := range []string{"n0", "n1", "n2"} {
 		c, _ := nodeclient.New(ctx, nodeclient.Config{Conn: nc, Node: node})
-		if _, err := c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"}); err != nil {
+		revision, err := c.PutNeed(ctx, "web", "port", "http", &provisionerv1.Need{Placeholder: "${port:http}"})
+		if err != nil {
 			t.Fatal(err)
 		}
+		last = max(last, revision)
 	}
 	operator := client.New(nc)
-	first, err := operator.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, PageSize: 1})
+	// At the last write's revision: the copy may not hold the writes yet.
+	first, err := operator.Provisioning(ctx, &provisionerv1.ProvisioningRequest{What: provisionerv1.What_WHAT_NEEDS, MinRevision: last, PageSize: 1})
 	if err != nil || first.GetNextPageToken() == "" {
 		t.Fatalf("the first page: %v, %v; want one need and a token", first, err)
 	}
