@@ -92,7 +92,7 @@ func TestTheWriterReadsANodeAloneWithItsGrants(t *testing.T) {
 		writer.mu.Lock()
 		defer writer.mu.Unlock()
 		if !slices.ContainsFunc(writer.violations, func(v string) bool { return strings.Contains(v, `Publish to "`+redis) }) {
-			return fmt.Errorf("nats-server did not refuse the writer %s...", redis)
+			return fmt.Errorf("nats-server did not refuse the writer a consumer of redis's bucket (%s<name>)", redis)
 		}
 		return nil
 	})
