@@ -62,14 +62,14 @@ const (
 // were read at: every key of node's as of then. The server sends at most
 // maxBytes, or directMaxBytes if less or maxBytes is not above 0; past
 // it, errNotInOneBatch.
-func (f *follower) lastOfNode(ctx context.Context, js jetstream.JetStream, node string, maxBytes int) ([]*nats.Msg, uint64, error) {
+func (f *follower) lastOfNode(ctx context.Context, node string, maxBytes int) ([]*nats.Msg, uint64, error) {
 	// A key that is the node's name alone is malformed, stored as written,
 	// and read with the node's.
 	filters := []string{f.prefix + node, f.stored.NodePrefix(node) + ">"}
 	if maxBytes <= 0 || maxBytes > directMaxBytes {
 		maxBytes = directMaxBytes
 	}
-	msgs, upTo, err := directLastOfKeys(ctx, js, wire.StreamOf(f.copy.Bucket()), filters, maxBytes)
+	msgs, upTo, err := directLastOfKeys(ctx, f.js, wire.StreamOf(f.copy.Bucket()), filters, maxBytes)
 	notOfNode := func(msg *nats.Msg) bool {
 		subject := msg.Header.Get(jetstream.SubjectHeader)
 		return subject != filters[0] && !strings.HasPrefix(subject, f.stored.NodePrefix(node))

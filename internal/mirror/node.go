@@ -45,9 +45,9 @@ func (w *Watchers) ReadNode(ctx context.Context, node string) (*Mirror, error) {
 	read := New()
 	read.Registry, read.Manifests, read.manifests, read.Bound = m.Registry, m.Manifests, m.manifests, m.Bound
 	var reading errgroup.Group
-	reading.Go(func() error { return readNodeInto(ctx, w.js, w.followerOf(m.Needs), node, m.Needs, read.Needs) })
-	reading.Go(func() error { return readNodeInto(ctx, w.js, w.followerOf(m.Applied), node, m.Applied, read.Applied) })
-	reading.Go(func() error { return readNodeInto(ctx, w.js, w.followerOf(m.Collect), node, m.Collect, read.Collect) })
+	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Needs), node, m.Needs, read.Needs) })
+	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Applied), node, m.Applied, read.Applied) })
+	reading.Go(func() error { return readNodeInto(ctx, w.followerOf(m.Collect), node, m.Collect, read.Collect) })
 	if err := reading.Wait(); err != nil {
 		return nil, err
 	}
@@ -68,7 +68,7 @@ func (w *Watchers) followerOf(c followed) *follower {
 // within from's budget, at the bucket's revision. A node over its budget
 // is not read alone: its keys beyond the budget are as many as it wrote,
 // each read on every request.
-func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, f *follower, node string, from, into *Copy[R]) error {
+func readNodeInto[R proto.Message](ctx context.Context, f *follower, node string, from, into *Copy[R]) error {
 	from.mu.RLock()
 	budget := from.budget
 	from.mu.RUnlock()
@@ -77,7 +77,7 @@ func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, 
 		into.Apply(key, value, revision, deleted)
 		return !into.overBudget(node)
 	}
-	revision, err := readNodeDirect(ctx, js, f, node, budget.Bytes, apply)
+	revision, err := readNodeDirect(ctx, f, node, budget.Bytes, apply)
 	if errors.Is(err, errNotInOneBatch) {
 		f.logger.Debug("a node's keys did not come in one direct get; reading them through a watcher", "node", node, "err", err)
 		revision, err = readNodeWatched(ctx, f, node, func(key string, value []byte, revision uint64) bool {
@@ -104,10 +104,10 @@ func readNodeInto[R proto.Message](ctx context.Context, js jetstream.JetStream, 
 // the revision read at. It hands none unless the whole batch came: a node
 // it does not read (errNotInOneBatch) is read again from its start,
 // through a watcher.
-func readNodeDirect(ctx context.Context, js jetstream.JetStream, f *follower, node string, maxBytes int, each func(key string, value []byte, revision uint64, deleted bool) bool) (uint64, error) {
+func readNodeDirect(ctx context.Context, f *follower, node string, maxBytes int, each func(key string, value []byte, revision uint64, deleted bool) bool) (uint64, error) {
 	apiCtx, cancel := context.WithTimeout(ctx, apiTimeout)
 	defer cancel()
-	msgs, revision, err := f.lastOfNode(apiCtx, js, node, maxBytes)
+	msgs, revision, err := f.lastOfNode(apiCtx, node, maxBytes)
 	if err != nil {
 		return 0, err
 	}
