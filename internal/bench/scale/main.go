@@ -84,6 +84,9 @@ type config struct {
 	settle         time.Duration
 	bucketMaxBytes int64
 	keepServerLogs bool
+	// logs, when set, is a directory each served binary writes its log to,
+	// at debug level, a file each (logFile).
+	logs string
 	// instances, above 1, serve the same mesh again after the one
 	// instance, each --hold of its share of partitions (partitioned.go).
 	instances, partitions int
@@ -102,6 +105,7 @@ func main() {
 	flag.DurationVar(&cfg.round, "round", 2*time.Second, "how long each throughput round lasts")
 	flag.DurationVar(&cfg.settle, "settle", 2*time.Second, "how long the resident memory must stay within 1% to be read")
 	flag.BoolVar(&cfg.keepServerLogs, "v", false, "show the served binary's logs")
+	flag.StringVar(&cfg.logs, "logs", "", "a directory each served binary writes its log to, at debug level, a file each named by its state directory (to read the first answer's timeline, say), in place of -v's")
 	flag.IntVar(&cfg.instances, "instances", 1, "above 1: after the one instance, this many serve the same mesh, each --hold of an equal share of -partitions, and their figures are set against the one's")
 	flag.IntVar(&cfg.partitions, "partitions", 16, "with -instances: the partitions of the mesh (a multiple of -instances)")
 	flag.BoolVar(&cfg.storedAsWritten, "stored-as-written", false, "with -instances: the state buckets store every node's keys together, as buckets made before the mesh had partitions do, rather than by partition as serve --partitions makes them; each instance then reads every key as it loads")
@@ -408,22 +412,51 @@ func startServe(cfg config, url, stateDir string, args ...string) (*served, erro
 	if err != nil {
 		return nil, err
 	}
+	level := "warn"
+	if cfg.logs != "" {
+		level = "debug"
+	}
 	cmd := exec.Command(cfg.bin, append([]string{"serve", "--nats-url", url, "--state-dir", stateDir,
 		"--http", addr, "--http-token-file", tokenFile,
 		"--bucket-max-bytes", strconv.FormatInt(cfg.bucketMaxBytes, 10),
-		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", "warn",
+		"--node-max-keys", "-1", "--node-max-bytes", "-1", "--log-level", level,
 		"--registry-restore-delay", restoreDelay.String(),
 		// Several instances loading a large mesh at once on a small machine
 		// take longer than the default minute.
 		"--ready-timeout", "15m"}, args...)...)
-	if cfg.keepServerLogs {
+	var logFile *os.File
+	if cfg.logs != "" {
+		if logFile, err = openLog(cfg.logs, stateDir); err != nil {
+			return nil, err
+		}
+		cmd.Stdout, cmd.Stderr = logFile, logFile
+	} else if cfg.keepServerLogs {
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	}
 	s := &served{cmd: cmd, started: time.Now(), metrics: "http://" + addr + "/metrics", token: token}
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	if logFile != nil {
+		_ = logFile.Close() // the child holds its own descriptor
+	}
+	if err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// openLog creates the log file of the binary served on stateDir in dir,
+// named by stateDir's path under the temporary directory (measure's
+// directory of one mesh size, then empty, loaded, split-0, split-one):
+// one file a served binary of the run.
+func openLog(dir, stateDir string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("-logs: %w", err)
+	}
+	place, err := filepath.Rel(os.TempDir(), stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("-logs: %w", err)
+	}
+	return os.Create(filepath.Join(dir, strings.ReplaceAll(place, string(filepath.Separator), "-")+".log"))
 }
 
 // waitServing waits until the service answers a ping.
