@@ -181,6 +181,7 @@ func TestBadSettingsExitWithOneLine(t *testing.T) {
 		{"bad log format", []string{"--log-format", "xml"}, nil, `--log-format "xml": use text or json`},
 		{"bad listen", []string{"--listen", "nowhere"}, nil, `--listen "nowhere": want host:port`},
 		{"bad replicas", []string{"--replicas", "0"}, nil, "--replicas 0: use 1 to 5"},
+		{"expecting without auto", []string{"--partitions", "4", "--hold", "0-3", "--hold-expect", "2"}, nil, "--hold-expect 2: give 0 or more, and more than 0 only with --hold auto"},
 		{"page too small", nil, []string{"MESH_PROVISIONER_SERVE_PAGE_MAX_BYTES=100"}, "--page-max-bytes 100: use at least 4096"},
 		{"bad variable", nil, []string{"MESH_PROVISIONER_SERVE_REGISTRY_INTERVAL=often"}, `$MESH_PROVISIONER_SERVE_REGISTRY_INTERVAL="often"`},
 		{"unknown command", []string{"frobnicate"}, nil, `unknown command "frobnicate"`},

@@ -82,6 +82,7 @@ type serveFlags struct {
 	held             []int // --hold, read
 	share            bool  // --hold auto
 	holdCopies       int
+	holdExpect       int
 	maxRatePerAsker  int
 	maxWriteRate     int
 	http             string
@@ -119,6 +120,7 @@ func defineServe(fs *flag.FlagSet) action {
 	fs.IntVar(&f.partitions, "partitions", 0, "split the nodes and providers into this many partitions (2 to 1024), as nats-server's subject mapping does (init --partitions, permissions --partitions write it; the embedded server has it): each partition's verbs are answered on subjects of its own, and one whose asker floods is unsubscribed for a while, so that nats-server drops its requests unsent and every other partition is answered as before; 0: unpartitioned")
 	fs.StringVar(&f.hold, "hold", "", "with --partitions, the partitions this instance serves, as a list of numbers and ranges (0-3,8): it holds their nodes' records alone, answers their nodes and providers, hands any other request about nodes to an instance that serves their partition, and writes the plans of those whose seats it takes (a seat a partition; other instances given the same partitions stand by for them); each partition must be served by some instance; auto: the instances given auto deal the partitions among themselves and move them as instances come and go, each partition read by its next holder before its last lets it go; empty: every partition, the whole mesh held")
 	fs.IntVar(&f.holdCopies, "hold-copies", 1, "with --hold auto, how many instances serve each partition: 2 keeps a partition answered while one of its instances dies (its seat then taken once its lease runs out), at twice each instance's memory")
+	fs.IntVar(&f.holdExpect, "hold-expect", 0, "with --hold auto, how many instances are deployed to share the partitions (a deploy's replicas): one that starts deals itself its first share once it has heard that many, itself among them, rather than after 1.5s of discovery; fewer heard within the 1.5s are dealt among, and the others join as they come; 0: always the 1.5s")
 	fs.IntVar(&f.maxWriteRate, "max-write-rate-per-asker", service.DefaultMaxWriteRatePerAsker, "--max-rate-per-asker for the write verbs (put, delete, apply, declare, bind), each of which JetStream stores (-1: no limit)")
 	fs.IntVar(&f.maxPerAsker, "max-per-asker", service.DefaultMaxPerAsker, "most requests of one node or provider, on its own subjects, that wait for revisions, queue or are being answered at once; more get a 503, so that one cannot take the others' places (-1: no limit)")
 	fs.StringVar(&f.page.url, "http-nats-url", "", "with --http, URL the status page reads the mesh on, as an operator's identity (permissions --operator); empty: --nats-url")
@@ -157,6 +159,9 @@ func defineServe(fs *flag.FlagSet) action {
 		}
 		if f.holdCopies < 1 || (f.holdCopies > 1 && !f.share) {
 			return fmt.Errorf("--hold-copies %d: give 1 or more, and more than 1 only with --hold auto", f.holdCopies)
+		}
+		if f.holdExpect < 0 || (f.holdExpect > 0 && !f.share) {
+			return fmt.Errorf("--hold-expect %d: give 0 or more, and more than 0 only with --hold auto", f.holdExpect)
 		}
 		if err := admission.CheckReplyPrefixes(splitList(f.replyPrefixes)); err != nil {
 			return fmt.Errorf("--reply-prefixes %q: %w", f.replyPrefixes, err)
@@ -367,6 +372,7 @@ func (f *serveFlags) instanceConfig(conns *serveConns, httpServer *ops.Server, l
 		ReadyTimeout:     f.readyTimeout,
 		SharePartitions:  f.share,
 		ShareCopies:      f.holdCopies,
+		ShareExpect:      f.holdExpect,
 	}
 }
 

@@ -64,6 +64,13 @@ type Config struct {
 	// dies is still answered by another, whose seat's lease then runs out
 	// and is taken, at twice each instance's memory. Zero means 1.
 	ShareCopies int
+	// ShareExpect, with SharePartitions, is how many instances are
+	// expected to share the partitions (serve --hold-expect): one that
+	// starts deals itself its first share as soon as it has heard that
+	// many members, itself among them, rather than after the rounds of
+	// discovery that let instances started together hear each other
+	// (firstShare). Zero waits the rounds.
+	ShareExpect int
 }
 
 // DefaultReadyTimeout is Config.ReadyTimeout's default.
@@ -119,6 +126,9 @@ func Start(ctx context.Context, cfg Config) (*Instance, error) {
 	}
 	if cfg.ShareCopies < 0 || (cfg.ShareCopies > 1 && !cfg.SharePartitions) {
 		return nil, errors.New("instance: Config.ShareCopies is negative, or above 1 without SharePartitions")
+	}
+	if cfg.ShareExpect < 0 || (cfg.ShareExpect > 0 && !cfg.SharePartitions) {
+		return nil, errors.New("instance: Config.ShareExpect is negative, or above 0 without SharePartitions")
 	}
 	if cfg.SharePartitions {
 		if cfg.Service.Partitions < 2 || len(cfg.Service.Hold) > 0 {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -85,6 +86,12 @@ func shareOf(me string, members []string, n, copies int) []int {
 // themselves at once, hear each other before each deals itself a share.
 const firstShareRounds = 3
 
+// expectEvery is how long a round of the first share's discovery lasts
+// when the instance expects a number of members (Config.ShareExpect): it
+// deals itself its share at the end of the first round that heard them
+// all, and gathers for as long in all as the rounds without it.
+const expectEvery = 100 * time.Millisecond
+
 // announce adds the micro instance that tells the instances sharing the
 // partitions that this one is among them: no endpoint, its name in its
 // metadata (wire.MemberMetadata). It is stopped when the instance leaves
@@ -115,7 +122,8 @@ func (in *Instance) leave() {
 
 // firstShare announces the instance, unless it did already (a start tried
 // again), and returns the partitions it starts with: its share among the
-// members discovery hears of in its first rounds. The service calls it
+// members discovery hears of in its first rounds, or as soon as it has
+// heard the members it expects (Config.ShareExpect). The service calls it
 // once it has bound the buckets (service.Config.FirstHold): nats-server
 // answers those requests only when no other API request waits, and the
 // others, which count this instance in from now on, already make
@@ -128,21 +136,34 @@ func (in *Instance) firstShare(ctx context.Context) ([]int, error) {
 			return nil, err
 		}
 	}
-	me := in.seat.ID()
-	members := []string{me}
-	for range firstShareRounds {
-		dctx, cancel := context.WithTimeout(ctx, discoverFor)
-		peers, err := service.DiscoverPeers(dctx, in.cfg.Service.Conn, in.cfg.Service.Partitions)
-		<-dctx.Done() // a round lasts discoverFor, answers or not
+	me, expect := in.seat.ID(), in.cfg.ShareExpect
+	round, rounds := discoverFor, firstShareRounds
+	if expect > 0 {
+		round, rounds = expectEvery, firstShareRounds*int(discoverFor/expectEvery)
+	}
+	heard := map[string]bool{me: true}
+	gathered := 0
+	for ; gathered < rounds && (expect == 0 || len(heard) < expect); gathered++ {
+		dctx, cancel := context.WithTimeout(ctx, round)
+		// A failed discovery hears no member.
+		peers, _ := service.DiscoverPeers(dctx, in.cfg.Service.Conn, in.cfg.Service.Partitions)
+		<-dctx.Done() // a round lasts its time, answers or not
 		cancel()
-		if err == nil {
-			members = append(members, peers.Members...)
+		for _, m := range peers.Members {
+			heard[m] = true
 		}
 	}
-	in.roster = newRoster(me, members)
-	members = in.roster.members()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	in.roster = newRoster(me, slices.Collect(maps.Keys(heard)))
+	members := in.roster.members()
 	share := shareOf(me, members, in.cfg.Service.Partitions, in.copies())
-	in.logger.Info("sharing the partitions", "members", len(members), "share", share)
+	if len(members) < expect {
+		in.logger.Warn("sharing the partitions: fewer instances heard than --hold-expect says; dealing among those heard, who deal again as the others come",
+			"members", len(members), "expected", expect, "gathered_for", time.Duration(gathered)*round)
+	}
+	in.logger.Info("sharing the partitions", "members", len(members), "share", share, "rounds", gathered)
 	return share, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -225,21 +226,37 @@ func shareAsTheyComeAndGo(t *testing.T, copies int) {
 }
 
 // Instances started together hear each other before they deal themselves a
-// share: each starts with its own, not with every partition.
+// share: each starts with its own, not with every partition. Expecting
+// their number (serve --hold-expect), each deals itself its share at the
+// first round of discovery that heard them all, not after the rounds that
+// wait for them without it.
 func TestInstancesStartedTogetherStartWithTheirShares(t *testing.T) {
 	t.Parallel()
+	for _, expect := range []int{0, 2} {
+		t.Run(fmt.Sprintf("expecting %d", expect), func(t *testing.T) {
+			t.Parallel()
+			startTogether(t, expect)
+		})
+	}
+}
+
+// startTogether is TestInstancesStartedTogetherStartWithTheirShares with
+// Config.ShareExpect expect.
+func startTogether(t *testing.T, expect int) {
 	const partitions = 16
 	s := natstest.StartWithConfig(t, permissions.MappingsConfig(partitions))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	insts := make([]*instance.Instance, 2)
+	logs := make([]testlog.Buffer, len(insts))
 	var wg sync.WaitGroup
 	for i := range insts {
 		wg.Go(func() {
 			conn := natstest.Connect(t, s)
 			inst, err := instance.Start(ctx, instance.Config{
-				Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.DiscardHandler)},
+				Service:         service.Config{Conn: conn, WatchConn: conn, Partitions: partitions, Logger: slog.New(slog.NewTextHandler(&logs[i], nil))},
 				SharePartitions: true,
+				ShareExpect:     expect,
 			})
 			if err != nil {
 				t.Error(err)
@@ -254,12 +271,23 @@ func TestInstancesStartedTogetherStartWithTheirShares(t *testing.T) {
 		return
 	}
 	var all []int
-	for _, inst := range insts {
+	for i, inst := range insts {
 		held := inst.Service().Held()
 		if len(held) == 0 || len(held) == partitions {
 			t.Errorf("an instance started with %d of %d partitions, want its share", len(held), partitions)
 		}
 		all = append(all, held...)
+		// Without expecting, 3 rounds of 500 ms; expecting, rounds of
+		// 100 ms until both are heard, 15 at most.
+		rounds := regexp.MustCompile(`msg="sharing the partitions" members=2 .* rounds=(\d+)`).FindStringSubmatch(logs[i].String())
+		switch {
+		case rounds == nil:
+			t.Errorf("instance %d did not log its first share among 2 members:\n%s", i, logs[i].String())
+		case expect == 0 && rounds[1] != "3":
+			t.Errorf("instance %d gathered the members over %s rounds of discovery, want 3", i, rounds[1])
+		case expect > 0 && rounds[1] == "15":
+			t.Errorf("instance %d expecting %d gathered the members over every one of its 15 rounds, want it to stop at the first that heard them", i, expect)
+		}
 	}
 	slices.Sort(all)
 	if len(all) != partitions || len(slices.Compact(all)) != partitions {

@@ -91,6 +91,7 @@ type config struct {
 	// instance, each --hold of its share of partitions (partitioned.go).
 	instances, partitions int
 	auto                  bool // with instances: --hold auto
+	expect                bool // with auto: --hold-expect of instances
 	storedAsWritten       bool // with instances: the state buckets store keys as written, not by partition
 }
 
@@ -110,6 +111,7 @@ func main() {
 	flag.IntVar(&cfg.partitions, "partitions", 16, "with -instances: the partitions of the mesh (a multiple of -instances)")
 	flag.BoolVar(&cfg.storedAsWritten, "stored-as-written", false, "with -instances: the state buckets store every node's keys together, as buckets made before the mesh had partitions do, rather than by partition as serve --partitions makes them; each instance then reads every key as it loads")
 	flag.BoolVar(&cfg.auto, "auto", false, "with -instances: each is given --hold auto and deals itself its share, rather than a list")
+	flag.BoolVar(&cfg.expect, "expect", true, "with -auto: each is also given --hold-expect of -instances, as a deploy that knows its replicas is; false: each gathers the members over 1.5s of discovery")
 	natsOnly := flag.String(benchnats.Flag, "", "internal: run only a nats-server with its store in this directory, print its URL, and serve until stdin closes")
 	flag.Parse()
 	if *natsOnly != "" {

@@ -81,12 +81,14 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, js jetstream.JetSt
 		}
 	}()
 	for i := range cfg.instances {
-		hold := fmt.Sprintf("%d-%d", i*share, (i+1)*share-1)
+		args := []string{"--partitions", strconv.Itoa(cfg.partitions), "--hold", fmt.Sprintf("%d-%d", i*share, (i+1)*share-1)}
 		if cfg.auto {
-			hold = "auto"
+			args = append(args[:2], "--hold", "auto")
+			if cfg.expect {
+				args = append(args, "--hold-expect", strconv.Itoa(cfg.instances))
+			}
 		}
-		srv, err := startServe(cfg, url, filepath.Join(dir, "split", strconv.Itoa(i)),
-			"--partitions", strconv.Itoa(cfg.partitions), "--hold", hold)
+		srv, err := startServe(cfg, url, filepath.Join(dir, "split", strconv.Itoa(i)), args...)
 		if err != nil {
 			return nil, err
 		}
