@@ -2,7 +2,6 @@ package service
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/mirror"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/service/admission"
@@ -240,25 +240,14 @@ func openWriteStore(ctx context.Context, js jetstream.JetStream, m *mirror.Mirro
 // stream's leader answers beside its other reads, not in the JetStream
 // API's queue.
 func (w *writeStore) lastOfModule(ctx context.Context, b *stateBucket, node, module string) (uint64, error) {
-	prefix := node + "." + module + "."
-	body, err := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{b.stored.NodePrefix(node) + module + ".>"})
-	if err != nil {
-		return 0, err
-	}
-	msg, err := w.js.Conn().RequestWithContext(ctx, "$JS.API.DIRECT.GET."+wire.StreamOf(b.bucket), body)
-	if err != nil {
-		return 0, err
-	}
-	switch status := msg.Header.Get("Status"); status {
-	case "":
-		return strconv.ParseUint(msg.Header.Get(jetstream.SequenceHeader), 10, 64)
-	case "404":
+	msg, err := kvread.Last(ctx, w.js, wire.StreamOf(b.bucket), b.stored.NodePrefix(node)+module+".>")
+	switch {
+	case errors.Is(err, kvread.ErrNoMessage):
 		return 0, nil
-	default:
-		return 0, fmt.Errorf("direct get of the last write under %s: %s %s", prefix, status, msg.Header.Get("Description"))
+	case err != nil:
+		return 0, err
 	}
+	return strconv.ParseUint(msg.Header.Get(jetstream.SequenceHeader), 10, 64)
 }
 
 // bucketOf returns the bucket a node's record names, refusing the registry

@@ -1,5 +1,7 @@
 // Package kvread reads a KV bucket's live keys once, through one watcher,
-// rather than one Get per key.
+// rather than one Get per key; and the last message on some of a stream's
+// subjects by one direct get (Last), which asks nothing of nats-server's
+// JetStream API first.
 package kvread
 
 import (

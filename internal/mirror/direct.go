@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/wire"
 )
 
@@ -97,19 +98,6 @@ func directLastOfKeys(ctx context.Context, js jetstream.JetStream, stream string
 	return msgs, upTo, err
 }
 
-// directGetSubject is the subject of stream's direct gets, under js's API
-// prefix (its options hold the one it was made with, if any).
-func directGetSubject(js jetstream.JetStream, stream string) string {
-	prefix := jetstream.DefaultAPIPrefix
-	switch opts := js.Options(); {
-	case opts.APIPrefix != "":
-		prefix = strings.TrimSuffix(opts.APIPrefix, ".") + "."
-	case opts.Domain != "":
-		prefix = "$JS." + opts.Domain + ".API."
-	}
-	return prefix + "DIRECT.GET." + stream
-}
-
 // directLast asks stream for the last message on each subject filters
 // match, in one batch direct get, and returns them, oldest first, with the
 // stream's revision they were read at (the end of batch's
@@ -128,7 +116,7 @@ func directLast(ctx context.Context, js jetstream.JetStream, stream string, filt
 		return nil, 0, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishRequest(directGetSubject(js, stream), sub.Subject, body); err != nil {
+	if err := nc.PublishRequest(kvread.DirectGetSubject(js, stream), sub.Subject, body); err != nil {
 		return nil, 0, err
 	}
 	var msgs []*nats.Msg
@@ -165,27 +153,16 @@ func directLast(ctx context.Context, js jetstream.JetStream, stream string, filt
 // directLastOf returns the subject of stream's last message on a subject
 // filter matches, by a direct get; errNotInOneBatch when there is none.
 func directLastOf(ctx context.Context, js jetstream.JetStream, stream, filter string) (string, error) {
-	body, err := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{filter})
-	if err != nil {
+	msg, err := kvread.Last(ctx, js, stream, filter)
+	switch {
+	case errors.Is(err, kvread.ErrNoMessage):
+		return "", errNoMessage
+	case errors.Is(err, nats.ErrNoResponders):
+		return "", fmt.Errorf("%w: %w", errNotInOneBatch, err)
+	case err != nil:
 		return "", err
 	}
-	msg, err := js.Conn().RequestWithContext(ctx, directGetSubject(js, stream), body)
-	if errors.Is(err, nats.ErrNoResponders) {
-		return "", fmt.Errorf("%w: %w", errNotInOneBatch, err)
-	}
-	if err != nil {
-		return "", fmt.Errorf("direct get of the last message of %s: %w", filter, err)
-	}
-	switch status := msg.Header.Get("Status"); status {
-	case "":
-		return msg.Header.Get(jetstream.SubjectHeader), nil
-	case "404":
-		return "", errNoMessage
-	default:
-		return "", fmt.Errorf("direct get of the last message of %s: %s %s", filter, status, msg.Header.Get("Description"))
-	}
+	return msg.Header.Get(jetstream.SubjectHeader), nil
 }
 
 // readLastDirect is the first read of a bucket of few keys

@@ -2,7 +2,6 @@ package ops
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"runtime"
@@ -390,26 +389,6 @@ func boolValue(b bool) float64 {
 // the last message on the bucket's keys, on the stream's own subject. The
 // registry's stream holds the seat's lease too, which is not a key.
 func LastRevision(ctx context.Context, nc *nats.Conn, bucket string) (uint64, error) {
-	req, err := json.Marshal(map[string]string{"last_by_subj": wire.KVSubject(bucket, ">")})
-	if err != nil {
-		return 0, err
-	}
-	msg, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+wire.StreamOf(bucket), req)
-	if err != nil {
-		return 0, err
-	}
-	switch status := msg.Header.Get("Status"); status {
-	case "":
-	case "404":
-		return 0, nil
-	default:
-		return 0, &directGetError{status: status, description: msg.Header.Get("Description")}
-	}
-	return strconv.ParseUint(msg.Header.Get("Nats-Sequence"), 10, 64)
-}
-
-type directGetError struct{ status, description string }
-
-func (e *directGetError) Error() string {
-	return "direct get: " + e.status + " " + e.description
+	revision, _, err := lastWrite(ctx, nc, bucket)
+	return revision, err
 }

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -25,6 +25,7 @@ import (
 
 	"github.com/novox/mesh-provisioner/client"
 	provisionerv1 "github.com/novox/mesh-provisioner/gen/mesh/provisioner/v1"
+	"github.com/novox/mesh-provisioner/internal/kvread"
 	"github.com/novox/mesh-provisioner/internal/observe/meshstatus"
 	"github.com/novox/mesh-provisioner/keys"
 	"github.com/novox/mesh-provisioner/service"
@@ -635,28 +636,25 @@ func (s *Server) writer(ctx context.Context, t *Target, in meshstatus.Instance) 
 
 // lastWrite returns the revision and time of the bucket's last write of a
 // key (0 and the zero time for a bucket without one), by direct get as the
-// server's writing identity may: LastRevision, with the time.
+// server's writing identity may (kvread.Last), on nc's account's
+// JetStream API.
 func lastWrite(ctx context.Context, nc *nats.Conn, bucket string) (uint64, time.Time, error) {
-	req, err := json.Marshal(map[string]string{"last_by_subj": wire.KVSubject(bucket, ">")})
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	msg, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+wire.StreamOf(bucket), req)
-	if err != nil {
-		return 0, time.Time{}, err
-	}
-	switch status := msg.Header.Get("Status"); status {
-	case "":
-	case "404":
+	msg, err := kvread.Last(ctx, js, wire.StreamOf(bucket), wire.KVSubject(bucket, ">"))
+	switch {
+	case errors.Is(err, kvread.ErrNoMessage):
 		return 0, time.Time{}, nil
-	default:
-		return 0, time.Time{}, &directGetError{status: status, description: msg.Header.Get("Description")}
+	case err != nil:
+		return 0, time.Time{}, err
 	}
-	revision, err := strconv.ParseUint(msg.Header.Get("Nats-Sequence"), 10, 64)
+	revision, err := strconv.ParseUint(msg.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	at, err := time.Parse(time.RFC3339Nano, msg.Header.Get("Nats-Time-Stamp"))
+	at, err := time.Parse(time.RFC3339Nano, msg.Header.Get(jetstream.TimeStampHeaer))
 	if err != nil {
 		return revision, time.Time{}, nil //nolint:nilerr // the revision is known; the time is not
 	}
