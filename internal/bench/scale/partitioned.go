@@ -81,12 +81,13 @@ func measureSplit(cfg config, url, dir string, nc *nats.Conn, js jetstream.JetSt
 		}
 	}()
 	for i := range cfg.instances {
-		args := []string{"--partitions", strconv.Itoa(cfg.partitions), "--hold", fmt.Sprintf("%d-%d", i*share, (i+1)*share-1)}
+		hold := fmt.Sprintf("%d-%d", i*share, (i+1)*share-1)
 		if cfg.auto {
-			args = append(args[:2], "--hold", "auto")
-			if cfg.expect {
-				args = append(args, "--hold-expect", strconv.Itoa(cfg.instances))
-			}
+			hold = "auto"
+		}
+		args := []string{"--partitions", strconv.Itoa(cfg.partitions), "--hold", hold}
+		if cfg.auto && cfg.expect {
+			args = append(args, "--hold-expect", strconv.Itoa(cfg.instances))
 		}
 		srv, err := startServe(cfg, url, filepath.Join(dir, "split", strconv.Itoa(i)), args...)
 		if err != nil {
