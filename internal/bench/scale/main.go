@@ -475,8 +475,8 @@ func waitServing(nc *nats.Conn) error {
 
 // firstCorrectAnswer asks for node's composition at the last revisions
 // until the answer equals want. With verbose, it prints each refusal that
-// differs from the one before, and when it came after started: what kept
-// the first answer.
+// differs from the one before, and when it came after started, then the
+// correct answer's phases: what kept the first answer.
 func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revisions, want *provisionerv1.ComposeResponse, started time.Time, verbose bool) error {
 	want = proto.CloneOf(want)
 	want.Phases, want.Revisions = nil, nil
@@ -486,8 +486,12 @@ func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revision
 		got := &provisionerv1.ComposeResponse{}
 		err := request(nc, wire.ComposeSubject, wire.ContentTypeProtobuf, &provisionerv1.ComposeRequest{Node: node, MinRevisions: last}, got)
 		if err == nil {
+			phases := got.GetPhases()
 			got.Phases, got.Revisions = nil, nil
 			if proto.Equal(got, want) {
+				if verbose {
+					fmt.Printf("first correct answer of %s, %s after the start: %s\n", node, time.Since(started).Round(time.Millisecond), phasesLine(phases))
+				}
 				return nil
 			}
 			err = errors.New("an answer that differs from the mesh's composition")
@@ -503,6 +507,16 @@ func firstCorrectAnswer(nc *nats.Conn, node string, last *provisionerv1.Revision
 		time.Sleep(2 * time.Millisecond)
 	}
 	return fmt.Errorf("no correct answer within 5 minutes: %w", lastErr)
+}
+
+// phasesLine says an answer's phases (the service's timings of it) on one
+// line: "wait 1ms, read 600ms, ...".
+func phasesLine(phases []*provisionerv1.Phase) string {
+	var parts []string
+	for _, p := range phases {
+		parts = append(parts, fmt.Sprintf("%s %s", p.GetName(), p.GetDuration().AsDuration().Round(time.Microsecond)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // firstWholeAnswer asks for the first need of every node's at the last
